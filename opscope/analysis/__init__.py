@@ -1,0 +1,1 @@
+"""Analysis: events -> per-op costs and roofline -> findings. Torch-free."""

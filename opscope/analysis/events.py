@@ -1,0 +1,293 @@
+"""From raw trace tables to the per-event table every later stage reads.
+
+Adds to each cpu_op event: its parent in the op call tree (ops nest by time on a thread), self time,
+whether it is a row of ops.csv, the profiler step it ran in, the kernels it launched (GPU traces) and
+its source location.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from opscope.sources import location_from_call_stack, trace_frame_location
+from opscope.trace import TraceData
+
+ROW_RE = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_][\w.]*$")
+NON_ROW_PREFIXES = ("autograd::", "profiler::", "ProfilerStep")
+BACKWARD_WRAPPER = "autograd::engine::evaluate_function: "
+_EPS = 1e-3  # µs; trace timestamps are float µs with about 1 ns resolution
+
+
+def is_row_name(name: str) -> bool:
+    """Rows of ops.csv are registered operators (`ns::op`); wrappers such as autograd's
+    evaluate_function, ProfilerStep#N and record_function labels are not."""
+    return bool(ROW_RE.match(name)) and not name.startswith(NON_ROW_PREFIXES)
+
+
+def thread_keys(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    return pd.MultiIndex.from_arrays([pid, tid]).factorize()[0] if len(pid) else np.zeros(0, np.int64)
+
+
+def nest(keys: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Parent (innermost enclosing interval on the same key) of each interval, -1 for roots."""
+    n = len(starts)
+    parent = np.full(n, -1, dtype=np.int64)
+    if n == 0:
+        return parent
+    order = np.lexsort((np.arange(n), -ends, starts, keys))
+    stack: list[int] = []
+    cur_key = None
+    k_list, s_list, e_list = keys.tolist(), starts.tolist(), ends.tolist()
+    for i in order.tolist():
+        k = k_list[i]
+        if k != cur_key:
+            stack.clear()
+            cur_key = k
+        s = s_list[i]
+        while stack and e_list[stack[-1]] <= s + _EPS:
+            stack.pop()
+        if stack:
+            parent[i] = stack[-1]
+        stack.append(i)
+    return parent
+
+
+def innermost(c_keys: np.ndarray, c_starts: np.ndarray, c_ends: np.ndarray,
+              p_keys: np.ndarray, p_times: np.ndarray) -> np.ndarray:
+    """For each point, the innermost container interval on the same key containing it (-1 if none)."""
+    n_c, n_p = len(c_starts), len(p_times)
+    result = np.full(n_p, -1, dtype=np.int64)
+    if n_c == 0 or n_p == 0:
+        return result
+    keys = np.concatenate([c_keys, p_keys])
+    times = np.concatenate([c_starts, p_times])
+    kind = np.concatenate([np.zeros(n_c, np.int8), np.ones(n_p, np.int8)])  # containers first on ties
+    neg_end = np.concatenate([-c_ends, np.zeros(n_p)])
+    order = np.lexsort((neg_end, kind, times, keys))
+    c_end = c_ends.tolist()
+    k_list, t_list = keys.tolist(), times.tolist()
+    stack: list[int] = []
+    cur_key = None
+    for j in order.tolist():
+        k = k_list[j]
+        if k != cur_key:
+            stack.clear()
+            cur_key = k
+        t = t_list[j]
+        while stack and c_end[stack[-1]] <= t:
+            stack.pop()
+        if j < n_c:
+            stack.append(j)
+        elif stack:
+            result[j - n_c] = stack[-1]
+    return result
+
+
+SourceOverride = Mapping[int, str] | Callable[[pd.DataFrame], Mapping[int, str]]
+
+
+def build_events(trace: TraceData, source_override: SourceOverride | None = None) -> pd.DataFrame:
+    """The per-event table. `source_override` maps event index -> exact source location (from
+    `opscope profile`'s untimed line pass), or is a function computing that map from the event table
+    (tree, steps and kernels already filled in); without it, locations come from the trace's Python
+    stacks or "Call stack" args."""
+    ev = trace.ops.copy()
+    n = len(ev)
+    ts = ev["ts"].to_numpy()
+    dur = ev["dur"].to_numpy()
+    end = ts + dur
+    ev["end"] = end
+    keys = thread_keys(ev["pid"].to_numpy(), ev["tid"].to_numpy())
+    ev["thread"] = keys
+    parent = nest(keys, ts, end)
+    ev["parent"] = parent
+
+    child_sum = np.zeros(n)
+    has_parent = parent >= 0
+    np.add.at(child_sum, parent[has_parent], dur[has_parent])
+    ev["self_us"] = np.maximum(dur - child_sum, 0.0)
+
+    names = ev["name"].tolist()
+    is_row = np.fromiter((is_row_name(x) for x in names), dtype=bool, count=n)
+    ev["is_row"] = is_row
+
+    # Walk the tree in start-time order so a parent is always resolved before its children.
+    order = np.lexsort((np.arange(n), -end, ts, keys)).tolist()
+    par = parent.tolist()
+    row_anc = [-1] * n
+    bwd_root = [-1] * n
+    depth = [0] * n
+    for i in order:
+        p = par[i]
+        if p >= 0:
+            depth[i] = depth[p] + 1
+            bwd_root[i] = bwd_root[p]
+            row_anc[i] = row_anc[p]
+        if names[i].startswith(BACKWARD_WRAPPER):
+            bwd_root[i] = i
+        if is_row[i]:
+            row_anc[i] = i
+    ev["depth"] = depth
+    ev["row_anc"] = row_anc
+    ev["bwd_root"] = bwd_root
+    # Row ancestor strictly above an event (used to find composite parents and copy sources).
+    ev["row_parent"] = [row_anc[p] if p >= 0 else -1 for p in par]
+
+    ev["step"] = _assign_steps(trace, ts)
+    _attribute_kernels(trace, ev, keys)
+    ev["source_location"] = _sources(trace, ev, keys, order, source_override)
+    return ev
+
+
+def _assign_steps(trace: TraceData, ts: np.ndarray) -> np.ndarray:
+    steps = trace.steps
+    if steps.empty:
+        return np.zeros(len(ts), dtype=np.int64)
+    starts = steps["ts"].to_numpy()
+    ends = starts + steps["dur"].to_numpy()
+    idx = np.searchsorted(starts, ts, side="right") - 1
+    inside = (idx >= 0) & (ts < ends[np.clip(idx, 0, None)])
+    return np.where(inside, idx, -1)
+
+
+def _attribute_kernels(trace: TraceData, ev: pd.DataFrame, keys: np.ndarray) -> None:
+    """Links each kernel/memcpy/memset to the op that launched it: the kernel's correlation id names a
+    runtime launch event; the innermost op enclosing that launch on its thread is the launcher (falling
+    back to the shared "External id"). Work is credited to the nearest ancestor that is a row."""
+    n = len(ev)
+    kern = trace.kernels
+    ev["device_us"] = 0.0
+    ev["kernels"] = ""
+    ev["n_kernels"] = 0
+    kern_op = np.full(len(kern), -1, dtype=np.int64)
+    if len(kern) == 0:
+        trace.kernels = kern.assign(op=kern_op)
+        return
+    launches = trace.launches
+    corr_to_op: dict[int, int] = {}
+    if len(launches):
+        l_keys = pd.MultiIndex.from_arrays([launches["pid"].to_numpy(), launches["tid"].to_numpy()])
+        op_threads = pd.MultiIndex.from_arrays([ev["pid"].to_numpy(), ev["tid"].to_numpy()])
+        codes, uniques = op_threads.factorize()
+        lookup = {u: c for c, u in enumerate(uniques)}
+        l_codes = np.array([lookup.get(k, -2) for k in l_keys], dtype=np.int64)
+        enclosing = innermost(keys, ev["ts"].to_numpy(), ev["end"].to_numpy(), l_codes, launches["ts"].to_numpy())
+        corr_to_op = dict(zip(launches["correlation"].tolist(), enclosing.tolist(), strict=True))
+    ext_to_op: dict[int, int] = {}
+    for i, x in enumerate(ev["ext_id"].tolist()):
+        if x >= 0 and x not in ext_to_op:
+            ext_to_op[x] = i
+    row_anc = ev["row_anc"].tolist()
+    dev_us = np.zeros(n)
+    names_by_op: dict[int, dict[str, None]] = {}
+    counts = np.zeros(n, dtype=np.int64)
+    for j, (corr, ext, kname, kdur) in enumerate(zip(kern["correlation"].tolist(), kern["ext_id"].tolist(),
+                                                      kern["name"].tolist(), kern["dur"].tolist(), strict=True)):
+        op = corr_to_op.get(corr, -1)
+        if op < 0:
+            op = ext_to_op.get(ext, -1) if ext >= 0 else -1
+        if op >= 0:
+            op = row_anc[op]
+        kern_op[j] = op
+        if op >= 0:
+            dev_us[op] += kdur
+            counts[op] += 1
+            names_by_op.setdefault(op, {})[kname] = None
+    ev["device_us"] = dev_us
+    ev["n_kernels"] = counts
+    kernels_col = [""] * n
+    for op, kn in names_by_op.items():
+        kernels_col[op] = ";".join(kn)
+    ev["kernels"] = kernels_col
+    trace.kernels = kern.assign(op=kern_op)
+
+
+def _sources(trace: TraceData, ev: pd.DataFrame, keys: np.ndarray, order: list[int],
+             source_override: SourceOverride | None) -> list[str]:
+    n = len(ev)
+    loc = [""] * n
+    if callable(source_override):
+        source_override = source_override(ev)
+    if source_override:
+        for i, where in source_override.items():
+            if 0 <= i < n:
+                loc[i] = where
+    elif len(trace.python):
+        loc = _python_locations(trace, ev)
+    else:
+        stacks = ev["call_stack"].tolist()
+        loc = [location_from_call_stack(s) if s else "" for s in stacks]
+
+    par = ev["parent"].tolist()
+    # An op without a location of its own takes its parent's (it ran inside it).
+    for i in order:
+        if not loc[i] and par[i] >= 0:
+            loc[i] = loc[par[i]]
+    # A composite parent without one takes its first child's (same statement issued both).
+    first_child: dict[int, int] = {}
+    for i in order:
+        p = par[i]
+        if p >= 0 and p not in first_child:
+            first_child[p] = i
+    for i in reversed(order):
+        if not loc[i] and i in first_child:
+            loc[i] = loc[first_child[i]]
+
+    # Backward ops point at the forward op they differentiate (autograd sequence number).
+    seqs = ev["seq"].tolist()
+    bwd_root = ev["bwd_root"].tolist()
+    fwd_loc: dict[int, str] = {}
+    for i in order:
+        if bwd_root[i] < 0 and seqs[i] >= 0 and seqs[i] not in fwd_loc and loc[i]:
+            fwd_loc[seqs[i]] = loc[i]
+    for i in order:
+        r = bwd_root[i]
+        if r >= 0 and seqs[r] >= 0:
+            where = fwd_loc.get(seqs[r])
+            if where:
+                loc[i] = where
+    return loc
+
+
+def _python_locations(trace: TraceData, ev: pd.DataFrame) -> list[str]:
+    """Innermost user frame around each op, from python_function events (function-level lines)."""
+    py = trace.python
+    p_ts = py["ts"].to_numpy()
+    p_end = p_ts + py["dur"].to_numpy()
+    all_threads = pd.MultiIndex.from_arrays(
+        [np.concatenate([py["pid"].to_numpy(), ev["pid"].to_numpy()]),
+         np.concatenate([py["tid"].to_numpy(), ev["tid"].to_numpy()])]).factorize()[0]
+    p_keys, o_keys = all_threads[: len(py)], all_threads[len(py):]
+    p_parent = nest(p_keys, p_ts, p_end)
+    enclosing = innermost(p_keys, p_ts, p_end, o_keys, ev["ts"].to_numpy())
+    names = py["name"].tolist()
+    p_par = p_parent.tolist()
+    inner_memo: dict[int, str] = {}
+
+    def innermost_user(j: int) -> str:
+        start = j
+        seen = []
+        while j >= 0:
+            if j in inner_memo:
+                result = inner_memo[j]
+                break
+            where = trace_frame_location(names[j])
+            if where is not None:
+                result = where
+                break
+            seen.append(j)
+            j = p_par[j]
+        else:
+            result = ""
+        for k in seen:
+            inner_memo[k] = result
+        if start >= 0:
+            inner_memo[start] = result
+        return result
+
+    return [innermost_user(j) if j >= 0 else "" for j in enclosing.tolist()]
+

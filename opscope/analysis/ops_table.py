@@ -1,0 +1,174 @@
+"""The per-op table (ops.csv): events grouped by (op, inputs, source line), with FLOPs, bytes and the
+roofline columns.
+
+Cost attribution follows the contract's "no double counting" rule in two layers: the cost model marks
+ops that always delegate (aten::linear, aten::conv2d, ...) as composites, and here, in the call tree,
+any op whose descendant does the same family of work (e.g. aten::clone over aten::copy_, the outer
+aten::sum over the inner one) is treated as a composite too.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from opscope.costmodel import Cost, OpCall, estimate, floating_dtype
+from opscope.hardware import Peaks, ceiling_key
+
+KEY = ["op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location"]
+CONTRACT_COLUMNS = KEY + [
+    "calls", "time_us_total", "time_share", "flops_per_call", "bytes_per_call", "arithmetic_intensity",
+    "achieved_gflops", "achieved_gbps", "pct_peak_flops", "pct_peak_bandwidth", "bound",
+]
+GPU_COLUMNS = ["cpu_time_us_total", "kernels"]
+EXTRA_COLUMNS = ["family", "dtype", "ceiling", "time_us_per_call", "note"]
+JSON_TEXT_COLUMNS = ["input_dims", "input_dtypes", "input_strides", "concrete_inputs"]
+UNATTRIBUTED = "(unattributed kernels)"
+BOUNDS = ("memory", "compute", "overhead", "unknown")
+
+# An op whose work would take under this long at the machine's peaks cannot be limited by that work:
+# per-op dispatch (CPU, a few µs) or kernel launch latency (GPU) dominates. See README, "bound".
+OVERHEAD_IDEAL_US = 1.0
+
+
+def event_costs(ev: pd.DataFrame) -> pd.DataFrame:
+    """Per event: flops, bytes, family, note after composite resolution (NaN flops/bytes = unknown)."""
+    n = len(ev)
+    flops = np.full(n, np.nan)
+    nbytes = np.full(n, np.nan)
+    family = [""] * n
+    note = [""] * n
+    dtype = [""] * n
+    cache: dict[tuple, tuple[Cost | None, str]] = {}
+    cols = zip(ev["name"].tolist(), ev["input_dims"].tolist(), ev["input_dtypes"].tolist(),
+               ev["input_strides"].tolist(), ev["concrete_inputs"].tolist(), ev["is_row"].tolist(), strict=True)
+    for i, (name, dims, types, strides, concrete, row) in enumerate(cols):
+        if not row:
+            continue
+        key = (name, dims, types, strides, concrete)
+        hit = cache.get(key)
+        if hit is None:
+            try:
+                call = OpCall.from_json_text(name, dims, types, strides, concrete)
+            except ValueError:
+                hit = (None, "")
+            else:
+                hit = (estimate(call), floating_dtype(call) or "")
+            cache[key] = hit
+        cost, dt = hit
+        dtype[i] = dt
+        if cost is not None:
+            flops[i], nbytes[i], family[i], note[i] = cost.flops, cost.bytes, cost.family, cost.note
+
+    # A row ancestor doing the same family of work as a descendant with real work only dispatches.
+    row_parent = ev["row_parent"].to_numpy()
+    delegates = np.zeros(n, dtype=bool)
+    for i in np.flatnonzero((flops > 0) | (nbytes > 0)).tolist():
+        fam = family[i]
+        a = row_parent[i]
+        while a >= 0:
+            if family[a] == fam:
+                delegates[a] = True
+            a = row_parent[a]
+    for i in np.flatnonzero(delegates).tolist():
+        flops[i], nbytes[i], family[i] = 0.0, 0.0, "composite"
+    return pd.DataFrame({"flops": flops, "bytes": nbytes, "family": family, "note": note, "dtype": dtype},
+                        index=ev.index)
+
+
+def build_ops_table(ev: pd.DataFrame, *, gpu: bool, peaks: Peaks, kernels: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Groups row events into ops.csv rows and adds the cost and roofline columns."""
+    if "flops" not in ev.columns:
+        ev = ev.join(event_costs(ev))
+    rows = ev[ev["is_row"]].copy()
+    rows["op"] = rows["name"]
+    rows["time"] = rows["device_us"] if gpu else rows["self_us"]
+    grouped = rows.groupby(KEY, sort=False, dropna=False)
+    table = grouped.agg(
+        calls=("time", "size"),
+        time_us_total=("time", "sum"),
+        cpu_time_us_total=("self_us", "sum"),
+        flops_per_call=("flops", "first"),
+        bytes_per_call=("bytes", "first"),
+        family=("family", "first"),
+        dtype=("dtype", "first"),
+        note=("note", "first"),
+        kernels=("kernels", _join_unique),
+        first_ts=("ts", "min"),
+    ).reset_index()
+    if gpu and kernels is not None and len(kernels):
+        lost = kernels[kernels["op"] < 0]
+        if len(lost):
+            extra = {k: "" for k in KEY}
+            extra.update(op=UNATTRIBUTED, calls=len(lost), time_us_total=float(lost["dur"].sum()),
+                         cpu_time_us_total=0.0, flops_per_call=np.nan, bytes_per_call=np.nan, family="",
+                         dtype="", note="", kernels=";".join(dict.fromkeys(lost["name"].tolist())),
+                         first_ts=float(lost["ts"].min()))
+            table = pd.concat([table, pd.DataFrame([extra])], ignore_index=True)
+    total = float(table["time_us_total"].sum())
+    table["time_share"] = table["time_us_total"] / total if total > 0 else 0.0
+    table = add_roofline(table, peaks, gpu=gpu)
+    table = table.sort_values(["time_us_total", "first_ts"], ascending=[False, True], kind="stable")
+    columns = CONTRACT_COLUMNS + (GPU_COLUMNS if gpu else []) + EXTRA_COLUMNS
+    return table[columns].reset_index(drop=True)
+
+
+def _join_unique(values: pd.Series) -> str:
+    seen: dict[str, None] = {}
+    for v in values:
+        if v:
+            for k in v.split(";"):
+                seen[k] = None
+    return ";".join(seen)
+
+
+def add_roofline(table: pd.DataFrame, peaks: Peaks, *, gpu: bool) -> pd.DataFrame:
+    """Arithmetic intensity, achieved rates, % of the applicable peaks and the bound class per row."""
+    out = table.copy()
+    calls = out["calls"].astype(float).to_numpy()
+    time_total = out["time_us_total"].astype(float).to_numpy()
+    per_call = np.divide(time_total, calls, out=np.full(len(out), np.nan), where=calls > 0)
+    out["time_us_per_call"] = per_call
+    flops = out["flops_per_call"].astype(float).to_numpy()
+    nbytes = out["bytes_per_call"].astype(float).to_numpy()
+    timed = per_call > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["arithmetic_intensity"] = np.where(nbytes > 0, flops / nbytes, np.nan)
+        out["achieved_gflops"] = np.where(timed & ~np.isnan(flops), flops / per_call / 1e3, np.nan)
+        out["achieved_gbps"] = np.where(timed & ~np.isnan(nbytes), nbytes / per_call / 1e3, np.nan)
+    ceilings, peak_flops, bounds = [], [], []
+    bw = peaks.memory_bandwidth_gbps
+    for fam, dt, kern, f, b in zip(out["family"].tolist(), out["dtype"].tolist(), out["kernels"].tolist(),
+                                   flops.tolist(), nbytes.tolist(), strict=True):
+        key = ceiling_key(fam or "", dt or None, kern or "") if fam else ""
+        pf = peaks.flops_for(key) if key else None
+        ceilings.append(key)
+        peak_flops.append(pf if pf else np.nan)
+        bounds.append(classify_bound(f, b, fam, pf, bw))
+    pf_arr = np.asarray(peak_flops, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["pct_peak_flops"] = out["achieved_gflops"].to_numpy() / pf_arr * 100.0
+        out["pct_peak_bandwidth"] = out["achieved_gbps"].to_numpy() / (bw if bw else np.nan) * 100.0
+    out["ceiling"] = ceilings
+    out["bound"] = bounds
+    return out
+
+
+def classify_bound(flops: float, nbytes: float, family: str, peak_gflops: float | None,
+                   peak_gbps: float | None) -> str:
+    """memory / compute / overhead / unknown for one op (see README "How to read the numbers")."""
+    if family == "" or flops is None or nbytes is None or math.isnan(flops) or math.isnan(nbytes):
+        return "unknown"
+    if flops == 0 and nbytes == 0:
+        return "overhead"
+    if not peak_gflops or not peak_gbps:
+        return "unknown"
+    ideal_us = max(flops / (peak_gflops * 1e3), nbytes / (peak_gbps * 1e3))
+    if ideal_us < OVERHEAD_IDEAL_US:
+        return "overhead"
+    ridge = peak_gflops / peak_gbps  # FLOP per byte where the roofline bends
+    if nbytes == 0 or flops / nbytes > ridge:
+        return "compute"
+    return "memory"

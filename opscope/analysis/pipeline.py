@@ -1,0 +1,123 @@
+"""trace -> events -> ops table -> findings -> Run. Shared by `opscope profile` and `opscope analyze`
+so that a profile run and an analyzed trace go through exactly the same numbers."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from opscope.analysis.events import build_events
+from opscope.analysis.ops_table import BOUNDS, JSON_TEXT_COLUMNS, build_ops_table, event_costs
+from opscope.findings import Context, run_rules
+from opscope.findings.base import LayoutProbe
+from opscope.hardware import Peaks
+from opscope.run import FORMAT_VERSION, Run
+from opscope.trace import TraceData
+
+
+def analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str,
+            source_override: Mapping[int, str] | None = None,
+            layout_probe: LayoutProbe | None = None) -> Run:
+    ev = build_events(trace, source_override)
+    gpu = trace.has_gpu
+    ev = ev.join(event_costs(ev))
+    if source == "trace":
+        meta["dtype"] = dominant_dtype(ev)
+        meta["mode"] = trace_mode(ev)
+    ev["time_us"] = ev["device_us"] if gpu else ev["self_us"]
+    ops = build_ops_table(ev, gpu=gpu, peaks=peaks, kernels=trace.kernels)
+    steps, step_time_us = step_stats(trace, ev)
+    busy = device_busy_share(trace, steps, step_time_us) if gpu else None
+    ctx = Context(ops=ops, events=ev, peaks=peaks, gpu=gpu, source=source, steps=steps,
+                  step_time_us=step_time_us, device_busy_share=busy, meta=meta, layout_probe=layout_probe)
+    findings = run_rules(ctx)
+    summary = summarize(ops, steps=steps, step_time_us=step_time_us, n_findings=len(findings), busy=busy)
+    return Run(meta=meta, ops=ops, findings=findings, summary=summary, events=ev)
+
+
+def step_stats(trace: TraceData, ev: pd.DataFrame) -> tuple[int, float]:
+    """(number of ProfilerStep#N annotations, their mean wall time); without annotations one step
+    spanning every op and kernel."""
+    if len(trace.steps):
+        return len(trace.steps), float(trace.steps["dur"].mean())
+    starts = [ev["ts"].min()]
+    ends = [ev["end"].max()]
+    if len(trace.kernels):
+        starts.append(trace.kernels["ts"].min())
+        ends.append((trace.kernels["ts"] + trace.kernels["dur"]).max())
+    return 1, float(max(ends) - min(starts))
+
+
+def device_busy_share(trace: TraceData, steps: int, step_time_us: float) -> float | None:
+    """Union of kernel intervals over the profiled steps' wall time (capped at 1)."""
+    k = trace.kernels
+    if not len(k) or step_time_us <= 0:
+        return None
+    start = k["ts"].to_numpy()
+    end = start + k["dur"].to_numpy()
+    order = np.argsort(start, kind="stable")
+    start, end = start[order], end[order]
+    busy, cur_s, cur_e = 0.0, start[0], end[0]
+    for s, e in zip(start[1:].tolist(), end[1:].tolist(), strict=True):
+        if s > cur_e:
+            busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    busy += cur_e - cur_s
+    return float(min(busy / (steps * step_time_us), 1.0))
+
+
+def summarize(ops: pd.DataFrame, *, steps: int, step_time_us: float, n_findings: int,
+              busy: float | None) -> dict[str, Any]:
+    total = float(ops["time_us_total"].sum())
+    covered = ops["flops_per_call"].notna() & ops["bytes_per_call"].notna()
+    bound_share = {b: 0.0 for b in BOUNDS}
+    for b, t in ops.groupby("bound")["time_us_total"].sum().items():
+        bound_share[b] = float(t) / total if total > 0 else 0.0
+    summary: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "total_time_us": total,
+        "steps": int(steps),
+        "step_time_us": float(step_time_us),
+        "ops_covered_time_share": float(ops.loc[covered, "time_us_total"].sum()) / total if total > 0 else 0.0,
+        "bound_time_share": bound_share,
+        "findings": int(n_findings),
+        "top_ops": top_ops(ops, 10),
+    }
+    if busy is not None:
+        summary["device_busy_share"] = busy
+    return summary
+
+
+def top_ops(ops: pd.DataFrame, n: int) -> list[dict[str, Any]]:
+    """First n rows as objects: numbers as numbers, empty as null, JSON-text columns kept as text."""
+    out = []
+    for rec in ops.head(n).to_dict("records"):
+        row = {}
+        for k, v in rec.items():
+            if isinstance(v, float) and np.isnan(v):
+                v = None
+            elif isinstance(v, str) and v == "" and k not in JSON_TEXT_COLUMNS and k != "source_location":
+                v = None
+            elif hasattr(v, "item"):
+                v = v.item()
+            row[k] = v
+        out.append(row)
+    return out
+
+
+def dominant_dtype(ev: pd.DataFrame) -> str | None:
+    """The most common floating dtype among row ops (meta.json 'dtype' for traces)."""
+    dts = [d for d in ev.loc[ev["is_row"], "dtype"].tolist() if d]
+    return Counter(dts).most_common(1)[0][0] if dts else None
+
+
+def trace_mode(ev: pd.DataFrame) -> str:
+    names = ev["name"]
+    backward = names.str.startswith("autograd::engine::evaluate_function") | names.str.endswith("_backward")
+    return "train" if bool(backward.any()) else "inference"

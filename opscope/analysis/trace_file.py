@@ -1,0 +1,68 @@
+"""`opscope analyze TRACE`: the profile pipeline's analysis on a trace recorded elsewhere. No torch."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from opscope import __version__
+from opscope.analysis.pipeline import analyze
+from opscope.hardware import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
+from opscope.run import Run, check_out_dir, write_run
+from opscope.trace import TraceData, load_trace
+
+
+def trace_device(trace: TraceData) -> dict[str, str]:
+    if trace.has_gpu or trace.gpu_runtime:
+        props = trace.device_properties[0] if trace.device_properties else {}
+        return {"type": trace.gpu_runtime or "cuda", "name": str(props.get("name", "unknown GPU"))}
+    return {"type": "cpu", "name": "unknown CPU (not recorded in the trace)"}
+
+
+def trace_peaks(trace: TraceData, device: dict[str, str], peak_bw: float | None, peak_flops: list[str] | None,
+                warn: Callable[[str], None]) -> Peaks:
+    peaks: Peaks | None = None
+    overridden = bool(peak_bw) and bool(peak_flops)
+    if device["type"] in ("cuda", "rocm"):
+        peaks = gpu_peaks(device["name"])
+        if peaks is None and not overridden:
+            warn(unknown_gpu_warning(device["name"]))
+    elif not overridden:
+        from opscope.calibrate import cached_cpu_peaks
+
+        peaks = cached_cpu_peaks()
+        if peaks is None:
+            warn("CPU trace: the recording machine's ceilings are unknown and this machine has no cached "
+                 "calibration; pass --peak-bw/--peak-flops (or run `opscope calibrate`) for % of peak and bound")
+        else:
+            warn("CPU trace: using this machine's cached calibration as the ceilings (the trace does not say "
+                 "which CPU recorded it); pass --peak-bw/--peak-flops for another machine")
+    return apply_overrides(peaks, peak_bw, peak_flops)
+
+
+def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | None = None,
+                       peak_flops: list[str] | None = None, warn: Callable[[str], None] = lambda m: None) -> Run:
+    check_out_dir(out)
+    trace = load_trace(path)
+    device = trace_device(trace)
+    peaks = trace_peaks(trace, device, peak_bw, peak_flops, warn)
+    meta: dict[str, Any] = {
+        "format_version": 1,
+        "opscope_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "source": "trace",
+        "target": str(path),
+        "torch_version": trace.torch_version,
+        "device": device,
+        "dtype": None,
+        "mode": "unknown",
+        "steps": None,
+        "peaks": peaks.to_json(),
+    }
+    run = analyze(trace, peaks=peaks, meta=meta, source="trace")
+    meta["steps"] = run.summary["steps"]
+    stem = path.name.split(".")[0] or "trace"
+    write_run(run, out, stem, path)
+    return run

@@ -1,0 +1,135 @@
+"""The step opscope times: one forward (inference) or forward + loss + backward + SGD step (train).
+
+Ops issued here (loss, backward seed, optimizer) have no user frame above them, so the line pass
+labels them `opscope:harness` and findings never point at them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from opscope.errors import TargetError
+from opscope.target import Target, describe_exception, user_frame_of
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
+               torch.float64: "float64"}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise TargetError("--device cuda: no CUDA GPU is available on this machine (torch.cuda.is_available() is False)")
+    if device not in ("cpu", "cuda"):
+        raise TargetError(f"--device must be auto, cpu or cuda; got {device!r}")
+    return torch.device(device)
+
+
+def _move(value: Any, device: torch.device, dtype: torch.dtype | None) -> Any:
+    if isinstance(value, torch.Tensor):
+        if dtype is not None and value.is_floating_point():
+            return value.to(device=device, dtype=dtype)
+        return value.to(device=device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_move(v, device, dtype) for v in value)
+    if isinstance(value, dict):
+        return {k: _move(v, device, dtype) for k, v in value.items()}
+    return value
+
+
+def first_tensor(output: Any) -> torch.Tensor | None:
+    """The tensor a default loss is built from: the output itself, or `logits` / `last_hidden_state`
+    of dicts and Hugging Face ModelOutputs, else the first tensor found."""
+    if isinstance(output, torch.Tensor):
+        return output
+    for name in ("logits", "last_hidden_state"):
+        value = output.get(name) if isinstance(output, dict) else getattr(output, name, None)
+        if isinstance(value, torch.Tensor):
+            return value
+    items = output.values() if isinstance(output, dict) else output if isinstance(output, (list, tuple)) else ()
+    for item in items:
+        found = first_tensor(item)
+        if found is not None:
+            return found
+    return None
+
+
+def model_dtype(model: torch.nn.Module) -> torch.dtype | None:
+    for p in list(model.parameters()) + list(model.buffers()):
+        if p.is_floating_point():
+            return p.dtype
+    return None
+
+
+class Harness:
+    def __init__(self, target: Target, *, mode: str, device: torch.device, dtype: str | None) -> None:
+        if mode not in ("inference", "train"):
+            raise TargetError(f"--mode must be inference or train; got {mode!r}")
+        self.mode = mode
+        self.device = device
+        to_dtype = DTYPES[dtype] if dtype else None
+        model = target.model
+        try:
+            model = model.to(device=device, dtype=to_dtype) if to_dtype else model.to(device=device)
+        except Exception as exc:
+            raise TargetError(f"cannot move the model to {device}: {describe_exception(exc)}") from exc
+        self.model = model.train(mode == "train")
+        self.args = _move(target.args, device, to_dtype)
+        self.kwargs = _move(target.kwargs, device, to_dtype)
+        self.loss_fn = target.loss_fn
+        self.dtype = to_dtype or model_dtype(model) or torch.get_default_dtype()
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.SGD(params, lr=1e-3) if (mode == "train" and params) else None
+
+    @property
+    def dtype_name(self) -> str:
+        return DTYPE_NAMES.get(self.dtype, str(self.dtype).replace("torch.", ""))
+
+    def _forward(self) -> Any:
+        try:
+            return self.model(*self.args, **self.kwargs)
+        except Exception as exc:
+            where = user_frame_of(exc)
+            at = f" at {where}" if where else ""
+            raise TargetError(f"the model's forward failed{at}: {describe_exception(exc)}") from exc
+
+    def step(self) -> None:
+        if self.mode == "inference":
+            with torch.inference_mode():
+                self._forward()
+            return
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        out = self._forward()
+        loss = self._loss(out)
+        try:
+            loss.backward()
+        except Exception as exc:
+            raise TargetError(f"backward failed: {describe_exception(exc)}") from exc
+        if self.optimizer is not None:
+            self.optimizer.step()
+
+    def _loss(self, out: Any) -> torch.Tensor:
+        if self.loss_fn is not None:
+            try:
+                loss = self.loss_fn(out)
+            except Exception as exc:
+                where = user_frame_of(exc)
+                at = f" at {where}" if where else ""
+                raise TargetError(f"loss_fn(output) failed{at}: {describe_exception(exc)}") from exc
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                raise TargetError("loss_fn(output) must return a scalar tensor")
+            return loss
+        tensor = first_tensor(out)
+        if tensor is None:
+            raise TargetError("the model's output holds no tensor to build a loss from; define loss_fn(output) in the file")
+        if not tensor.requires_grad:
+            raise TargetError("the model's output does not require grad, so --mode train has nothing to differentiate")
+        return tensor.sum()
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()

@@ -1,0 +1,184 @@
+"""`opscope profile`: warm up, one lean timed pass under torch.profiler, then untimed passes for what
+timing does not need (exact source lines), then the shared analysis pipeline.
+
+The timed pass records shapes only (no stacks, no memory, no perf counters) so its per-step time stays
+within a few percent of a bare `torch.profiler.profile(record_shapes=True)`; see benchmarks/.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from opscope import __version__
+from opscope.analysis.pipeline import analyze
+from opscope.capture.harness import Harness, resolve_device
+from opscope.capture.layout_probe import conv_layout_probe
+from opscope.capture.lines import join_lines, record_lines
+from opscope.errors import OpscopeError
+from opscope.hardware import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
+from opscope.run import Run, check_out_dir, write_run
+from opscope.target import load_target
+from opscope.trace import load_trace
+
+
+@dataclass
+class ProfileOptions:
+    target: Path
+    entry: str | None = None
+    device: str = "auto"
+    dtype: str | None = None
+    mode: str = "inference"
+    warmup: int = 2
+    steps: int = 5
+    threads: int | None = None
+    peak_bw: float | None = None
+    peak_flops: list[str] = field(default_factory=list)
+    out: Path | None = None
+
+
+@dataclass
+class ProfileTimings:
+    """Seconds spent in each phase (the benchmark reads these)."""
+
+    load: float = 0.0
+    warmup: float = 0.0
+    timed: float = 0.0
+    timed_step_s: float = 0.0
+    export: float = 0.0
+    calibration: float = 0.0
+    lines: float = 0.0
+    analysis: float = 0.0
+
+
+class Progress:
+    """Phase reporting hook; the CLI passes a rich progress bar, tests pass nothing."""
+
+    def phase(self, name: str, total: int | None = None) -> None: ...
+    def advance(self, n: int = 1) -> None: ...
+    def warn(self, message: str) -> None: ...
+
+
+def _validate(opts: ProfileOptions) -> None:
+    if opts.steps < 1:
+        raise OpscopeError("--steps must be at least 1")
+    if opts.warmup < 0:
+        raise OpscopeError("--warmup must be 0 or more")
+    if opts.threads is not None and opts.threads < 1:
+        raise OpscopeError("--threads must be at least 1")
+    if opts.dtype not in (None, "float32", "bfloat16", "float16"):
+        raise OpscopeError(f"--dtype must be float32, bfloat16 or float16; got {opts.dtype!r}")
+
+
+def cpu_name() -> str:
+    from opscope.calibrate import cpu_model_name
+
+    return cpu_model_name()
+
+
+def machine_peaks(opts: ProfileOptions, device: torch.device, progress: Progress) -> Peaks:
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        peaks = gpu_peaks(name)
+        if peaks is None and not (opts.peak_bw and opts.peak_flops):
+            progress.warn(unknown_gpu_warning(name))
+    else:
+        if opts.peak_bw and opts.peak_flops:
+            peaks = None  # fully overridden: no need to measure
+        else:
+            from opscope.calibrate import cpu_peaks
+
+            peaks, cached = cpu_peaks(torch.get_num_threads(), progress=progress.warn)
+    return apply_overrides(peaks, opts.peak_bw, opts.peak_flops)
+
+
+def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tuple[Run, ProfileTimings]:
+    progress = progress or Progress()
+    _validate(opts)
+    check_out_dir(opts.out)
+    timings = ProfileTimings()
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    device = resolve_device(opts.device)
+
+    t0 = time.perf_counter()
+    progress.phase("loading model")
+    target = load_target(opts.target, opts.entry)
+    harness = Harness(target, mode=opts.mode, device=device, dtype=opts.dtype)
+    timings.load = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    peaks = machine_peaks(opts, device, progress)
+    timings.calibration = time.perf_counter() - t0
+
+    progress.phase("warmup", total=opts.warmup)
+    t0 = time.perf_counter()
+    for _ in range(opts.warmup):
+        harness.step()
+        progress.advance()
+    harness.synchronize()
+    timings.warmup = time.perf_counter() - t0
+
+    progress.phase(f"profiling {opts.steps} steps")
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with tempfile.TemporaryDirectory(prefix="opscope-") as tmp:
+        trace_path = Path(tmp) / "trace.json"
+        t0 = time.perf_counter()
+        with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+            for i in range(opts.steps):
+                # The same step annotation torch.profiler's schedule would add, without a schedule.
+                with torch.profiler.record_function(f"ProfilerStep#{i}"):
+                    harness.step()
+                    harness.synchronize()
+        timings.timed = time.perf_counter() - t0
+        timings.timed_step_s = timings.timed / opts.steps
+        t0 = time.perf_counter()
+        prof.export_chrome_trace(str(trace_path))
+        timings.export = time.perf_counter() - t0
+
+        progress.phase("recording source lines")
+        t0 = time.perf_counter()
+        records = record_lines(harness.step)
+        harness.synchronize()
+        timings.lines = time.perf_counter() - t0
+
+        progress.phase("analyzing")
+        t0 = time.perf_counter()
+        trace = load_trace(trace_path, with_python=False)
+        meta = profile_meta(opts, device, harness, peaks)
+        probe = conv_layout_probe(device) if opts.mode in ("inference", "train") else None
+        run = analyze(trace, peaks=peaks, meta=meta, source="profile",
+                      source_override=lambda ev: join_lines(records, ev), layout_probe=probe)
+        write_run(run, opts.out, target.stem, trace_path)
+        timings.analysis = time.perf_counter() - t0
+    return run, timings
+
+
+def profile_meta(opts: ProfileOptions, device: torch.device, harness: Harness, peaks: Peaks) -> dict[str, Any]:
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        dev = {"type": "rocm" if torch.version.hip else "cuda", "name": name}
+    else:
+        dev = {"type": "cpu", "name": cpu_name()}
+    return {
+        "format_version": 1,
+        "opscope_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "source": "profile",
+        "target": os.path.relpath(opts.target) if not opts.target.is_absolute() else str(opts.target),
+        "torch_version": torch.__version__,
+        "device": dev,
+        "dtype": harness.dtype_name,
+        "mode": opts.mode,
+        "steps": opts.steps,
+        "threads": torch.get_num_threads(),
+        "peaks": peaks.to_json(),
+    }

@@ -1,0 +1,26 @@
+"""Typed errors. Anything raised as `OpscopeError` is bad input: the CLI prints its message as one
+line on stderr and exits 2 (no traceback unless --debug)."""
+
+from __future__ import annotations
+
+
+class OpscopeError(Exception):
+    """Bad input from the user: a missing file, a malformed target or trace, an unusable option."""
+
+    exit_code = 2
+
+
+class TargetError(OpscopeError):
+    """The model file cannot be loaded or run."""
+
+
+class TraceError(OpscopeError):
+    """The trace file cannot be read as a torch.profiler Chrome trace."""
+
+
+class OutputError(OpscopeError):
+    """The run directory cannot be written where asked."""
+
+
+class NotAvailableError(OpscopeError):
+    """A command whose capability has not landed yet."""

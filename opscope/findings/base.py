@@ -1,0 +1,85 @@
+"""What every findings rule receives and returns. A rule is one small function
+`(ctx: Context) -> Iterable[Finding]`, registered with `@rule("name")` in its own module."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from opscope.hardware import Peaks
+from opscope.sources import HARNESS
+
+SEVERITIES = ("high", "medium", "low")
+
+
+@dataclass
+class Finding:
+    rule: str
+    severity: str
+    op: str
+    source_location: str
+    message: str
+    suggestion: str
+    est_savings_us: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        if d["est_savings_us"] is not None:
+            v = float(d["est_savings_us"])
+            d["est_savings_us"] = round(v, 3) if math.isfinite(v) else None
+        return d
+
+
+# A measurement hook only `opscope profile` has (it can run torch): given a captured 2-D convolution
+# (input dims, weight dims, dtype, stride, padding, dilation, groups), returns microseconds per call
+# for (NCHW, channels_last), or None if it cannot measure.
+LayoutProbe = Callable[[dict[str, Any]], "tuple[float, float] | None"]
+
+
+@dataclass
+class Context:
+    ops: pd.DataFrame  # ops.csv rows (contract columns + family, dtype, ceiling, time_us_per_call, note)
+    events: pd.DataFrame  # one row per cpu_op event: call tree, times, costs, source_location, step
+    peaks: Peaks
+    gpu: bool
+    source: str  # "profile" | "trace"
+    steps: int
+    step_time_us: float
+    device_busy_share: float | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    layout_probe: LayoutProbe | None = None
+
+    @property
+    def total_time_us(self) -> float:
+        return float(self.ops["time_us_total"].sum())
+
+
+Rule = Callable[[Context], Iterable[Finding]]
+RULES: dict[str, Rule] = {}
+
+
+def rule(name: str) -> Callable[[Rule], Rule]:
+    def deco(fn: Rule) -> Rule:
+        if name in RULES:
+            raise ValueError(f"rule {name} registered twice")
+        RULES[name] = fn
+        return fn
+
+    return deco
+
+
+def run_rules(ctx: Context, only: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """All findings, harness ops excluded, sorted by estimated saving (unknown savings last)."""
+    found: list[Finding] = []
+    names = list(only) if only is not None else list(RULES)
+    for name in names:
+        for f in RULES[name](ctx):
+            if f.source_location == HARNESS:
+                continue
+            found.append(f)
+    found.sort(key=lambda f: (f.est_savings_us is None, -(f.est_savings_us or 0.0)))
+    return [f.to_json() for f in found]

@@ -1,0 +1,169 @@
+"""Rich console rendering of a run. Reads a Run only; never re-profiles."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich import box
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from opscope.run import Run
+
+BOUND_STYLE = {"compute": "bold green", "memory": "bold cyan", "overhead": "bold yellow", "unknown": "dim"}
+SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
+
+
+def _num(v: Any) -> float | None:
+    if v is None:
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def si(value: Any, unit: str = "", base: float = 1000.0) -> str:
+    v = _num(value)
+    if v is None:
+        return "—"
+    prefixes = ["", "k", "M", "G", "T", "P"] if base == 1000.0 else ["", "Ki", "Mi", "Gi", "Ti", "Pi"]
+    i = 0
+    while abs(v) >= base and i < len(prefixes) - 1:
+        v /= base
+        i += 1
+    text = f"{v:.0f}" if (i == 0 and float(v).is_integer()) else f"{v:.3g}"
+    return f"{text} {prefixes[i]}{unit}".strip()
+
+
+def fmt_us(value: Any) -> str:
+    v = _num(value)
+    if v is None:
+        return "—"
+    if v >= 1e6:
+        return f"{v / 1e6:.2f} s"
+    if v >= 1e3:
+        return f"{v / 1e3:.2f} ms"
+    return f"{v:.1f} µs"
+
+
+def fmt_pct(value: Any, scale: float = 1.0) -> str:
+    v = _num(value)
+    return "—" if v is None else f"{v * scale:.1f}%"
+
+
+def binding_pct(row: dict[str, Any]) -> Any:
+    """% of the roof that binds this op: FLOP/s for compute-bound, bandwidth otherwise."""
+    if row.get("bound") == "compute":
+        return row.get("pct_peak_flops")
+    pb, pf = _num(row.get("pct_peak_bandwidth")), _num(row.get("pct_peak_flops"))
+    if row.get("bound") == "memory":
+        return pb
+    vals = [v for v in (pb, pf) if v is not None]
+    return max(vals) if vals else None
+
+
+def summary_panel(run: Run) -> Panel:
+    m, s = run.meta, run.summary
+    dev = m.get("device", {})
+    lines = Text()
+    lines.append(f"{m.get('target', '')}", style="bold")
+    lines.append(f"  ({m.get('source')}, {m.get('mode')}, {m.get('dtype') or 'mixed'})\n")
+    lines.append(f"device  {dev.get('type')}: {dev.get('name')}\n")
+    peaks = m.get("peaks", {})
+    bw = peaks.get("memory_bandwidth_gbps")
+    flops = peaks.get("flops_gflops", {})
+    ceil = ", ".join(f"{k} {si(v * 1e9, 'FLOP/s')}" for k, v in flops.items())
+    origin = peaks.get("origin", {})
+    lines.append(f"peaks   {si((bw or float('nan')) * 1e9, 'B/s')} ({origin.get('memory_bandwidth', '?')}); "
+                 f"{ceil or 'unknown'} ({origin.get('flops', '?')})\n")
+    steps = s.get("steps", 1)
+    lines.append(f"steps   {steps} × {fmt_us(s.get('step_time_us'))}   op time {fmt_us(s.get('total_time_us'))}   "
+                 f"cost model covers {fmt_pct(s.get('ops_covered_time_share'), 100)} of it\n")
+    shares = s.get("bound_time_share", {})
+    lines.append("bound   ")
+    for b in ("compute", "memory", "overhead", "unknown"):
+        lines.append(f"{b} {fmt_pct(shares.get(b), 100)}  ", style=BOUND_STYLE[b])
+    if s.get("device_busy_share") is not None:
+        busy = s["device_busy_share"]
+        lines.append(f"\nGPU busy {fmt_pct(busy, 100)} of the step", style="bold red" if busy < 0.5 else "")
+    return Panel(lines, title="opscope", title_align="left", box=box.ROUNDED)
+
+
+def ops_table(run: Run, top: int = 15) -> Table:
+    gpu = "kernels" in run.ops.columns
+    table = Table(box=box.SIMPLE_HEAD, show_lines=False, pad_edge=False, title=f"Top {top} ops by "
+                  f"{'GPU kernel' if gpu else 'CPU self'} time", title_justify="left")
+    table.add_column("#", justify="right", style="dim")
+    table.add_column("op", overflow="fold", max_width=34)
+    table.add_column("calls", justify="right")
+    table.add_column("time", justify="right")
+    table.add_column("share", justify="right")
+    table.add_column("FLOP/call", justify="right")
+    table.add_column("bytes/call", justify="right")
+    table.add_column("FLOP/B", justify="right")
+    table.add_column("FLOP/s", justify="right")
+    table.add_column("B/s", justify="right")
+    table.add_column("% peak", justify="right")
+    table.add_column("bound")
+    table.add_column("source", overflow="fold", max_width=40)
+    for i, row in enumerate(run.ops.head(top).to_dict("records"), 1):
+        ai = _num(row.get("arithmetic_intensity"))
+        bound = row.get("bound") or "unknown"
+        gflops, gbps = _num(row.get("achieved_gflops")), _num(row.get("achieved_gbps"))
+        table.add_row(
+            str(i),
+            _short_op(row),
+            str(int(row["calls"])),
+            fmt_us(row["time_us_total"]),
+            fmt_pct(row["time_share"], 100),
+            si(row.get("flops_per_call")),
+            si(row.get("bytes_per_call"), "B", 1024.0),
+            "—" if ai is None else f"{ai:.3g}",
+            si(gflops * 1e9 if gflops is not None else None),
+            si(gbps * 1e9 if gbps is not None else None),
+            fmt_pct(binding_pct(row)),
+            Text(bound, style=BOUND_STYLE.get(bound, "")),
+            str(row.get("source_location") or ""),
+        )
+    return table
+
+
+def _short_op(row: dict[str, Any]) -> str:
+    op = str(row.get("op", ""))
+    name = op.split("::", 1)[1] if op.startswith("aten::") else op
+    dims = row.get("input_dims") or ""
+    if dims and dims != "[]":
+        shapes = dims.replace(" ", "")
+        if len(shapes) > 40:
+            shapes = shapes[:37] + "..."
+        return f"{name} {shapes}"
+    return name
+
+
+def findings_table(run: Run, top: int = 5) -> Table | Text:
+    if not run.findings:
+        return Text("No findings.", style="green")
+    table = Table(box=box.SIMPLE_HEAD, title=f"Findings ({len(run.findings)}; top {min(top, len(run.findings))} "
+                  "by estimated saving)", title_justify="left")
+    table.add_column("sev")
+    table.add_column("rule")
+    table.add_column("where", overflow="fold", max_width=36)
+    table.add_column("what", overflow="fold")
+    table.add_column("saves", justify="right")
+    for f in run.findings[:top]:
+        table.add_row(Text(f["severity"], style=SEVERITY_STYLE.get(f["severity"], "")), f["rule"],
+                      f.get("source_location") or f.get("op", ""),
+                      Text(f"{f['message']}\n→ {f['suggestion']}"),
+                      fmt_us(f.get("est_savings_us")) if f.get("est_savings_us") is not None else "?")
+    return table
+
+
+def render_run(run: Run, console: Console, top: int = 15, findings: int = 5) -> None:
+    console.print(Group(summary_panel(run), ops_table(run, top), findings_table(run, findings)))
+    if run.path is not None:
+        console.print(f"run directory: [bold]{run.path}[/bold]")

@@ -1,0 +1,144 @@
+"""Loading the user's model file: the accepted shapes are in CONTRACT.md.
+
+1. `--entry FUNC`: FUNC() returns (model, inputs);
+2. KernelBench style: `class Model(nn.Module)`, `get_inputs()`, optional `get_init_inputs()`;
+3. `get_model()` and `get_inputs()`.
+Inputs are a list/tuple of tensors, or a dict of keyword arguments. An optional `loss_fn(output)` is
+used by `--mode train`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from opscope.errors import TargetError
+from opscope.sources import classify_path, display_path
+
+ACCEPTED = ("`get_model()` + `get_inputs()`, `class Model(nn.Module)` + `get_inputs()` (KernelBench style), "
+            "or --entry FUNC returning (model, inputs)")
+
+
+@dataclass
+class Target:
+    path: Path
+    module: ModuleType
+    model: Any  # torch.nn.Module
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    loss_fn: Callable[[Any], Any] | None = None
+
+    @property
+    def stem(self) -> str:
+        return self.path.stem
+
+
+def user_frame_of(exc: BaseException) -> str:
+    """'file:line' of the innermost traceback frame in user code (not torch/stdlib/opscope)."""
+    where = ""
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        path = frame.f_code.co_filename
+        if classify_path(path) == "user":
+            where = f"{display_path(path)}:{lineno}"
+    return where
+
+
+def describe_exception(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def _call_user(fn: Callable[..., Any], what: str, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception as exc:  # the user's code failed: one line with their message and line
+        where = user_frame_of(exc)
+        at = f" at {where}" if where else ""
+        raise TargetError(f"{what} failed{at}: {describe_exception(exc)}") from exc
+
+
+def load_module(path: Path) -> ModuleType:
+    if not path.exists():
+        raise TargetError(f"no such file: {path}")
+    if path.is_dir():
+        raise TargetError(f"{path} is a directory; TARGET must be a Python file")
+    try:
+        source = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TargetError(f"cannot read {path}: {exc}") from exc
+    try:
+        compile(source, str(path), "exec")
+    except SyntaxError as exc:
+        raise TargetError(f"syntax error in {display_path(str(path.resolve()))} line {exc.lineno}: {exc.msg}") from exc
+    name = f"opscope_target_{path.stem}_{uuid.uuid4().hex[:8]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise TargetError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # so the model file can import its neighbours
+    sys.modules[name] = module
+    _call_user(spec.loader.exec_module, f"importing {path.name}", module)
+    return module
+
+
+def load_target(path: str | Path, entry: str | None = None) -> Target:
+    import torch
+
+    path = Path(path)
+    module = load_module(path)
+    if entry:
+        fn = getattr(module, entry, None)
+        if not callable(fn):
+            raise TargetError(f"{path.name} has no function {entry}() (from --entry)")
+        result = _call_user(fn, f"{entry}()")
+        if not (isinstance(result, (tuple, list)) and len(result) == 2):
+            raise TargetError(f"{entry}() must return (model, inputs); got {type(result).__name__}")
+        model, inputs = result
+        source = f"{entry}()"
+    elif callable(getattr(module, "get_model", None)) and callable(getattr(module, "get_inputs", None)):
+        model = _call_user(module.get_model, "get_model()")
+        inputs = _call_user(module.get_inputs, "get_inputs()")
+        source = "get_inputs()"
+    elif isinstance(getattr(module, "Model", None), type) and callable(getattr(module, "get_inputs", None)):
+        init = getattr(module, "get_init_inputs", None)
+        init_args = _call_user(init, "get_init_inputs()") if callable(init) else []
+        if not isinstance(init_args, (list, tuple)):
+            raise TargetError(f"get_init_inputs() must return a list of constructor arguments; got {type(init_args).__name__}")
+        model = _call_user(lambda: module.Model(*init_args), "Model(*get_init_inputs())")
+        inputs = _call_user(module.get_inputs, "get_inputs()")
+        source = "get_inputs()"
+    else:
+        raise TargetError(f"{path.name} has none of the accepted shapes: looked for {ACCEPTED}")
+    if not isinstance(model, torch.nn.Module):
+        raise TargetError(f"the model must be a torch.nn.Module; got {type(model).__name__}")
+    args, kwargs = _split_inputs(inputs, source)
+    loss_fn = getattr(module, "loss_fn", None)
+    return Target(path=path, module=module, model=model, args=args, kwargs=kwargs,
+                  loss_fn=loss_fn if callable(loss_fn) else None)
+
+
+def _split_inputs(inputs: Any, source: str) -> tuple[tuple, dict[str, Any]]:
+    import torch
+
+    if isinstance(inputs, dict):
+        return (), dict(inputs)
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,), {}
+    if not isinstance(inputs, (list, tuple)):
+        raise TargetError(f"{source} must return a list/tuple of tensors or a dict of keyword arguments; "
+                          f"got {type(inputs).__name__}")
+    for i, x in enumerate(inputs):
+        if not isinstance(x, torch.Tensor):
+            raise TargetError(f"{source} returned a non-tensor at position {i} ({type(x).__name__}); "
+                              "return tensors only, or a dict of keyword arguments")
+    return tuple(inputs), {}

@@ -1,0 +1,253 @@
+"""Reads torch.profiler Chrome traces (.json / .json.gz) into column tables.
+
+Keyed on which fields are present, not on torch versions: traces from torch 2.x CPU runs, CUDA (CUPTI)
+and ROCm (roctracer) runs all decode with the same code. No torch import: `opscope analyze` must start
+fast. Decoding uses msgspec with typed structs, so only the fields opscope needs become Python objects
+("Input Dims" & co. stay raw JSON text, exactly as the trace wrote them).
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from opscope.errors import TraceError
+
+DEVICE_ACTIVITY_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+class _Args(msgspec.Struct):
+    external_id: int | None = msgspec.field(default=None, name="External id")
+    correlation: int | None = None
+    seq: int | None = msgspec.field(default=None, name="Sequence number")
+    fwd_tid: int | None = msgspec.field(default=None, name="Fwd thread id")
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
+    input_strides: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Strides")
+    concrete: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Concrete Inputs")
+    call_stack: str | None = msgspec.field(default=None, name="Call stack")
+    stream: int | None = None
+    device: int | None = None
+
+
+class _Event(msgspec.Struct):
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    pid: int | str = 0
+    tid: int | str = 0
+    ts: float = 0.0
+    dur: float = 0.0
+    args: _Args | None = None
+
+
+class _TraceFile(msgspec.Struct):
+    traceEvents: list[_Event] | None = None  # noqa: N815 (the trace's own key)
+    deviceProperties: list[dict[str, Any]] | None = None  # noqa: N815
+    distributedInfo: dict[str, Any] | None = None  # noqa: N815
+    torch_version: str | None = None
+    pytorch_version: str | None = None
+    cuda_runtime_version: int | str | None = None
+    hip_runtime_version: int | str | None = None
+    roctracer_version: int | str | float | None = None
+    cupti_version: int | str | None = None
+
+
+_DECODER = msgspec.json.Decoder(_TraceFile)
+
+
+@dataclass
+class TraceData:
+    """One trace as column tables. Times are microseconds, as the trace writes them."""
+
+    path: str
+    ops: pd.DataFrame
+    kernels: pd.DataFrame
+    launches: pd.DataFrame
+    steps: pd.DataFrame
+    python: pd.DataFrame
+    device_properties: list[dict[str, Any]] = field(default_factory=list)
+    torch_version: str | None = None
+    gpu_runtime: str | None = None  # "cuda" | "rocm" | None
+    distributed: dict[str, Any] | None = None
+    n_events: int = 0
+
+    @property
+    def has_gpu(self) -> bool:
+        return len(self.kernels) > 0
+
+
+def _raw_text(raw: msgspec.Raw) -> str:
+    text = bytes(raw).decode()
+    if not text or text == "null":
+        return ""
+    if "\n" in text:  # pretty-printed by another writer: normalise to the one-line form torch writes
+        text = msgspec.json.encode(msgspec.json.decode(text)).decode().replace(",", ", ")
+    return text
+
+
+def read_bytes(path: str | Path) -> bytes:
+    """File content, gunzipped when needed (by magic number, not by suffix)."""
+    p = Path(path)
+    if not p.exists():
+        raise TraceError(f"no such trace file: {p}")
+    if p.is_dir():
+        raise TraceError(f"{p} is a directory, not a trace file")
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise TraceError(f"cannot read {p}: {exc.strerror}") from exc
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceError(f"{p} is a damaged gzip file ({exc})") from exc
+    return data
+
+
+def load_trace(path: str | Path, *, with_python: bool = True) -> TraceData:
+    """Reads a torch.profiler Chrome trace. Raises TraceError (one clear line) on anything unusable."""
+    data = read_bytes(path)
+    try:
+        doc = _DECODER.decode(data)
+    except msgspec.ValidationError as exc:
+        raise TraceError(f"{path} is not a torch.profiler trace ({exc})") from exc
+    except msgspec.DecodeError as exc:
+        kind = "truncated or invalid JSON" if data.strip() else "empty"
+        raise TraceError(f"{path} is not a readable trace: {kind} ({exc})") from exc
+    del data
+    if doc.traceEvents is None:
+        raise TraceError(f"{path} is JSON but has no 'traceEvents': not a Chrome trace")
+    trace = _columnize(str(path), doc, with_python=with_python)
+    if trace.ops.empty:
+        raise TraceError(f"{path} has no operator (cpu_op) events: record it with torch.profiler's CPU activity")
+    return trace
+
+
+def _columnize(path: str, doc: _TraceFile, *, with_python: bool) -> TraceData:
+    ops: dict[str, list] = {k: [] for k in (
+        "name", "pid", "tid", "ts", "dur", "ext_id", "seq", "fwd_tid",
+        "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "call_stack")}
+    kern: dict[str, list] = {k: [] for k in ("cat", "name", "ts", "dur", "correlation", "ext_id", "stream", "device")}
+    launch: dict[str, list] = {k: [] for k in ("name", "pid", "tid", "ts", "dur", "correlation", "ext_id")}
+    steps: dict[str, list] = {k: [] for k in ("step", "pid", "tid", "ts", "dur")}
+    py: dict[str, list] = {k: [] for k in ("name", "pid", "tid", "ts", "dur")}
+    gpu_runtime = None
+    events = doc.traceEvents or []
+    n_events = len(events)
+    for e in events:
+        cat = e.cat
+        if e.ph != "X":
+            continue
+        a = e.args
+        if cat == "cpu_op":
+            ops["name"].append(e.name)
+            ops["pid"].append(e.pid)
+            ops["tid"].append(e.tid)
+            ops["ts"].append(e.ts)
+            ops["dur"].append(e.dur)
+            if a is None:
+                a = _Args()
+            ops["ext_id"].append(a.external_id if a.external_id is not None else -1)
+            ops["seq"].append(a.seq if a.seq is not None else -1)
+            ops["fwd_tid"].append(a.fwd_tid if a.fwd_tid is not None else -1)
+            ops["input_dims"].append(_raw_text(a.input_dims))
+            ops["input_dtypes"].append(_raw_text(a.input_type))
+            ops["input_strides"].append(_raw_text(a.input_strides))
+            ops["concrete_inputs"].append(_raw_text(a.concrete))
+            ops["call_stack"].append(a.call_stack or "")
+        elif cat == "python_function":
+            if with_python:
+                py["name"].append(e.name)
+                py["pid"].append(e.pid)
+                py["tid"].append(e.tid)
+                py["ts"].append(e.ts)
+                py["dur"].append(e.dur)
+        elif cat in DEVICE_ACTIVITY_CATS:
+            a = a or _Args()
+            kern["cat"].append(cat)
+            kern["name"].append(e.name)
+            kern["ts"].append(e.ts)
+            kern["dur"].append(e.dur)
+            kern["correlation"].append(a.correlation if a.correlation is not None else -1)
+            kern["ext_id"].append(a.external_id if a.external_id is not None else -1)
+            kern["stream"].append(a.stream if a.stream is not None else -1)
+            kern["device"].append(a.device if a.device is not None else 0)
+        elif cat in LAUNCH_CATS:
+            if a is None or a.correlation is None:
+                continue
+            if gpu_runtime is None:
+                gpu_runtime = "rocm" if e.name.startswith("hip") else "cuda"
+            launch["name"].append(e.name)
+            launch["pid"].append(e.pid)
+            launch["tid"].append(e.tid)
+            launch["ts"].append(e.ts)
+            launch["dur"].append(e.dur)
+            launch["correlation"].append(a.correlation)
+            launch["ext_id"].append(a.external_id if a.external_id is not None else -1)
+        elif cat == "user_annotation" or (cat == "cpu_op" and e.name.startswith("ProfilerStep#")):
+            m = STEP_RE.match(e.name)
+            if m:
+                steps["step"].append(int(m.group(1)))
+                steps["pid"].append(e.pid)
+                steps["tid"].append(e.tid)
+                steps["ts"].append(e.ts)
+                steps["dur"].append(e.dur)
+    del events
+    if doc.hip_runtime_version is not None or doc.roctracer_version is not None:
+        gpu_runtime = "rocm"
+    elif gpu_runtime is None and kern["name"]:
+        gpu_runtime = "cuda"
+
+    ops_df = _frame(ops, floats=("ts", "dur"), ints=("ext_id", "seq", "fwd_tid"))
+    # ProfilerStep#N is recorded as a cpu_op by some torch versions: it is a step annotation, not an op.
+    if not ops_df.empty:
+        is_step = ops_df["name"].str.startswith("ProfilerStep#")
+        if is_step.any():
+            for _, r in ops_df[is_step].iterrows():
+                m = STEP_RE.match(r["name"])
+                if m:
+                    for k, v in (("step", int(m.group(1))), ("pid", r["pid"]), ("tid", r["tid"]), ("ts", r["ts"]), ("dur", r["dur"])):
+                        steps[k].append(v)
+            ops_df = ops_df[~is_step].reset_index(drop=True)
+    steps_df = _frame(steps, floats=("ts", "dur"), ints=("step",))
+    if not steps_df.empty:
+        steps_df = steps_df.sort_values("ts").drop_duplicates("step").reset_index(drop=True)
+    return TraceData(
+        path=path,
+        ops=ops_df,
+        kernels=_frame(kern, floats=("ts", "dur"), ints=("correlation", "ext_id", "stream", "device")),
+        launches=_frame(launch, floats=("ts", "dur"), ints=("correlation", "ext_id")),
+        steps=steps_df,
+        python=_frame(py, floats=("ts", "dur")),
+        device_properties=doc.deviceProperties or [],
+        torch_version=doc.torch_version or doc.pytorch_version,
+        gpu_runtime=gpu_runtime,
+        distributed=doc.distributedInfo,
+        n_events=n_events,
+    )
+
+
+def _frame(cols: dict[str, list], floats: tuple = (), ints: tuple = ()) -> pd.DataFrame:
+    out = {}
+    for k, v in cols.items():
+        if k in floats:
+            out[k] = np.asarray(v, dtype=np.float64)
+        elif k in ints:
+            out[k] = np.asarray(v, dtype=np.int64)
+        elif k in ("pid", "tid"):
+            # pids/tids are ints in torch traces but strings in some synthetic rows; keep one type
+            out[k] = np.asarray([x if isinstance(x, int) else hash(x) for x in v], dtype=np.int64)
+        else:
+            out[k] = pd.Series(v, dtype=object)
+    return pd.DataFrame(out)
