@@ -4,6 +4,7 @@ and printed as one line on stderr with exit code 2 (the traceback only with --de
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from enum import Enum
@@ -223,6 +224,9 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 def main() -> None:
+    if "--debug" not in sys.argv:
+        # libkineto prints "USDT: profiler_start/stop" lines on every profile; 6 silences them.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     try:
         app()
     except OpscopeError as exc:

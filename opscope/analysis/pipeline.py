@@ -100,9 +100,7 @@ def top_ops(ops: pd.DataFrame, n: int) -> list[dict[str, Any]]:
     for rec in ops.head(n).to_dict("records"):
         row = {}
         for k, v in rec.items():
-            if isinstance(v, float) and np.isnan(v):
-                v = None
-            elif isinstance(v, str) and v == "" and k not in JSON_TEXT_COLUMNS and k != "source_location":
+            if isinstance(v, float) and np.isnan(v) or isinstance(v, str) and v == "" and k not in JSON_TEXT_COLUMNS and k != "source_location":
                 v = None
             elif hasattr(v, "item"):
                 v = v.item()

@@ -17,6 +17,9 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -45,12 +48,63 @@ def _frame_location(path: str, lineno: int) -> str | None:
     return None
 
 
+# nn.Module instance -> "file:line" of the user code that created it (see module_origins()).
+_MODULE_ORIGINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@contextmanager
+def module_origins() -> Iterator[None]:
+    """While the user's model is built, remembers where each nn.Module was created. A model whose
+    forward runs entirely inside torch (an nn.Sequential of torch layers) has no user frame when its
+    ops run; its ops then point at the line that created the innermost module running them."""
+    import torch
+
+    original = torch.nn.Module.__init__
+
+    def init(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        original(self, *args, **kwargs)
+        if self in _MODULE_ORIGINS:
+            return
+        frame = sys._getframe(1)
+        while frame is not None:
+            if frame.f_locals.get("self") is not self:  # skip the module's own __init__ chain
+                where = _frame_location(frame.f_code.co_filename, frame.f_lineno)
+                if where is not None:
+                    if where != HARNESS:
+                        _MODULE_ORIGINS[self] = where
+                    return
+            frame = frame.f_back
+
+    torch.nn.Module.__init__ = init
+    try:
+        yield
+    finally:
+        torch.nn.Module.__init__ = original
+
+
+def _module_of(frame: Any) -> Any:
+    if frame.f_code.co_name != "forward":
+        return None
+    module = frame.f_locals.get("self")
+    return module if module in _MODULE_ORIGINS else None
+
+
 def caller_location(start_depth: int = 2) -> str:
+    """Innermost user frame's 'file:line'; opscope's own frames mean the harness issued the op, unless
+    a module's forward is running in between (then: where that module was created)."""
     frame = sys._getframe(start_depth)
+    innermost_module = None
     while frame is not None:
         where = _frame_location(frame.f_code.co_filename, frame.f_lineno)
         if where is not None:
+            if where == HARNESS and innermost_module is not None:
+                return _MODULE_ORIGINS.get(innermost_module, "")
             return where
+        if innermost_module is None:
+            try:
+                innermost_module = _module_of(frame)
+            except TypeError:  # an unhashable `self`
+                innermost_module = None
         frame = frame.f_back
     return ""
 

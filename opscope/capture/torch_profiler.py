@@ -20,7 +20,7 @@ from opscope import __version__
 from opscope.analysis.pipeline import analyze
 from opscope.capture.harness import Harness, resolve_device
 from opscope.capture.layout_probe import conv_layout_probe
-from opscope.capture.lines import join_lines, record_lines
+from opscope.capture.lines import join_lines, module_origins, record_lines
 from opscope.errors import OpscopeError
 from opscope.hardware import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
 from opscope.run import Run, check_out_dir, write_run
@@ -109,7 +109,8 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tu
 
     t0 = time.perf_counter()
     progress.phase("loading model")
-    target = load_target(opts.target, opts.entry)
+    with module_origins():
+        target = load_target(opts.target, opts.entry)
     harness = Harness(target, mode=opts.mode, device=device, dtype=opts.dtype)
     timings.load = time.perf_counter() - t0
 

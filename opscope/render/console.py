@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -94,54 +95,62 @@ def summary_panel(run: Run) -> Panel:
     return Panel(lines, title="opscope", title_align="left", box=box.ROUNDED)
 
 
-def ops_table(run: Run, top: int = 15) -> Table:
+# (header, justify, minimum console width to show it). Narrow terminals keep the essentials.
+_COLUMNS = [
+    ("#", "right", 0), ("op", "left", 0), ("calls", "right", 100), ("time", "right", 0), ("share", "right", 90),
+    ("FLOP/call", "right", 150), ("bytes/call", "right", 150), ("FLOP/B", "right", 120), ("FLOP/s", "right", 110),
+    ("B/s", "right", 110), ("% peak", "right", 0), ("bound", "left", 0), ("source", "left", 0),
+]
+
+
+def ops_table(run: Run, top: int = 15, width: int = 160) -> Table:
     gpu = "kernels" in run.ops.columns
-    table = Table(box=box.SIMPLE_HEAD, show_lines=False, pad_edge=False, title=f"Top {top} ops by "
-                  f"{'GPU kernel' if gpu else 'CPU self'} time", title_justify="left")
-    table.add_column("#", justify="right", style="dim")
-    table.add_column("op", overflow="fold", max_width=34)
-    table.add_column("calls", justify="right")
-    table.add_column("time", justify="right")
-    table.add_column("share", justify="right")
-    table.add_column("FLOP/call", justify="right")
-    table.add_column("bytes/call", justify="right")
-    table.add_column("FLOP/B", justify="right")
-    table.add_column("FLOP/s", justify="right")
-    table.add_column("B/s", justify="right")
-    table.add_column("% peak", justify="right")
-    table.add_column("bound")
-    table.add_column("source", overflow="fold", max_width=40)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left",
+                  title=f"Top {top} ops by {'GPU kernel' if gpu else 'CPU self'} time")
+    shown = [(h, j) for h, j, min_width in _COLUMNS if width >= min_width]
+    for header, justify in shown:
+        if header == "op":
+            table.add_column(header, overflow="fold", ratio=3, min_width=12)
+        elif header == "source":
+            table.add_column(header, overflow="fold", ratio=2, min_width=12)
+        else:
+            table.add_column(header, justify=justify, no_wrap=True)
     for i, row in enumerate(run.ops.head(top).to_dict("records"), 1):
         ai = _num(row.get("arithmetic_intensity"))
         bound = row.get("bound") or "unknown"
         gflops, gbps = _num(row.get("achieved_gflops")), _num(row.get("achieved_gbps"))
-        table.add_row(
-            str(i),
-            _short_op(row),
-            str(int(row["calls"])),
-            fmt_us(row["time_us_total"]),
-            fmt_pct(row["time_share"], 100),
-            si(row.get("flops_per_call")),
-            si(row.get("bytes_per_call"), "B", 1024.0),
-            "—" if ai is None else f"{ai:.3g}",
-            si(gflops * 1e9 if gflops is not None else None),
-            si(gbps * 1e9 if gbps is not None else None),
-            fmt_pct(binding_pct(row)),
-            Text(bound, style=BOUND_STYLE.get(bound, "")),
-            str(row.get("source_location") or ""),
-        )
+        cells = {
+            "#": str(i),
+            "op": _short_op(row, with_shapes=width >= 130),
+            "calls": str(int(row["calls"])),
+            "time": fmt_us(row["time_us_total"]),
+            "share": fmt_pct(row["time_share"], 100),
+            "FLOP/call": si(row.get("flops_per_call")),
+            "bytes/call": si(row.get("bytes_per_call"), "B", 1024.0),
+            "FLOP/B": "—" if ai is None else f"{ai:.3g}",
+            "FLOP/s": si(gflops * 1e9 if gflops is not None else None),
+            "B/s": si(gbps * 1e9 if gbps is not None else None),
+            "% peak": fmt_pct(binding_pct(row)),
+            "bound": Text(bound, style=BOUND_STYLE.get(bound, "")),
+            "source": str(row.get("source_location") or ""),
+        }
+        table.add_row(*(cells[h] for h, _ in shown))
     return table
 
 
-def _short_op(row: dict[str, Any]) -> str:
+def _short_op(row: dict[str, Any], with_shapes: bool = True) -> str:
     op = str(row.get("op", ""))
     name = op.split("::", 1)[1] if op.startswith("aten::") else op
     dims = row.get("input_dims") or ""
-    if dims and dims != "[]":
-        shapes = dims.replace(" ", "")
+    if with_shapes and dims and dims != "[]":
+        try:
+            parsed = json.loads(dims)
+        except ValueError:
+            return name
+        shapes = " ".join("[" + ",".join(map(str, d)) + "]" for d in parsed if d and not isinstance(d[0], list))
         if len(shapes) > 40:
-            shapes = shapes[:37] + "..."
-        return f"{name} {shapes}"
+            shapes = shapes[:39] + "…"
+        return f"{name} {shapes}" if shapes else name
     return name
 
 
@@ -164,6 +173,6 @@ def findings_table(run: Run, top: int = 5) -> Table | Text:
 
 
 def render_run(run: Run, console: Console, top: int = 15, findings: int = 5) -> None:
-    console.print(Group(summary_panel(run), ops_table(run, top), findings_table(run, findings)))
+    console.print(Group(summary_panel(run), ops_table(run, top, console.width), findings_table(run, findings)))
     if run.path is not None:
         console.print(f"run directory: [bold]{run.path}[/bold]")

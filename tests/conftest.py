@@ -1,0 +1,43 @@
+"""Shared test helpers: real subprocesses for the CLI, tiny model files in tmp dirs, and a private
+calibration cache so only the calibration tests ever measure the machine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+TRACES = REPO / "tests" / "fixtures" / "traces"  # copies of ../shared/traces (MIT, see README there)
+PEAKS = ["--peak-bw", "20", "--peak-flops", "100"]
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "opscope-cache"))
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.setdefault("COLUMNS", "160")
+    return subprocess.run([sys.executable, "-m", "opscope", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def write_model(folder: Path, source: str, name: str = "model.py") -> Path:
+    path = folder / name
+    path.write_text(textwrap.dedent(source).lstrip())
+    return path
+
+
+def line_of(path: Path, needle: str) -> int:
+    """1-based line number of the first line containing `needle`."""
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if needle in line:
+            return i
+    raise AssertionError(f"{needle!r} not in {path}")

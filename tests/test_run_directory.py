@@ -1,0 +1,175 @@
+"""`opscope profile` end to end on the bundled examples: the run directory matches CONTRACT.md."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import re
+
+import pytest
+
+from conftest import EXAMPLES, PEAKS, run_cli
+
+CONTRACT_COLUMNS = [
+    "op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location", "calls",
+    "time_us_total", "time_share", "flops_per_call", "bytes_per_call", "arithmetic_intensity", "achieved_gflops",
+    "achieved_gbps", "pct_peak_flops", "pct_peak_bandwidth", "bound",
+]
+META_KEYS = {"format_version", "opscope_version", "created", "source", "target", "torch_version", "device", "dtype",
+             "mode", "steps", "peaks"}
+SUMMARY_KEYS = {"format_version", "total_time_us", "steps", "step_time_us", "ops_covered_time_share",
+                "bound_time_share", "findings", "top_ops"}
+FINDING_KEYS = {"rule", "severity", "op", "source_location", "message", "suggestion", "est_savings_us"}
+JSON_TEXT = ["input_dims", "input_dtypes", "input_strides", "concrete_inputs"]
+NUMERIC = ["calls", "time_us_total", "time_share", "flops_per_call", "bytes_per_call", "arithmetic_intensity",
+           "achieved_gflops", "achieved_gbps", "pct_peak_flops", "pct_peak_bandwidth"]
+
+
+def profile_example(tmp_path_factory, name: str, *extra: str):
+    folder = tmp_path_factory.mktemp(name)
+    proc = run_cli("profile", str(EXAMPLES / f"{name}.py"), "--steps", "3", "--warmup", "1", "--threads", "1", *PEAKS, *extra,
+                   cwd=folder)
+    assert proc.returncode == 0, proc.stderr
+    runs = list((folder / "reports").iterdir())
+    assert len(runs) == 1
+    return proc, runs[0]
+
+
+@pytest.fixture(scope="module")
+def mlp_run(tmp_path_factory):
+    return profile_example(tmp_path_factory, "mlp")
+
+
+@pytest.fixture(scope="module")
+def convnet_run(tmp_path_factory):
+    return profile_example(tmp_path_factory, "convnet")
+
+
+def read_rows(run_dir):
+    with open(run_dir / "ops.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        return reader.fieldnames, list(reader)
+
+
+def check_run_directory(run_dir, steps: int) -> None:
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted(
+        ["meta.json", "ops.csv", "findings.json", "summary.json", "trace.json.gz"])
+    assert re.fullmatch(r"\d{8}-\d{6}-[\w.-]+", run_dir.name)
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert set(meta) >= META_KEYS
+    assert meta["format_version"] == 1 and meta["source"] == "profile"
+    assert meta["device"]["type"] == "cpu" and meta["device"]["name"]
+    assert meta["steps"] == steps and meta["mode"] in ("inference", "train")
+    assert meta["dtype"] == "float32"
+    peaks = meta["peaks"]
+    assert set(peaks) >= {"memory_bandwidth_gbps", "flops_gflops", "origin"}
+    assert peaks["memory_bandwidth_gbps"] == 20.0
+    assert peaks["flops_gflops"]["float32"] == 100.0
+    assert peaks["origin"] == {"memory_bandwidth": "user", "flops": "user"}
+
+    columns, rows = read_rows(run_dir)
+    assert columns[: len(CONTRACT_COLUMNS)] == CONTRACT_COLUMNS
+    assert rows
+    times = [float(r["time_us_total"]) for r in rows]
+    assert times == sorted(times, reverse=True)
+    assert abs(sum(float(r["time_share"]) for r in rows) - 1.0) < 1e-6
+    keys = [tuple(r[c] for c in CONTRACT_COLUMNS[:6]) for r in rows]
+    assert len(keys) == len(set(keys)), "rows must be unique per (op, inputs, source location)"
+    for r in rows:
+        assert re.fullmatch(r"[A-Za-z_]\w*::[\w.]+", r["op"]), r["op"]
+        for c in JSON_TEXT:
+            assert isinstance(json.loads(r[c]), list)
+        for c in NUMERIC:
+            if r[c] != "":
+                float(r[c])
+        assert r["bound"] in ("memory", "compute", "overhead", "unknown")
+        assert int(r["calls"]) >= 1
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert set(summary) >= SUMMARY_KEYS
+    assert summary["steps"] == steps
+    assert summary["step_time_us"] > 0
+    assert set(summary["bound_time_share"]) == {"memory", "compute", "overhead", "unknown"}
+    assert abs(sum(summary["bound_time_share"].values()) - 1.0) < 1e-6
+    assert abs(summary["total_time_us"] - sum(times)) < 1e-3 * max(1.0, summary["total_time_us"])
+    top = summary["top_ops"]
+    assert len(top) == min(10, len(rows))
+    for obj, row in zip(top, rows, strict=False):
+        assert obj["op"] == row["op"] and obj["input_dims"] == row["input_dims"]
+        assert isinstance(obj["calls"], int) and isinstance(obj["time_us_total"], float)
+        for c in NUMERIC:
+            assert (obj[c] is None) == (row[c] == "")
+
+    findings = json.loads((run_dir / "findings.json").read_text())
+    assert isinstance(findings, list) and summary["findings"] == len(findings)
+    for f in findings:
+        assert set(f) == FINDING_KEYS
+        assert f["severity"] in ("high", "medium", "low")
+    savings = [f["est_savings_us"] for f in findings if f["est_savings_us"] is not None]
+    assert savings == sorted(savings, reverse=True)
+
+    with gzip.open(run_dir / "trace.json.gz") as f:
+        trace = json.load(f)
+    assert any(e.get("cat") == "cpu_op" for e in trace["traceEvents"])
+
+
+def test_mlp_run_directory_matches_the_contract(mlp_run):
+    proc, run_dir = mlp_run
+    check_run_directory(run_dir, steps=3)
+    assert str(run_dir.name) in proc.stdout.replace("\n", "")
+
+
+def test_mlp_top_rows_are_the_matmuls(mlp_run):
+    _, run_dir = mlp_run
+    _, rows = read_rows(run_dir)
+    assert rows[0]["op"] in ("aten::addmm", "aten::mm")
+    matmul_share = sum(float(r["time_share"]) for r in rows if r["op"] in ("aten::addmm", "aten::mm"))
+    assert matmul_share > 0.4
+    assert all(r["source_location"].startswith("examples/mlp.py:") or r["source_location"].endswith(
+        tuple(f"mlp.py:{n}" for n in (15, 16, 17))) for r in rows[:3])
+
+
+def test_convnet_top_row_is_a_convolution(convnet_run):
+    _, run_dir = convnet_run
+    check_run_directory(run_dir, steps=3)
+    _, rows = read_rows(run_dir)
+    assert "conv" in rows[0]["op"]
+
+
+def test_transformer_block_runs(tmp_path_factory):
+    _, run_dir = profile_example(tmp_path_factory, "transformer_block", "--steps", "2")
+    _, rows = read_rows(run_dir)
+    ops = {r["op"] for r in rows}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops
+    assert rows[0]["op"] in ("aten::addmm", "aten::mm", "aten::_scaled_dot_product_flash_attention_for_cpu")
+
+
+def test_json_flag_prints_exactly_the_summary(tmp_path):
+    proc = run_cli("profile", str(EXAMPLES / "mlp.py"), "--steps", "2", "--warmup", "0", "--json", *PEAKS,
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    run_dir = next((tmp_path / "reports").iterdir())
+    assert summary == json.loads((run_dir / "summary.json").read_text())
+
+
+def test_report_prints_a_saved_run(mlp_run):
+    _, run_dir = mlp_run
+    proc = run_cli("report", str(run_dir), cwd=run_dir.parent.parent)
+    assert proc.returncode == 0, proc.stderr
+    assert "addmm" in proc.stdout and "mlp.py" in proc.stdout
+    latest = run_cli("report", cwd=run_dir.parent.parent)
+    assert latest.returncode == 0 and "addmm" in latest.stdout
+
+
+def test_default_run_dirs_never_collide(tmp_path):
+    from datetime import datetime
+
+    from opscope.run import default_run_dir
+
+    now = datetime(2026, 1, 2, 3, 4, 5)
+    first = default_run_dir("m", tmp_path, now)
+    first.mkdir()
+    second = default_run_dir("m", tmp_path, now)
+    assert first.name == "20260102-030405-m" and second.name == "20260102-030405-m-2"
