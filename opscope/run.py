@@ -12,6 +12,7 @@ import math
 import os
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -79,9 +80,60 @@ def dumps(obj: Any) -> str:
     return json.dumps(_clean(obj), indent=2)
 
 
-def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None) -> Path:
+class TraceCompressor:
+    """Gzips an uncompressed trace into `folder` on a background thread while analysis runs (zlib
+    releases the GIL, so on a multi-core machine this costs no wall time). Gzipped traces are copied
+    as they are by write_run."""
+
+    def __init__(self, src: Path, folder: Path) -> None:
+        self.src = src
+        self.path: Path | None = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        with open(src, "rb") as f:
+            if f.read(2) == b"\x1f\x8b":
+                return
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=".trace-", suffix=".json.gz", dir=folder)
+        os.close(fd)
+        self.path = Path(name)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            _gzip_file(self.src, self.path)
+        except BaseException as exc:  # re-raised in result()
+            self._error = exc
+
+    def result(self) -> tuple[Path, bool]:
+        """(file to put in the run directory, whether it may be moved rather than copied)."""
+        if self._thread is None:
+            return self.src, False
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.path, True
+
+    def discard(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        if self.path is not None and self.path.exists():
+            self.path.unlink()
+
+
+def _gzip_file(src: Path, dst: Path) -> None:
+    import gzip
+
+    level = 1 if src.stat().st_size > (64 << 20) else 6  # big traces: speed over a few % of size
+    with open(src, "rb") as fi, gzip.open(dst, "wb", compresslevel=level) as fo:
+        shutil.copyfileobj(fi, fo, 8 << 20)
+
+
+def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
+              compressor: TraceCompressor | None = None) -> Path:
     """Writes the run directory atomically and returns its path. `trace_file` is copied (gzipped if it
-    is not already) as trace.json.gz."""
+    is not already) as trace.json.gz; a `compressor` already gzipping it takes its place."""
     target = out if out is not None else default_run_dir(stem)
     check_out_dir(target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -91,7 +143,13 @@ def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None) ->
         run.ops.to_csv(tmp / "ops.csv", index=False)
         (tmp / "findings.json").write_text(dumps(run.findings) + "\n")
         (tmp / "summary.json").write_text(dumps(run.summary) + "\n")
-        if trace_file is not None:
+        if compressor is not None:
+            src, movable = compressor.result()
+            if movable:
+                os.replace(src, tmp / "trace.json.gz")
+            else:
+                _copy_trace(src, tmp / "trace.json.gz")
+        elif trace_file is not None:
             _copy_trace(trace_file, tmp / "trace.json.gz")
         if target.exists():  # an empty directory: rename(2) replaces it atomically
             target.rmdir()
@@ -109,10 +167,7 @@ def _copy_trace(src: Path, dst: Path) -> None:
     if gz:
         shutil.copyfile(src, dst)
     else:
-        import gzip
-
-        with open(src, "rb") as fi, gzip.open(dst, "wb", compresslevel=6) as fo:
-            shutil.copyfileobj(fi, fo, 1 << 20)
+        _gzip_file(src, dst)
 
 
 def find_latest_run(base: Path = DEFAULT_REPORTS_DIR) -> Path:

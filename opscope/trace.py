@@ -8,9 +8,14 @@ fast. Decoding uses msgspec with typed structs, so only the fields opscope needs
 
 from __future__ import annotations
 
+import gc
 import gzip
+import json
 import re
 import zlib
+from array import array
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,7 +57,9 @@ class _Event(msgspec.Struct):
 
 
 class _TraceFile(msgspec.Struct):
-    traceEvents: list[_Event] | None = None  # noqa: N815 (the trace's own key)
+    # Events stay raw here and are decoded in batches (see _columnize): decoding millions of events in
+    # one go costs several times more time and memory than batches that are dropped once tabulated.
+    traceEvents: list[msgspec.Raw] | None = None  # noqa: N815 (the trace's own key)
     deviceProperties: list[dict[str, Any]] | None = None  # noqa: N815
     distributedInfo: dict[str, Any] | None = None  # noqa: N815
     torch_version: str | None = None
@@ -64,6 +71,8 @@ class _TraceFile(msgspec.Struct):
 
 
 _DECODER = msgspec.json.Decoder(_TraceFile)
+_BATCH_DECODER = msgspec.json.Decoder(list[_Event])
+BATCH = 20_000
 
 
 @dataclass
@@ -87,12 +96,24 @@ class TraceData:
         return len(self.kernels) > 0
 
 
-def _raw_text(raw: msgspec.Raw) -> str:
-    text = bytes(raw).decode()
+class _TextCache(dict):
+    """Raw JSON bytes -> one shared str. Shapes repeat across steps and layers, so a million ops hold a
+    few thousand distinct strings."""
+
+    def text(self, raw: msgspec.Raw) -> str:
+        key = bytes(raw)
+        hit = self.get(key)
+        if hit is None:
+            hit = self[key] = _normalise(key.decode())
+        return hit
+
+
+def _normalise(text: str) -> str:
     if not text or text == "null":
         return ""
-    if "\n" in text:  # pretty-printed by another writer: normalise to the one-line form torch writes
-        text = msgspec.json.encode(msgspec.json.decode(text)).decode().replace(",", ", ")
+    if "\n" in text or ("," in text and ", " not in text):
+        # another writer's layout: re-dump in the one-line form torch writes ("[[8, 16], [16]]")
+        text = json.dumps(json.loads(text))
     return text
 
 
@@ -118,6 +139,24 @@ def read_bytes(path: str | Path) -> bytes:
 def load_trace(path: str | Path, *, with_python: bool = True) -> TraceData:
     """Reads a torch.profiler Chrome trace. Raises TraceError (one clear line) on anything unusable."""
     data = read_bytes(path)
+    with no_gc():
+        return _load(str(path), data, with_python)
+
+
+@contextmanager
+def no_gc() -> Iterator[None]:
+    """Analysis builds millions of short-lived, non-cyclic containers; the cyclic collector's passes
+    over them are pure cost (they tripled decode time on a 1M-op trace)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _load(path: str, data: bytes, with_python: bool) -> TraceData:
     try:
         doc = _DECODER.decode(data)
     except msgspec.ValidationError as exc:
@@ -125,85 +164,103 @@ def load_trace(path: str | Path, *, with_python: bool = True) -> TraceData:
     except msgspec.DecodeError as exc:
         kind = "truncated or invalid JSON" if data.strip() else "empty"
         raise TraceError(f"{path} is not a readable trace: {kind} ({exc})") from exc
-    del data
     if doc.traceEvents is None:
         raise TraceError(f"{path} is JSON but has no 'traceEvents': not a Chrome trace")
-    trace = _columnize(str(path), doc, with_python=with_python)
+    trace = _columnize(path, doc, with_python=with_python)
+    del doc, data
     if trace.ops.empty:
         raise TraceError(f"{path} has no operator (cpu_op) events: record it with torch.profiler's CPU activity")
     return trace
 
 
+def _batches(raws: list[msgspec.Raw]):
+    for i in range(0, len(raws), BATCH):
+        yield _BATCH_DECODER.decode(b"[" + b",".join(raws[i:i + BATCH]) + b"]")
+
+
 def _columnize(path: str, doc: _TraceFile, *, with_python: bool) -> TraceData:
-    ops: dict[str, list] = {k: [] for k in (
-        "name", "pid", "tid", "ts", "dur", "ext_id", "seq", "fwd_tid",
-        "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "call_stack")}
+    # Numbers go to typed arrays (8 bytes each instead of a Python object per value).
+    ops: dict[str, Any] = {k: [] for k in (
+        "name", "pid", "tid", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "call_stack")}
+    ops.update(ts=array("d"), dur=array("d"), ext_id=array("q"), seq=array("q"), fwd_tid=array("q"))
     kern: dict[str, list] = {k: [] for k in ("cat", "name", "ts", "dur", "correlation", "ext_id", "stream", "device")}
     launch: dict[str, list] = {k: [] for k in ("name", "pid", "tid", "ts", "dur", "correlation", "ext_id")}
     steps: dict[str, list] = {k: [] for k in ("step", "pid", "tid", "ts", "dur")}
-    py: dict[str, list] = {k: [] for k in ("name", "pid", "tid", "ts", "dur")}
+    py: dict[str, Any] = {"name": [], "pid": [], "tid": [], "ts": array("d"), "dur": array("d")}
+    texts = _TextCache()
+    names: dict[str, str] = {}
     gpu_runtime = None
-    events = doc.traceEvents or []
-    n_events = len(events)
-    for e in events:
-        cat = e.cat
-        if e.ph != "X":
-            continue
-        a = e.args
-        if cat == "cpu_op":
-            ops["name"].append(e.name)
-            ops["pid"].append(e.pid)
-            ops["tid"].append(e.tid)
-            ops["ts"].append(e.ts)
-            ops["dur"].append(e.dur)
-            if a is None:
-                a = _Args()
-            ops["ext_id"].append(a.external_id if a.external_id is not None else -1)
-            ops["seq"].append(a.seq if a.seq is not None else -1)
-            ops["fwd_tid"].append(a.fwd_tid if a.fwd_tid is not None else -1)
-            ops["input_dims"].append(_raw_text(a.input_dims))
-            ops["input_dtypes"].append(_raw_text(a.input_type))
-            ops["input_strides"].append(_raw_text(a.input_strides))
-            ops["concrete_inputs"].append(_raw_text(a.concrete))
-            ops["call_stack"].append(a.call_stack or "")
-        elif cat == "python_function":
-            if with_python:
-                py["name"].append(e.name)
-                py["pid"].append(e.pid)
-                py["tid"].append(e.tid)
-                py["ts"].append(e.ts)
-                py["dur"].append(e.dur)
-        elif cat in DEVICE_ACTIVITY_CATS:
-            a = a or _Args()
-            kern["cat"].append(cat)
-            kern["name"].append(e.name)
-            kern["ts"].append(e.ts)
-            kern["dur"].append(e.dur)
-            kern["correlation"].append(a.correlation if a.correlation is not None else -1)
-            kern["ext_id"].append(a.external_id if a.external_id is not None else -1)
-            kern["stream"].append(a.stream if a.stream is not None else -1)
-            kern["device"].append(a.device if a.device is not None else 0)
-        elif cat in LAUNCH_CATS:
-            if a is None or a.correlation is None:
+    raws = doc.traceEvents or []
+    n_events = len(raws)
+    # Bound methods, looked up once: this loop runs once per event of traces with millions of them.
+    o_name, o_pid, o_tid, o_ts, o_dur = (ops[k].append for k in ("name", "pid", "tid", "ts", "dur"))
+    o_ext, o_seq, o_fwd, o_stack = (ops[k].append for k in ("ext_id", "seq", "fwd_tid", "call_stack"))
+    o_dims, o_types, o_strides, o_conc = (ops[k].append for k in (
+        "input_dims", "input_dtypes", "input_strides", "concrete_inputs"))
+    p_name, p_pid, p_tid, p_ts, p_dur = (py[k].append for k in ("name", "pid", "tid", "ts", "dur"))
+    text = texts.text
+    intern = names.setdefault
+    no_args = _Args()
+    for batch in _batches(raws):
+        for e in batch:
+            if e.ph != "X":
                 continue
-            if gpu_runtime is None:
-                gpu_runtime = "rocm" if e.name.startswith("hip") else "cuda"
-            launch["name"].append(e.name)
-            launch["pid"].append(e.pid)
-            launch["tid"].append(e.tid)
-            launch["ts"].append(e.ts)
-            launch["dur"].append(e.dur)
-            launch["correlation"].append(a.correlation)
-            launch["ext_id"].append(a.external_id if a.external_id is not None else -1)
-        elif cat == "user_annotation" or (cat == "cpu_op" and e.name.startswith("ProfilerStep#")):
-            m = STEP_RE.match(e.name)
-            if m:
-                steps["step"].append(int(m.group(1)))
-                steps["pid"].append(e.pid)
-                steps["tid"].append(e.tid)
-                steps["ts"].append(e.ts)
-                steps["dur"].append(e.dur)
-    del events
+            cat = e.cat
+            a = e.args
+            if cat == "cpu_op":
+                if a is None:
+                    a = no_args
+                o_name(intern(e.name, e.name))
+                o_pid(e.pid)
+                o_tid(e.tid)
+                o_ts(e.ts)
+                o_dur(e.dur)
+                o_ext(a.external_id if a.external_id is not None else -1)
+                o_seq(a.seq if a.seq is not None else -1)
+                o_fwd(a.fwd_tid if a.fwd_tid is not None else -1)
+                o_dims(text(a.input_dims))
+                o_types(text(a.input_type))
+                o_strides(text(a.input_strides))
+                o_conc(text(a.concrete))
+                o_stack(intern(a.call_stack, a.call_stack) if a.call_stack else "")
+            elif cat == "python_function":
+                if with_python:
+                    p_name(intern(e.name, e.name))
+                    p_pid(e.pid)
+                    p_tid(e.tid)
+                    p_ts(e.ts)
+                    p_dur(e.dur)
+            elif cat in DEVICE_ACTIVITY_CATS:
+                a = a or no_args
+                kern["cat"].append(cat)
+                kern["name"].append(intern(e.name, e.name))
+                kern["ts"].append(e.ts)
+                kern["dur"].append(e.dur)
+                kern["correlation"].append(a.correlation if a.correlation is not None else -1)
+                kern["ext_id"].append(a.external_id if a.external_id is not None else -1)
+                kern["stream"].append(a.stream if a.stream is not None else -1)
+                kern["device"].append(a.device if a.device is not None else 0)
+            elif cat in LAUNCH_CATS:
+                if a is None or a.correlation is None:
+                    continue
+                if gpu_runtime is None:
+                    gpu_runtime = "rocm" if e.name.startswith("hip") else "cuda"
+                launch["name"].append(intern(e.name, e.name))
+                launch["pid"].append(e.pid)
+                launch["tid"].append(e.tid)
+                launch["ts"].append(e.ts)
+                launch["dur"].append(e.dur)
+                launch["correlation"].append(a.correlation)
+                launch["ext_id"].append(a.external_id if a.external_id is not None else -1)
+            elif cat == "user_annotation":
+                m = STEP_RE.match(e.name)
+                if m:
+                    steps["step"].append(int(m.group(1)))
+                    steps["pid"].append(e.pid)
+                    steps["tid"].append(e.tid)
+                    steps["ts"].append(e.ts)
+                    steps["dur"].append(e.dur)
+        del batch
     if doc.hip_runtime_version is not None or doc.roctracer_version is not None:
         gpu_runtime = "rocm"
     elif gpu_runtime is None and kern["name"]:
@@ -241,7 +298,9 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool) -> TraceData:
 def _frame(cols: dict[str, list], floats: tuple = (), ints: tuple = ()) -> pd.DataFrame:
     out = {}
     for k, v in cols.items():
-        if k in floats:
+        if isinstance(v, array):
+            out[k] = np.frombuffer(v, dtype=np.float64 if v.typecode == "d" else np.int64)
+        elif k in floats:
             out[k] = np.asarray(v, dtype=np.float64)
         elif k in ints:
             out[k] = np.asarray(v, dtype=np.int64)

@@ -4,24 +4,30 @@ so that a profile run and an analyzed trace go through exactly the same numbers.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from opscope.analysis.events import build_events
+from opscope.analysis.events import SourceOverride, build_events
 from opscope.analysis.ops_table import BOUNDS, JSON_TEXT_COLUMNS, build_ops_table, event_costs
 from opscope.findings import Context, run_rules
 from opscope.findings.base import LayoutProbe
 from opscope.hardware import Peaks
 from opscope.run import FORMAT_VERSION, Run
-from opscope.trace import TraceData
+from opscope.trace import TraceData, no_gc
 
 
 def analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str,
-            source_override: Mapping[int, str] | None = None,
+            source_override: SourceOverride | None = None,
             layout_probe: LayoutProbe | None = None) -> Run:
+    with no_gc():
+        return _analyze(trace, peaks=peaks, meta=meta, source=source, source_override=source_override,
+                        layout_probe=layout_probe)
+
+
+def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str,
+             source_override: SourceOverride | None, layout_probe: LayoutProbe | None) -> Run:
     ev = build_events(trace, source_override)
     gpu = trace.has_gpu
     ev = ev.join(event_costs(ev))

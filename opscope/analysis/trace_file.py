@@ -10,7 +10,7 @@ from typing import Any
 from opscope import __version__
 from opscope.analysis.pipeline import analyze
 from opscope.hardware import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
-from opscope.run import Run, check_out_dir, write_run
+from opscope.run import Run, TraceCompressor, check_out_dir, default_run_dir, write_run
 from opscope.trace import TraceData, load_trace
 
 
@@ -45,6 +45,19 @@ def trace_peaks(trace: TraceData, device: dict[str, str], peak_bw: float | None,
 def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | None = None,
                        peak_flops: list[str] | None = None, warn: Callable[[str], None] = lambda m: None) -> Run:
     check_out_dir(out)
+    if not path.is_file():
+        load_trace(path)  # raises the right one-line error
+    stem = path.name.split(".")[0] or "trace"
+    target = out if out is not None else default_run_dir(stem)
+    compressor = TraceCompressor(path, target.absolute().parent)
+    try:
+        return _analyze_file(path, target, stem, compressor, peak_bw, peak_flops, warn)
+    finally:
+        compressor.discard()
+
+
+def _analyze_file(path: Path, target: Path, stem: str, compressor: TraceCompressor, peak_bw: float | None,
+                  peak_flops: list[str] | None, warn: Callable[[str], None]) -> Run:
     trace = load_trace(path)
     device = trace_device(trace)
     peaks = trace_peaks(trace, device, peak_bw, peak_flops, warn)
@@ -63,6 +76,5 @@ def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | 
     }
     run = analyze(trace, peaks=peaks, meta=meta, source="trace")
     meta["steps"] = run.summary["steps"]
-    stem = path.name.split(".")[0] or "trace"
-    write_run(run, out, stem, path)
+    write_run(run, target, stem, path, compressor=compressor)
     return run

@@ -98,6 +98,25 @@ def machine_peaks(opts: ProfileOptions, device: torch.device, progress: Progress
     return apply_overrides(peaks, opts.peak_bw, opts.peak_flops)
 
 
+def profiler_activities(device: torch.device) -> list:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return activities
+
+
+def timed_pass(harness: Harness, steps: int, activities: list) -> tuple[torch.profiler.profile, float]:
+    """The only timed part of a profile: shapes recorded, nothing else. Returns (profiler, seconds)."""
+    t0 = time.perf_counter()
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+        for i in range(steps):
+            # The same step annotation torch.profiler's schedule would add, without a schedule.
+            with torch.profiler.record_function(f"ProfilerStep#{i}"):
+                harness.step()
+                harness.synchronize()
+    return prof, time.perf_counter() - t0
+
+
 def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tuple[Run, ProfileTimings]:
     progress = progress or Progress()
     _validate(opts)
@@ -127,19 +146,10 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tu
     timings.warmup = time.perf_counter() - t0
 
     progress.phase(f"profiling {opts.steps} steps")
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    activities = profiler_activities(device)
     with tempfile.TemporaryDirectory(prefix="opscope-") as tmp:
         trace_path = Path(tmp) / "trace.json"
-        t0 = time.perf_counter()
-        with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
-            for i in range(opts.steps):
-                # The same step annotation torch.profiler's schedule would add, without a schedule.
-                with torch.profiler.record_function(f"ProfilerStep#{i}"):
-                    harness.step()
-                    harness.synchronize()
-        timings.timed = time.perf_counter() - t0
+        prof, timings.timed = timed_pass(harness, opts.steps, activities)
         timings.timed_step_s = timings.timed / opts.steps
         t0 = time.perf_counter()
         prof.export_chrome_trace(str(trace_path))
