@@ -54,6 +54,13 @@ JSON_OUT = typer.Option(False, "--json", help="Print the run summary as one JSON
 DEBUG = typer.Option(False, "--debug", help="Show Python tracebacks for errors.")
 
 
+def _warn(message: str, console: Console | None = None) -> None:
+    from rich.text import Text
+
+    text = Text("opscope: ", style="yellow") + Text(message.removeprefix("opscope: "))
+    (console or stderr).print(text, highlight=False, soft_wrap=True)
+
+
 class _RichProgress:
     """Phase progress on stderr. Never refreshes on its own: nothing runs during timed steps."""
 
@@ -84,7 +91,7 @@ class _RichProgress:
             self.bar.refresh()
 
     def warn(self, message: str) -> None:
-        self.bar.console.print(f"[yellow]opscope:[/yellow] {message}")
+        _warn(message, self.bar.console)
         self.bar.refresh()
 
 
@@ -145,7 +152,7 @@ def analyze(
     from opscope.analysis.trace_file import analyze_trace_file
 
     run = analyze_trace_file(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
-                             warn=lambda m: stderr.print(f"[yellow]opscope:[/yellow] {m}"))
+                             warn=_warn)
     _emit(run, json_out, top)
 
 

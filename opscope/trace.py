@@ -279,7 +279,7 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool) -> TraceData:
             ops_df = ops_df[~is_step].reset_index(drop=True)
     steps_df = _frame(steps, floats=("ts", "dur"), ints=("step",))
     if not steps_df.empty:
-        steps_df = steps_df.sort_values("ts").drop_duplicates("step").reset_index(drop=True)
+        steps_df = steps_df.sort_values("ts").drop_duplicates(["step", "ts"]).reset_index(drop=True)
     return TraceData(
         path=path,
         ops=ops_df,

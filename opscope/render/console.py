@@ -172,7 +172,30 @@ def findings_table(run: Run, top: int = 5) -> Table | Text:
     return table
 
 
+CEILING_SLACK = 1.05  # timing noise aside, nothing runs faster than the machine's peak
+
+
+def ceiling_warning(run: Run) -> str | None:
+    """A run whose ops beat the ceilings was measured against ceilings that are too low."""
+    worst_pct, worst_op = 0.0, ""
+    for col in ("pct_peak_flops", "pct_peak_bandwidth"):
+        if col in run.ops.columns:
+            values = run.ops[col].astype(float)
+            if values.notna().any() and values.max() > worst_pct:
+                worst_pct, worst_op = float(values.max()), str(run.ops.loc[values.idxmax(), "op"])
+    if worst_pct <= 100 * CEILING_SLACK:
+        return None
+    origin = run.meta.get("peaks", {}).get("origin", {})
+    hint = ("rerun `opscope calibrate` on an idle machine" if "measured" in origin.values()
+            else "check --peak-bw/--peak-flops")
+    return (f"{worst_op} ran at {worst_pct:.0f}% of its ceiling: the ceilings are too low for this run "
+            f"(measured while the machine was busy?); {hint}")
+
+
 def render_run(run: Run, console: Console, top: int = 15, findings: int = 5) -> None:
     console.print(Group(summary_panel(run), ops_table(run, top, console.width), findings_table(run, findings)))
+    warning = ceiling_warning(run)
+    if warning:
+        console.print(Text("warning: ", style="bold yellow") + Text(warning))
     if run.path is not None:
         console.print(f"run directory: [bold]{run.path}[/bold]")
