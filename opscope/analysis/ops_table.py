@@ -9,12 +9,14 @@ aten::sum over the inner one) is treated as a composite too.
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pandas as pd
 
 from opscope.costmodel import Cost, OpCall, estimate, floating_dtype
+from opscope.costmodel.base import DELEGATES_TO_ANY_CHILD, DTYPE_NAMES
 from opscope.hardware import Peaks, ceiling_key
 
 KEY = ["op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location"]
@@ -42,6 +44,7 @@ def event_costs(ev: pd.DataFrame) -> pd.DataFrame:
     note = [""] * n
     dtype = [""] * n
     cache: dict[tuple, tuple[Cost | None, str]] = {}
+    list_dtype = dominant_float_type(ev)
     cols = zip(ev["name"].tolist(), ev["input_dims"].tolist(), ev["input_dtypes"].tolist(),
                ev["input_strides"].tolist(), ev["concrete_inputs"].tolist(), ev["is_row"].tolist(), strict=True)
     for i, (name, dims, types, strides, concrete, row) in enumerate(cols):
@@ -51,7 +54,7 @@ def event_costs(ev: pd.DataFrame) -> pd.DataFrame:
         hit = cache.get(key)
         if hit is None:
             try:
-                call = OpCall.from_json_text(name, dims, types, strides, concrete)
+                call = OpCall.from_json_text(name, dims, types, strides, concrete, list_dtype)
             except ValueError:
                 hit = (None, "")
             else:
@@ -63,19 +66,36 @@ def event_costs(ev: pd.DataFrame) -> pd.DataFrame:
             flops[i], nbytes[i], family[i], note[i] = cost.flops, cost.bytes, cost.family, cost.note
 
     # A row ancestor doing the same family of work as a descendant with real work only dispatches.
+    # So does an op that runs its work as child ops of other families on this backend.
     row_parent = ev["row_parent"].to_numpy()
+    names = ev["name"].tolist()
     delegates = np.zeros(n, dtype=bool)
     for i in np.flatnonzero((flops > 0) | (nbytes > 0)).tolist():
         fam = family[i]
         a = row_parent[i]
         while a >= 0:
-            if family[a] == fam:
+            if family[a] == fam or names[a] in DELEGATES_TO_ANY_CHILD:
                 delegates[a] = True
             a = row_parent[a]
     for i in np.flatnonzero(delegates).tolist():
         flops[i], nbytes[i], family[i] = 0.0, 0.0, "composite"
     return pd.DataFrame({"flops": flops, "bytes": nbytes, "family": family, "note": note, "dtype": dtype},
                         index=ev.index)
+
+
+def dominant_float_type(ev: pd.DataFrame) -> str:
+    """The most common floating "Input type" among row ops (TensorList elements have no recorded dtype;
+    this is the best guess for them)."""
+    counts: dict[str, int] = {}
+    for text, k in ev.loc[ev["is_row"], "input_dtypes"].value_counts().items():
+        try:
+            types = json.loads(text) if text else []
+        except ValueError:
+            continue
+        first = next((t for t in types if isinstance(t, str) and t in DTYPE_NAMES), None)
+        if first:
+            counts[first] = counts.get(first, 0) + int(k)
+    return max(counts, key=counts.get) if counts else ""
 
 
 def build_ops_table(ev: pd.DataFrame, *, gpu: bool, peaks: Peaks, kernels: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -28,11 +28,20 @@ class OpCall:
     dtypes: tuple = ()
     strides: tuple = ()
     concrete: tuple = ()
+    # torch.profiler records a TensorList's type as just "TensorList" (no element dtype). A caller that
+    # knows better (e.g. the step's dominant dtype) may set this; otherwise the cost functions use the
+    # call's first plain tensor dtype, else assume float32 and say so in Cost.note.
+    list_dtype: str = ""
 
     @classmethod
-    def from_json_text(cls, name: str, dims: str, dtypes: str, strides: str, concrete: str) -> OpCall:
+    def from_json_text(cls, name: str, dims: str, dtypes: str, strides: str, concrete: str,
+                       list_dtype: str = "") -> OpCall:
         """Builds a call from the four JSON-text columns of ops.csv / the trace."""
-        return cls(name, _parse(dims), _parse(dtypes), _parse(strides), _parse(concrete))
+        return cls(name, _parse(dims), _parse(dtypes), _parse(strides), _parse(concrete), list_dtype)
+
+    @property
+    def nargs(self) -> int:
+        return len(self.dims)
 
     def arg(self, i: int, default: Any = None) -> Any:
         """Concrete input i parsed to a Python value ("1" -> 1, "[1, 1]" -> [1, 1], "False" -> False,
@@ -56,8 +65,10 @@ class OpCall:
         stride = self.strides[i] if i < len(self.strides) else []
         return TensorArg(tuple(shape), dtype, tuple(stride) if isinstance(stride, list) else ())
 
-    def tensor_list(self, i: int) -> list[TensorArg]:
-        """Input i as a list of tensors (TensorList inputs such as cat's)."""
+    def tensor_list(self, i: int, unknown_dtype: str | None = None) -> list[TensorArg]:
+        """Input i as a list of tensors (TensorList inputs such as cat's). Elements whose dtype the trace
+        does not record get `unknown_dtype` if given (e.g. "long int" for index lists), else
+        assumed_list_dtype()."""
         if i >= len(self.dims) or not isinstance(self.dims[i], list):
             return []
         shapes = self.dims[i]
@@ -69,8 +80,37 @@ class OpCall:
         for k, shape in enumerate(shapes):
             stride = strides[k] if isinstance(strides, list) and k < len(strides) and isinstance(strides[k], list) else []
             dtype = dtype_entry[k] if isinstance(dtype_entry, list) and k < len(dtype_entry) else dtype_entry
+            if dtype not in ITEMSIZE:
+                dtype = unknown_dtype or self.assumed_list_dtype()
             out.append(TensorArg(tuple(shape), dtype, tuple(stride)))
         return out
+
+    def list_dtype_known(self) -> bool:
+        """Whether TensorList element dtypes come from the trace/caller rather than the float32 guess."""
+        if any(isinstance(e, list) and e and e[0] in ITEMSIZE for e in self.dtypes):
+            return True
+        return self._list_dtype_source()[1]
+
+    def assumed_list_dtype(self) -> str:
+        """The dtype used for TensorList elements whose dtype the trace does not record: the caller's
+        hint, else the first non-scalar plain tensor's, else a 0-dim tensor's (not a wrapped Python
+        number's), else float32."""
+        return self._list_dtype_source()[0]
+
+    def _list_dtype_source(self) -> tuple[str, bool]:
+        if self.list_dtype in ITEMSIZE:
+            return self.list_dtype, True
+        plain = [t for t in self.tensors() if t.dtype in ITEMSIZE]
+        for t in plain:
+            if t.shape:
+                return t.dtype, True
+        for t in plain:
+            if t.dtype not in WRAPPED_NUMBER_DTYPES:
+                return t.dtype, True
+        return "float", False
+
+    def is_tensor(self, i: int) -> bool:
+        return self.tensor(i) is not None
 
     def tensors(self) -> list[TensorArg]:
         """All plain tensor inputs, in order."""
@@ -124,6 +164,11 @@ class Cost:
         return self.family in TENSOR_CORE_FAMILIES
 
 
+# Ops that do their work themselves on some backends but run it as child ops of *other* families on
+# others (CPU _fused_rms_norm runs as pow/mean/rsqrt/mul). When such an op has a costed descendant, the
+# analysis layer treats it as a composite, so the work is counted once.
+DELEGATES_TO_ANY_CHILD = frozenset({"aten::_fused_rms_norm", "aten::_fused_rms_norm_backward"})
+
 CostFn = Callable[[OpCall], "Cost | None"]
 REGISTRY: dict[str, CostFn] = {}
 
@@ -148,8 +193,18 @@ def estimate(call: OpCall) -> Cost | None:
         return None
     try:
         return fn(call)
-    except (IndexError, KeyError, TypeError, ValueError, ZeroDivisionError):
+    except (IndexError, KeyError, TypeError, ValueError, ArithmeticError, AttributeError):
         return None
+
+
+def composite(call: OpCall | None = None) -> Cost:
+    """An op that always delegates its work to child aten ops: it carries nothing itself."""
+    return Cost(0, 0, "composite")
+
+
+def view(call: OpCall | None = None) -> Cost:
+    """A metadata-only op (no data read or written)."""
+    return Cost(0, 0, "view")
 
 
 # --- dtype and layout helpers -------------------------------------------------------------------
@@ -173,6 +228,9 @@ ITEMSIZE: dict[str, int] = {
     "c10::complex<float>": 8,
     "c10::complex<double>": 16,
     "c10::complex<c10::Half>": 4,
+    "short unsigned int": 2,
+    "unsigned int": 4,
+    "long unsigned int": 8,
 }
 NON_TENSOR_TYPES = frozenset({"Scalar", "ScalarList", "TensorList", "GenericList", "Device", "Layout", "None", "String"})
 
@@ -189,6 +247,130 @@ DTYPE_NAMES: dict[str, str] = {
 }
 
 
+# ScalarType codes as the profiler records them in "Concrete Inputs" (dtype= arguments) -> "Input type" names.
+SCALAR_TYPES: dict[int, str] = {
+    0: "unsigned char",
+    1: "signed char",
+    2: "short int",
+    3: "int",
+    4: "long int",
+    5: "c10::Half",
+    6: "float",
+    7: "double",
+    8: "c10::complex<c10::Half>",
+    9: "c10::complex<float>",
+    10: "c10::complex<double>",
+    11: "bool",
+    15: "c10::BFloat16",
+    23: "c10::Float8_e5m2",
+    24: "c10::Float8_e4m3fn",
+    25: "c10::Float8_e5m2fnuz",
+    26: "c10::Float8_e4m3fnuz",
+    27: "short unsigned int",
+    28: "unsigned int",
+    29: "long unsigned int",
+}
+
+# A Python number passed where a Tensor is expected is recorded as a 0-dim tensor of these dtypes.
+WRAPPED_NUMBER_DTYPES = frozenset({"double", "long int", "bool"})
+FLOAT_DTYPES = frozenset(
+    {"c10::Float8_e4m3fn", "c10::Float8_e5m2", "c10::Float8_e4m3fnuz", "c10::Float8_e5m2fnuz",
+     "c10::Half", "c10::BFloat16", "float", "double"}
+)
+COMPLEX_DTYPES = frozenset({"c10::complex<c10::Half>", "c10::complex<float>", "c10::complex<double>"})
+_FLOAT_RANK = {
+    "c10::Float8_e4m3fn": 0, "c10::Float8_e5m2": 0, "c10::Float8_e4m3fnuz": 0, "c10::Float8_e5m2fnuz": 0,
+    "c10::Half": 1, "c10::BFloat16": 1, "float": 2, "double": 3,
+}
+_INT_RANK = {
+    "unsigned char": 0, "signed char": 0, "short int": 1, "short unsigned int": 1, "int": 2,
+    "unsigned int": 2, "long int": 3, "long unsigned int": 3,
+}
+
+
+def dtype_category(dtype: str) -> int:
+    """0 bool, 1 integer, 2 floating point, 3 complex (type-promotion categories)."""
+    if dtype == "bool":
+        return 0
+    if dtype in COMPLEX_DTYPES:
+        return 3
+    if dtype in FLOAT_DTYPES:
+        return 2
+    return 1
+
+
+def scalar_type(code: Any) -> str | None:
+    """A dtype= argument's profiler string ("15" -> "c10::BFloat16"), or None when absent/unknown."""
+    if isinstance(code, bool) or not isinstance(code, int):
+        return None
+    return SCALAR_TYPES.get(code)
+
+
+def promote_types(a: str, b: str) -> str:
+    """torch.promote_types over profiler dtype strings (float16 + bfloat16 -> float32, ...)."""
+    if a == b:
+        return a
+    ca, cb = dtype_category(a), dtype_category(b)
+    if ca != cb:
+        return a if ca > cb else b
+    if ca == 2:
+        ra, rb = _FLOAT_RANK.get(a, 2), _FLOAT_RANK.get(b, 2)
+        if ra == rb:
+            return "float" if ra == 1 else a  # half + bfloat16 -> float32
+        return a if ra > rb else b
+    if ca == 1:
+        return a if _INT_RANK.get(a, 3) >= _INT_RANK.get(b, 3) else b
+    return a if ITEMSIZE.get(a, 8) >= ITEMSIZE.get(b, 8) else b
+
+
+def result_dtype(tensors: Iterable[TensorArg]) -> str:
+    """The dtype of an element-wise result (torch's type promotion): tensors with dims outrank 0-dim
+    ones within a category; a 0-dim operand of a higher category wins, a 0-dim "double" (how a Python
+    float is recorded) giving the default float32."""
+    tensors = [t for t in tensors if t.dtype in ITEMSIZE]
+    if not tensors:
+        return "float"
+    dimmed = [t.dtype for t in tensors if t.shape]
+    zero = [t.dtype for t in tensors if not t.shape]
+    if not dimmed:
+        out = zero[0]
+        for d in zero[1:]:
+            out = promote_types(out, d)
+        return out
+    out = dimmed[0]
+    for d in dimmed[1:]:
+        out = promote_types(out, d)
+    for d in zero:
+        if dtype_category(d) > dtype_category(out):
+            out = "float" if d == "double" else d
+    return out
+
+
+def float_result(dtype: str) -> str:
+    """The dtype of a floating-point-valued op (exp, sqrt, true division) on `dtype` (ints -> float32)."""
+    return dtype if dtype_category(dtype) >= 2 else "float"
+
+
+def reduce_dims(dim: Any, ndim: int) -> list[int]:
+    """A reduction's dim argument (int, list, None, [] = all) -> sorted non-negative dims."""
+    if dim is None or dim == [] or dim == "":
+        return list(range(ndim))
+    if isinstance(dim, int) and not isinstance(dim, bool):
+        dim = [dim]
+    if not isinstance(dim, (list, tuple)):
+        raise ValueError(f"bad dim {dim!r}")
+    if ndim == 0:
+        return []
+    return sorted({d % ndim for d in dim})
+
+
+def reduced_shape(shape: Sequence[int], dim: Any, keepdim: bool) -> tuple[int, ...]:
+    dims = set(reduce_dims(dim, len(shape)))
+    if keepdim:
+        return tuple(1 if i in dims else s for i, s in enumerate(shape))
+    return tuple(s for i, s in enumerate(shape) if i not in dims)
+
+
 def floating_dtype(call: OpCall) -> str | None:
     """The op's dtype (CONTRACT: that of its first floating-point input), as an opscope dtype name."""
     for entry in call.dtypes:
@@ -196,7 +378,7 @@ def floating_dtype(call: OpCall) -> str | None:
             entry = entry[0] if entry else ""
         if entry in DTYPE_NAMES:
             return DTYPE_NAMES[entry]
-    return None
+    return DTYPE_NAMES.get(call.list_dtype)
 
 
 def storage_elements(shape: Sequence[int], stride: Sequence[int]) -> int:
