@@ -110,9 +110,9 @@ def ops_table(run: Run, top: int = 15, width: int = 160) -> Table:
     shown = [(h, j) for h, j, min_width in _COLUMNS if width >= min_width]
     for header, justify in shown:
         if header == "op":
-            table.add_column(header, overflow="fold", ratio=3, min_width=12)
+            table.add_column(header, overflow="fold", ratio=3, min_width=18)
         elif header == "source":
-            table.add_column(header, overflow="fold", ratio=2, min_width=12)
+            table.add_column(header, no_wrap=True, overflow="ellipsis", ratio=2, min_width=12)
         else:
             table.add_column(header, justify=justify, no_wrap=True)
     for i, row in enumerate(run.ops.head(top).to_dict("records"), 1):
@@ -132,15 +132,28 @@ def ops_table(run: Run, top: int = 15, width: int = 160) -> Table:
             "B/s": si(gbps * 1e9 if gbps is not None else None),
             "% peak": fmt_pct(binding_pct(row)),
             "bound": Text(bound, style=BOUND_STYLE.get(bound, "")),
-            "source": str(row.get("source_location") or ""),
+            "source": short_source(str(row.get("source_location") or ""), full=width >= 150),
         }
         table.add_row(*(cells[h] for h, _ in shown))
     return table
 
 
+# Display-only abbreviations for op names too long for a table cell.
+_ABBREVIATIONS = (("_scaled_dot_product_", "sdpa_"), ("_efficient_attention", "_eff_attn"))
+
+
+def short_source(location: str, full: bool) -> str:
+    """'pkg/models/x/modeling_x.py:250' -> 'modeling_x.py:250' on narrow terminals."""
+    if full or "/" not in location:
+        return location
+    return location.rsplit("/", 1)[1]
+
+
 def _short_op(row: dict[str, Any], with_shapes: bool = True) -> str:
     op = str(row.get("op", ""))
     name = op.split("::", 1)[1] if op.startswith("aten::") else op
+    for long, short in _ABBREVIATIONS:
+        name = name.replace(long, short)
     dims = row.get("input_dims") or ""
     if with_shapes and dims and dims != "[]":
         try:
