@@ -193,3 +193,33 @@ def test_cpu_trace_recorded_here(tmp_path):
     first = test_cpu_trace_recorded_here.__code__.co_firstlineno
     assert loc.startswith("tests/test_analyze.py:") or "test_analyze.py:" in loc
     assert first <= int(loc.rsplit(":", 1)[1]) <= first + 10
+
+
+def test_trace_without_python_events(tmp_path):
+    doc = json.loads(gzip.decompress(BERT_H100.read_bytes()))
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") != "python_function"]
+    doc["distributedInfo"] = {"backend": "nccl", "rank": 0, "world_size": 1}
+    path = tmp_path / "nopy.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    run = analyze_trace_file(path, out=tmp_path / "run")
+    assert (run.ops["source_location"] == "").all()
+    assert run.ops["time_us_total"].sum() > 0
+
+
+def test_call_stack_args_give_locations(tmp_path):
+    import torch
+
+    model = torch.nn.Linear(16, 16)
+    x = torch.randn(4, 16)
+    cfg = torch._C._profiler._ExperimentalConfig(verbose=True)
+    with torch.profiler.profile(record_shapes=True, with_stack=True, experimental_config=cfg) as prof:
+        model(x)
+    path = tmp_path / "stacks.json"
+    prof.export_chrome_trace(str(path))
+    doc = json.loads(path.read_text())
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") != "python_function"]
+    assert any("Call stack" in e.get("args", {}) for e in doc["traceEvents"])
+    path.write_text(json.dumps(doc))
+    run = analyze_trace_file(path, out=tmp_path / "run", peak_bw=20, peak_flops=["100"])
+    loc = run.ops.loc[run.ops["op"] == "aten::addmm", "source_location"].iloc[0]
+    assert "test_analyze.py:" in loc
