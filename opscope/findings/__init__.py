@@ -3,3 +3,18 @@
 from opscope.findings.base import RULES, Context, Finding, rule, run_rules
 
 __all__ = ["RULES", "Context", "Finding", "rule", "run_rules"]
+
+from opscope.findings import (  # noqa: E402, F401  (importing a rule module registers its rule)
+    channels_last,
+    contiguous_call,
+    dtype_conversion,
+    fp32_gemm,
+    fusion,
+    gemm_alignment,
+    host_sync,
+    implicit_copy,
+    launch_bound,
+    low_bandwidth,
+    overhead,
+    strided_reduction,
+)

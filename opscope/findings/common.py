@@ -1,0 +1,484 @@
+"""Helpers shared by the findings rules: which events count, the op call tree, tensor layouts from the
+recorded dims/strides, severity and formatting. No rule lives here.
+
+Everything derived from the event table is computed once per run and kept in `Context.cache`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import pandas as pd
+
+from opscope.costmodel.base import DTYPE_NAMES, ITEMSIZE
+from opscope.findings.base import Context
+from opscope.sources import HARNESS
+
+T = TypeVar("T")
+
+# Severity from the estimated saving's share of the run's total op time (ops.csv time_us_total summed):
+# >= 10 % high, >= 2 % medium, else low. A finding without an estimate is low unless a rule says more.
+HIGH_SHARE = 0.10
+MEDIUM_SHARE = 0.02
+
+# Views and wrappers that never move data (skipped when looking for "the next op").
+VIEW_FAMILIES = frozenset({"view", "composite"})
+NON_TENSOR = frozenset({"Scalar", "ScalarList", "TensorList", "GenericList", "Device", "Layout", "None",
+                        "String", ""})
+
+
+def cached(ctx: Context, key: str, build: Callable[[], T]) -> T:
+    if key not in ctx.cache:
+        ctx.cache[key] = build()
+    return ctx.cache[key]
+
+
+# --- which events ---------------------------------------------------------------------------------
+
+def user_mask(ctx: Context) -> np.ndarray:
+    """Events inside a profiled step that the user's code issued: not opscope's harness (loss,
+    backward seed, optimizer), not outside the ProfilerStep annotations."""
+    def build() -> np.ndarray:
+        ev = ctx.events
+        return (ev["step"].to_numpy() >= 0) & (ev["source_location"].to_numpy() != HARNESS)
+    return cached(ctx, "user_mask", build)
+
+
+def names(ctx: Context) -> list[str]:
+    return cached(ctx, "names", lambda: ctx.events["name"].tolist())
+
+
+def col(ctx: Context, column: str) -> list[Any]:
+    return cached(ctx, f"col:{column}", lambda: ctx.events[column].tolist())
+
+
+def subtree_sum(ctx: Context, column: str) -> np.ndarray:
+    """Per event: `column` summed over the event and everything nested in it (NaN counts as 0)."""
+    def build() -> np.ndarray:
+        ev = ctx.events
+        acc = np.nan_to_num(ev[column].to_numpy(dtype=float), nan=0.0).copy()
+        parent = ev["parent"].to_numpy()
+        depth = ev["depth"].to_numpy()
+        for d in range(int(depth.max()) if len(depth) else 0, 0, -1):
+            idx = np.flatnonzero(depth == d)
+            np.add.at(acc, parent[idx], acc[idx])
+        return acc
+    return cached(ctx, f"subtree:{column}", build)
+
+
+def children(ctx: Context) -> list[list[int]]:
+    """Direct children of each event (any event type), in trace order."""
+    def build() -> list[list[int]]:
+        kids: list[list[int]] = [[] for _ in range(len(ctx.events))]
+        for i, p in enumerate(ctx.events["parent"].tolist()):
+            if p >= 0:
+                kids[p].append(i)
+        return kids
+    return cached(ctx, "children", build)
+
+
+def descendants(ctx: Context, i: int) -> list[int]:
+    kids = children(ctx)
+    out: list[int] = []
+    stack = list(reversed(kids[i]))
+    while stack:
+        j = stack.pop()
+        out.append(j)
+        stack.extend(reversed(kids[j]))
+    return out
+
+
+def is_worker(ctx: Context) -> list[bool]:
+    """Per event: a row op that does work of its own, i.e. neither a view, a composite wrapper, nor an
+    op the cost model does not know that has row ops beneath it (an unknown wrapper)."""
+    def build() -> list[bool]:
+        fam = col(ctx, "family")
+        is_row = col(ctx, "is_row")
+        has_row_child = [False] * len(fam)
+        for p in col(ctx, "row_parent"):
+            if p >= 0:
+                has_row_child[p] = True
+        out = []
+        for f, row, kids in zip(fam, is_row, has_row_child, strict=True):
+            f = f if isinstance(f, str) else ""
+            out.append(bool(row) and f not in VIEW_FAMILIES and not (f == "" and kids))
+        return out
+    return cached(ctx, "is_worker", build)
+
+
+def inside_worker(ctx: Context, i: int) -> bool:
+    """Event i runs inside another row op that does work (e.g. fill_ initializing sum's output, copy_
+    writing addmm's bias): part of that op's implementation."""
+    work = is_worker(ctx)
+    return any(work[a] for a in row_ancestors(ctx, i))
+
+
+def row_ancestors(ctx: Context, i: int) -> list[int]:
+    """Row (ns::op) ancestors of event i, innermost first (not including i)."""
+    rp = col(ctx, "row_parent")
+    out = []
+    a = rp[i]
+    while a >= 0:
+        out.append(a)
+        a = rp[a]
+    return out
+
+
+def ops_row_of_events(ctx: Context) -> np.ndarray:
+    """Per event: index of its ops.csv row in ctx.ops (-1 for non-row events)."""
+    def build() -> np.ndarray:
+        key_cols = ["op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location"]
+        lookup = {tuple(r): k for k, r in enumerate(ctx.ops[key_cols].itertuples(index=False, name=None))}
+        ev = ctx.events
+        out = np.full(len(ev), -1, dtype=np.int64)
+        cols = zip(ev["name"].tolist(), ev["input_dims"].tolist(), ev["input_dtypes"].tolist(),
+                   ev["input_strides"].tolist(), ev["concrete_inputs"].tolist(),
+                   ev["source_location"].tolist(), ev["is_row"].tolist(), strict=True)
+        for i, (*key, is_row) in enumerate(cols):
+            if is_row:
+                out[i] = lookup.get(tuple(key), -1)
+        return out
+    return cached(ctx, "ops_row", build)
+
+
+def event_bound(ctx: Context) -> list[str]:
+    """Per event: the `bound` of its ops.csv row ('' for non-row events)."""
+    def build() -> list[str]:
+        rows = ops_row_of_events(ctx)
+        bounds = ctx.ops["bound"].tolist()
+        return [bounds[r] if r >= 0 else "" for r in rows.tolist()]
+    return cached(ctx, "event_bound", build)
+
+
+# --- tensors as recorded --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Tensor:
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str  # the profiler's name ("float", "c10::BFloat16", ...)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return ITEMSIZE.get(self.dtype, 4)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+    @property
+    def storage_bytes(self) -> int:
+        if not self.stride or len(self.stride) != len(self.shape):
+            return self.nbytes
+        n = 1
+        for size, st in zip(self.shape, self.stride, strict=True):
+            if st != 0:
+                n *= size
+        return n * self.itemsize
+
+    @property
+    def known_strides(self) -> bool:
+        return len(self.stride) == len(self.shape)
+
+    @property
+    def contiguous(self) -> bool:
+        return is_contiguous(self.shape, self.stride)
+
+    @property
+    def broadcast(self) -> bool:
+        """Some dimension of size > 1 has stride 0 (an expanded view)."""
+        return self.known_strides and any(st == 0 and n > 1 for n, st in zip(self.shape, self.stride, strict=True))
+
+    @property
+    def dtype_name(self) -> str:
+        return DTYPE_NAMES.get(self.dtype, self.dtype)
+
+
+def is_contiguous(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    if not stride or len(stride) != len(shape):
+        return True
+    expected = 1
+    for size, st in zip(reversed(shape), reversed(stride), strict=True):
+        if size != 1 and st != expected:
+            return False
+        expected *= size
+    return True
+
+
+def is_nchw(t: Tensor | None) -> bool:
+    """A 4-D tensor with the contiguous (NCHW) strides that is not also channels_last (C == 1 or
+    H*W == 1 make both layouts the same)."""
+    return (t is not None and t.ndim == 4 and t.known_strides and t.contiguous
+            and not _layout_ambiguous(t))
+
+
+def is_channels_last(t: Tensor | None) -> bool:
+    """A 4-D tensor with channels_last strides [H*W*C, 1, W*C, C] (size-1 dims' strides ignored), not
+    also NCHW-contiguous."""
+    if t is None or t.ndim != 4 or not t.known_strides or _layout_ambiguous(t):
+        return False
+    n, c, h, w = t.shape
+    expected = (h * w * c, 1, w * c, c)
+    return all(size == 1 or st == e for size, st, e in zip(t.shape, t.stride, expected, strict=True))
+
+
+def _layout_ambiguous(t: Tensor) -> bool:
+    _, c, h, w = t.shape
+    return c == 1 or h * w == 1
+
+
+def _loads(text: str) -> list:
+    if not text:
+        return []
+    try:
+        v = json.loads(text)
+    except ValueError:
+        return []
+    return v if isinstance(v, list) else []
+
+
+def _tensor_at(dims: list, types: list, strides: list, k: int) -> Tensor | None:
+    if k >= len(dims):
+        return None
+    shape = dims[k]
+    dtype = types[k] if k < len(types) else ""
+    if not isinstance(shape, list) or not isinstance(dtype, str) or dtype in NON_TENSOR:
+        return None
+    if shape and isinstance(shape[0], list):
+        return None  # a TensorList
+    if not all(isinstance(s, int) for s in shape):
+        return None
+    stride = strides[k] if k < len(strides) and isinstance(strides[k], list) else []
+    if not all(isinstance(s, int) for s in stride):
+        stride = []
+    return Tensor(tuple(shape), tuple(stride), dtype)
+
+
+def tensors(ctx: Context, i: int) -> list[Tensor | None]:
+    """Event i's inputs by position: a Tensor for each plain tensor argument, None otherwise."""
+    memo = ctx.cache.setdefault("tensors", {})
+    hit = memo.get(i)
+    if hit is None:
+        dims = _loads(col(ctx, "input_dims")[i])
+        types = _loads(col(ctx, "input_dtypes")[i])
+        strides = _loads(col(ctx, "input_strides")[i])
+        hit = [_tensor_at(dims, types, strides, k) for k in range(len(dims))]
+        memo[i] = hit
+    return hit
+
+
+def tensor(ctx: Context, i: int, k: int) -> Tensor | None:
+    ts = tensors(ctx, i)
+    return ts[k] if k < len(ts) else None
+
+
+def concrete(ctx: Context, i: int, k: int, default: Any = None) -> Any:
+    """Concrete input k of event i as a Python value ("[1]" -> [1], "2" -> 2, "" -> default)."""
+    memo = ctx.cache.setdefault("concrete", {})
+    vals = memo.get(i)
+    if vals is None:
+        vals = _loads(col(ctx, "concrete_inputs")[i])
+        memo[i] = vals
+    if k >= len(vals) or vals[k] in ("", None):
+        return default
+    text = vals[k]
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        low = text.strip().lower()
+        if low in ("true", "false"):
+            return low == "true"
+        return text
+
+
+def memory_order(t: Tensor) -> tuple[int, ...]:
+    """Dims of size > 1 from outermost to innermost in memory (by stride; ties keep logical order)."""
+    dims = [k for k in range(t.ndim) if t.shape[k] > 1]
+    return tuple(sorted(dims, key=lambda k: (-abs(t.stride[k]), -k)))
+
+
+def is_dense(t: Tensor) -> bool:
+    """Non-overlapping and dense: some permutation of the dims is contiguous (a transposed or
+    channels_last tensor is dense; a slice with gaps or an expanded tensor is not)."""
+    if not t.known_strides:
+        return True
+    expected = 1
+    for k in reversed(memory_order(t)):
+        if abs(t.stride[k]) != expected:
+            return False
+        expected *= t.shape[k]
+    return True
+
+
+def layout_cause(ts: Sequence[Tensor | None], *, allow_broadcast: bool = True) -> str | None:
+    """Why a memory-bound op reading these inputs may miss peak bandwidth, judged from strides alone:
+    - 'strided': an input with gaps whose innermost stride is not 1 (e.g. every other element), or
+      same-shaped dense inputs in different memory orders (one transposed/permuted, the other not), so
+      one of them is read against its layout. (A transposed or channels_last tensor alone is fine:
+      kernels iterate in memory order.)
+    - 'small-inner': an input with gaps whose contiguous runs are under SMALL_INNER_BYTES (a narrow
+      slice of a wider tensor).
+    - 'broadcast': an expanded input (stride 0) along the innermost memory dim of the op's largest
+      dense input (not used when allow_broadcast is False).
+    None when nothing in the strides explains it."""
+    real = [t for t in ts if t is not None and t.known_strides and t.numel > 1]
+    if not real:
+        return None
+    for t in real:
+        if t.broadcast or is_dense(t):
+            continue
+        order = memory_order(t)
+        if not order:
+            continue
+        if abs(t.stride[order[-1]]) != 1:
+            return "strided"
+        run, expected = 1, 1
+        for k in reversed(order):
+            if abs(t.stride[k]) != expected:
+                break
+            run *= t.shape[k]
+            expected *= t.shape[k]
+        if run * t.itemsize < SMALL_INNER_BYTES:
+            return "small-inner"
+    dense = [t for t in real if not t.broadcast and is_dense(t)]
+    if not dense:
+        return None
+    ref = max(dense, key=lambda t: t.numel)
+    same = [t for t in dense if t.shape == ref.shape]
+    if len({memory_order(t) for t in same}) > 1:
+        return "strided"
+    order = memory_order(ref)
+    if allow_broadcast and order:
+        inner = order[-1]
+        for t in real:
+            k = inner - (ref.ndim - t.ndim)
+            if t.broadcast and 0 <= k < t.ndim and t.shape[k] > 1 and t.stride[k] == 0:
+                return "broadcast"
+    return None
+
+
+SMALL_INNER_BYTES = 64  # a cache line / two 32-byte GPU sectors
+CAUSE_TEXT = {
+    "broadcast": "an input is expanded (stride 0) along the innermost dim in memory, so the kernel re-reads "
+                 "it instead of streaming",
+    "strided": "an input is read against its memory layout (a strided slice, or a transposed/permuted tensor "
+               "combined with one in another order), so reads are not contiguous",
+    "small-inner": f"an input's contiguous inner runs are under {SMALL_INNER_BYTES} bytes (a small innermost "
+                   "dim), so each memory transaction carries little useful data",
+}
+
+
+# --- numbers --------------------------------------------------------------------------------------
+
+def severity(saving_us: float | None, ctx: Context) -> str:
+    total = ctx.total_time_us
+    if saving_us is None or not total or total <= 0 or not math.isfinite(saving_us):
+        return "low"
+    share = saving_us / total
+    if share >= HIGH_SHARE:
+        return "high"
+    if share >= MEDIUM_SHARE:
+        return "medium"
+    return "low"
+
+
+def share(us: float, ctx: Context) -> float:
+    total = ctx.total_time_us
+    return us / total if total > 0 else 0.0
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None or not math.isfinite(n):
+        return "? B"
+    for unit, scale in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_us(us: float | None) -> str:
+    if us is None or not math.isfinite(us):
+        return "?"
+    if abs(us) >= 1e6:
+        return f"{us / 1e6:.3g} s"
+    if abs(us) >= 1e3:
+        return f"{us / 1e3:.3g} ms"
+    return f"{us:.3g} µs"
+
+
+def fmt_shape(t: Tensor | None) -> str:
+    if t is None:
+        return "?"
+    text = "[" + ", ".join(map(str, t.shape)) + "]"
+    if t.known_strides and not t.contiguous:
+        text += " strides [" + ", ".join(map(str, t.stride)) + "]"
+    return text
+
+
+def short(op: str) -> str:
+    return op.split("::", 1)[1] if op.startswith("aten::") else op
+
+
+def base_name(op: str) -> str:
+    """'aten::add_' -> 'add'; 'aten::_softmax' -> '_softmax'."""
+    name = short(op)
+    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
+
+
+def first_match(table: Iterable[tuple[Any, T]], pred: Callable[[Any], bool], default: T) -> T:
+    for key, value in table:
+        if pred(key):
+            return value
+    return default
+
+
+def per_step(x: float, ctx: Context) -> float:
+    return x / max(ctx.steps, 1)
+
+
+def events_by_ops_row(ctx: Context) -> dict[int, list[int]]:
+    """ops.csv row index -> the user events (see user_mask) grouped into it, in trace order."""
+    def build() -> dict[int, list[int]]:
+        rows = ops_row_of_events(ctx)
+        mask = user_mask(ctx)
+        out: dict[int, list[int]] = {}
+        for i in np.flatnonzero((rows >= 0) & mask).tolist():
+            out.setdefault(int(rows[i]), []).append(i)
+        return out
+    return cached(ctx, "events_by_row", build)
+
+
+def ideal_memory_us(nbytes: float, ctx: Context, fraction: float = 1.0) -> float | None:
+    """Time to move nbytes at `fraction` of the peak memory bandwidth (µs), None if the peak is unknown."""
+    bw = ctx.peaks.memory_bandwidth_gbps
+    if not bw or bw <= 0 or not math.isfinite(nbytes):
+        return None
+    return nbytes / (bw * fraction * 1e3)
+
+
+def ideal_row_us(row: Any, ctx: Context, fraction: float = 1.0) -> float | None:
+    """Per-call roofline time of an ops.csv row at `fraction` of the peaks that apply to it: the larger of
+    bytes / bandwidth and FLOPs / the row's ceiling. None when bytes or the bandwidth are unknown."""
+    nbytes = float(row["bytes_per_call"]) if pd.notna(row["bytes_per_call"]) else math.nan
+    mem = ideal_memory_us(nbytes, ctx, fraction)
+    if mem is None:
+        return None
+    flops = float(row["flops_per_call"]) if pd.notna(row["flops_per_call"]) else 0.0
+    peak = ctx.peaks.flops_for(row["ceiling"]) if row.get("ceiling") else None
+    comp = flops / (peak * fraction * 1e3) if peak and flops > 0 else 0.0
+    return max(mem, comp)

@@ -1,0 +1,235 @@
+"""fusion: runs of consecutive memory-bound element-wise / reduction / normalization ops over tensors of
+the same size, which one fused kernel would do in a single pass (bias add then GELU, a hand-written
+RMSNorm x * rsqrt(mean(x^2) + eps), a hand-written softmax exp / sum / div, ...).
+
+"Consecutive": the ops that do work (views, composite wrappers, scalar bookkeeping and ops nested
+inside another working op are skipped) on one thread in one step, in execution order; any other op
+that does work (a matmul, a copy, an unknown op, the harness) ends the run. An op joins the run when
+its family is element-wise, reduction, norm or softmax, its bound is memory or overhead, and its
+largest input has the run's number of elements or broadcasts with the run's largest shape. Runs of at
+least MIN_OPS (2) ops are reported, grouped by their op sequence and source lines, when they would save
+at least MIN_SAVED_BYTES (64 KiB) per pass and MIN_SHARE (0.2 %) of the run's op time.
+
+Saving, per occurrence: the intermediate tensors a fused kernel keeps in registers instead of memory,
+2 x (bytes written by every op but the last) (written once, read once by the next op; assumes each
+op's output feeds the next, as in a chain), capped at the run's bytes minus its largest op's bytes,
+at the run's achieved bandwidth (its bytes / its time). Launch/dispatch overhead saved by fusing is
+not counted. Runs under MIN_SHARE of the run's op time are dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from opscope.findings.base import Context, Finding, rule
+from opscope.findings.common import (
+    Tensor,
+    base_name,
+    cached,
+    col,
+    event_bound,
+    fmt_bytes,
+    fmt_us,
+    inside_worker,
+    is_worker,
+    names,
+    per_step,
+    severity,
+    share,
+    short,
+    tensors,
+    user_mask,
+)
+from opscope.findings.strided_reduction import reduced_dims
+
+FUSABLE_FAMILIES = frozenset({"elementwise", "reduction", "norm", "softmax"})
+FUSABLE_BOUNDS = frozenset({"memory", "overhead"})
+MIN_OPS = 2
+MIN_SHARE = 0.002
+MIN_SAVED_BYTES = 64 * 1024  # per pass; below this a fused kernel mainly saves launches, not traffic
+
+DEFAULT_SUGGESTION = ("Fuse the chain: torch.compile(model) (or torch.compile on this function) generates one "
+                      "kernel for consecutive element-wise and normalization ops.")
+# (name, op base names that must all appear in the run, suggestion). Every matching entry is named; to point
+# users at a bundled or library fused kernel, edit or add one entry.
+PATTERNS: list[tuple[str, frozenset[str], str]] = [
+    ("hand-written softmax", frozenset({"exp", "sum", "div"}),
+     "Use torch.softmax(x, dim) (one fused, numerically stable kernel) instead of exp / sum / div."),
+    ("hand-written RMSNorm", frozenset({"rsqrt", "mean", "mul"}),
+     "Use torch.nn.functional.rms_norm / nn.RMSNorm (torch >= 2.4), or torch.compile the block."),
+    ("hand-written LayerNorm", frozenset({"mean", "sub", "sqrt"}),
+     "Use torch.nn.functional.layer_norm / nn.LayerNorm (one fused kernel)."),
+    ("hand-written GELU (tanh)", frozenset({"tanh", "pow", "mul"}),
+     "Use torch.nn.functional.gelu(x, approximate='tanh') (one fused kernel)."),
+    ("hand-written GELU (erf)", frozenset({"erf", "mul"}),
+     "Use torch.nn.functional.gelu(x) (one fused kernel)."),
+    ("hand-written SiLU", frozenset({"sigmoid", "mul"}),
+     "Use torch.nn.functional.silu(x) (one fused kernel)."),
+    ("bias + GELU", frozenset({"add", "gelu"}),
+     "Let the matmul add the bias (nn.Linear / F.linear with bias, fused into addmm), and torch.compile to fuse "
+     "the activation into it."),
+    ("residual add + norm", frozenset({"add", "native_layer_norm"}),
+     "torch.compile fuses the residual add into the layer norm (one pass instead of two)."),
+]
+
+
+def pattern_for(op_names: set[str]) -> tuple[str, str]:
+    """(labels of every pattern the run contains, their suggestions), or ("", DEFAULT_SUGGESTION)."""
+    hits = [(label, suggestion) for label, need, suggestion in PATTERNS if need <= op_names]
+    if not hits:
+        return "", DEFAULT_SUGGESTION
+    return " + ".join(h[0] for h in hits), " ".join(h[1] for h in hits)
+
+
+@dataclass
+class _Run:
+    ref: tuple[int, ...]
+    ops: list[int] = field(default_factory=list)
+    names: set[str] = field(default_factory=set)
+
+
+def _largest(ts: list[Tensor | None]) -> Tensor | None:
+    real = [t for t in ts if t is not None]
+    return max(real, key=lambda t: t.numel) if real else None
+
+
+def _compatible(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The larger of two shapes when one broadcasts to the other or they hold as many elements."""
+    if math.prod(a) == math.prod(b):
+        return a if len(a) >= len(b) else b
+    n = max(len(a), len(b))
+    pa, pb = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
+    if all(x == y or x == 1 for x, y in zip(pa, pb, strict=True)):
+        return b
+    if all(x == y or y == 1 for x, y in zip(pa, pb, strict=True)):
+        return a
+    return None
+
+
+def _out_bytes(ctx: Context, i: int, family: str) -> float:
+    ts = [t for t in tensors(ctx, i) if t is not None]
+    if not ts:
+        return 0.0
+    big = max(ts, key=lambda t: t.numel)
+    shape = big.shape
+    for t in ts:
+        shape = _compatible(shape, t.shape) or shape
+    numel = math.prod(shape)
+    if family == "reduction":
+        dims = reduced_dims(ctx, i, names(ctx)[i], family, big.ndim)
+        numel = math.prod(s for k, s in enumerate(big.shape) if k not in dims) if dims else 1
+    return float(numel * big.itemsize)
+
+
+def _runs(ctx: Context) -> list[tuple[list[int], set[str], tuple[int, ...]]]:
+    ev = ctx.events
+    mask = user_mask(ctx)
+    is_row = ev["is_row"].to_numpy()
+    fam = col(ctx, "family")
+    bound = event_bound(ctx)
+    nm = names(ctx)
+    step, thread, ts = col(ctx, "step"), col(ctx, "thread"), col(ctx, "ts")
+    work = is_worker(ctx)
+    workers = np.flatnonzero(is_row & (ev["step"].to_numpy() >= 0)).tolist()
+    workers.sort(key=lambda i: (step[i], thread[i], ts[i]))
+    runs: list[tuple[list[int], set[str], tuple[int, ...]]] = []
+    cur: _Run | None = None
+    where = None
+    pending: set[str] = set()  # names of views/composites seen since the last op that did work
+
+    def close() -> None:
+        if cur is not None and len(cur.ops) >= MIN_OPS:
+            runs.append((cur.ops, cur.names, cur.ref))
+
+    for i in workers:
+        here = (step[i], thread[i])
+        if here != where:
+            close()
+            cur, where, pending = None, here, set()
+        f = fam[i] if isinstance(fam[i], str) else ""
+        if inside_worker(ctx, i):
+            continue  # e.g. fill_ initializing sum's output: part of that op
+        big = _largest(tensors(ctx, i))
+        if not work[i] or big is None or big.numel <= 1:
+            # views, wrappers and scalar bookkeeping (e.g. a Python number converted inside div_) neither
+            # join nor end a run
+            pending.add(base_name(nm[i]))
+            continue
+        if not mask[i] or f not in FUSABLE_FAMILIES or bound[i] not in FUSABLE_BOUNDS:
+            close()
+            cur = None
+            pending = set()
+            continue
+        merged = _compatible(cur.ref, big.shape) if cur is not None else None
+        if merged is None:
+            close()
+            cur = _Run(ref=big.shape)
+        else:
+            cur.ref = merged
+        cur.ops.append(i)
+        cur.names.add(base_name(nm[i]))
+        cur.names.update(pending)
+        pending = set()
+    close()
+    return runs
+
+
+def fusion_groups(ctx: Context) -> dict[tuple, dict]:
+    """Runs worth reporting, grouped by their (op, line) sequence; each group keeps its events."""
+    return cached(ctx, "fusion_groups", lambda: _groups(ctx))
+
+
+def fused_events(ctx: Context) -> set[int]:
+    """Events inside a reported fusion run (low-bandwidth leaves these to the fusion finding)."""
+    return cached(ctx, "fused_events", lambda: {i for g in fusion_groups(ctx).values() for i in g["events"]})
+
+
+def _groups(ctx: Context) -> dict[tuple, dict]:
+    nm = names(ctx)
+    fam = col(ctx, "family")
+    locs = col(ctx, "source_location")
+    times = ctx.events["time_us"].to_numpy(dtype=float)
+    nbytes = np.nan_to_num(ctx.events["bytes"].to_numpy(dtype=float), nan=0.0)
+    groups: dict[tuple, dict] = {}
+    for ops, run_names, ref in _runs(ctx):
+        total_b = float(sum(nbytes[i] for i in ops))
+        total_t = float(sum(times[i] for i in ops))
+        if total_b <= 0 or total_t <= 0:
+            continue
+        inter = 2.0 * sum(_out_bytes(ctx, i, fam[i]) for i in ops[:-1])
+        saved_b = min(inter, total_b - max(nbytes[i] for i in ops))
+        if saved_b <= 0:
+            continue
+        saving = total_t * saved_b / total_b
+        key = tuple((nm[i], locs[i]) for i in ops)
+        g = groups.setdefault(key, {"count": 0, "saving": 0.0, "saved_b": 0.0, "time": 0.0, "bytes": 0.0,
+                                    "names": set(), "ref": ref, "events": []})
+        g["count"] += 1
+        g["saving"] += saving
+        g["saved_b"] += saved_b
+        g["time"] += total_t
+        g["bytes"] += total_b
+        g["names"].update(run_names)
+        g["events"].extend(ops)
+    return {key: g for key, g in groups.items()
+            if share(g["saving"], ctx) >= MIN_SHARE and g["saved_b"] / g["count"] >= MIN_SAVED_BYTES}
+
+
+@rule("fusion")
+def fusion(ctx: Context) -> Iterator[Finding]:
+    for key, g in fusion_groups(ctx).items():
+        label, suggestion = pattern_for(g["names"])
+        chain = " -> ".join(f"{short(n)} ({loc})" for n, loc in key)
+        size = f" over {list(g['ref'])}-sized tensors"
+        what = f"{label}: " if label else ""
+        gbps = g["bytes"] / g["time"] / 1e3
+        message = (f"{what}{len(key)} memory-bound ops in a row{size}: {chain}. A fused kernel would skip "
+                   f"{fmt_bytes(g['saved_b'] / g['count'])} of intermediate reads/writes per pass "
+                   f"({per_step(g['count'], ctx):g} per step); at the achieved {gbps:.3g} GB/s that is "
+                   f"{fmt_us(g['saving'])} in all.")
+        yield Finding(rule="fusion", severity=severity(g["saving"], ctx), op=key[0][0], source_location=key[0][1],
+                      message=message, suggestion=suggestion, est_savings_us=g["saving"])

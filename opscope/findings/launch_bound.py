@@ -1,0 +1,41 @@
+"""launch-bound (GPU runs): the GPU sits idle waiting for the CPU to launch work.
+
+Fires when the summary's device_busy_share (union of kernel time / step time) is under MAX_BUSY (0.5).
+Names the ops with the most CPU time (ops.csv cpu_time_us_total, user code only) and is located at the
+source line with the most CPU time. Saving: an upper bound, the GPU's idle time over the profiled steps,
+steps x step_time x (1 - device_busy_share) (what removing all CPU-side gaps would give back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from opscope.findings.base import Context, Finding, rule
+from opscope.findings.common import fmt_us, severity, short
+from opscope.sources import HARNESS
+
+MAX_BUSY = 0.5
+TOP = 3
+
+SUGGESTION = ("Take the CPU off the critical path: capture the step in a CUDA graph (torch.compile(mode="
+              "'reduce-overhead') or torch.cuda.CUDAGraph), fuse small ops with torch.compile, remove host syncs "
+              "(see host-sync findings), and use bigger batches so each launch does more work.")
+
+
+@rule("launch-bound")
+def launch_bound(ctx: Context) -> Iterator[Finding]:
+    busy = ctx.device_busy_share
+    if not ctx.gpu or busy is None or busy >= MAX_BUSY or "cpu_time_us_total" not in ctx.ops.columns:
+        return
+    ops = ctx.ops[ctx.ops["source_location"] != HARNESS]
+    by_op = ops.groupby("op")["cpu_time_us_total"].sum().sort_values(ascending=False)
+    by_line = ops.groupby("source_location")["cpu_time_us_total"].sum().sort_values(ascending=False)
+    idle = ctx.steps * ctx.step_time_us * (1.0 - busy)
+    heavy = ", ".join(f"{short(op)} ({fmt_us(t)})" for op, t in by_op.head(TOP).items())
+    lines = ", ".join(f"{loc or '?'} ({fmt_us(t)})" for loc, t in by_line.head(TOP).items())
+    message = (f"the GPU is busy only {busy:.0%} of the step ({fmt_us(ctx.step_time_us)} per step): it waits for "
+               f"the CPU to launch work. CPU-heaviest ops: {heavy}; lines: {lines}. Idle GPU time "
+               f"{fmt_us(idle)} in all (the saving, an upper bound).")
+    yield Finding(rule="launch-bound", severity=severity(idle, ctx), op=str(by_op.index[0]) if len(by_op) else "",
+                  source_location=str(by_line.index[0]) if len(by_line) else "", message=message,
+                  suggestion=SUGGESTION, est_savings_us=idle)

@@ -1,0 +1,103 @@
+"""low-bandwidth: memory-bound ops that move enough bytes to matter yet reach under 70 % of the peak
+memory bandwidth.
+
+Per ops.csv row (user code only): bound == memory, pct_peak_bandwidth < BW_FRACTION (70 %), and the
+call moves enough bytes that latency cannot explain the shortfall: bytes_per_call / peak bandwidth >=
+MIN_IDEAL_US (5 µs; e.g. 100 KB at 20 GB/s, 17 MB on an H100). Copies reported by the copy rules,
+strided reductions, ops of a reported fusion run without a layout cause (the fusion finding covers
+them), and ops running inside another op that does work (e.g. CPU addmm filling its output with the
+bias) are left alone. The likely cause is named from the recorded strides:
+a strided/transposed input, an input broadcast along its innermost dim (stride 0; not used for backward
+ops, whose incoming gradients are often expanded by a sum/mean loss), or a small innermost dim (see
+common.layout_cause; matmul/conv/attention take transposed operands natively and get no cause).
+Saving = time - calls x bytes / (0.7 x peak bandwidth). Rows under MIN_SHARE of the op time are dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from opscope.findings.base import Context, Finding, rule
+from opscope.findings.common import (
+    CAUSE_TEXT,
+    col,
+    events_by_ops_row,
+    fmt_bytes,
+    fmt_us,
+    ideal_memory_us,
+    inside_worker,
+    layout_cause,
+    per_step,
+    severity,
+    share,
+    tensors,
+)
+from opscope.findings.copies import claimed_events
+from opscope.findings.fusion import fused_events
+from opscope.findings.strided_reduction import strided_rows
+
+BW_FRACTION = 0.70
+MIN_IDEAL_US = 5.0
+MIN_SHARE = 0.001
+STRIDE_AGNOSTIC_FAMILIES = frozenset({"matmul", "conv", "attention"})
+MATMUL_SUGGESTION = ("A memory-bound matmul streams its weights for few rows (small M): batch more rows "
+                     "(tokens, sequences, images) per call so each weight byte is used more often.")
+
+SUGGESTIONS = {
+    "strided": "Make the tensor contiguous where it is produced (or transpose the weights instead of the "
+               "activations) so this op reads memory in order; torch.compile can also fuse the transpose into "
+               "the op.",
+    "broadcast": "Arrange the broadcast along an outer dim (e.g. a per-row scale as [N, 1] times [N, D], not an "
+                 "expanded innermost dim), or fuse the op with its neighbours (torch.compile).",
+    "small-inner": "Put the largest dimension innermost (permute once upstream) or fuse the op with its "
+                   "neighbours (torch.compile) so each memory transaction carries more data.",
+    None: "No layout problem is visible in the strides: the kernel itself falls short (type promotion inside "
+          "the op, an unvectorized path, too little work per call to fill the device). torch.compile can "
+          "generate a better kernel and fuse it with its neighbours.",
+}
+# On CPUs a large output is often fresh memory from the OS each call: the page faults cost bandwidth.
+CPU_NO_CAUSE = (" On CPUs, large outputs freshly allocated on every call pay page faults: an in-place variant "
+                "(e.g. relu_) or a caching malloc (jemalloc/tcmalloc via LD_PRELOAD) avoids them.")
+
+
+def row_cause(ctx: Context, i: int) -> str | None:
+    if col(ctx, "family")[i] in STRIDE_AGNOSTIC_FAMILIES:
+        return None  # BLAS/cuDNN take transposed operands natively: their strides are no cause
+    return layout_cause(tensors(ctx, i), allow_broadcast=col(ctx, "bwd_root")[i] < 0)
+
+
+@rule("low-bandwidth")
+def low_bandwidth(ctx: Context) -> Iterator[Finding]:
+    claimed = claimed_events(ctx)
+    fused = fused_events(ctx)
+    strided = strided_rows(ctx)
+    bw = ctx.peaks.memory_bandwidth_gbps
+    for r, evs in events_by_ops_row(ctx).items():
+        row = ctx.ops.iloc[r]
+        if row["bound"] != "memory" or r in strided or all(i in claimed for i in evs):
+            continue
+        if inside_worker(ctx, evs[0]):
+            continue  # part of another op's implementation (e.g. addmm filling its output with the bias)
+        pct = row["pct_peak_bandwidth"]
+        nbytes = float(row["bytes_per_call"])
+        ideal = ideal_memory_us(nbytes, ctx)
+        if not math.isfinite(float(pct)) or pct >= BW_FRACTION * 100 or ideal is None or ideal < MIN_IDEAL_US:
+            continue
+        time, calls = float(row["time_us_total"]), int(row["calls"])
+        saving = time - calls * ideal / BW_FRACTION
+        if share(saving, ctx) < MIN_SHARE:
+            continue
+        cause = row_cause(ctx, evs[0])
+        if cause is None and all(i in fused for i in evs):
+            continue  # the fusion finding covers these ops and their time
+        why = f"likely cause: {CAUSE_TEXT[cause]}" if cause else "no layout cause visible in the strides"
+        suggestion = MATMUL_SUGGESTION if row["family"] in STRIDE_AGNOSTIC_FAMILIES else SUGGESTIONS[cause]
+        if cause is None and not ctx.gpu and row["family"] not in STRIDE_AGNOSTIC_FAMILIES:
+            suggestion += CPU_NO_CAUSE
+        message = (f"{row['op']} {row['input_dims']} moves {fmt_bytes(nbytes)} per call at "
+                   f"{row['achieved_gbps']:.3g} GB/s, {pct:.0f}% of the peak {bw:.4g} GB/s "
+                   f"({per_step(calls, ctx):g} calls per step, {fmt_us(time)} in all); {why}.")
+        yield Finding(rule="low-bandwidth", severity=severity(saving, ctx), op=row["op"],
+                      source_location=row["source_location"], message=message, suggestion=suggestion,
+                      est_savings_us=saving)
