@@ -115,9 +115,12 @@ def trace_frame_location(name: str) -> str | None:
     """For a trace frame name: 'path:line' when it is user code, HARNESS for opscope's own frames,
     None when it should be skipped (torch, stdlib, built-ins)."""
     parsed = parse_trace_frame(name)
-    if parsed is None:
-        return None
-    path, line, _ = parsed
+    return None if parsed is None else frame_location(parsed[0], parsed[1])
+
+
+@lru_cache(maxsize=65536)
+def frame_location(path: str, line: int) -> str | None:
+    """'path:line' for a user frame, HARNESS for opscope's own, None for frames to skip."""
     kind = classify_path(path)
     if kind == "user":
         return f"{display_path(path)}:{line}"

@@ -21,12 +21,11 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import pandas as pd
 
-from opscope.sources import HARNESS, classify_path, display_path
+from opscope.sources import HARNESS, frame_location
 
 WINDOW = 8  # records a join may skip when the timed trace lacks one (e.g. an op not recorded)
 
@@ -36,16 +35,6 @@ class LineRecord:
     name: str
     shapes: tuple  # shapes of tensor inputs, in schema order (nested tuples for tensor lists)
     location: str
-
-
-@lru_cache(maxsize=4096)
-def _frame_location(path: str, lineno: int) -> str | None:
-    kind = classify_path(path)
-    if kind == "user":
-        return f"{display_path(path)}:{lineno}"
-    if kind == "own":
-        return HARNESS
-    return None
 
 
 # nn.Module instance -> "file:line" of the user code that created it (see module_origins()).
@@ -68,7 +57,7 @@ def module_origins() -> Iterator[None]:
         frame = sys._getframe(1)
         while frame is not None:
             if frame.f_locals.get("self") is not self:  # skip the module's own __init__ chain
-                where = _frame_location(frame.f_code.co_filename, frame.f_lineno)
+                where = frame_location(frame.f_code.co_filename, frame.f_lineno)
                 if where is not None:
                     if where != HARNESS:
                         _MODULE_ORIGINS[self] = where
@@ -95,7 +84,7 @@ def caller_location(start_depth: int = 2) -> str:
     frame = sys._getframe(start_depth)
     innermost_module = None
     while frame is not None:
-        where = _frame_location(frame.f_code.co_filename, frame.f_lineno)
+        where = frame_location(frame.f_code.co_filename, frame.f_lineno)
         if where is not None:
             if where == HARNESS and innermost_module is not None:
                 return _MODULE_ORIGINS.get(innermost_module, "")

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
-from opscope.costmodel.base import DTYPE_NAMES, ITEMSIZE
+from opscope.costmodel.base import DTYPE_NAMES, TensorArg
 from opscope.findings.base import Context
 from opscope.sources import HARNESS
 
@@ -158,36 +158,12 @@ def event_bound(ctx: Context) -> list[str]:
 # --- tensors as recorded --------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Tensor:
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    dtype: str  # the profiler's name ("float", "c10::BFloat16", ...)
+class Tensor(TensorArg):
+    """A tensor input as the trace records it (the cost model's TensorArg), with layout predicates."""
 
     @property
     def ndim(self) -> int:
         return len(self.shape)
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def itemsize(self) -> int:
-        return ITEMSIZE.get(self.dtype, 4)
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * self.itemsize
-
-    @property
-    def storage_bytes(self) -> int:
-        if not self.stride or len(self.stride) != len(self.shape):
-            return self.nbytes
-        n = 1
-        for size, st in zip(self.shape, self.stride, strict=True):
-            if st != 0:
-                n *= size
-        return n * self.itemsize
 
     @property
     def known_strides(self) -> bool:
@@ -195,7 +171,7 @@ class Tensor:
 
     @property
     def contiguous(self) -> bool:
-        return is_contiguous(self.shape, self.stride)
+        return self.is_contiguous
 
     @property
     def broadcast(self) -> bool:
@@ -205,17 +181,6 @@ class Tensor:
     @property
     def dtype_name(self) -> str:
         return DTYPE_NAMES.get(self.dtype, self.dtype)
-
-
-def is_contiguous(shape: Sequence[int], stride: Sequence[int]) -> bool:
-    if not stride or len(stride) != len(shape):
-        return True
-    expected = 1
-    for size, st in zip(reversed(shape), reversed(stride), strict=True):
-        if size != 1 and st != expected:
-            return False
-        expected *= size
-    return True
 
 
 def is_nchw(t: Tensor | None) -> bool:
@@ -264,7 +229,7 @@ def _tensor_at(dims: list, types: list, strides: list, k: int) -> Tensor | None:
     stride = strides[k] if k < len(strides) and isinstance(strides[k], list) else []
     if not all(isinstance(s, int) for s in stride):
         stride = []
-    return Tensor(tuple(shape), tuple(stride), dtype)
+    return Tensor(tuple(shape), dtype, tuple(stride))
 
 
 def tensors(ctx: Context, i: int) -> list[Tensor | None]:
