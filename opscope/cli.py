@@ -195,7 +195,7 @@ def calibrate(
     if json_out:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
     else:
-        Console(highlight=False).print(cal.format_report(result))
+        Console(highlight=False).print(cal.format_report(result), markup=False, soft_wrap=True)
     stderr.print(f"cached in {path}")
 
 

@@ -98,7 +98,7 @@ def summary_panel(run: Run) -> Panel:
 # (header, justify, minimum console width to show it). Narrow terminals keep the essentials.
 _COLUMNS = [
     ("#", "right", 0), ("op", "left", 0), ("calls", "right", 100), ("time", "right", 0), ("share", "right", 90),
-    ("FLOP/call", "right", 150), ("bytes/call", "right", 150), ("FLOP/B", "right", 120), ("FLOP/s", "right", 110),
+    ("FLOP/call", "right", 150), ("bytes/call", "right", 150), ("FLOP/B", "right", 130), ("FLOP/s", "right", 110),
     ("B/s", "right", 110), ("% peak", "right", 0), ("bound", "left", 0), ("source", "left", 0),
 ]
 
@@ -108,14 +108,17 @@ def ops_table(run: Run, top: int = 15, width: int = 160) -> Table:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left",
                   title=f"Top {top} ops by {'GPU kernel' if gpu else 'CPU self'} time")
     shown = [(h, j) for h, j, min_width in _COLUMNS if width >= min_width]
+    head = run.ops.head(top)
+    sources = [short_source(str(x or ""), full=width >= 150) for x in head["source_location"].fillna("")]
+    source_width = min(max((len(x) for x in sources), default=6), 48)
     for header, justify in shown:
         if header == "op":
             table.add_column(header, overflow="fold", ratio=3, min_width=18)
         elif header == "source":
-            table.add_column(header, no_wrap=True, overflow="ellipsis", ratio=2, min_width=12)
+            table.add_column(header, no_wrap=True, overflow="ellipsis", min_width=max(source_width, 6))
         else:
             table.add_column(header, justify=justify, no_wrap=True)
-    for i, row in enumerate(run.ops.head(top).to_dict("records"), 1):
+    for i, row in enumerate(head.to_dict("records"), 1):
         ai = _num(row.get("arithmetic_intensity"))
         bound = row.get("bound") or "unknown"
         gflops, gbps = _num(row.get("achieved_gflops")), _num(row.get("achieved_gbps"))
@@ -167,48 +170,69 @@ def _short_op(row: dict[str, Any], with_shapes: bool = True) -> str:
     return name
 
 
-def findings_table(run: Run, top: int = 5) -> Table | Text:
+def first_sentence(text: str) -> str:
+    """The first sentence of a suggestion (the console's summary; findings.json has all of it)."""
+    for end in (". ", "; "):
+        i = text.find(end)
+        if 0 < i < 160:
+            return text[: i + 1]
+    return text if len(text) <= 160 else text[:159] + "…"
+
+
+def findings_list(run: Run, top: int = 5, full: bool = False) -> Group | Text:
+    """Findings as compact entries: severity, rule, line and saving; the message; the suggestion."""
     if not run.findings:
         return Text("No findings.", style="green")
-    table = Table(box=box.SIMPLE_HEAD, title=f"Findings ({len(run.findings)}; top {min(top, len(run.findings))} "
-                  "by estimated saving)", title_justify="left")
-    table.add_column("sev")
-    table.add_column("rule")
-    table.add_column("where", overflow="fold", max_width=36)
-    table.add_column("what", overflow="fold")
-    table.add_column("saves", justify="right")
-    for f in run.findings[:top]:
-        table.add_row(Text(f["severity"], style=SEVERITY_STYLE.get(f["severity"], "")), f["rule"],
-                      f.get("source_location") or f.get("op", ""),
-                      Text(f"{f['message']}\n→ {f['suggestion']}"),
-                      fmt_us(f.get("est_savings_us")) if f.get("est_savings_us") is not None else "?")
-    return table
+    shown = run.findings[:top]
+    title = Text(f"Findings ({len(run.findings)}; top {len(shown)} by estimated saving)", style="bold")
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True, width=6)
+    grid.add_column(ratio=1)
+    steps = max(int(run.summary.get("steps") or 1), 1)
+    for f in shown:
+        saving = f.get("est_savings_us")
+        saves = f"saves ~{fmt_us(saving / steps)} per step" if saving is not None else "saving unknown"
+        head = Text()
+        head.append(f"{f['rule']}  ", style="bold")
+        head.append(f"{f.get('source_location') or f.get('op', '')}  ", style="cyan")
+        head.append(saves, style="dim")
+        body = Text(f["message"] + "\n")
+        body.append("→ " + (f["suggestion"] if full else first_sentence(f["suggestion"])), style="green")
+        grid.add_row(Text(f["severity"], style=SEVERITY_STYLE.get(f["severity"], "")), head)
+        grid.add_row("", body)
+    return Group(title, grid)
 
 
 CEILING_SLACK = 1.05  # timing noise aside, nothing runs faster than the machine's peak
 
 
-def ceiling_warning(run: Run) -> str | None:
-    """A run whose ops beat the ceilings was measured against ceilings that are too low."""
-    worst_pct, worst_op = 0.0, ""
-    for col in ("pct_peak_flops", "pct_peak_bandwidth"):
-        if col in run.ops.columns:
-            values = run.ops[col].astype(float)
-            if values.notna().any() and values.max() > worst_pct:
-                worst_pct, worst_op = float(values.max()), str(run.ops.loc[values.idxmax(), "op"])
-    if worst_pct <= 100 * CEILING_SLACK:
-        return None
-    origin = run.meta.get("peaks", {}).get("origin", {})
-    hint = ("rerun `opscope calibrate` on an idle machine" if "measured" in origin.values()
-            else "check --peak-bw/--peak-flops")
-    return (f"{worst_op} ran at {worst_pct:.0f}% of its ceiling: the ceilings are too low for this run "
-            f"(measured while the machine was busy?); {hint}")
+def ceiling_warnings(run: Run) -> list[str]:
+    """Ops beating the FLOP/s ceiling mean the ceilings are too low; ops beating the DRAM bandwidth
+    ceiling usually had their data in cache."""
+    out = []
+    for col, what in (("pct_peak_flops", "flops"), ("pct_peak_bandwidth", "bandwidth")):
+        if col not in run.ops.columns:
+            continue
+        values = run.ops[col].astype(float)
+        if not values.notna().any() or values.max() <= 100 * CEILING_SLACK:
+            continue
+        worst = run.ops.loc[values.idxmax()]
+        if what == "flops":
+            origin = run.meta.get("peaks", {}).get("origin", {}).get("flops")
+            hint = ("rerun `opscope calibrate` on an idle machine" if origin == "measured"
+                    else "check --peak-flops")
+            out.append(f"{worst['op']} ran at {values.max():.0f}% of its FLOP/s ceiling: the ceilings are too low "
+                       f"for this run (measured while the machine was busy?); {hint}")
+        else:
+            n = int((values > 100 * CEILING_SLACK).sum())
+            out.append(f"{n} op row(s) moved data faster than the memory-bandwidth ceiling (up to {values.max():.0f}%, "
+                       f"{worst['op']}): their data was most likely in cache")
+    return out
 
 
-def render_run(run: Run, console: Console, top: int = 15, findings: int = 5) -> None:
-    console.print(Group(summary_panel(run), ops_table(run, top, console.width), findings_table(run, findings)))
-    warning = ceiling_warning(run)
-    if warning:
-        console.print(Text("warning: ", style="bold yellow") + Text(warning))
+def render_run(run: Run, console: Console, top: int = 15, findings: int = 5, full: bool = False) -> None:
+    console.print(Group(summary_panel(run), ops_table(run, top, console.width), findings_list(run, findings, full)))
+    for warning in ceiling_warnings(run):
+        console.print(Text("note: ", style="bold yellow") + Text(warning))
     if run.path is not None:
         console.print(f"run directory: [bold]{run.path}[/bold]")
