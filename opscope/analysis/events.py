@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from opscope.sources import location_from_call_stack, trace_frame_location
+from opscope.sources import location_from_call_stack
 from opscope.trace import TraceData
 
 ROW_RE = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_][\w.]*$")
@@ -35,56 +35,62 @@ def thread_keys(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
 def nest(keys: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Parent (innermost enclosing interval on the same key) of each interval, -1 for roots."""
     n = len(starts)
-    parent = np.full(n, -1, dtype=np.int64)
+    parent = [-1] * n
     if n == 0:
-        return parent
+        return np.asarray(parent, dtype=np.int64)
     order = np.lexsort((np.arange(n), -ends, starts, keys))
-    stack: list[int] = []
+    # One sequential pass in start order with a stack of open intervals per thread.
+    stack_end: list[float] = []
+    stack_idx: list[int] = []
+    push_end, push_idx, pop_end, pop_idx = stack_end.append, stack_idx.append, stack_end.pop, stack_idx.pop
     cur_key = None
-    k_list, s_list, e_list = keys.tolist(), starts.tolist(), ends.tolist()
-    for i in order.tolist():
-        k = k_list[i]
+    for k, s, e, i in zip(keys[order].tolist(), starts[order].tolist(), ends[order].tolist(), order.tolist(),
+                          strict=True):
         if k != cur_key:
-            stack.clear()
+            stack_end.clear()
+            stack_idx.clear()
             cur_key = k
-        s = s_list[i]
-        while stack and e_list[stack[-1]] <= s + _EPS:
-            stack.pop()
-        if stack:
-            parent[i] = stack[-1]
-        stack.append(i)
-    return parent
+        limit = s + _EPS
+        while stack_end and stack_end[-1] <= limit:
+            pop_end()
+            pop_idx()
+        if stack_idx:
+            parent[i] = stack_idx[-1]
+        push_end(e)
+        push_idx(i)
+    return np.asarray(parent, dtype=np.int64)
 
 
 def innermost(c_keys: np.ndarray, c_starts: np.ndarray, c_ends: np.ndarray,
               p_keys: np.ndarray, p_times: np.ndarray) -> np.ndarray:
     """For each point, the innermost container interval on the same key containing it (-1 if none)."""
     n_c, n_p = len(c_starts), len(p_times)
-    result = np.full(n_p, -1, dtype=np.int64)
+    result = [-1] * n_p
     if n_c == 0 or n_p == 0:
-        return result
+        return np.asarray(result, dtype=np.int64)
     keys = np.concatenate([c_keys, p_keys])
     times = np.concatenate([c_starts, p_times])
     kind = np.concatenate([np.zeros(n_c, np.int8), np.ones(n_p, np.int8)])  # containers first on ties
-    neg_end = np.concatenate([-c_ends, np.zeros(n_p)])
-    order = np.lexsort((neg_end, kind, times, keys))
-    c_end = c_ends.tolist()
-    k_list, t_list = keys.tolist(), times.tolist()
-    stack: list[int] = []
+    ends = np.concatenate([c_ends, np.zeros(n_p)])
+    order = np.lexsort((-ends, kind, times, keys))
+    stack_end: list[float] = []
+    stack_idx: list[int] = []
     cur_key = None
-    for j in order.tolist():
-        k = k_list[j]
+    for k, t, e, j in zip(keys[order].tolist(), times[order].tolist(), ends[order].tolist(), order.tolist(),
+                          strict=True):
         if k != cur_key:
-            stack.clear()
+            stack_end.clear()
+            stack_idx.clear()
             cur_key = k
-        t = t_list[j]
-        while stack and c_end[stack[-1]] <= t:
-            stack.pop()
+        while stack_end and stack_end[-1] <= t:
+            stack_end.pop()
+            stack_idx.pop()
         if j < n_c:
-            stack.append(j)
-        elif stack:
-            result[j - n_c] = stack[-1]
-    return result
+            stack_end.append(e)
+            stack_idx.append(j)
+        elif stack_idx:
+            result[j - n_c] = stack_idx[-1]
+    return np.asarray(result, dtype=np.int64)
 
 
 SourceOverride = Mapping[int, str] | Callable[[pd.DataFrame], Mapping[int, str]]
@@ -112,7 +118,8 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
     ev["self_us"] = np.maximum(dur - child_sum, 0.0)
 
     names = ev["name"].tolist()
-    is_row = np.fromiter((is_row_name(x) for x in names), dtype=bool, count=n)
+    row_names = {x: is_row_name(x) for x in set(names)}
+    is_row = np.fromiter((row_names[x] for x in names), dtype=bool, count=n)
     ev["is_row"] = is_row
 
     # Walk the tree in start-time order so a parent is always resolved before its children.
@@ -254,40 +261,14 @@ def _sources(trace: TraceData, ev: pd.DataFrame, keys: np.ndarray, order: list[i
 
 
 def _python_locations(trace: TraceData, ev: pd.DataFrame) -> list[str]:
-    """Innermost user frame around each op, from python_function events (function-level lines)."""
+    """Innermost user frame around each op, from python_function events (function-level lines). The
+    reader keeps only user (and harness) frames, each already as 'file:line'."""
     py = trace.python
     p_ts = py["ts"].to_numpy()
     p_end = p_ts + py["dur"].to_numpy()
-    all_threads = pd.MultiIndex.from_arrays(
-        [np.concatenate([py["pid"].to_numpy(), ev["pid"].to_numpy()]),
-         np.concatenate([py["tid"].to_numpy(), ev["tid"].to_numpy()])]).factorize()[0]
+    all_threads = thread_keys(np.concatenate([py["pid"].to_numpy(), ev["pid"].to_numpy()]),
+                              np.concatenate([py["tid"].to_numpy(), ev["tid"].to_numpy()]))
     p_keys, o_keys = all_threads[: len(py)], all_threads[len(py):]
-    p_parent = nest(p_keys, p_ts, p_end)
     enclosing = innermost(p_keys, p_ts, p_end, o_keys, ev["ts"].to_numpy())
-    names = py["name"].tolist()
-    p_par = p_parent.tolist()
-    inner_memo: dict[int, str] = {}
-
-    def innermost_user(j: int) -> str:
-        start = j
-        seen = []
-        while j >= 0:
-            if j in inner_memo:
-                result = inner_memo[j]
-                break
-            where = trace_frame_location(names[j])
-            if where is not None:
-                result = where
-                break
-            seen.append(j)
-            j = p_par[j]
-        else:
-            result = ""
-        for k in seen:
-            inner_memo[k] = result
-        if start >= 0:
-            inner_memo[start] = result
-        return result
-
-    return [innermost_user(j) if j >= 0 else "" for j in enclosing.tolist()]
-
+    locations = py["name"].tolist()
+    return [locations[j] if j >= 0 else "" for j in enclosing.tolist()]

@@ -114,8 +114,37 @@ def is_worker(ctx: Context) -> list[bool]:
 def inside_worker(ctx: Context, i: int) -> bool:
     """Event i runs inside another row op that does work (e.g. fill_ initializing sum's output, copy_
     writing addmm's bias): part of that op's implementation."""
+    return inside_worker_flags(ctx)[i]
+
+
+def inside_worker_flags(ctx: Context) -> list[bool]:
+    """inside_worker() for every event."""
+    return cached(ctx, "inside_worker", lambda: _inside_worker_all(ctx))
+
+
+def _inside_worker_all(ctx: Context) -> list[bool]:
     work = is_worker(ctx)
-    return any(work[a] for a in row_ancestors(ctx, i))
+    rp = col(ctx, "row_parent")
+    memo: list[bool | None] = [None] * len(rp)
+
+    def resolve(i: int) -> bool:
+        chain = []
+        while memo[i] is None:
+            a = rp[i]
+            if a < 0:
+                memo[i] = False
+                break
+            if work[a]:
+                memo[i] = True
+                break
+            chain.append(i)
+            i = a
+        value = memo[i]
+        for k in chain:
+            memo[k] = value
+        return value
+
+    return [resolve(i) for i in range(len(rp))]
 
 
 def row_ancestors(ctx: Context, i: int) -> list[int]:
@@ -234,14 +263,14 @@ def _tensor_at(dims: list, types: list, strides: list, k: int) -> Tensor | None:
 
 def tensors(ctx: Context, i: int) -> list[Tensor | None]:
     """Event i's inputs by position: a Tensor for each plain tensor argument, None otherwise."""
+    # Keyed by the recorded text, not the event: a million events hold a few thousand distinct inputs.
     memo = ctx.cache.setdefault("tensors", {})
-    hit = memo.get(i)
+    key = (col(ctx, "input_dims")[i], col(ctx, "input_dtypes")[i], col(ctx, "input_strides")[i])
+    hit = memo.get(key)
     if hit is None:
-        dims = _loads(col(ctx, "input_dims")[i])
-        types = _loads(col(ctx, "input_dtypes")[i])
-        strides = _loads(col(ctx, "input_strides")[i])
+        dims, types, strides = _loads(key[0]), _loads(key[1]), _loads(key[2])
         hit = [_tensor_at(dims, types, strides, k) for k in range(len(dims))]
-        memo[i] = hit
+        memo[key] = hit
     return hit
 
 

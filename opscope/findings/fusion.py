@@ -34,7 +34,7 @@ from opscope.findings.common import (
     event_bound,
     fmt_bytes,
     fmt_us,
-    inside_worker,
+    inside_worker_flags,
     is_worker,
     names,
     per_step,
@@ -145,20 +145,32 @@ def _runs(ctx: Context) -> list[tuple[list[int], set[str], tuple[int, ...]]]:
         if cur is not None and len(cur.ops) >= MIN_OPS:
             runs.append((cur.ops, cur.names, cur.ref))
 
+    inside = inside_worker_flags(ctx)
+    dims_col, types_col, strides_col = col(ctx, "input_dims"), col(ctx, "input_dtypes"), col(ctx, "input_strides")
+    largest_by_key: dict[tuple, Tensor | None] = {}  # a million events share a few thousand input texts
+    base_by_name: dict[str, str] = {}
     for i in workers:
         here = (step[i], thread[i])
         if here != where:
             close()
             cur, where, pending = None, here, set()
-        f = fam[i] if isinstance(fam[i], str) else ""
-        if inside_worker(ctx, i):
+        if inside[i]:
             continue  # e.g. fill_ initializing sum's output: part of that op
-        big = _largest(tensors(ctx, i))
+        key = (dims_col[i], types_col[i], strides_col[i])
+        if key in largest_by_key:
+            big = largest_by_key[key]
+        else:
+            big = largest_by_key[key] = _largest(tensors(ctx, i))
+        name = nm[i]
+        base = base_by_name.get(name)
+        if base is None:
+            base = base_by_name[name] = base_name(name)
         if not work[i] or big is None or big.numel <= 1:
             # views, wrappers and scalar bookkeeping (e.g. a Python number converted inside div_) neither
             # join nor end a run
-            pending.add(base_name(nm[i]))
+            pending.add(base)
             continue
+        f = fam[i] if isinstance(fam[i], str) else ""
         if not mask[i] or f not in FUSABLE_FAMILIES or bound[i] not in FUSABLE_BOUNDS:
             close()
             cur = None
@@ -171,7 +183,7 @@ def _runs(ctx: Context) -> list[tuple[list[int], set[str], tuple[int, ...]]]:
         else:
             cur.ref = merged
         cur.ops.append(i)
-        cur.names.add(base_name(nm[i]))
+        cur.names.add(base)
         cur.names.update(pending)
         pending = set()
     close()
