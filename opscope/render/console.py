@@ -97,9 +97,9 @@ def summary_panel(run: Run) -> Panel:
 
 # (header, justify, minimum console width to show it). Narrow terminals keep the essentials.
 _COLUMNS = [
-    ("#", "right", 0), ("op", "left", 0), ("calls", "right", 100), ("time", "right", 0), ("share", "right", 90),
-    ("FLOP/call", "right", 150), ("bytes/call", "right", 150), ("FLOP/B", "right", 130), ("FLOP/s", "right", 110),
-    ("B/s", "right", 110), ("% peak", "right", 0), ("bound", "left", 0), ("source", "left", 0),
+    ("#", "right", 0), ("op", "left", 0), ("calls", "right", 125), ("time", "right", 0), ("share", "right", 90),
+    ("FLOP/call", "right", 160), ("bytes/call", "right", 160), ("FLOP/B", "right", 140), ("FLOP/s", "right", 115),
+    ("B/s", "right", 115), ("% peak", "right", 0), ("bound", "left", 0), ("source", "left", 0),
 ]
 
 
@@ -174,9 +174,9 @@ def first_sentence(text: str) -> str:
     """The first sentence of a suggestion (the console's summary; findings.json has all of it)."""
     for end in (". ", "; "):
         i = text.find(end)
-        if 0 < i < 160:
+        if 0 < i < 240:
             return text[: i + 1]
-    return text if len(text) <= 160 else text[:159] + "…"
+    return text if len(text) <= 240 else text[:239] + "…"
 
 
 def findings_list(run: Run, top: int = 5, full: bool = False) -> Group | Text:
