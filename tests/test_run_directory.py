@@ -173,3 +173,22 @@ def test_default_run_dirs_never_collide(tmp_path):
     first.mkdir()
     second = default_run_dir("m", tmp_path, now)
     assert first.name == "20260102-030405-m" and second.name == "20260102-030405-m-2"
+
+
+def test_an_interrupted_write_leaves_nothing_that_looks_complete(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from opscope.run import Run, write_run
+
+    run = Run(meta={"format_version": 1}, ops=pd.DataFrame({"op": ["aten::mm"]}), findings=[],
+              summary={"format_version": 1})
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", interrupted)
+    target = tmp_path / "reports" / "run"
+    with pytest.raises(KeyboardInterrupt):
+        write_run(run, target, "m", None)
+    assert not target.exists()
+    assert list((tmp_path / "reports").iterdir()) == []  # no temporary sibling left behind either
