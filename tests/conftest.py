@@ -3,10 +3,13 @@ calibration cache so only the calibration tests ever measure the machine."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -41,3 +44,18 @@ def line_of(path: Path, needle: str) -> int:
         if needle in line:
             return i
     raise AssertionError(f"{needle!r} not in {path}")
+
+
+# Rules that drop findings under a small share of the run's op time (MIN_SHARE). Shares of a 2-core
+# run swing several-fold when another process competes for the cores, so tests about *where* a rule
+# fires turn these gates off; test_findings_rules.test_share_gates_drop_small_findings tests the gates.
+SHARE_GATED_RULES = ("implicit_copy", "contiguous_call", "dtype_conversion", "fusion", "low_bandwidth",
+                     "strided_reduction")
+
+
+@contextmanager
+def share_gates_off() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as mp:
+        for name in SHARE_GATED_RULES:
+            mp.setattr(importlib.import_module(f"opscope.findings.{name}"), "MIN_SHARE", 0.0)
+        yield

@@ -5,16 +5,19 @@ trip it, and stays silent on clean models (an MLP, a channels_last conv net) in 
 Profiles are module-scoped (one per model and mode) and use peak overrides, so no calibration runs.
 The layout probe is replaced by a deterministic stub (channels_last "twice as fast") wherever a rule's
 decision would otherwise depend on timing; test_real_probe_measures_the_captured_conv checks the real one.
+For the same reason the profiles run with the rules' time-share gates off (conftest.share_gates_off), and
+test_share_gates_drop_small_findings checks those gates on exact numbers.
 """
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
 
 import opscope.capture.torch_profiler as tp
-from conftest import EXAMPLES, line_of, write_model
+from conftest import EXAMPLES, SHARE_GATED_RULES, line_of, share_gates_off, write_model
 from opscope.capture.torch_profiler import ProfileOptions, profile_target
 from opscope.findings import RULES, Context, run_rules
 from opscope.findings.common import fmt_us
@@ -116,7 +119,7 @@ def profile(path: Path, out: Path, mode: str = "inference", probe: StubProbe | N
             peak_bw: float = PEAK_BW):
     opts = ProfileOptions(target=path, out=out, steps=2, warmup=1, peak_bw=peak_bw, peak_flops=[PEAK_FLOPS],
                           mode=mode)
-    with pytest.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp, share_gates_off():
         if probe is not None:
             mp.setattr(tp, "conv_layout_probe", probe)
         run, _ = profile_target(opts)
@@ -228,6 +231,30 @@ def test_channels_last_needs_a_real_gain(bad):
     assert not [f for f in run_rules(ctx, only=["channels-last"]) if "conv2d" in f["message"]]
     ctx.layout_probe = lambda spec: None  # cannot measure: no finding, no guess on a CPU
     assert not [f for f in run_rules(ctx, only=["channels-last"]) if "conv2d" in f["message"]]
+
+
+@pytest.mark.parametrize("module", SHARE_GATED_RULES)
+def test_share_gates_drop_small_findings(bad, module, monkeypatch):
+    _, run, _ = bad
+    rule_module = importlib.import_module(f"opscope.findings.{module}")
+    name = module.replace("_", "-")
+
+    def findings(min_share: float) -> list[dict]:
+        monkeypatch.setattr(rule_module, "MIN_SHARE", min_share)
+        # a fresh Context each time: rules cache derived tables (e.g. fusion groups) on it
+        ctx = Context(ops=run.ops, events=run.events, peaks=Peaks(100.0, {"float32": 1000.0}), gpu=False,
+                      source="profile", steps=2, step_time_us=run.summary["step_time_us"],
+                      layout_probe=lambda spec: (200.0, 100.0))
+        return run_rules(ctx, only=[name])
+
+    found = findings(0.0)
+    assert found, f"{name} fires on the bad model"
+    total = float(run.ops["time_us_total"].sum())
+    # a finding's estimated saving is the quantity its gate compares with MIN_SHARE x total op time
+    shares = sorted(f["est_savings_us"] / total for f in found)
+    assert len(findings(shares[0] * 0.999)) == len(found)
+    assert len(findings(shares[0] * 1.001)) == len(found) - shares.count(shares[0])
+    assert not findings(shares[-1] * 1.001)
 
 
 def test_real_probe_measures_the_captured_conv(tmp_path):

@@ -142,7 +142,16 @@ def test_transformer_block_runs(tmp_path_factory):
     _, rows = read_rows(run_dir)
     ops = {r["op"] for r in rows}
     assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops
-    assert rows[0]["op"] in ("aten::addmm", "aten::mm", "aten::_scaled_dot_product_flash_attention_for_cpu")
+    # Which op tops the table is timing noise here (GELU and a projection are a few per cent apart on
+    # 2 cores, and another process on the cores swings it more); what must hold is the order and that
+    # the matmuls carry the work.
+    times = [float(r["time_us_total"]) for r in rows]
+    assert times == sorted(times, reverse=True)
+    matmul = {"aten::addmm", "aten::mm", "aten::bmm", "aten::_scaled_dot_product_flash_attention_for_cpu"}
+    flops = {r["op"]: 0.0 for r in rows}
+    for r in rows:
+        flops[r["op"]] += float(r["flops_per_call"] or 0) * int(r["calls"])
+    assert sum(v for k, v in flops.items() if k in matmul) > 0.95 * sum(flops.values())
 
 
 def test_json_flag_prints_exactly_the_summary(tmp_path):
