@@ -12,16 +12,24 @@ noisy machine hits both alike; the median per-step time of each is compared. The
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-import torch
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # as the CLI does: no kineto line per profiler start/stop
 
-from opscope.capture.harness import Harness, resolve_device
-from opscope.capture.torch_profiler import ProfileOptions, profile_target, profiler_activities, timed_pass
-from opscope.target import load_target
+import torch  # noqa: E402
+
+from opscope.capture.harness import Harness, resolve_device  # noqa: E402
+from opscope.capture.torch_profiler import (  # noqa: E402
+    ProfileOptions,
+    profile_target,
+    profiler_activities,
+    timed_pass,
+)
+from opscope.target import load_target  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

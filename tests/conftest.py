@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 TRACES = REPO / "tests" / "fixtures" / "traces"  # copies of ../shared/traces (MIT, see README there)
 PEAKS = ["--peak-bw", "20", "--peak-flops", "100"]
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # as the CLI does: no kineto line per profiler start/stop
 
 
 @pytest.fixture(autouse=True)
