@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from typing import Any
 
 from rich import box
 from rich.console import Console, Group
+from rich.measure import Measurement
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -103,46 +105,87 @@ _COLUMNS = [
 ]
 
 
+MAX_OP_WIDTH = 60  # wide terminals: the op cell stops growing here, the table stays readable
+SHAPES_MIN_WIDTH = 130  # narrower terminals show bare op names: a shape or two alone mostly misleads
+
+
 def ops_table(run: Run, top: int = 15, width: int = 160) -> Table:
+    """The top ops, one line per row, fitted to `width`: columns drop by priority (_COLUMNS), sources are
+    full paths when they fit and file:line otherwise, and on wide terminals the op cell grows into the
+    space left with its input shapes (whole shapes; " …" marks those left out)."""
     gpu = "kernels" in run.ops.columns
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left",
-                  title=f"Top {top} ops by {'GPU kernel' if gpu else 'CPU self'} time")
+    title = f"Top {top} ops by {'GPU kernel' if gpu else 'CPU self'} time"
     shown = [(h, j) for h, j, min_width in _COLUMNS if width >= min_width]
-    head = run.ops.head(top)
-    sources = [short_source(str(x or ""), full=width >= 150) for x in head["source_location"].fillna("")]
-    source_width = min(max((len(x) for x in sources), default=6), 48)
-    for header, justify in shown:
-        if header == "op":
-            table.add_column(header, overflow="fold", ratio=3, min_width=18)
-        elif header == "source":
-            table.add_column(header, no_wrap=True, overflow="ellipsis", min_width=max(source_width, 6))
-        else:
-            table.add_column(header, justify=justify, no_wrap=True)
-    for i, row in enumerate(head.to_dict("records"), 1):
-        ai = _num(row.get("arithmetic_intensity"))
-        bound = row.get("bound") or "unknown"
-        gflops, gbps = _num(row.get("achieved_gflops")), _num(row.get("achieved_gbps"))
-        cells = {
-            "#": str(i),
-            "op": _short_op(row, with_shapes=width >= 130),
-            "calls": str(int(row["calls"])),
-            "time": fmt_us(row["time_us_total"]),
-            "share": fmt_pct(row["time_share"], 100),
-            "FLOP/call": si(row.get("flops_per_call")),
-            "bytes/call": si(row.get("bytes_per_call"), "B", 1024.0),
-            "FLOP/B": "—" if ai is None else f"{ai:.3g}",
-            "FLOP/s": si(gflops * 1e9 if gflops is not None else None),
-            "B/s": si(gbps * 1e9 if gbps is not None else None),
-            "% peak": fmt_pct(binding_pct(row)),
-            "bound": Text(bound, style=BOUND_STYLE.get(bound, "")),
-            "source": short_source(str(row.get("source_location") or ""), full=width >= 150),
-        }
-        table.add_row(*(cells[h] for h, _ in shown))
-    return table
+    rows = run.ops.head(top).to_dict("records")
+    cells = [_cells(row) for row in rows]
+    names = [op_name(row) for row in rows]
+    locations = [str(row.get("source_location") or "") for row in rows]
+
+    def build(ops: list[str], sources: list[str]) -> Table:
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left", title=title)
+        for header, justify in shown:
+            if header == "source":
+                table.add_column(header, no_wrap=True, overflow="ellipsis")
+            else:
+                table.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis")
+        for i, (row_cells, op, source) in enumerate(zip(cells, ops, sources, strict=True), 1):
+            row_cells = {**row_cells, "#": str(i), "op": op, "source": source}
+            table.add_row(*(row_cells[h] for h, _ in shown))
+        return table
+
+    sources = [short_source(x, full=True) for x in locations]
+    if _natural_width(build(names, sources)) > width:
+        sources = [short_source(x, full=False) for x in locations]
+    spare = width - _natural_width(build(names, sources))
+    if spare < 0:  # narrower than the essentials: cut sources from the left (keeping the line), then names
+        sources = _cut(sources, spare, keep="end")
+        names = _cut(names, width - _natural_width(build(names, sources)), keep="start")
+        return build(names, sources)
+    if width < SHAPES_MIN_WIDTH:
+        return build(names, sources)
+    op_width = min(max((len(n) for n in names), default=0) + spare, MAX_OP_WIDTH)
+    ops = [fit_op(name, op_shapes(row), op_width) for name, row in zip(names, rows, strict=True)]
+    return build(ops, sources)
+
+
+def _cells(row: dict[str, Any]) -> dict[str, Any]:
+    ai = _num(row.get("arithmetic_intensity"))
+    bound = row.get("bound") or "unknown"
+    gflops, gbps = _num(row.get("achieved_gflops")), _num(row.get("achieved_gbps"))
+    return {
+        "calls": str(int(row["calls"])),
+        "time": fmt_us(row["time_us_total"]),
+        "share": fmt_pct(row["time_share"], 100),
+        "FLOP/call": si(row.get("flops_per_call")),
+        "bytes/call": si(row.get("bytes_per_call"), "B", 1024.0),
+        "FLOP/B": "—" if ai is None else f"{ai:.3g}",
+        "FLOP/s": si(gflops * 1e9 if gflops is not None else None),
+        "B/s": si(gbps * 1e9 if gbps is not None else None),
+        "% peak": fmt_pct(binding_pct(row)),
+        "bound": Text(bound, style=BOUND_STYLE.get(bound, "")),
+    }
+
+
+def _cut(texts: list[str], spare: int, keep: str, floor: int = 10) -> list[str]:
+    """Shortens the longest texts by up to -spare characters (none below `floor`), marking cuts with
+    "…" at the dropped end."""
+    longest = max((len(t) for t in texts), default=0)
+    limit = max(longest + min(spare, 0), floor)
+    if keep == "end":
+        return [t if len(t) <= limit else "…" + t[len(t) - limit + 1:] for t in texts]
+    return [t if len(t) <= limit else t[: limit - 1] + "…" for t in texts]
+
+
+def _natural_width(table: Table) -> int:
+    return Measurement.get(_MEASURE, _MEASURE.options, table).maximum
+
+
+_MEASURE = Console(width=10_000, file=io.StringIO(), color_system=None)
 
 
 # Display-only abbreviations for op names too long for a table cell.
-_ABBREVIATIONS = (("_scaled_dot_product_", "sdpa_"), ("_efficient_attention", "_eff_attn"))
+_ABBREVIATIONS = (("_scaled_dot_product_", "sdpa_"), ("_efficient_attention", "_eff_attn"),
+                  ("_flash_attention", "_flash_attn"), ("_for_cpu", "_cpu"))
 
 
 def short_source(location: str, full: bool) -> str:
@@ -152,22 +195,38 @@ def short_source(location: str, full: bool) -> str:
     return location.rsplit("/", 1)[1]
 
 
-def _short_op(row: dict[str, Any], with_shapes: bool = True) -> str:
+def op_name(row: dict[str, Any]) -> str:
+    """'aten::_scaled_dot_product_flash_attention_for_cpu' -> 'sdpa_flash_attn_cpu'."""
     op = str(row.get("op", ""))
     name = op.split("::", 1)[1] if op.startswith("aten::") else op
     for long, short in _ABBREVIATIONS:
         name = name.replace(long, short)
-    dims = row.get("input_dims") or ""
-    if with_shapes and dims and dims != "[]":
-        try:
-            parsed = json.loads(dims)
-        except ValueError:
-            return name
-        shapes = " ".join("[" + ",".join(map(str, d)) + "]" for d in parsed if d and not isinstance(d[0], list))
-        if len(shapes) > 40:
-            shapes = shapes[:39] + "…"
-        return f"{name} {shapes}" if shapes else name
     return name
+
+
+def op_shapes(row: dict[str, Any]) -> list[str]:
+    """The tensor inputs' shapes as '[4,197,768]' (scalars and tensor lists left out)."""
+    dims = row.get("input_dims") or ""
+    if not dims or dims == "[]":
+        return []
+    try:
+        parsed = json.loads(dims)
+    except ValueError:
+        return []
+    return ["[" + ",".join(map(str, d)) + "]" for d in parsed if d and not isinstance(d[0], list)]
+
+
+def fit_op(name: str, shapes: list[str], width: int) -> str:
+    """The name followed by as many whole shapes as fit in `width` (" …" marks the ones left out)."""
+    full = " ".join([name, *shapes])
+    if len(full) <= width:
+        return full
+    text = name
+    for shape in shapes:
+        if len(text) + len(shape) + 3 > width:  # room for " " + shape + " …"
+            break
+        text = f"{text} {shape}"
+    return text if text == name else f"{text} …"
 
 
 def first_sentence(text: str) -> str:

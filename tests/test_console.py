@@ -1,0 +1,82 @@
+"""The console renderer on real runs (the shared GPU traces, analyzed without torch): it fits the
+terminal, keeps the essential columns on narrow ones, never breaks an op name across lines, and
+prints the numbers the run directory holds."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from conftest import TRACES
+from opscope.analysis.trace_file import analyze_trace_file
+from opscope.render.console import _COLUMNS, fit_op, fmt_us, op_name, op_shapes, render_run
+from opscope.run import Run
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Run]:
+    folder = tmp_path_factory.mktemp("console")
+    return {name: analyze_trace_file(TRACES / f"{name}.json.gz", out=folder / name)
+            for name in ("mi300x_bert-small_bf16", "h100_vit-image-classifier_bf16")}
+
+
+def render(run: Run, width: int) -> str:
+    out = io.StringIO()
+    render_run(run, Console(file=out, width=width, color_system=None, legacy_windows=False))
+    return out.getvalue()
+
+
+def table_lines(text: str) -> list[str]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Top "))
+    end = next(i for i, line in enumerate(lines) if line.startswith("Findings"))
+    return lines[start:end]
+
+
+@pytest.mark.parametrize("name", ["mi300x_bert-small_bf16", "h100_vit-image-classifier_bf16"])
+@pytest.mark.parametrize("width", [80, 100, 120, 160, 200])
+def test_table_fits_and_keeps_op_names_whole(runs, name, width):
+    run = runs[name]
+    text = render(run, width)
+    assert max(len(line) for line in text.splitlines()) <= width
+    header = next(line for line in table_lines(text) if line.lstrip().startswith("#"))
+    for column, _, min_width in _COLUMNS:
+        assert (f" {column} " in f" {header} ") == (width >= min_width), (column, header)
+    body = "\n".join(table_lines(text))
+    for row in run.ops.head(15).to_dict("records"):
+        name_only = op_name(row)
+        assert name_only in body, name_only  # on one line: not folded, not cut
+        assert fmt_us(row["time_us_total"]) in body
+
+
+def test_summary_and_findings_are_printed(runs):
+    run = runs["mi300x_bert-small_bf16"]
+    text = render(run, 120)
+    assert "AMD Instinct MI300X" in text and "GPU busy" in text
+    assert f"{run.summary['device_busy_share']:.1%}" in text
+    top = run.findings[0]
+    assert top["rule"] in text and top["source_location"] in text
+    assert f"run directory: {run.path}" in text
+
+
+@pytest.mark.parametrize(("width", "expected"), [
+    (100, "addmm [768] [788,768] [768,768]"),
+    (31, "addmm [768] [788,768] [768,768]"),
+    (30, "addmm [768] [788,768] …"),
+    (24, "addmm [768] [788,768] …"),
+    (23, "addmm [768] [788,768] …"),
+    (22, "addmm [768] …"),
+    (13, "addmm [768] …"),
+    (12, "addmm"),
+])
+def test_fit_op_keeps_whole_shapes(width, expected):
+    assert fit_op("addmm", ["[768]", "[788,768]", "[768,768]"], width) == expected
+
+
+def test_op_names_are_abbreviated_for_display():
+    assert op_name({"op": "aten::_scaled_dot_product_flash_attention_for_cpu"}) == "sdpa_flash_attn_cpu"
+    assert op_name({"op": "aten::_efficient_attention_forward"}) == "_eff_attn_forward"
+    assert op_name({"op": "(unattributed kernels)"}) == "(unattributed kernels)"
+    assert op_shapes({"input_dims": "[[4, 197, 768], [], [[2, 3], [2, 3]], [768]]"}) == ["[4,197,768]", "[768]"]
