@@ -126,6 +126,13 @@ def profile(path: Path, out: Path, mode: str = "inference", probe: StubProbe | N
     return run
 
 
+def rules_context(run, peak_bw: float = 100.0, layout_probe=None) -> Context:
+    """A fresh Context over a profiled run's tables, to rerun rules on it (rules cache derived tables
+    on their Context, so each rerun needs its own)."""
+    return Context(ops=run.ops, events=run.events, peaks=Peaks(peak_bw, {"float32": 1000.0}), gpu=False,
+                   source="profile", steps=2, step_time_us=run.summary["step_time_us"], layout_probe=layout_probe)
+
+
 def at(findings: list[dict], rule: str, path: Path, needle: str) -> list[dict]:
     where = f"{path.name}:{line_of(path, needle)}"
     return [f for f in findings if f["rule"] == rule and f["source_location"].endswith(where)]
@@ -225,9 +232,7 @@ def test_channels_last_probe_decides_and_ping_pong(bad):
 
 def test_channels_last_needs_a_real_gain(bad):
     path, run, _ = bad
-    ctx = Context(ops=run.ops, events=run.events, peaks=Peaks(100.0, {"float32": 1000.0}), gpu=False,
-                  source="profile", steps=2, step_time_us=run.summary["step_time_us"],
-                  layout_probe=lambda spec: (100.0, 95.0))  # 5 % faster: below the 10 % bar
+    ctx = rules_context(run, layout_probe=lambda spec: (100.0, 95.0))  # 5 % faster: below the 10 % bar
     assert not [f for f in run_rules(ctx, only=["channels-last"]) if "conv2d" in f["message"]]
     ctx.layout_probe = lambda spec: None  # cannot measure: no finding, no guess on a CPU
     assert not [f for f in run_rules(ctx, only=["channels-last"]) if "conv2d" in f["message"]]
@@ -241,11 +246,7 @@ def test_share_gates_drop_small_findings(bad, module, monkeypatch):
 
     def findings(min_share: float) -> list[dict]:
         monkeypatch.setattr(rule_module, "MIN_SHARE", min_share)
-        # a fresh Context each time: rules cache derived tables (e.g. fusion groups) on it
-        ctx = Context(ops=run.ops, events=run.events, peaks=Peaks(100.0, {"float32": 1000.0}), gpu=False,
-                      source="profile", steps=2, step_time_us=run.summary["step_time_us"],
-                      layout_probe=lambda spec: (200.0, 100.0))
-        return run_rules(ctx, only=[name])
+        return run_rules(rules_context(run, layout_probe=lambda spec: (200.0, 100.0)), only=[name])
 
     found = findings(0.0)
     assert found, f"{name} fires on the bad model"
@@ -294,8 +295,7 @@ def test_harness_ops_never_produce_findings(clean_runs):
     harness = ev[ev["source_location"] == HARNESS]
     assert len(harness) and {"aten::sum", "aten::add_"} <= set(harness["name"])  # loss and SGD are there
     assert all(f["source_location"] != HARNESS for f in run.findings)
-    ctx = Context(ops=run.ops, events=run.events, peaks=Peaks(PEAK_BW, {"float32": 1000.0}), gpu=False,
-                  source="profile", steps=2, step_time_us=run.summary["step_time_us"])
+    ctx = rules_context(run, peak_bw=PEAK_BW)
     raw = [f for name, fn in RULES.items() for f in fn(ctx)]
     assert all(f.source_location != HARNESS for f in raw)  # not even before run_rules filters them
 

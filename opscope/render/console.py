@@ -124,10 +124,7 @@ def ops_table(run: Run, top: int = 15, width: int = 160) -> Table:
     def build(ops: list[str], sources: list[str]) -> Table:
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left", title=title)
         for header, justify in shown:
-            if header == "source":
-                table.add_column(header, no_wrap=True, overflow="ellipsis")
-            else:
-                table.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis")
+            table.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis")
         for i, (row_cells, op, source) in enumerate(zip(cells, ops, sources, strict=True), 1):
             row_cells = {**row_cells, "#": str(i), "op": op, "source": source}
             table.add_row(*(row_cells[h] for h, _ in shown))
