@@ -30,6 +30,9 @@ from opscope.sources import trace_frame_location as frame_location_of
 DEVICE_ACTIVITY_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+# torch.compile's call of one inductor graph: a record_function range (user_annotation) around the
+# graph's kernels and extern ops; kept as an op event so the graph's own time can be a row.
+COMPILED_GRAPH_RE = re.compile(r"^## Call CompiledFxGraph\b.*##$")
 
 
 class _Args(msgspec.Struct):
@@ -44,6 +47,11 @@ class _Args(msgspec.Struct):
     call_stack: str | None = msgspec.field(default=None, name="Call stack")
     stream: int | None = None
     device: int | None = None
+    # inductor's kernel launch records: "triton" for its Triton kernels; its own cost estimates when
+    # compiled with config.benchmark_kernel / profile_bandwidth
+    kernel_backend: str | None = None
+    kernel_flop: float | None = None
+    kernel_num_gb: float | None = None
 
 
 class _Event(msgspec.Struct):
@@ -86,6 +94,8 @@ class TraceData:
     launches: pd.DataFrame
     steps: pd.DataFrame
     python: pd.DataFrame  # user (and harness) frames only; "name" holds their 'file:line' location
+    # ops: besides cpu_op events, torch.compile's `## Call CompiledFxGraph <key> ##` ranges; columns
+    # kernel_backend / kernel_flop / kernel_num_gb carry inductor's launch args ("" / NaN elsewhere)
     device_properties: list[dict[str, Any]] = field(default_factory=list)
     torch_version: str | None = None
     gpu_runtime: str | None = None  # "cuda" | "rocm" | None
@@ -198,6 +208,7 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool) -> TraceData:
     py: dict[str, Any] = {"name": [], "pid": [], "tid": [], "ts": array("d"), "dur": array("d")}
     texts = _TextCache()
     names: dict[str, str] = {}
+    inductor: dict[int, tuple[str, float, float]] = {}  # op index -> inductor launch args (rare)
     gpu_runtime = None
     raws = doc.traceEvents or []
     n_events = len(raws)
@@ -232,6 +243,9 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool) -> TraceData:
                 o_strides(text(a.input_strides))
                 o_conc(text(a.concrete))
                 o_stack(intern(a.call_stack, a.call_stack) if a.call_stack else "")
+                if a.kernel_backend is not None:
+                    inductor[len(ops["name"]) - 1] = (
+                        a.kernel_backend, _nan_if_none(a.kernel_flop), _nan_if_none(a.kernel_num_gb))
             elif cat == "python_function":
                 # Only frames that can be an op's source location are kept (user code, or opscope's
                 # harness): the innermost kept frame around an op is then its location, without walking
@@ -275,6 +289,18 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool) -> TraceData:
                     steps["tid"].append(e.tid)
                     steps["ts"].append(e.ts)
                     steps["dur"].append(e.dur)
+                elif COMPILED_GRAPH_RE.match(e.name):
+                    a = a or no_args
+                    o_name(intern(e.name, e.name))
+                    o_pid(e.pid)
+                    o_tid(e.tid)
+                    o_ts(e.ts)
+                    o_dur(e.dur)
+                    o_ext(a.external_id if a.external_id is not None else -1)
+                    o_seq(-1)
+                    o_fwd(-1)
+                    for append in (o_dims, o_types, o_strides, o_conc, o_stack):
+                        append("")
         del batch
     if doc.hip_runtime_version is not None or doc.roctracer_version is not None:
         gpu_runtime = "rocm"
@@ -282,6 +308,7 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool) -> TraceData:
         gpu_runtime = "cuda"
 
     ops_df = _frame(ops, floats=("ts", "dur"), ints=("ext_id", "seq", "fwd_tid"))
+    _add_inductor_columns(ops_df, inductor)
     # ProfilerStep#N is recorded as a cpu_op by some torch versions: it is a step annotation, not an op.
     if not ops_df.empty:
         is_step = ops_df["name"].str.startswith("ProfilerStep#")
@@ -308,6 +335,22 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool) -> TraceData:
         distributed=doc.distributedInfo,
         n_events=n_events,
     )
+
+
+def _nan_if_none(x: float | None) -> float:
+    return float("nan") if x is None else float(x)
+
+
+def _add_inductor_columns(ops: pd.DataFrame, inductor: dict[int, tuple[str, float, float]]) -> None:
+    n = len(ops)
+    backend = [""] * n
+    flop = np.full(n, np.nan)
+    num_gb = np.full(n, np.nan)
+    for i, (b, f, g) in inductor.items():
+        backend[i], flop[i], num_gb[i] = b, f, g
+    ops["kernel_backend"] = pd.Series(backend, dtype=object)
+    ops["kernel_flop"] = flop
+    ops["kernel_num_gb"] = num_gb
 
 
 def _frame(cols: dict[str, list], floats: tuple = (), ints: tuple = ()) -> pd.DataFrame:

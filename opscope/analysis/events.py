@@ -3,6 +3,13 @@
 Adds to each cpu_op event: its parent in the op call tree (ops nest by time on a thread), self time,
 whether it is a row of ops.csv, the profiler step it ran in, the kernels it launched (GPU traces) and
 its source location.
+
+Rows are registered operators (`ns::op`) and torch.compile's compiled code: the ranges around a
+compiled region (`Torch-Compiled Region: 0/0`, autograd's `CompiledFunction[Backward]`, inductor's
+`## Call CompiledFxGraph <key> ##`) and inductor's kernel launches that the profiler records
+(`triton_poi_fused_add_0`, `graph_0_cpp_fused_relu_0`). A row's self time is the time inside it that no
+row below it accounts for, so a compiled graph's C++ kernels, which have no events of their own, are
+its graph's time.
 """
 
 from __future__ import annotations
@@ -14,18 +21,35 @@ import numpy as np
 import pandas as pd
 
 from opscope.sources import location_from_call_stack
-from opscope.trace import TraceData
+from opscope.trace import COMPILED_GRAPH_RE, TraceData
 
 ROW_RE = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_][\w.]*$")
 NON_ROW_PREFIXES = ("autograd::", "profiler::", "ProfilerStep")
 BACKWARD_WRAPPER = "autograd::engine::evaluate_function: "
 _EPS = 1e-3  # µs; trace timestamps are float µs with about 1 ns resolution
 
+# torch.compile's ranges: dynamo's frame, AOTAutograd's autograd.Function (training) and inductor's
+# graph call (with config.profiler_mark_wrapper_call / cpp_wrapper: its wrapper_call range).
+COMPILED_REGION_RE = re.compile(
+    r"^(Torch-Compiled Region: \S+|CompiledFunction|CompiledFunctionBackward|(graph_\d+_)?inductor_wrapper_call)$")
+# Kernel launches inductor records: Triton kernels (also flagged by the kernel_backend arg) and, with
+# config.cpp.enable_kernel_profile, its C++ kernels.
+INDUCTOR_KERNEL_RE = re.compile(r"^(triton_[a-z]+_\w+|(graph_\d+_)?cpp_\w+)$")
+
 
 def is_row_name(name: str) -> bool:
     """Rows of ops.csv are registered operators (`ns::op`); wrappers such as autograd's
     evaluate_function, ProfilerStep#N and record_function labels are not."""
     return bool(ROW_RE.match(name)) and not name.startswith(NON_ROW_PREFIXES)
+
+
+def compiled_kind(name: str) -> str:
+    """'graph' (a compiled region or graph call), 'kernel' (an inductor kernel launch) or ''."""
+    if COMPILED_GRAPH_RE.match(name) or COMPILED_REGION_RE.match(name):
+        return "graph"
+    if INDUCTOR_KERNEL_RE.match(name):
+        return "kernel"
+    return ""
 
 
 def thread_keys(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
@@ -112,42 +136,75 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
     parent = nest(keys, ts, end)
     ev["parent"] = parent
 
-    child_sum = np.zeros(n)
-    has_parent = parent >= 0
-    np.add.at(child_sum, parent[has_parent], dur[has_parent])
-    ev["self_us"] = np.maximum(dur - child_sum, 0.0)
-
     names = ev["name"].tolist()
-    row_names = {x: is_row_name(x) for x in set(names)}
-    is_row = np.fromiter((row_names[x] for x in names), dtype=bool, count=n)
-    ev["is_row"] = is_row
+    kinds = {x: "op" if is_row_name(x) else compiled_kind(x) for x in set(names)}
+    kind = [kinds[x] for x in names]
+    if "kernel_backend" in ev.columns:  # a Triton kernel launch under any name (user-written kernels too)
+        for i in np.flatnonzero(ev["kernel_backend"].to_numpy() != "").tolist():
+            if kind[i] != "op":
+                kind[i] = "kernel"
+    is_row = [k != "" for k in kind]
 
     # Walk the tree in start-time order so a parent is always resolved before its children.
     order = np.lexsort((np.arange(n), -end, ts, keys)).tolist()
     par = parent.tolist()
+    inputs = [ev[c].tolist() for c in ("input_dims", "input_dtypes", "input_strides", "concrete_inputs")]
     row_anc = [-1] * n
     bwd_root = [-1] * n
     depth = [0] * n
+    folded = [False] * n
+    graph = [""] * n
     for i in order:
         p = par[i]
         if p >= 0:
             depth[i] = depth[p] + 1
             bwd_root[i] = bwd_root[p]
             row_anc[i] = row_anc[p]
+            graph[i] = graph[p]
         if names[i].startswith(BACKWARD_WRAPPER):
             bwd_root[i] = i
+        if kind[i] == "graph":
+            graph[i] = names[i]
         if is_row[i]:
-            row_anc[i] = i
+            a = row_anc[i]
+            # An op whose row parent has the same name and inputs is that same call, one dispatch
+            # level down (aten::upsample_nearest1d.vec calling aten::upsample_nearest1d): one call.
+            if a >= 0 and names[a] == names[i] and kind[i] == "op" and all(x[a] == x[i] for x in inputs):
+                is_row[i] = False
+                folded[i] = True
+            else:
+                row_anc[i] = i
+    is_row_arr = np.asarray(is_row, dtype=bool)
+    ev["is_row"] = is_row_arr
+    ev["folded"] = folded
+    ev["row_kind"] = [k if r else "" for k, r in zip(kind, is_row, strict=True)]
+    ev["compiled_graph"] = graph
     ev["depth"] = depth
     ev["row_anc"] = row_anc
     ev["bwd_root"] = bwd_root
     # Row ancestor strictly above an event (used to find composite parents and copy sources).
-    ev["row_parent"] = [row_anc[p] if p >= 0 else -1 for p in par]
+    row_parent = np.asarray([row_anc[p] if p >= 0 else -1 for p in par], dtype=np.int64)
+    ev["row_parent"] = row_parent
+    ev["self_us"] = _self_times(dur, parent, row_parent, is_row_arr)
 
     ev["step"] = _assign_steps(trace, ts)
     _attribute_kernels(trace, ev, keys)
     ev["source_location"] = _sources(trace, ev, keys, order, source_override)
     return ev
+
+
+def _self_times(dur: np.ndarray, parent: np.ndarray, row_parent: np.ndarray, is_row: np.ndarray) -> np.ndarray:
+    """A row's self time is its time minus that of the rows directly below it: what runs inside it in no
+    row of its own (a compiled graph's C++ kernels, a folded inner call) is its work. An event inside a
+    row that is not a row itself has 0 (its time is that row's); other events keep their time minus
+    their children's."""
+    below = np.zeros(len(dur))
+    into = np.where(row_parent >= 0, np.where(is_row, row_parent, -1), parent)
+    has = into >= 0
+    np.add.at(below, into[has], dur[has])
+    out = np.maximum(dur - below, 0.0)
+    out[~is_row & (row_parent >= 0)] = 0.0
+    return out
 
 
 def _assign_steps(trace: TraceData, ts: np.ndarray) -> np.ndarray:

@@ -25,7 +25,7 @@ CONTRACT_COLUMNS = KEY + [
     "achieved_gflops", "achieved_gbps", "pct_peak_flops", "pct_peak_bandwidth", "bound",
 ]
 GPU_COLUMNS = ["cpu_time_us_total", "kernels"]
-EXTRA_COLUMNS = ["family", "dtype", "ceiling", "time_us_per_call", "note"]
+EXTRA_COLUMNS = ["family", "dtype", "ceiling", "time_us_per_call", "note", "compiled_graph"]
 JSON_TEXT_COLUMNS = ["input_dims", "input_dtypes", "input_strides", "concrete_inputs"]
 UNATTRIBUTED = "(unattributed kernels)"
 BOUNDS = ("memory", "compute", "overhead", "unknown")
@@ -104,6 +104,7 @@ def build_ops_table(ev: pd.DataFrame, *, gpu: bool, peaks: Peaks, kernels: pd.Da
         ev = ev.join(event_costs(ev))
     rows = ev[ev["is_row"]].copy()
     rows["op"] = rows["name"]
+    _compiled_costs(rows)
     rows["time"] = rows["device_us"] if gpu else rows["self_us"]
     grouped = rows.groupby(KEY, sort=False, dropna=False)
     table = grouped.agg(
@@ -116,6 +117,7 @@ def build_ops_table(ev: pd.DataFrame, *, gpu: bool, peaks: Peaks, kernels: pd.Da
         dtype=("dtype", "first"),
         note=("note", "first"),
         kernels=("kernels", _join_unique),
+        compiled_graph=("compiled_graph", _join_unique),
         first_ts=("ts", "min"),
     ).reset_index()
     if gpu and kernels is not None and len(kernels):
@@ -124,7 +126,8 @@ def build_ops_table(ev: pd.DataFrame, *, gpu: bool, peaks: Peaks, kernels: pd.Da
             extra = {k: "" for k in KEY}
             extra.update(op=UNATTRIBUTED, calls=len(lost), time_us_total=float(lost["dur"].sum()),
                          cpu_time_us_total=0.0, flops_per_call=np.nan, bytes_per_call=np.nan, family="",
-                         dtype="", note="", kernels=";".join(dict.fromkeys(lost["name"].tolist())),
+                         dtype="", note="", compiled_graph="",
+                         kernels=";".join(dict.fromkeys(lost["name"].tolist())),
                          first_ts=float(lost["ts"].min()))
             table = pd.concat([table, pd.DataFrame([extra])], ignore_index=True)
     total = float(table["time_us_total"].sum())
@@ -133,6 +136,39 @@ def build_ops_table(ev: pd.DataFrame, *, gpu: bool, peaks: Peaks, kernels: pd.Da
     table = table.sort_values(["time_us_total", "first_ts"], ascending=[False, True], kind="stable")
     columns = CONTRACT_COLUMNS + (GPU_COLUMNS if gpu else []) + EXTRA_COLUMNS
     return table[columns].reset_index(drop=True)
+
+
+GRAPH_NOTE = "compiled code: time inside it outside the rows below it; no cost model"
+KERNEL_NOTE = "inductor kernel: the trace records no cost for it"
+
+
+def _compiled_costs(rows: pd.DataFrame) -> None:
+    """torch.compile rows (README, ops.csv `op`): regions and graphs have no cost; an inductor kernel
+    has the cost inductor estimated when the trace records it (kernel_flop, kernel_num_gb), else none."""
+    kind = rows["row_kind"].to_numpy()
+    graph = kind == "graph"
+    kernel = kind == "kernel"
+    if not (graph.any() or kernel.any()):
+        return
+    for col in ("flops", "bytes"):
+        rows.loc[graph | kernel, col] = np.nan
+    rows.loc[graph | kernel, "family"] = ""
+    rows.loc[graph, "note"] = GRAPH_NOTE
+    rows.loc[kernel, "note"] = KERNEL_NOTE
+    if "kernel_num_gb" not in rows.columns:
+        return
+    # inductor reports 0 where it has no estimate (its FLOP count covers matmul-like nodes only)
+    gb = rows["kernel_num_gb"].to_numpy(dtype=float)
+    flop = rows["kernel_flop"].to_numpy(dtype=float)
+    known_bytes = kernel & (gb > 0)
+    known_flops = known_bytes & (flop > 0)
+    rows.loc[known_bytes, "bytes"] = gb[known_bytes] * 1e9
+    rows.loc[known_flops, "flops"] = flop[known_flops]
+    template = rows["name"].str.startswith("triton_tem_").to_numpy()
+    rows.loc[known_flops, "family"] = np.where(template[known_flops], "matmul", "compiled")
+    rows.loc[known_bytes, "note"] = np.where(
+        known_flops[known_bytes], "inductor kernel: FLOPs and bytes as inductor estimated them",
+        "inductor kernel: bytes as inductor estimated them; FLOPs unknown")
 
 
 def _join_unique(values: pd.Series) -> str:
