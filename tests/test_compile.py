@@ -209,3 +209,19 @@ def test_profile_of_a_compiled_cpu_model_shows_its_compiled_region(tmp_path):
     total = ops["time_us_total"].sum()
     assert summary["ops_covered_time_share"] == pytest.approx(ops.loc[covered, "time_us_total"].sum() / total)
     assert summary["ops_covered_time_share"] < 1
+
+
+def test_kernels_launched_by_the_graph_itself_are_the_graph_rows(tmp_path):
+    # Traces without inductor's per-kernel launch events (older torch): the launches sit directly in
+    # the `## Call CompiledFxGraph ##` range, whose row then carries those kernels.
+    doc = load_doc(COMPILE_MI300X)
+    doc["traceEvents"] = [e for e in doc["traceEvents"]
+                          if not (e.get("cat") == "cpu_op" and e["name"].startswith("triton_"))]
+    path = tmp_path / "no_kernel_events.json"
+    path.write_text(json.dumps(doc))
+    ops = analyze_trace_file(path, out=tmp_path / "run").ops
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel" and e["name"].startswith("triton_")]
+    graph = row(ops, next(e["name"] for e in doc["traceEvents"] if e.get("cat") == "user_annotation"))
+    assert graph["time_us_total"] == pytest.approx(sum(k["dur"] for k in kernels))
+    assert set(graph["kernels"].split(";")) == {k["name"] for k in kernels}
+    assert graph["bound"] == "unknown" and "(unattributed kernels)" not in set(ops["op"])
