@@ -227,6 +227,18 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool) -> TraceData:
                 continue
             cat = e.cat
             a = e.args
+            if cat == "user_annotation":
+                m = STEP_RE.match(e.name)
+                if m:
+                    steps["step"].append(int(m.group(1)))
+                    steps["pid"].append(e.pid)
+                    steps["tid"].append(e.tid)
+                    steps["ts"].append(e.ts)
+                    steps["dur"].append(e.dur)
+                    continue
+                if not COMPILED_GRAPH_RE.match(e.name):
+                    continue
+                cat = "cpu_op"  # a compiled graph's range: an op event
             if cat == "cpu_op":
                 if a is None:
                     a = no_args
@@ -281,26 +293,6 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool) -> TraceData:
                 launch["dur"].append(e.dur)
                 launch["correlation"].append(a.correlation)
                 launch["ext_id"].append(a.external_id if a.external_id is not None else -1)
-            elif cat == "user_annotation":
-                m = STEP_RE.match(e.name)
-                if m:
-                    steps["step"].append(int(m.group(1)))
-                    steps["pid"].append(e.pid)
-                    steps["tid"].append(e.tid)
-                    steps["ts"].append(e.ts)
-                    steps["dur"].append(e.dur)
-                elif COMPILED_GRAPH_RE.match(e.name):
-                    a = a or no_args
-                    o_name(intern(e.name, e.name))
-                    o_pid(e.pid)
-                    o_tid(e.tid)
-                    o_ts(e.ts)
-                    o_dur(e.dur)
-                    o_ext(a.external_id if a.external_id is not None else -1)
-                    o_seq(-1)
-                    o_fwd(-1)
-                    for append in (o_dims, o_types, o_strides, o_conc, o_stack):
-                        append("")
         del batch
     if doc.hip_runtime_version is not None or doc.roctracer_version is not None:
         gpu_runtime = "rocm"

@@ -168,21 +168,20 @@ def test_cpu_kernel_events_and_training_wrappers(tmp_path):
 def test_profile_of_a_compiled_cpu_model_shows_its_compiled_region(tmp_path):
     model = write_model(tmp_path, """
         import torch
-        import torch.nn as nn
+        import torch.nn.functional as F
 
 
-        class Block(nn.Module):
+        class Model(torch.nn.Module):
             def __init__(self):
                 super().__init__()
-                self.l1 = nn.Linear(64, 128)
-                self.l2 = nn.Linear(128, 64)
+                self.proj = torch.nn.Linear(64, 64)
 
             def forward(self, x):
-                return self.l2(torch.relu(self.l1(x)) * 2 + 1).softmax(-1)
+                return F.gelu(self.proj(x)) * x
 
 
         def get_model():
-            return torch.compile(Block())
+            return torch.compile(Model())
 
 
         def get_inputs():
