@@ -145,6 +145,8 @@ def analyze(
     peak_bw: float | None = PEAK_BW,
     peak_flops: list[str] | None = PEAK_FLOPS,
     top: int = typer.Option(15, "--top", min=1, help="Rows of the op table to print."),
+    max_trace_gb: float | None = typer.Option(
+        None, "--max-trace-gb", metavar="GB", help="Refuse traces whose (decompressed) JSON is larger (default 4)."),
     debug: bool = DEBUG,
 ) -> None:
     """Analyze an existing torch.profiler trace (CPU, CUDA or ROCm) into a run directory."""
@@ -152,7 +154,7 @@ def analyze(
     from opscope.analysis.trace_file import analyze_trace_file
 
     run = analyze_trace_file(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
-                             warn=_warn)
+                             warn=_warn, max_trace_gb=max_trace_gb)
     _emit(run, json_out, top)
 
 

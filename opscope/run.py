@@ -82,17 +82,20 @@ def dumps(obj: Any) -> str:
 
 class TraceCompressor:
     """Gzips an uncompressed trace into `folder` on a background thread while analysis runs (zlib
-    releases the GIL, so on a multi-core machine this costs no wall time). Gzipped traces are copied
-    as they are by write_run."""
+    releases the GIL, so on a multi-core machine this costs no wall time). A gzipped regular file is
+    copied as it is by write_run. A trace that is not a regular file (a pipe, /dev/stdin) can be read
+    only once: pass its bytes as `data` and they are gzipped from memory."""
 
-    def __init__(self, src: Path, folder: Path) -> None:
+    def __init__(self, src: Path, folder: Path, data: bytes | bytearray | None = None) -> None:
         self.src = src
+        self.data = data
         self.path: Path | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        with open(src, "rb") as f:
-            if f.read(2) == b"\x1f\x8b":
-                return
+        if data is None:
+            with open(src, "rb") as f:
+                if f.read(2) == b"\x1f\x8b":
+                    return
         folder.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=".trace-", suffix=".json.gz", dir=folder)
         os.close(fd)
@@ -102,7 +105,10 @@ class TraceCompressor:
 
     def _run(self) -> None:
         try:
-            _gzip_file(self.src, self.path)
+            if self.data is not None:
+                _gzip_bytes(self.data, self.path)
+            else:
+                _gzip_file(self.src, self.path)
         except BaseException as exc:  # re-raised in result()
             self._error = exc
 
@@ -128,6 +134,16 @@ def _gzip_file(src: Path, dst: Path) -> None:
     level = 1 if src.stat().st_size > (64 << 20) else 6  # big traces: speed over a few % of size
     with open(src, "rb") as fi, gzip.open(dst, "wb", compresslevel=level) as fo:
         shutil.copyfileobj(fi, fo, 8 << 20)
+
+
+def _gzip_bytes(data: bytes | bytearray, dst: Path) -> None:
+    import gzip
+
+    level = 1 if len(data) > (64 << 20) else 6
+    with gzip.open(dst, "wb", compresslevel=level) as fo:
+        view = memoryview(data)
+        for i in range(0, len(view), 8 << 20):
+            fo.write(view[i:i + (8 << 20)])
 
 
 def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
