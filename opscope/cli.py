@@ -96,12 +96,12 @@ class _RichProgress:
 
 
 def _emit(run, json_out: bool, top: int) -> None:  # noqa: ANN001
-    from opscope.run import dumps
+    from opscope.run import dumps, shown_path
 
     if json_out:
         sys.stdout.write(dumps(run.summary) + "\n")
         sys.stdout.flush()
-        stderr.print(f"run directory: {run.path}")
+        stderr.print(f"run directory: {shown_path(run.path)}", markup=False, highlight=False)
         return
     from opscope.render.console import render_run
 

@@ -7,6 +7,7 @@ overwritten.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -25,6 +26,20 @@ from opscope.errors import OpscopeError, OutputError
 FORMAT_VERSION = 1
 RUN_FILES = ("meta.json", "ops.csv", "findings.json", "summary.json", "trace.json.gz")
 DEFAULT_REPORTS_DIR = Path("reports")
+# The working directory when opscope started: a model's code may change it, and paths are shown
+# relative to where the user ran the command.
+_START_CWD = Path.cwd()
+
+
+def shown_path(path: Path) -> str:
+    """`path` as the user should see it: relative to the starting directory when inside it."""
+    path = Path(path)
+    if not path.is_absolute():
+        return str(path)
+    try:
+        return str(path.relative_to(_START_CWD))
+    except ValueError:
+        return str(path)
 
 
 @dataclass
@@ -37,30 +52,78 @@ class Run:
     events: pd.DataFrame | None = field(default=None, repr=False)  # in-memory only; not written
 
 
-def check_out_dir(out: Path | None) -> None:
-    """Fails early (before any profiling) if `out` can't receive a new run."""
+def check_out_dir(out: Path | None, base: Path | None = None) -> None:
+    """Fails early (before any profiling or analysis) if the run cannot be written: `out` (or, without
+    it, the reports folder `base`) must be creatable and writable, not inside a file, not a symlink
+    that points nowhere, and (for `out`) empty and not a mount point. One OutputError line each."""
     if out is None:
+        _check_writable_folder(base if base is not None else DEFAULT_REPORTS_DIR, "the reports folder")
         return
+    if out.is_symlink() and not out.exists():
+        raise OutputError(f"--out {out} is a symlink to nothing ({os.readlink(out)})")
     if out.exists():
         if not out.is_dir():
             raise OutputError(f"--out {out} exists and is not a directory")
-        if any(out.iterdir()):
+        try:
+            entries = any(out.iterdir())
+        except OSError as exc:
+            raise OutputError(f"--out {out} cannot be read: {exc.strerror or exc}") from exc
+        if entries:
             raise OutputError(f"--out {out} already exists and is not empty; opscope never overwrites a run")
-    parent = out.absolute().parent
-    if parent.exists() and not os.access(parent, os.W_OK):
-        raise OutputError(f"cannot write to {parent}")
+        if os.path.ismount(out):
+            raise OutputError(f"--out {out} is a mount point: opscope builds a run beside its final place and "
+                              "renames it in, which a mount point cannot take; give a directory inside it")
+    _check_writable_folder(out.absolute().parent, f"--out {out}: its parent folder")
+
+
+def _check_writable_folder(folder: Path, what: str) -> None:
+    """The nearest existing ancestor of `folder` must be a directory we can create entries in; checked by
+    creating (and removing) a probe directory, which also catches read-only file systems."""
+    folder = folder.absolute()
+    existing = folder
+    while not existing.exists():
+        if existing.is_symlink():
+            raise OutputError(f"{what} {folder} goes through a symlink to nothing ({existing})")
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OutputError(f"{what} {folder} cannot be created: {existing} is a file, not a folder")
+    try:
+        probe = tempfile.mkdtemp(prefix=".opscope-probe-", dir=existing)
+        os.rmdir(probe)
+    except OSError as exc:
+        raise OutputError(f"{what} {folder} is not writable: {exc.strerror or exc}") from exc
 
 
 def default_run_dir(stem: str, base: Path = DEFAULT_REPORTS_DIR, now: datetime | None = None) -> Path:
-    """reports/<YYYYmmdd-HHMMSS>-<stem>/, with -2, -3, ... appended if taken."""
+    """reports/<YYYYmmdd-HHMMSS>-<stem>/, with -2, -3, ... appended if taken. Only a suggestion: a
+    concurrent run may take it first; write_run reserves the final name atomically."""
+    return next(_run_dir_candidates(stem, base, now))
+
+
+def _run_dir_candidates(stem: str, base: Path, now: datetime | None = None):
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem) or "run"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem).lstrip(".") or "run"
     candidate = base / f"{stamp}-{safe}"
     k = 2
-    while candidate.exists():
+    while True:
+        if not candidate.exists() and not candidate.is_symlink():
+            yield candidate
         candidate = base / f"{stamp}-{safe}-{k}"
         k += 1
-    return candidate
+
+
+def _reserve(stem: str, base: Path) -> Path:
+    """Creates the first free default run directory (empty) and returns it. mkdir is atomic, so two
+    runs started in the same second get distinct names (-2, -3, ...)."""
+    for candidate in _run_dir_candidates(stem, base):
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise AssertionError("unreachable")
 
 
 def _clean(value: Any) -> Any:
@@ -92,10 +155,13 @@ class TraceCompressor:
         self.path: Path | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._made_folder: Path | None = None
         if data is None:
             with open(src, "rb") as f:
                 if f.read(2) == b"\x1f\x8b":
                     return
+        if not folder.exists():
+            self._made_folder = folder  # removed again by discard() if the run never lands there
         folder.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=".trace-", suffix=".json.gz", dir=folder)
         os.close(fd)
@@ -126,6 +192,9 @@ class TraceCompressor:
             self._thread.join()
         if self.path is not None and self.path.exists():
             self.path.unlink()
+        if self._made_folder is not None:
+            with contextlib.suppress(OSError):
+                self._made_folder.rmdir()  # only if still empty: a failed run leaves no empty reports/
 
 
 def _gzip_file(src: Path, dst: Path) -> None:
@@ -147,14 +216,22 @@ def _gzip_bytes(data: bytes | bytearray, dst: Path) -> None:
 
 
 def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
-              compressor: TraceCompressor | None = None) -> Path:
+              compressor: TraceCompressor | None = None, base: Path | None = None) -> Path:
     """Writes the run directory atomically and returns its path. `trace_file` is copied (gzipped if it
-    is not already) as trace.json.gz; a `compressor` already gzipping it takes its place."""
-    target = out if out is not None else default_run_dir(stem)
-    check_out_dir(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    is not already) as trace.json.gz; a `compressor` already gzipping it takes its place. Without `out`
+    the run gets a fresh default name under `base` (default: ./reports). Any OSError (disk full,
+    read-only file system, ...) is one OutputError line, with nothing left under the final name."""
+    base = base if base is not None else DEFAULT_REPORTS_DIR
+    if out is not None and out.is_symlink() and out.exists():
+        out = out.resolve()  # a symlink to an empty directory: the run goes where it points
+    folder = (out.absolute().parent if out is not None else base.absolute())
+    tmp: Path | None = None
+    reserved: Path | None = None
     try:
+        if out is not None:
+            check_out_dir(out)
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".opscope-run-", dir=folder))
         (tmp / "meta.json").write_text(dumps(run.meta) + "\n")
         run.ops.to_csv(tmp / "ops.csv", index=False)
         (tmp / "findings.json").write_text(dumps(run.findings) + "\n")
@@ -167,14 +244,30 @@ def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
                 _copy_trace(src, tmp / "trace.json.gz")
         elif trace_file is not None:
             _copy_trace(trace_file, tmp / "trace.json.gz")
-        if target.exists():  # an empty directory: rename(2) replaces it atomically
-            target.rmdir()
+        if out is not None:
+            target = out
+        else:
+            target = reserved = _reserve(stem, folder)
+        # rename(2) over an empty directory replaces it atomically: the run appears whole or not at all.
         os.replace(tmp, target)
+        tmp = None
+    except OSError as exc:
+        _discard(tmp, reserved)
+        where = out if out is not None else folder
+        raise OutputError(f"cannot write the run directory under {where}: {exc.strerror or exc}") from exc
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _discard(tmp, reserved)
         raise
     run.path = target
     return target
+
+
+def _discard(tmp: Path | None, reserved: Path | None) -> None:
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if reserved is not None:
+        with contextlib.suppress(OSError):
+            reserved.rmdir()
 
 
 def _copy_trace(src: Path, dst: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 from opscope import __version__
 from opscope.analysis.pipeline import analyze
 from opscope.hardware import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
-from opscope.run import Run, TraceCompressor, check_out_dir, default_run_dir, write_run
+from opscope.run import DEFAULT_REPORTS_DIR, Run, TraceCompressor, check_out_dir, write_run
 from opscope.trace import TraceData, load_trace, max_trace_bytes, read_bytes
 
 
@@ -45,23 +45,25 @@ def trace_peaks(trace: TraceData, device: dict[str, str], peak_bw: float | None,
 def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | None = None,
                        peak_flops: list[str] | None = None, warn: Callable[[str], None] = lambda m: None,
                        max_trace_gb: float | None = None) -> Run:
-    check_out_dir(out)
+    base = DEFAULT_REPORTS_DIR.absolute()
+    out = out.absolute() if out is not None else None
+    check_out_dir(out, base)
     data = read_bytes(path, max_trace_bytes(max_trace_gb))  # once: `path` may be a pipe
     stem = path.name.split(".")[0] or "trace"
-    target = out if out is not None else default_run_dir(stem)
-    regular = path.is_file()
-    compressor = TraceCompressor(path, target.absolute().parent, data=None if regular else data)
+    folder = out.parent if out is not None else base
+    compressor = TraceCompressor(path, folder, data=None if path.is_file() else data)
     try:
         trace = load_trace(path, data=data)
         del data  # the decoded tables replace it (the compressor keeps its own reference if it needs one)
         for line in trace.warnings:
             warn(line)
-        return _analyze_file(path, trace, target, stem, compressor, peak_bw, peak_flops, warn)
+        return _analyze_file(path, trace, out, base, stem, compressor, peak_bw, peak_flops, warn)
     finally:
         compressor.discard()
 
 
-def _analyze_file(path: Path, trace: TraceData, target: Path, stem: str, compressor: TraceCompressor,
+def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, stem: str,
+                  compressor: TraceCompressor,
                   peak_bw: float | None, peak_flops: list[str] | None, warn: Callable[[str], None]) -> Run:
     device = trace_device(trace)
     peaks = trace_peaks(trace, device, peak_bw, peak_flops, warn)
@@ -80,5 +82,5 @@ def _analyze_file(path: Path, trace: TraceData, target: Path, stem: str, compres
     }
     run = analyze(trace, peaks=peaks, meta=meta, source="trace")
     meta["steps"] = run.summary["steps"]
-    write_run(run, target, stem, path, compressor=compressor)
+    write_run(run, out, stem, path, compressor=compressor, base=base)
     return run

@@ -291,4 +291,6 @@ def render_run(run: Run, console: Console, top: int = 15, findings: int = 5, ful
     for warning in ceiling_warnings(run):
         console.print(Text("note: ", style="bold yellow") + Text(warning))
     if run.path is not None:
-        console.print(f"run directory: [bold]{run.path}[/bold]")
+        from opscope.run import shown_path
+
+        console.print(Text("run directory: ") + Text(shown_path(run.path), style="bold"))
