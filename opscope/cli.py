@@ -57,7 +57,9 @@ DEBUG = typer.Option(False, "--debug", help="Show Python tracebacks for errors."
 def _warn(message: str, console: Console | None = None) -> None:
     from rich.text import Text
 
-    text = Text("opscope: ", style="yellow") + Text(message.removeprefix("opscope: "))
+    from opscope.render.text import clean
+
+    text = Text("opscope: ", style="yellow") + Text(clean(message.removeprefix("opscope: ")))
     (console or stderr).print(text, highlight=False, soft_wrap=True)
 
 
@@ -96,12 +98,15 @@ class _RichProgress:
 
 
 def _emit(run, json_out: bool, top: int) -> None:  # noqa: ANN001
+    from rich.text import Text
+
+    from opscope.render.text import clean
     from opscope.run import dumps, shown_path
 
     if json_out:
         sys.stdout.write(dumps(run.summary) + "\n")
         sys.stdout.flush()
-        stderr.print(f"run directory: {shown_path(run.path)}", markup=False, highlight=False)
+        stderr.print(Text(f"run directory: {clean(shown_path(run.path))}"), highlight=False)
         return
     from opscope.render.console import render_run
 
@@ -241,8 +246,11 @@ def main() -> None:
     except OpscopeError as exc:
         if _state["debug"] or "--debug" in sys.argv:
             traceback.print_exc()
-        message = str(exc).replace("\n", " ")
-        stderr.print(f"opscope: error: {message}", markup=False, highlight=False, soft_wrap=True)
+        from rich.text import Text
+
+        from opscope.render.text import clean
+
+        stderr.print(Text(f"opscope: error: {clean(exc)}"), highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
 
 
