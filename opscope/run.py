@@ -19,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from opscope.errors import OpscopeError, OutputError
@@ -280,34 +281,129 @@ def _copy_trace(src: Path, dst: Path) -> None:
 
 
 def find_latest_run(base: Path = DEFAULT_REPORTS_DIR) -> Path:
-    runs = [p for p in base.glob("*") if p.is_dir() and not p.name.startswith(".") and (p / "summary.json").exists()]
-    if not runs:
-        raise OpscopeError(f"no runs under {base}/; run `opscope profile` or `opscope analyze` first")
-    return max(runs, key=lambda p: (p / "summary.json").stat().st_mtime)
+    try:
+        runs = [p for p in base.glob("*") if p.is_dir() and not p.name.startswith(".") and (p / "summary.json").exists()]
+        if not runs:
+            raise OpscopeError(f"no runs under {base}/; run `opscope profile` or `opscope analyze` first")
+        return max(runs, key=lambda p: (p / "summary.json").stat().st_mtime)
+    except OSError as exc:
+        raise OpscopeError(f"cannot read {base}/: {exc.strerror or exc}") from exc
 
 
 def read_run(path: Path) -> Run:
+    """Reads a run directory back, checking what the renderers rely on; anything damaged or of the wrong
+    shape is one OpscopeError naming the file and what is wrong."""
     if not path.exists():
         raise OpscopeError(f"no such run directory: {path}")
-    missing = [f for f in RUN_FILES[:4] if not (path / f).exists()]
+    if not path.is_dir():
+        raise OpscopeError(f"{path} is not a directory")
+    missing = [f for f in RUN_FILES[:4] if not (path / f).is_file()]
     if missing:
         raise OpscopeError(f"{path} is not an opscope run directory (missing {', '.join(missing)})")
-    try:
-        meta = json.loads((path / "meta.json").read_text())
-        summary = json.loads((path / "summary.json").read_text())
-        findings = json.loads((path / "findings.json").read_text())
-    except json.JSONDecodeError as exc:
-        raise OpscopeError(f"{path} has a damaged JSON file ({exc})") from exc
+    meta = _read_json(path / "meta.json", dict)
+    summary = _read_json(path / "summary.json", dict)
+    findings = _read_json(path / "findings.json", list)
+    _check_meta(path / "meta.json", meta)
+    _check_summary(path / "summary.json", summary)
+    _check_findings(path / "findings.json", findings)
     ops = read_ops_csv(path / "ops.csv")
     return Run(meta=meta, ops=ops, findings=findings, summary=summary, path=path)
 
 
+def _read_json(path: Path, kind: type) -> Any:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise OpscopeError(f"{path} is damaged: {_reason(exc)}") from exc
+    if not isinstance(value, kind):
+        raise OpscopeError(f"{path} is damaged: expected a JSON {'object' if kind is dict else 'list'}, "
+                           f"got {type(value).__name__}")
+    return value
+
+
+def _reason(exc: BaseException) -> str:
+    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return text.splitlines()[0][:200]
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check(path: Path, ok: bool, what: str) -> None:
+    if not ok:
+        raise OpscopeError(f"{path} is damaged: {what}")
+
+
+def _check_meta(path: Path, meta: dict[str, Any]) -> None:
+    for key in ("target", "source"):
+        _check(path, isinstance(meta.get(key, ""), str), f"{key!r} must be text")
+    for key in ("mode", "dtype", "torch_version"):
+        _check(path, meta.get(key) is None or isinstance(meta.get(key), str), f"{key!r} must be text or null")
+    device = meta.get("device", {})
+    _check(path, isinstance(device, dict) and all(isinstance(device.get(k, ""), str) for k in ("type", "name")),
+           "'device' must be an object with text 'type' and 'name'")
+    peaks = meta.get("peaks", {})
+    _check(path, isinstance(peaks, dict), "'peaks' must be an object")
+    bw = peaks.get("memory_bandwidth_gbps")
+    _check(path, bw is None or (_is_num(bw) and bw > 0), "'peaks.memory_bandwidth_gbps' must be a positive number")
+    flops = peaks.get("flops_gflops", {})
+    _check(path, isinstance(flops, dict) and all(isinstance(k, str) and _is_num(v) and v > 0 for k, v in flops.items()),
+           "'peaks.flops_gflops' must map dtype names to positive numbers")
+    origin = peaks.get("origin", {})
+    _check(path, isinstance(origin, dict) and all(isinstance(v, str) for v in origin.values()),
+           "'peaks.origin' must map to text")
+
+
+def _check_summary(path: Path, summary: dict[str, Any]) -> None:
+    steps = summary.get("steps", 1)
+    _check(path, isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0, "'steps' must be a whole number")
+    for key in ("total_time_us", "step_time_us", "ops_covered_time_share"):
+        v = summary.get(key)
+        _check(path, v is None or _is_num(v), f"{key!r} must be a number")
+    busy = summary.get("device_busy_share")
+    _check(path, busy is None or _is_num(busy), "'device_busy_share' must be a number")
+    shares = summary.get("bound_time_share", {})
+    _check(path, isinstance(shares, dict) and all(v is None or _is_num(v) for v in shares.values()),
+           "'bound_time_share' must map bound classes to numbers")
+
+
+def _check_findings(path: Path, findings: list[Any]) -> None:
+    for i, f in enumerate(findings):
+        _check(path, isinstance(f, dict), f"finding {i} is not an object")
+        for key in ("rule", "severity", "message", "suggestion"):
+            _check(path, isinstance(f.get(key), str), f"finding {i}: {key!r} must be text")
+        for key in ("op", "source_location"):
+            _check(path, f.get(key) is None or isinstance(f.get(key), str), f"finding {i}: {key!r} must be text")
+        saving = f.get("est_savings_us")
+        _check(path, saving is None or _is_num(saving), f"finding {i}: 'est_savings_us' must be a number or null")
+
+
 TEXT_COLUMNS = ("op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location",
                 "bound", "kernels", "family", "dtype", "ceiling", "note")
+# The columns the renderers read as numbers; anything else in them makes the file damaged.
+NUMBER_COLUMNS = ("calls", "time_us_total", "time_share", "flops_per_call", "bytes_per_call",
+                  "arithmetic_intensity", "achieved_gflops", "achieved_gbps", "pct_peak_flops",
+                  "pct_peak_bandwidth", "cpu_time_us_total", "time_us_per_call")
+REQUIRED_COLUMNS = ("op", "calls", "time_us_total", "time_share")
 
 
 def read_ops_csv(path: Path) -> pd.DataFrame:
-    head = pd.read_csv(path, nrows=0).columns
-    dtypes = {c: str for c in TEXT_COLUMNS if c in head}
-    df = pd.read_csv(path, dtype=dtypes, keep_default_na=False, na_values={c: [""] for c in head if c not in dtypes})
+    try:
+        head = pd.read_csv(path, nrows=0).columns
+        dtypes = {c: str for c in TEXT_COLUMNS if c in head}
+        df = pd.read_csv(path, dtype=dtypes, keep_default_na=False,
+                         na_values={c: [""] for c in head if c not in dtypes})
+    except (OSError, UnicodeDecodeError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise OpscopeError(f"{path} is damaged: {_reason(exc)}") from exc
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    _check(path, not missing, f"missing column(s) {', '.join(missing)}")
+    for col in NUMBER_COLUMNS:
+        if col in df.columns:
+            values = pd.to_numeric(df[col], errors="coerce")
+            bad = values.isna() & df[col].notna()
+            _check(path, not bad.any(), f"column {col!r} holds non-numbers (row {int(bad.to_numpy().argmax()) + 1})")
+            df[col] = values.astype(float)
+    calls = df["calls"].to_numpy()
+    _check(path, bool(np.isfinite(calls).all() and (calls >= 0).all()), "column 'calls' must hold counts")
     return df
