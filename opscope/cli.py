@@ -52,6 +52,9 @@ PEAK_FLOPS = typer.Option(
 OUT = typer.Option(None, "--out", help="Run directory to create (must not exist or be empty).")
 JSON_OUT = typer.Option(False, "--json", help="Print the run summary as one JSON document on stdout.")
 DEBUG = typer.Option(False, "--debug", help="Show Python tracebacks for errors.")
+# Bounds on counts: far above any real use, far below what overflows torch's C++ ints.
+MAX_THREADS = 4096
+MAX_STEPS = 100_000
 
 
 def _warn(message: str, console: Console | None = None) -> None:
@@ -120,9 +123,10 @@ def profile(
     device: Device = typer.Option(Device.auto, "--device", help="auto = cuda when available, else cpu."),
     dtype: DType | None = typer.Option(None, "--dtype", help="Cast model and floating inputs (default: the model's own)."),
     mode: Mode = typer.Option(Mode.inference, "--mode", help="inference: forward only; train: + loss, backward, SGD step."),
-    warmup: int = typer.Option(2, "--warmup", min=0, help="Untimed steps before profiling."),
-    steps: int = typer.Option(5, "--steps", min=1, help="Profiled steps."),
-    threads: int | None = typer.Option(None, "--threads", min=1, help="torch.set_num_threads for the run."),
+    warmup: int = typer.Option(2, "--warmup", min=0, max=MAX_STEPS, help="Untimed steps before profiling."),
+    steps: int = typer.Option(5, "--steps", min=1, max=MAX_STEPS, help="Profiled steps."),
+    threads: int | None = typer.Option(None, "--threads", min=1, max=MAX_THREADS,
+                                       help="torch.set_num_threads for the run."),
     peak_bw: float | None = PEAK_BW,
     peak_flops: list[str] | None = PEAK_FLOPS,
     out: Path | None = OUT,
@@ -188,7 +192,7 @@ def report(
 
 @app.command()
 def calibrate(
-    threads: int | None = typer.Option(None, "--threads", min=1, help="Thread count to measure at."),
+    threads: int | None = typer.Option(None, "--threads", min=1, max=MAX_THREADS, help="Thread count to measure at."),
     json_out: bool = typer.Option(False, "--json", help="Print the measurement as JSON."),
     debug: bool = DEBUG,
 ) -> None:
@@ -237,21 +241,47 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """Which PyTorch operators make your model slow, why, and what to do about it."""
 
 
+def _fail(message: str, code: int = 2) -> None:
+    from rich.text import Text
+
+    from opscope.render.text import clean
+
+    stderr.print(Text(f"opscope: error: {clean(message)}"), highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
 def main() -> None:
+    """Entry point: every bad input (an OpscopeError, or a usage error such as a bad option value) is one
+    line on stderr and exit 2; --debug adds the traceback."""
+    # typer (>= 0.16) vendors click; older releases use click itself.
+    try:
+        from typer._click import exceptions as click_errors
+    except ImportError:
+        from click import exceptions as click_errors
+
     if "--debug" not in sys.argv:
         # libkineto prints "USDT: profiler_start/stop" lines on every profile; 6 silences them.
         os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    debug = "--debug" in sys.argv
     try:
-        app()
+        code = app(standalone_mode=False, prog_name="opscope")
     except OpscopeError as exc:
-        if _state["debug"] or "--debug" in sys.argv:
+        if _state["debug"] or debug:
             traceback.print_exc()
-        from rich.text import Text
-
-        from opscope.render.text import clean
-
-        stderr.print(Text(f"opscope: error: {clean(exc)}"), highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
+        _fail(str(exc), exc.exit_code)
+    except click_errors.NoArgsIsHelpError as exc:  # `opscope` alone: the help text, as before
+        stderr.print(exc.ctx.get_help() if exc.ctx is not None else "", markup=False, highlight=False)
+        sys.exit(2)
+    except click_errors.UsageError as exc:
+        if debug:
+            traceback.print_exc()
+        where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+        _fail(f"{exc.format_message()}{where}", 2)
+    except (typer.Abort, KeyboardInterrupt):
+        _fail("interrupted", 130)
+    except click_errors.ClickException as exc:
+        _fail(exc.format_message(), exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
