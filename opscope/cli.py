@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import traceback
 from enum import Enum
@@ -241,6 +242,26 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """Which PyTorch operators make your model slow, why, and what to do about it."""
 
 
+class Terminated(BaseException):
+    """SIGINT, SIGTERM or SIGHUP, raised in the main thread, so that every `finally` and cleanup runs
+    (temporary directories, half-written run directories, background gzip files). Not a
+    KeyboardInterrupt: typer would turn that into a silent exit code."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+
+
+def _cleanup_on_signals() -> None:
+    def stop(signum: int, frame: object) -> None:
+        raise Terminated(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None:
+            signal.signal(sig, stop)
+
+
 def _fail(message: str, code: int = 2) -> None:
     from rich.text import Text
 
@@ -263,6 +284,7 @@ def main() -> None:
         # libkineto prints "USDT: profiler_start/stop" lines on every profile; 6 silences them.
         os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     debug = "--debug" in sys.argv
+    _cleanup_on_signals()
     try:
         code = app(standalone_mode=False, prog_name="opscope")
     except OpscopeError as exc:
@@ -277,8 +299,11 @@ def main() -> None:
             traceback.print_exc()
         where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
         _fail(f"{exc.format_message()}{where}", 2)
+    except Terminated as exc:
+        _fail(f"{'interrupted' if exc.signum == signal.SIGINT else 'stopped'} by {exc.name}; nothing was written",
+              128 + exc.signum)
     except (typer.Abort, KeyboardInterrupt):
-        _fail("interrupted", 130)
+        _fail("interrupted; nothing was written", 130)
     except click_errors.ClickException as exc:
         _fail(exc.format_message(), exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)
