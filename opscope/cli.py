@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import traceback
 from enum import Enum
@@ -52,12 +53,17 @@ PEAK_FLOPS = typer.Option(
 OUT = typer.Option(None, "--out", help="Run directory to create (must not exist or be empty).")
 JSON_OUT = typer.Option(False, "--json", help="Print the run summary as one JSON document on stdout.")
 DEBUG = typer.Option(False, "--debug", help="Show Python tracebacks for errors.")
+# Bounds on counts: far above any real use, far below what overflows torch's C++ ints.
+MAX_THREADS = 4096
+MAX_STEPS = 100_000
 
 
 def _warn(message: str, console: Console | None = None) -> None:
     from rich.text import Text
 
-    text = Text("opscope: ", style="yellow") + Text(message.removeprefix("opscope: "))
+    from opscope.render.text import clean
+
+    text = Text("opscope: ", style="yellow") + Text(clean(message.removeprefix("opscope: ")))
     (console or stderr).print(text, highlight=False, soft_wrap=True)
 
 
@@ -96,12 +102,15 @@ class _RichProgress:
 
 
 def _emit(run, json_out: bool, top: int) -> None:  # noqa: ANN001
-    from opscope.run import dumps
+    from rich.text import Text
+
+    from opscope.render.text import clean
+    from opscope.run import dumps, shown_path
 
     if json_out:
         sys.stdout.write(dumps(run.summary) + "\n")
         sys.stdout.flush()
-        stderr.print(f"run directory: {run.path}")
+        stderr.print(Text(f"run directory: {clean(shown_path(run.path))}"), highlight=False)
         return
     from opscope.render.console import render_run
 
@@ -115,9 +124,10 @@ def profile(
     device: Device = typer.Option(Device.auto, "--device", help="auto = cuda when available, else cpu."),
     dtype: DType | None = typer.Option(None, "--dtype", help="Cast model and floating inputs (default: the model's own)."),
     mode: Mode = typer.Option(Mode.inference, "--mode", help="inference: forward only; train: + loss, backward, SGD step."),
-    warmup: int = typer.Option(2, "--warmup", min=0, help="Untimed steps before profiling."),
-    steps: int = typer.Option(5, "--steps", min=1, help="Profiled steps."),
-    threads: int | None = typer.Option(None, "--threads", min=1, help="torch.set_num_threads for the run."),
+    warmup: int = typer.Option(2, "--warmup", min=0, max=MAX_STEPS, help="Untimed steps before profiling."),
+    steps: int = typer.Option(5, "--steps", min=1, max=MAX_STEPS, help="Profiled steps."),
+    threads: int | None = typer.Option(None, "--threads", min=1, max=MAX_THREADS,
+                                       help="torch.set_num_threads for the run."),
     peak_bw: float | None = PEAK_BW,
     peak_flops: list[str] | None = PEAK_FLOPS,
     out: Path | None = OUT,
@@ -145,6 +155,8 @@ def analyze(
     peak_bw: float | None = PEAK_BW,
     peak_flops: list[str] | None = PEAK_FLOPS,
     top: int = typer.Option(15, "--top", min=1, help="Rows of the op table to print."),
+    max_trace_gb: float | None = typer.Option(
+        None, "--max-trace-gb", metavar="GB", help="Refuse traces whose (decompressed) JSON is larger (default 4)."),
     debug: bool = DEBUG,
 ) -> None:
     """Analyze an existing torch.profiler trace (CPU, CUDA or ROCm) into a run directory."""
@@ -152,7 +164,7 @@ def analyze(
     from opscope.analysis.trace_file import analyze_trace_file
 
     run = analyze_trace_file(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
-                             warn=_warn)
+                             warn=_warn, max_trace_gb=max_trace_gb)
     _emit(run, json_out, top)
 
 
@@ -181,7 +193,7 @@ def report(
 
 @app.command()
 def calibrate(
-    threads: int | None = typer.Option(None, "--threads", min=1, help="Thread count to measure at."),
+    threads: int | None = typer.Option(None, "--threads", min=1, max=MAX_THREADS, help="Thread count to measure at."),
     json_out: bool = typer.Option(False, "--json", help="Print the measurement as JSON."),
     debug: bool = DEBUG,
 ) -> None:
@@ -230,18 +242,71 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """Which PyTorch operators make your model slow, why, and what to do about it."""
 
 
+class Terminated(BaseException):
+    """SIGINT, SIGTERM or SIGHUP, raised in the main thread, so that every `finally` and cleanup runs
+    (temporary directories, half-written run directories, background gzip files). Not a
+    KeyboardInterrupt: typer would turn that into a silent exit code."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+
+
+def _cleanup_on_signals() -> None:
+    def stop(signum: int, frame: object) -> None:
+        raise Terminated(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None:
+            signal.signal(sig, stop)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    from rich.text import Text
+
+    from opscope.render.text import clean
+
+    stderr.print(Text(f"opscope: error: {clean(message)}"), highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
 def main() -> None:
+    """Entry point: every bad input (an OpscopeError, or a usage error such as a bad option value) is one
+    line on stderr and exit 2; --debug adds the traceback."""
+    # typer (>= 0.16) vendors click; older releases use click itself.
+    try:
+        from typer._click import exceptions as click_errors
+    except ImportError:
+        from click import exceptions as click_errors
+
     if "--debug" not in sys.argv:
         # libkineto prints "USDT: profiler_start/stop" lines on every profile; 6 silences them.
         os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    debug = "--debug" in sys.argv
+    _cleanup_on_signals()
     try:
-        app()
+        code = app(standalone_mode=False, prog_name="opscope")
     except OpscopeError as exc:
-        if _state["debug"] or "--debug" in sys.argv:
+        if _state["debug"] or debug:
             traceback.print_exc()
-        message = str(exc).replace("\n", " ")
-        stderr.print(f"opscope: error: {message}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
+        _fail(str(exc), exc.exit_code)
+    except click_errors.NoArgsIsHelpError as exc:  # `opscope` alone: the help text, as before
+        stderr.print(exc.ctx.get_help() if exc.ctx is not None else "", markup=False, highlight=False)
+        sys.exit(2)
+    except click_errors.UsageError as exc:
+        if debug:
+            traceback.print_exc()
+        where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+        _fail(f"{exc.format_message()}{where}", 2)
+    except Terminated as exc:
+        _fail(f"{'interrupted' if exc.signum == signal.SIGINT else 'stopped'} by {exc.name}; nothing was written",
+              128 + exc.signum)
+    except (typer.Abort, KeyboardInterrupt):
+        _fail("interrupted; nothing was written", 130)
+    except click_errors.ClickException as exc:
+        _fail(exc.format_message(), exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -55,10 +55,9 @@ def event_costs(ev: pd.DataFrame) -> pd.DataFrame:
         if hit is None:
             try:
                 call = OpCall.from_json_text(name, dims, types, strides, concrete, list_dtype)
-            except ValueError:
-                hit = (None, "")
-            else:
                 hit = (estimate(call), floating_dtype(call) or "")
+            except (ValueError, TypeError):  # inputs recorded in a shape no cost function can read
+                hit = (None, "")
             cache[key] = hit
         cost, dt = hit
         dtype[i] = dt

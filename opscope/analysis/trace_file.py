@@ -10,8 +10,8 @@ from typing import Any
 from opscope import __version__
 from opscope.analysis.pipeline import analyze
 from opscope.hardware import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
-from opscope.run import Run, TraceCompressor, check_out_dir, default_run_dir, write_run
-from opscope.trace import TraceData, load_trace
+from opscope.run import DEFAULT_REPORTS_DIR, Run, TraceCompressor, check_out_dir, write_run
+from opscope.trace import TraceData, load_trace, max_trace_bytes, read_bytes
 
 
 def trace_device(trace: TraceData) -> dict[str, str]:
@@ -43,22 +43,28 @@ def trace_peaks(trace: TraceData, device: dict[str, str], peak_bw: float | None,
 
 
 def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | None = None,
-                       peak_flops: list[str] | None = None, warn: Callable[[str], None] = lambda m: None) -> Run:
-    check_out_dir(out)
-    if not path.is_file():
-        load_trace(path)  # raises the right one-line error
+                       peak_flops: list[str] | None = None, warn: Callable[[str], None] = lambda m: None,
+                       max_trace_gb: float | None = None) -> Run:
+    base = DEFAULT_REPORTS_DIR.absolute()
+    out = out.absolute() if out is not None else None
+    check_out_dir(out, base)
+    data = read_bytes(path, max_trace_bytes(max_trace_gb))  # once: `path` may be a pipe
     stem = path.name.split(".")[0] or "trace"
-    target = out if out is not None else default_run_dir(stem)
-    compressor = TraceCompressor(path, target.absolute().parent)
+    folder = out.parent if out is not None else base
+    compressor = TraceCompressor(path, folder, data=None if path.is_file() else data)
     try:
-        return _analyze_file(path, target, stem, compressor, peak_bw, peak_flops, warn)
+        trace = load_trace(path, data=data)
+        del data  # the decoded tables replace it (the compressor keeps its own reference if it needs one)
+        for line in trace.warnings:
+            warn(line)
+        return _analyze_file(path, trace, out, base, stem, compressor, peak_bw, peak_flops, warn)
     finally:
         compressor.discard()
 
 
-def _analyze_file(path: Path, target: Path, stem: str, compressor: TraceCompressor, peak_bw: float | None,
-                  peak_flops: list[str] | None, warn: Callable[[str], None]) -> Run:
-    trace = load_trace(path)
+def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, stem: str,
+                  compressor: TraceCompressor,
+                  peak_bw: float | None, peak_flops: list[str] | None, warn: Callable[[str], None]) -> Run:
     device = trace_device(trace)
     peaks = trace_peaks(trace, device, peak_bw, peak_flops, warn)
     meta: dict[str, Any] = {
@@ -76,5 +82,5 @@ def _analyze_file(path: Path, target: Path, stem: str, compressor: TraceCompress
     }
     run = analyze(trace, peaks=peaks, meta=meta, source="trace")
     meta["steps"] = run.summary["steps"]
-    write_run(run, target, stem, path, compressor=compressor)
+    write_run(run, out, stem, path, compressor=compressor, base=base)
     return run

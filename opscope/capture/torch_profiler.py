@@ -23,7 +23,7 @@ from opscope.capture.layout_probe import conv_layout_probe
 from opscope.capture.lines import join_lines, module_origins, record_lines
 from opscope.errors import OpscopeError
 from opscope.hardware import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
-from opscope.run import Run, check_out_dir, write_run
+from opscope.run import DEFAULT_REPORTS_DIR, Run, check_out_dir, write_run
 from opscope.target import load_target
 from opscope.trace import load_trace
 
@@ -120,7 +120,10 @@ def timed_pass(harness: Harness, steps: int, activities: list) -> tuple[torch.pr
 def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tuple[Run, ProfileTimings]:
     progress = progress or Progress()
     _validate(opts)
-    check_out_dir(opts.out)
+    # Absolute before the model is loaded: its code may change the working directory.
+    reports = DEFAULT_REPORTS_DIR.absolute()
+    out = opts.out.absolute() if opts.out is not None else None
+    check_out_dir(out, reports)
     timings = ProfileTimings()
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -168,7 +171,7 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tu
         probe = conv_layout_probe(device) if opts.mode in ("inference", "train") else None
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",
                       source_override=lambda ev: join_lines(records, ev), layout_probe=probe)
-        write_run(run, opts.out, target.stem, trace_path)
+        write_run(run, out, target.stem, trace_path, base=reports)
         timings.analysis = time.perf_counter() - t0
     return run, timings
 

@@ -14,6 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from opscope.render.text import clean, cleaned_run
 from opscope.run import Run
 
 BOUND_STYLE = {"compute": "bold green", "memory": "bold cyan", "overhead": "bold yellow", "unknown": "dim"}
@@ -127,7 +128,8 @@ def ops_table(run: Run, top: int = 15, width: int = 160) -> Table:
             table.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis")
         for i, (row_cells, op, source) in enumerate(zip(cells, ops, sources, strict=True), 1):
             row_cells = {**row_cells, "#": str(i), "op": op, "source": source}
-            table.add_row(*(row_cells[h] for h, _ in shown))
+            # Text, never a str: rich would read a str cell as markup ("[link=...]" in a file name).
+            table.add_row(*(c if isinstance(c, Text) else Text(c) for c in (row_cells[h] for h, _ in shown)))
         return table
 
     sources = [short_source(x, full=True) for x in locations]
@@ -287,8 +289,13 @@ def ceiling_warnings(run: Run) -> list[str]:
 
 
 def render_run(run: Run, console: Console, top: int = 15, findings: int = 5, full: bool = False) -> None:
+    """Prints the run. Every string from the run is cleaned of control characters first and is printed
+    as text, never as markup."""
+    run = cleaned_run(run)
     console.print(Group(summary_panel(run), ops_table(run, top, console.width), findings_list(run, findings, full)))
     for warning in ceiling_warnings(run):
         console.print(Text("note: ", style="bold yellow") + Text(warning))
     if run.path is not None:
-        console.print(f"run directory: [bold]{run.path}[/bold]")
+        from opscope.run import shown_path
+
+        console.print(Text("run directory: ") + Text(clean(shown_path(run.path)), style="bold"))
