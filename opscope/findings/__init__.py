@@ -13,6 +13,7 @@ from opscope.findings import (  # noqa: E402, F401  (importing a rule module reg
     gemm_alignment,
     host_sync,
     implicit_copy,
+    kernel_copy,
     launch_bound,
     low_bandwidth,
     overhead,
