@@ -8,6 +8,7 @@ from opscope.findings import (  # noqa: E402, F401  (importing a rule module reg
     channels_last,
     contiguous_call,
     dtype_conversion,
+    dtype_slow_path,
     fp32_gemm,
     fusion,
     gemm_alignment,
