@@ -137,14 +137,25 @@ def profile(
 ) -> None:
     """Profile a model file: per-op FLOPs, bytes, roofline and findings; writes a run directory."""
     _state["debug"] = debug
-    from opscope.capture.torch_profiler import ProfileOptions, profile_target
+    from opscope.hardware import apply_overrides
+    from opscope.run import DEFAULT_REPORTS_DIR, check_out_dir, discard_staging, read_run
+    from opscope.supervise import Listener, run_worker
+    from opscope.target import check_target_file
 
-    opts = ProfileOptions(target=target, entry=entry, device=device.value, dtype=dtype.value if dtype else None,
-                          mode=mode.value, warmup=warmup, steps=steps, threads=threads, peak_bw=peak_bw,
-                          peak_flops=list(peak_flops or []), out=out)
+    # Everything that needs no torch is checked here, before the child starts (and imports torch).
+    check_target_file(target)
+    check_out_dir(out.absolute() if out else None, DEFAULT_REPORTS_DIR.absolute())
+    apply_overrides(None, peak_bw, list(peak_flops or []))  # a bad --peak-* is one line now, not later
+    spec = {"target": str(target.absolute()), "entry": entry, "device": device.value,
+            "dtype": dtype.value if dtype else None, "mode": mode.value, "warmup": warmup, "steps": steps,
+            "threads": threads, "peak_bw": peak_bw, "peak_flops": list(peak_flops or []),
+            "out": str(out.absolute()) if out else None, "debug": debug}
+    folders = [out.absolute().parent if out else DEFAULT_REPORTS_DIR.absolute()]
     with _RichProgress(stderr) as progress:
-        run, _ = profile_target(opts, progress)
-    _emit(run, json_out, top)
+        listener = Listener(phase=progress.phase, advance=progress.advance, warn=progress.warn)
+        result = run_worker("opscope.capture.worker", spec, listener,
+                            on_abort=lambda pid: discard_staging(folders, pid))
+    _emit(read_run(Path(result["run_dir"])), json_out, top)
 
 
 @app.command()

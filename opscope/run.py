@@ -27,6 +27,7 @@ from opscope.errors import OpscopeError, OutputError
 FORMAT_VERSION = 1
 RUN_FILES = ("meta.json", "ops.csv", "findings.json", "summary.json", "trace.json.gz")
 DEFAULT_REPORTS_DIR = Path("reports")
+STAGING_PREFIX = ".opscope-run-"  # + pid + "-": a run being written, renamed into place when complete
 # The working directory when opscope started: a model's code may change it, and paths are shown
 # relative to where the user ran the command.
 _START_CWD = Path.cwd()
@@ -232,7 +233,7 @@ def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
         if out is not None:
             check_out_dir(out)
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".opscope-run-", dir=folder))
+        tmp = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=folder))
         (tmp / "meta.json").write_text(dumps(run.meta) + "\n")
         run.ops.to_csv(tmp / "ops.csv", index=False)
         (tmp / "findings.json").write_text(dumps(run.findings) + "\n")
@@ -261,6 +262,14 @@ def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
         raise
     run.path = target
     return target
+
+
+def discard_staging(folders: list[Path], pid: int) -> None:
+    """Removes what a killed process `pid` left while writing a run: its hidden staging directories."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            for path in folder.glob(f"{STAGING_PREFIX}{pid}-*"):
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def _discard(tmp: Path | None, reserved: Path | None) -> None:

@@ -6,6 +6,10 @@ labels them `opscope:harness` and findings never point at them.
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import torch
@@ -75,6 +79,31 @@ def model_dtype(model: torch.nn.Module) -> torch.dtype | None:
     return None
 
 
+@contextmanager
+def process_state_kept(keep_additions: bool = False) -> Iterator[None]:
+    """Restores sys.path and the working directory after the user's code ran: a model that changes them
+    must not break what opscope (and torch's lazy imports) do next. A few µs per step. With
+    keep_additions (the model's import), entries it added stay, so its later lazy imports work; the
+    ones it removed come back."""
+    path = list(sys.path)
+    try:
+        cwd: str | None = os.getcwd()
+    except OSError:
+        cwd = None
+    try:
+        yield
+    finally:
+        if sys.path != path:
+            if keep_additions:
+                sys.path.extend(p for p in path if p not in sys.path)
+            else:
+                sys.path[:] = path
+        if cwd is not None:
+            with suppress(OSError):
+                if os.getcwd() != cwd:
+                    os.chdir(cwd)
+
+
 class Harness:
     def __init__(self, target: Target, *, mode: str, device: torch.device, dtype: str | None) -> None:
         if mode not in ("inference", "train"):
@@ -116,6 +145,10 @@ class Harness:
             raise TargetError(f"the model's forward failed{at}: {describe_exception(exc)}") from exc
 
     def step(self) -> None:
+        with process_state_kept():
+            self._step()
+
+    def _step(self) -> None:
         if self.mode == "inference":
             with torch.inference_mode():
                 self._forward()

@@ -19,7 +19,7 @@ import torch
 from opscope import __version__
 from opscope.analysis.pipeline import analyze
 from opscope.capture.dtype_probe import float32_probe
-from opscope.capture.harness import Harness, resolve_device
+from opscope.capture.harness import Harness, process_state_kept, resolve_device
 from opscope.capture.layout_probe import conv_layout_probe
 from opscope.capture.lines import join_lines, module_origins, record_lines
 from opscope.errors import OpscopeError
@@ -132,7 +132,7 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tu
 
     t0 = time.perf_counter()
     progress.phase("loading model")
-    with module_origins():
+    with module_origins(), process_state_kept(keep_additions=True):
         target = load_target(opts.target, opts.entry)
     harness = Harness(target, mode=opts.mode, device=device, dtype=opts.dtype)
     timings.load = time.perf_counter() - t0
