@@ -175,14 +175,34 @@ def test_convolution_backward_output_mask():
     c = cost("aten::convolution_backward", dims, types, strides, conc)
     # grad_input: a transposed conv over grad_out's positions: 2 * N * 5*5 * 3*3 * w[0] * w[1]
     grad_input = 2 * 2 * (5 * 5) * (3 * 3) * 8 * 2
-    # grad_weight: 2 * C_in(x[1]=4) * 3*3 * 5*5 * C_out * N, not divided by groups (as FlopCounterMode)
-    grad_weight = 2 * 4 * (3 * 3) * (5 * 5) * 8 * 2
+    # grad_weight: each of the 8 x 2 x 3x3 weights sums over N * 5*5 positions: 2 * 8*2*9 * 2*25,
+    # = FlopCounterMode's 2 * C_in(4) * 3*3 * 5*5 * C_out(8) * N divided by groups (2)
+    grad_weight = 2 * (8 * 2 * 3 * 3) * (2 * 5 * 5)
+    assert grad_weight == 2 * 4 * (3 * 3) * (5 * 5) * 8 * 2 // 2
     assert c.flops == grad_input + grad_weight
     # grad_out is an expanded scalar (stride 0): 1 element of storage
     assert c.bytes == 4 + (8 * 2 * 9) * 4 + (2 * 4 * 100) * 4 + (2 * 4 * 100) * 4 + (8 * 2 * 9) * 4 + 8 * 4
     only_weight = cost("aten::convolution_backward", dims, types, strides, conc[:-1] + ["[False, True, False]"])
     assert only_weight.flops == grad_weight
     assert only_weight.bytes == 4 + (2 * 4 * 100) * 4 + (8 * 2 * 9) * 4
+
+
+def test_depthwise_convolution_backward_counts_the_real_work():
+    # issue 8: depthwise 3x3, 128 channels, on [8,128,56,56] (padding 1), train mode. grad_input and
+    # grad_weight each do one multiply-add per (weight tap, output position): 8*56*56 * 9 * 128.
+    dims = [[8, 128, 56, 56], [8, 128, 56, 56], [128, 1, 3, 3], [], [], [], [], [], [], [], []]
+    types = [F32, F32, F32, "ScalarList", "ScalarList", "ScalarList", "ScalarList", "Scalar", "ScalarList", "Scalar",
+             "ScalarList"]
+    strides = [[401408, 3136, 56, 1], [401408, 3136, 56, 1], [9, 9, 3, 1], [], [], [], [], [], [], [], []]
+    conc = ["", "", "", "[128]", "[1, 1]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "128", "[True, True, True]"]
+    c = cost("aten::convolution_backward", dims, types, strides, conc)
+    per_grad = 2 * 8 * 56 * 56 * 9 * 128
+    assert per_grad == 57_802_752
+    assert c.flops == 2 * per_grad == 115_605_504  # 1.156e8; FlopCounterMode says 7.457e9
+    act = 8 * 128 * 56 * 56 * 4
+    assert c.bytes == 3 * act + 2 * 128 * 9 * 4 + 128 * 4  # grad_out, x read; grad_input written; w, grad_w; grad_b
+    # arithmetic intensity ~3 FLOP/B: memory-bound under a ridge point of 5
+    assert 2.9 < c.flops / c.bytes < 3.1
 
 
 def test_conv_composites():

@@ -3,7 +3,9 @@ opscope.costmodel.estimate, against torch.utils.flop_counter.FlopCounterMode on 
 
 Our per-event costs are resolved like the analysis layer does: an op whose descendant (same thread,
 nested in time) does the same family of work with a non-zero cost counts as a composite. Then the
-totals per FlopCounterMode op (mm, addmm, bmm, convolution, convolution_backward) must match exactly.
+totals per FlopCounterMode op (mm, addmm, bmm, convolution, convolution_backward) must match exactly,
+except where the README documents a difference: a grouped convolution_backward is compared with the same
+conv run as `groups` ungrouped convs (FlopCounterMode's grad_weight term ignores `groups`).
 FlopCounterMode misses the CPU SDPA kernel (_scaled_dot_product_flash_attention_for_cpu), so that one
 is compared with torch.utils.flop_counter's own sdpa formulas, and with FlopCounterMode on the math
 backend (whose bmm ops it does count)."""
@@ -122,8 +124,30 @@ def test_convolution_forward_and_backward(tmp_path, xs, ws, kwargs, transposed):
         _conv(x, w, kwargs, transposed).sum().backward()
 
     ours, ref = our_flops(fwd_bwd, tmp_path), counter_flops(fwd_bwd)
-    assert ours["aten::convolution_backward"] == ref["aten.convolution_backward"] > 0
-    assert ours["conv"] == ref["aten.convolution"] + ref["aten.convolution_backward"]
+    groups = kwargs.get("groups", 1)
+    if groups == 1:
+        assert ours["aten::convolution_backward"] == ref["aten.convolution_backward"] > 0
+        assert ours["conv"] == ref["aten.convolution"] + ref["aten.convolution_backward"]
+        return
+    # Grouped: FlopCounterMode's grad_weight term ignores `groups` (README, "How opscope counts"). The
+    # same conv run as `groups` separate ungrouped convs does the same work, and FlopCounterMode counts
+    # ungrouped convs right: that total is what opscope must report for the grouped one.
+    split = counter_flops(lambda: _split_conv(x, w, kwargs, transposed).sum().backward())
+    assert ours["aten::convolution_backward"] == split["aten.convolution_backward"] > 0
+    assert ours["conv"] == split["aten.convolution"] + split["aten.convolution_backward"]
+    # ... which is FlopCounterMode's grouped count less (groups - 1) / groups of its grad_weight term
+    w_only = w.detach().requires_grad_()
+    gw = counter_flops(lambda: _conv(x.detach(), w_only, kwargs, transposed).sum().backward())["aten.convolution_backward"]
+    assert ours["aten::convolution_backward"] == ref["aten.convolution_backward"] - gw + gw // groups
+
+
+def _split_conv(x, w, kwargs, transposed):
+    """A grouped conv as `groups` ungrouped convs over channel slices (weight dim 0 is C_out for a conv,
+    C_in for a transposed conv: both split into the groups)."""
+    groups = kwargs["groups"]
+    rest = {k: v for k, v in kwargs.items() if k != "groups"}
+    outs = [_conv(xg, wg, rest, transposed) for xg, wg in zip(x.chunk(groups, 1), w.chunk(groups, 0), strict=True)]
+    return torch.cat(outs, 1)
 
 
 def test_convolution_backward_input_grad_only(tmp_path):
