@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from opscope.costmodel import Cost, OpCall, estimate
-from opscope.costmodel.attention import CAUSAL_NOTE
+from opscope.costmodel.attention import BOTTOM_RIGHT, CAUSAL_NOTE, TOP_LEFT, WINDOW_NOTE, causal_pairs
 
 F32, BF16 = "float", "c10::BFloat16"
 
@@ -231,7 +231,8 @@ def test_sdpa_cpu_forward():
 def test_sdpa_cpu_causal_note_and_mask_bytes():
     c = cost("aten::_scaled_dot_product_flash_attention_for_cpu", [Q, Q, Q, [], [], [], []],
              [F32, F32, F32, "Scalar", "Scalar", "", ""], [QS, QS, QS, [], [], [], []], ["", "", "", "0.", "True", "", ""])
-    assert c.flops == 4 * B * H * TQ * TQ * D  # no causal discount
+    # top-left causal, Tq == Tk == 8: query i sees keys 0..i, 1 + 2 + ... + 8 = 36 of the 64 pairs
+    assert c.flops == 2 * B * H * 36 * (D + D)
     assert c.note == CAUSAL_NOTE
     m = cost("aten::_scaled_dot_product_flash_attention_for_cpu", [Q, KV, KV, [], [], [TQ, TK], []],
              [F32, F32, F32, "Scalar", "Scalar", F32, ""], [QS, KS, KS, [], [], [TK, 1], []],
@@ -266,14 +267,21 @@ def test_efficient_attention_and_causal_mask_type():
     c = cost("aten::_scaled_dot_product_efficient_attention", [Q, KV, KV, [], [], [], [], []],
              [BF16, BF16, BF16, "", "Scalar", "Scalar", "Scalar", ""], [QS, KS, KS, [], [], [], [], []],
              ["", "", "", "", "True", "0.", "True", ""])
-    assert c.flops == 4 * B * H * TQ * TK * D and c.note == CAUSAL_NOTE
+    # SDPA's is_causal is top-left: Tq 8, Tk 10, query i sees keys 0..i: 1 + 2 + ... + 8 = 36 pairs
+    assert c.flops == 2 * B * H * 36 * (D + D) and c.note == CAUSAL_NOTE
     assert c.bytes == (B * H * TQ * D + 2 * B * H * TK * D) * 2 + B * H * TQ * D * 2 + B * H * TQ * 4
-    # raw kernel [B, T, H, D], custom_mask_type 1 = causal
-    raw = cost("aten::_efficient_attention_forward", [[B, TQ, H, D], [B, TK, H, D], [B, TK, H, D]] + [[]] * 11,
-               [BF16] * 3 + ["", "", "", "", "", "Scalar", "Scalar", "Scalar", "", "", ""],
-               [[]] * 14, ["", "", "", "", "", "", "", "", "0.", "1", "False", "", "", ""])
-    assert raw.flops == 4 * B * H * TQ * TK * D and raw.note == CAUSAL_NOTE
-    assert raw.bytes == (B * H * TQ * D + 2 * B * H * TK * D) * 2 + B * H * TQ * D * 2
+
+    def raw(mask_type: str) -> Cost:  # raw kernel [B, T, H, D]
+        return cost("aten::_efficient_attention_forward", [[B, TQ, H, D], [B, TK, H, D], [B, TK, H, D]] + [[]] * 11,
+                    [BF16] * 3 + ["", "", "", "", "", "Scalar", "Scalar", "Scalar", "", "", ""],
+                    [[]] * 14, ["", "", "", "", "", "", "", "", "0.", mask_type, "False", "", "", ""])
+
+    assert raw("0").flops == 4 * B * H * TQ * TK * D and raw("0").note == ""
+    # custom_mask_type 1 = CausalFromTopLeft: the same 36 pairs
+    assert raw("1").flops == 2 * B * H * 36 * (D + D) and raw("1").note == CAUSAL_NOTE
+    # 2 = CausalFromBottomRight: query i sees keys 0..i+2: 3 + 4 + ... + 10 = 52 pairs
+    assert raw("2").flops == 2 * B * H * 52 * (D + D) and raw("2").note == CAUSAL_NOTE
+    assert raw("1").bytes == raw("2").bytes == (B * H * TQ * D + 2 * B * H * TK * D) * 2 + B * H * TQ * D * 2
 
 
 def test_gqa_counts_query_heads_and_backward_gpu():
@@ -282,7 +290,30 @@ def test_gqa_counts_query_heads_and_backward_gpu():
              [[B, hq, TQ, D], [B, hq, TQ, D], [B, hkv, TK, D], [B, hkv, TK, D], [B, hq, TQ, D], [B, hq, TQ]] + [[]] * 9,
              [BF16] * 5 + [F32, "", "", "Scalar", "Scalar", "Scalar", "Scalar", BF16, BF16, ""], [[]] * 15,
              [""] * 8 + ["8", "10", "0.", "True", "", "", ""])
-    assert c.flops == 10 * B * hq * TQ * TK * D and c.note == CAUSAL_NOTE
+    # the flash kernels' is_causal is bottom-right (FlashAttention-2): Tq 8, Tk 10 -> 52 pairs (see above)
+    assert c.flops == 2 * B * hq * 52 * (3 * D + 2 * D) and c.note == CAUSAL_NOTE
+
+
+def test_causal_pairs_against_the_mask():
+    for tq in range(1, 9):
+        for tk in range(1, 9):
+            top_left = sum(1 for i in range(tq) for j in range(tk) if j <= i)
+            bottom_right = sum(1 for i in range(tq) for j in range(tk) if j <= i + tk - tq)
+            assert causal_pairs(tq, tk, TOP_LEFT) == top_left, (tq, tk)
+            assert causal_pairs(tq, tk, BOTTOM_RIGHT) == bottom_right, (tq, tk)
+    assert causal_pairs(4096, 4096) == 4096 * 4097 // 2  # about half the square
+    assert causal_pairs(1, 4096, BOTTOM_RIGHT) == 4096  # decoding one token sees every key
+    assert causal_pairs(1, 4096, TOP_LEFT) == 1
+
+
+def test_flash_sliding_window_is_noted():
+    args = [[1, 128, 8, 64]] * 3 + [[]] * 14
+    types = [BF16] * 3 + ["", "", "Scalar", "Scalar", "Scalar", "Scalar", "Scalar", "Scalar", "Scalar", "Scalar", "",
+                          "", "", ""]
+    conc = ["", "", "", "", "", "128", "128", "0.", "True", "False", "0.125", "32", "0", "", "", "", ""]
+    c = cost("aten::_flash_attention_forward", args, types, [[]] * 17, conc)
+    assert c.flops == 2 * 1 * 8 * (128 * 129 // 2) * (64 + 64)
+    assert c.note == CAUSAL_NOTE + "; " + WINDOW_NOTE
 
 
 def test_sdpa_wrapper_is_composite():

@@ -30,6 +30,8 @@ def test_attention_positions(op):
         assert names[spec.causal] == "is_causal"
     if spec.mask_type is not None:
         assert names[spec.mask_type] == "custom_mask_type"
+    for i in spec.window:
+        assert names[i] in ("window_size", "window_size_left", "window_size_right")
     for i in spec.masks:
         assert names[i] in ("attn_mask", "attn_bias", "bias")
     if not isinstance(spec.lse, bool):

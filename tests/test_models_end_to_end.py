@@ -79,8 +79,9 @@ def model_file(tmp_path_factory, name: str) -> Path:
 
 
 def flopcounter_per_step(path: Path, mode: str) -> tuple[float, int]:
-    """(FlopCounterMode FLOPs per step with its known over-count of grouped conv backward taken out,
-    number of CPU SDPA calls it could not count)."""
+    """(FlopCounterMode FLOPs per step with its known over-count of grouped conv backward taken out, the
+    FLOPs of each CPU SDPA call it could not count: 4*B*H*pairs*D, pairs = the (query, key) pairs the
+    kernel computes, counted on the mask)."""
     target = load_target(path)
     harness = Harness(target, mode=mode, device=torch.device("cpu"), dtype=None)
     harness.step()
@@ -92,7 +93,10 @@ def flopcounter_per_step(path: Path, mode: str) -> tuple[float, int]:
             # under inference_mode the mode sees the composite; in training, the CPU kernel op
             if func._schema.name in (CPU_SDPA, "aten::scaled_dot_product_attention"):
                 q, k = args[0], args[1]
-                sdpa_calls.append(4 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * q.shape[3])
+                causal = _arg(func, args, kwargs, "is_causal", False)
+                keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool)
+                pairs = int((keep.tril() if causal else keep).sum())  # SDPA's is_causal: top-left
+                sdpa_calls.append(4 * q.shape[0] * q.shape[1] * pairs * q.shape[3])
             out = func(*args, **(kwargs or {}))
             if func._schema.name == "aten::convolution_backward" and args[9] > 1 and args[10][1]:
                 # FlopCounterMode's own grad_weight term for this call, of which 1/groups is real work
@@ -104,6 +108,13 @@ def flopcounter_per_step(path: Path, mode: str) -> tuple[float, int]:
     with counter, _Spy():
         harness.step()
     return counter.get_total_flops() - sum(grouped_excess), sdpa_calls
+
+
+def _arg(func, args: tuple, kwargs: dict | None, name: str, default):
+    for i, a in enumerate(func._schema.arguments):
+        if a.name == name:
+            return args[i] if i < len(args) else (kwargs or {}).get(name, default)
+    return default
 
 
 CASES = [("mlp", "inference"), ("convnet", "inference"), ("convnet", "train"), ("depthwise", "train"),
