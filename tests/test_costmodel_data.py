@@ -327,8 +327,9 @@ def test_nll_and_mse_losses():
     b = cost("aten::nll_loss_backward", [[], [4, 5], [4], [], [], [], []], [F32, F32, I64, "", "Scalar", "Scalar", F32],
              [[], [5, 1], [1], [], [], [], []], ["", "", "", "", "1", "-100", ""])
     assert (b.flops, b.bytes) == (4, 4 + 4 * 8 + 4 * 4)  # the zero-fill of grad_input is a child zero_
+    # mean: subtract + square per element, x and y read, the unreduced loss written (the child mean reduces)
     m = cost("aten::mse_loss", [[4, 5], [4, 5], []], [F32, F32, "Scalar"], [[5, 1], [5, 1], []], ["", "", "1"])
-    assert (m.flops, m.bytes) == (3 * 20, 2 * 20 * 4 + 4)
+    assert (m.flops, m.bytes) == (2 * 20, 3 * 20 * 4)
     none = cost("aten::mse_loss", [[4, 5], [4, 5], []], [F32, F32, "Scalar"], [[5, 1], [5, 1], []], ["", "", "0"])
     assert (none.flops, none.bytes) == (2 * 20, 3 * 20 * 4)
     mb = cost("aten::mse_loss_backward", [[], [4, 5], [4, 5], []], [F32, F32, F32, "Scalar"], [[], [5, 1], [5, 1], []],
@@ -339,12 +340,22 @@ def test_nll_and_mse_losses():
 
 
 def test_bce_and_smooth_l1():
-    c = cost("aten::binary_cross_entropy", [[4, 5], [4, 5], [], []], [F32, F32, "", "Scalar"], [[5, 1], [5, 1], [], []],
-             ["", "", "", "1"])
-    assert (c.flops, c.bytes) == (8 * 20, 2 * 20 * 4 + 4)
+    # the unreduced loss written; the reduction (and BCE's weight) are child ops
+    c = cost("aten::binary_cross_entropy", [[4, 5], [4, 5], [5], []], [F32, F32, F32, "Scalar"],
+             [[5, 1], [5, 1], [1], []], ["", "", "", "1"])
+    assert (c.flops, c.bytes) == (9 * 20, 3 * 20 * 4)
     c = cost("aten::smooth_l1_loss", [[4, 5], [4, 5], [], []], [F32, F32, "Scalar", "Scalar"], [[5, 1], [5, 1], [], []],
              ["", "", "1", "1."])
-    assert (c.flops, c.bytes) == (5 * 20, 2 * 20 * 4 + 4)
+    assert (c.flops, c.bytes) == (4 * 20, 3 * 20 * 4)
+    c = cost("aten::huber_loss", [[4, 5], [4, 5], [], []], [F32, F32, "Scalar", "Scalar"], [[5, 1], [5, 1], [], []],
+             ["", "", "2", "1."])
+    assert (c.flops, c.bytes) == (4 * 20, 3 * 20 * 4)
+    zero_beta = cost("aten::smooth_l1_loss", [[4, 5], [4, 5], [], []], [F32, F32, "Scalar", "Scalar"],
+                     [[5, 1], [5, 1], [], []], ["", "", "1", "0."])
+    assert zero_beta.family == "composite"  # runs as l1_loss's sub / abs / mean
+    b = cost("aten::binary_cross_entropy_backward", [[], [4, 5], [4, 5], [5], []], [F32, F32, F32, F32, "Scalar"],
+             [[], [5, 1], [5, 1], [1], []], ["", "", "", "", "1"])
+    assert (b.flops, b.bytes) == (6 * 20, 4 + 2 * 20 * 4 + 20 * 4)  # the weight: child mul_
 
 
 # --- optimizer ----------------------------------------------------------------------------------------------

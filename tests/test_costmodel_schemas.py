@@ -114,6 +114,7 @@ POSITIONS = {
     ("nll_loss_forward", "default"): {2: "weight", 3: "reduction"},
     ("nll_loss_backward", "default"): {2: "target", 3: "weight"},
     ("mse_loss", "default"): {2: "reduction"},
+    ("smooth_l1_loss", "default"): {2: "reduction", 3: "beta"},
     ("binary_cross_entropy", "default"): {2: "weight", 3: "reduction"},
     ("addmm", "default"): {3: "beta"},
     ("baddbmm", "default"): {3: "beta"},

@@ -1,0 +1,83 @@
+"""Losses that write an unreduced tensor and reduce it in a child op (mse_loss -> mean -> sum + div_,
+binary_cross_entropy -> mul_ (weight) + sum + copy_): profiled through `opscope profile` in train mode,
+the loss's whole op subtree must add up to the hand count, the reduction counted once and the unreduced
+write counted."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from conftest import write_model
+from opscope.capture.torch_profiler import ProfileOptions, profile_target
+
+N = 16 * 32  # loss elements
+F32 = 4
+
+MODEL = """
+    import torch
+    import torch.nn.functional as F
+
+    TARGET = torch.rand(16, 32)
+    WEIGHT = torch.rand(32)
+
+    def get_model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Sigmoid())
+
+    def get_inputs():
+        return [torch.randn(16, 32)]
+
+    def loss_fn(out):
+        return {loss}
+"""
+
+
+def loss_subtree(tmp_path, loss: str, root: str) -> pd.DataFrame:
+    path = write_model(tmp_path, MODEL.replace("{loss}", loss))
+    run, _ = profile_target(ProfileOptions(target=path, out=tmp_path / "run", mode="train", steps=1, warmup=1,
+                                           peak_bw=20.0, peak_flops=["100"], threads=1))
+    ev = run.events
+    roots = ev.index[ev["name"] == root].tolist()
+    assert len(roots) == 1, roots
+    parent = ev["parent"].to_dict()
+    keep = set(roots)
+    for i in sorted(parent, key=lambda i: ev.at[i, "depth"]):
+        if parent[i] in keep:
+            keep.add(i)
+    return ev.loc[sorted(keep)]
+
+
+@pytest.mark.slow
+def test_mse_loss_mean_counts_the_reduction_once(tmp_path):
+    sub = loss_subtree(tmp_path, "F.mse_loss(out, TARGET)", "aten::mse_loss")
+    costs = {name: (float(g["flops"].sum()), float(g["bytes"].sum())) for name, g in sub.groupby("name")}
+    # mse_loss: x - y, square (2 per element); x and y read, the unreduced loss written
+    assert costs["aten::mse_loss"] == (2 * N, 3 * N * F32)
+    # its child mean = sum (1 per element; reads the unreduced loss, writes 1) + div_ by N, on CPU
+    assert costs["aten::mean"] == (0, 0)
+    assert costs["aten::sum"] == (N, N * F32 + F32)
+    assert costs["aten::fill_"] == (0, F32)  # sum zero-fills its one-element output
+    # div_(loss, 512): 1 FLOP; reads the loss and the wrapped long 512, writes the loss; the long -> float
+    # conversion of 512 is a child copy_ (8 read, 4 written)
+    assert costs["aten::div_"] == (1, F32 + 8 + F32)
+    assert costs["aten::copy_"] == (0, 8 + F32)
+    assert float(sub["flops"].sum()) == 3 * N + 1  # the reduction once: was 4N + 1
+    assert float(sub["bytes"].sum()) == 3 * N * F32 + (N * F32 + F32) + F32 + 16 + 12 == 8228
+
+
+@pytest.mark.slow
+def test_weighted_bce_sum_counts_the_reduction_once(tmp_path):
+    sub = loss_subtree(tmp_path, 'F.binary_cross_entropy(out, TARGET, weight=WEIGHT, reduction="sum")',
+                       "aten::binary_cross_entropy")
+    costs = {name: (float(g["flops"].sum()), float(g["bytes"].sum())) for name, g in sub.groupby("name")}
+    # the kernel's 9 per element; x and y read, the unreduced loss written (the weight: child mul_)
+    assert costs["aten::binary_cross_entropy"] == (9 * N, 3 * N * F32)
+    # loss.mul_(weight.expand(16, 32)): the loss read and written, the 32 weights read once
+    assert costs["aten::mul_"] == (N, 2 * N * F32 + 32 * F32)
+    # sum(loss) (an outer sum over the inner one), its one-element fill, the copy_ of the scalar result
+    assert costs["aten::sum"] == (N, N * F32 + F32)
+    assert costs["aten::fill_"] == (0, F32)
+    assert costs["aten::copy_"] == (0, 2 * F32)
+    assert float(sub["flops"].sum()) == 11 * N
+    assert float(sub["bytes"].sum()) == 3 * N * F32 + (2 * N * F32 + 128) + (N * F32 + F32) + F32 + 8 == 12432
