@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from opscope.costmodel import Cost, OpCall, estimate, floating_dtype
-from opscope.costmodel.base import DELEGATES_TO_ANY_CHILD, DTYPE_NAMES
+from opscope.costmodel.base import BIAS_COPIED_BY_CHILD, DELEGATES_TO_ANY_CHILD, DTYPE_NAMES
 from opscope.hardware import Peaks, ceiling_key
 
 KEY = ["op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location"]
@@ -79,6 +79,19 @@ def event_costs(ev: pd.DataFrame) -> pd.DataFrame:
             a = row_parent[a]
     for i in np.flatnonzero(delegates).tolist():
         flops[i], nbytes[i], family[i] = 0.0, 0.0, "composite"
+
+    # An op whose bias a child aten::copy_ wrote into its output (CPU addmm): the child counts the bias
+    # read and the output write, the op what is left (BIAS_COPIED_BY_CHILD).
+    parents_of_copies = {row_parent[j] for j in np.flatnonzero(ev["name"].to_numpy() == "aten::copy_").tolist()
+                         if row_parent[j] >= 0}
+    for i in sorted(parents_of_copies):
+        if names[i] in BIAS_COPIED_BY_CHILD and not delegates[i] and family[i] == "matmul":
+            row = ev.iloc[i]
+            call = OpCall.from_json_text(names[i], row["input_dims"], row["input_dtypes"], row["input_strides"],
+                                         row["concrete_inputs"])
+            cost = estimate(call, bias_copied_by_child=True)
+            if cost is not None:
+                flops[i], nbytes[i], note[i] = cost.flops, cost.bytes, cost.note
     return pd.DataFrame({"flops": flops, "bytes": nbytes, "family": family, "note": note, "dtype": dtype},
                         index=ev.index)
 

@@ -172,6 +172,12 @@ DELEGATES_TO_ANY_CHILD = frozenset({"aten::_fused_rms_norm", "aten::_fused_rms_n
 CostFn = Callable[[OpCall], "Cost | None"]
 REGISTRY: dict[str, CostFn] = {}
 
+# Ops whose output some backends pre-fill with the bias through a child aten::copy_ (CPU addmm, baddbmm,
+# _addmm_activation: copy_(out, bias.expand(...)), then out += A @ B). That child counts the bias read and
+# the output write; given such a child, the analysis layer counts the op with the function registered
+# here (what is left to it), so the pair adds up to one op's minimum traffic.
+BIAS_COPIED_BY_CHILD: dict[str, CostFn] = {}
+
 
 def register(*names: str) -> Callable[[CostFn], CostFn]:
     """Registers a cost function for one or more op names ("aten::mm", ...)."""
@@ -186,9 +192,22 @@ def register(*names: str) -> Callable[[CostFn], CostFn]:
     return deco
 
 
-def estimate(call: OpCall) -> Cost | None:
-    """FLOPs/bytes of one call, or None when the op is unknown or its inputs can't be interpreted."""
-    fn = REGISTRY.get(call.name)
+def register_bias_copied_by_child(*names: str) -> Callable[[CostFn], CostFn]:
+    """Registers the cost of an op whose bias a child aten::copy_ already wrote into its output."""
+
+    def deco(fn: CostFn) -> CostFn:
+        for name in names:
+            BIAS_COPIED_BY_CHILD[name] = fn
+        return fn
+
+    return deco
+
+
+def estimate(call: OpCall, *, bias_copied_by_child: bool = False) -> Cost | None:
+    """FLOPs/bytes of one call, or None when the op is unknown or its inputs can't be interpreted.
+    `bias_copied_by_child`: the call has a child aten::copy_ that wrote its bias into the output (see
+    BIAS_COPIED_BY_CHILD; ignored for other ops)."""
+    fn = (BIAS_COPIED_BY_CHILD.get(call.name) if bias_copied_by_child else None) or REGISTRY.get(call.name)
     if fn is None:
         return None
     try:

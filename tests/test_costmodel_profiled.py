@@ -1,7 +1,11 @@
-"""Losses that write an unreduced tensor and reduce it in a child op (mse_loss -> mean -> sum + div_,
-binary_cross_entropy -> mul_ (weight) + sum + copy_): profiled through `opscope profile` in train mode,
-the loss's whole op subtree must add up to the hand count, the reduction counted once and the unreduced
-write counted."""
+"""Work split between an op and its child ops, from runs profiled through `opscope profile`: each op
+subtree must add up to the hand count, every part counted once.
+
+- Losses that write an unreduced tensor and reduce it in a child op (mse_loss -> mean -> sum + div_,
+  binary_cross_entropy -> mul_ (weight) + sum + copy_): the reduction counted once, the unreduced write
+  counted.
+- CPU addmm / baddbmm, whose child copy_ writes the bias into the output: bias + A + B + output, the
+  same as a GPU addmm without that child (recorded H100 trace)."""
 
 from __future__ import annotations
 
@@ -34,10 +38,19 @@ MODEL = """
 
 
 def loss_subtree(tmp_path, loss: str, root: str) -> pd.DataFrame:
-    path = write_model(tmp_path, MODEL.replace("{loss}", loss))
-    run, _ = profile_target(ProfileOptions(target=path, out=tmp_path / "run", mode="train", steps=1, warmup=1,
+    return subtree(profiled_events(tmp_path, MODEL.replace("{loss}", loss), mode="train"), root)
+
+
+def profiled_events(tmp_path, source: str, mode: str = "inference") -> pd.DataFrame:
+    """The event table of a one-step profile of `source`, costs included."""
+    path = write_model(tmp_path, source)
+    run, _ = profile_target(ProfileOptions(target=path, out=tmp_path / "run", mode=mode, steps=1, warmup=1,
                                            peak_bw=20.0, peak_flops=["100"], threads=1))
-    ev = run.events
+    return run.events
+
+
+def subtree(ev: pd.DataFrame, root: str) -> pd.DataFrame:
+    """The one `root` op's event and its descendants'."""
     roots = ev.index[ev["name"] == root].tolist()
     assert len(roots) == 1, roots
     parent = ev["parent"].to_dict()
@@ -81,3 +94,50 @@ def test_weighted_bce_sum_counts_the_reduction_once(tmp_path):
     assert costs["aten::copy_"] == (0, 2 * F32)
     assert float(sub["flops"].sum()) == 11 * N
     assert float(sub["bytes"].sum()) == 3 * N * F32 + (2 * N * F32 + 128) + (N * F32 + F32) + F32 + 8 == 12432
+
+
+LINEAR = """
+    import torch
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(16, 32)
+            self.bias = torch.nn.Parameter(torch.randn(32))
+
+        def forward(self, x, a, b):
+            return self.linear(x), torch.baddbmm(self.bias, a, b)
+
+    def get_inputs():
+        return [torch.randn(8, 16), torch.randn(3, 8, 16), torch.randn(3, 16, 32)]
+"""
+
+
+@pytest.mark.slow
+def test_cpu_addmm_and_bias_copy_count_one_output_write(tmp_path):
+    ev = profiled_events(tmp_path, LINEAR)
+    for root, batch in (("aten::addmm", 1), ("aten::baddbmm", 3)):
+        sub = subtree(ev, root)
+        costs = {name: (float(g["flops"].sum()), float(g["bytes"].sum())) for name, g in sub.groupby("name")}
+        a, b, bias, out = batch * 8 * 16 * F32, batch * 16 * 32 * F32, 32 * F32, batch * 8 * 32 * F32
+        # the child copy_(out, bias.expand(...)): the 32 bias values read, the output written
+        assert costs["aten::copy_"] == (0, bias + out)
+        # the op: 2*M*N*K, A and B read (the weight's transpose is a view: its storage once)
+        assert costs[root] == (2 * batch * 8 * 32 * 16, a + b)
+        assert float(sub["bytes"].sum()) == bias + a + b + out  # one addmm's minimum traffic
+        assert "child copy_" in sub.loc[sub["name"] == root, "note"].iloc[0]
+
+
+def test_gpu_addmm_without_a_bias_copy_counts_everything():
+    from conftest import TRACES
+    from opscope.analysis.events import build_events
+    from opscope.analysis.ops_table import event_costs
+    from opscope.trace import load_trace
+
+    ev = build_events(load_trace(TRACES / "h100_bert-small_bf16.json.gz"))
+    ev = ev.join(event_costs(ev))
+    addmm = ev[(ev["name"] == "aten::addmm") & (ev["input_dims"] == "[[512], [141, 512], [512, 512], [], []]")]
+    assert len(addmm) and not (ev["name"].eq("aten::copy_") & ev["row_parent"].isin(addmm.index)).any()
+    bf16 = 2  # bias + A + B + output, all counted at the op
+    assert set(addmm["bytes"]) == {(512 + 141 * 512 + 512 * 512 + 141 * 512) * bf16}
+    assert set(addmm["note"]) == {""}
