@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from opscope.costmodel import Cost, OpCall, estimate
+from opscope.costmodel import Cost, OpCall, estimate, floating_dtype
 from opscope.costmodel.attention import BOTTOM_RIGHT, CAUSAL_NOTE, TOP_LEFT, WINDOW_NOTE, causal_pairs
 
 F32, BF16 = "float", "c10::BFloat16"
@@ -321,6 +321,23 @@ def test_sdpa_wrapper_is_composite():
              [BF16] * 3 + ["", "Scalar", "Scalar", "", "Scalar"], [[72192, 64, 512, 1]] * 3 + [[]] * 5,
              ["", "", "", "", "0.", "False", "", "False"])
     assert (c.flops, c.bytes, c.family) == (0, 0, "composite")
+
+
+def test_scaled_and_int_mm_dtypes():
+    # _scaled_mm(self, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)
+    args = [[64, 128], [128, 32], [], [], [], [], [], []]
+    strides = [[128, 1], [1, 128], [], [], [], [], [], []]
+    conc = ["", "", "", "", "", "", "15", "False"]
+    fp8 = OpCall("aten::_scaled_mm", tuple(args), ("c10::Float8_e4m3fn", "c10::Float8_e4m3fn", F32, F32, "", "", "Scalar",
+                                                   "Scalar"), tuple(strides), tuple(conc))
+    int8 = OpCall("aten::_scaled_mm", tuple(args), ("signed char", "signed char", F32, F32, "", "", "Scalar", "Scalar"),
+                  tuple(strides), tuple(conc))
+    assert (floating_dtype(fp8), floating_dtype(int8)) == ("float8", "int8")  # not the float32 scales'
+    c = estimate(int8)
+    assert c.flops == 2 * 64 * 32 * 128 and c.bytes == (64 * 128 + 128 * 32) + 2 * 4 + 64 * 32 * 2  # bf16 out
+    im = OpCall("aten::_int_mm", ([64, 128], [128, 32]), ("signed char", "signed char"), ([128, 1], [32, 1]), ("", ""))
+    assert floating_dtype(im) == "int8"
+    assert estimate(im).bytes == 64 * 128 + 128 * 32 + 64 * 32 * 4  # int32 out
 
 
 def test_matmul_overloads_sharing_a_name():

@@ -141,3 +141,32 @@ def test_gpu_addmm_without_a_bias_copy_counts_everything():
     bf16 = 2  # bias + A + B + output, all counted at the op
     assert set(addmm["bytes"]) == {(512 + 141 * 512 + 512 * 512 + 141 * 512) * bf16}
     assert set(addmm["note"]) == {""}
+
+
+CEILINGS = """
+    import torch
+
+    class Model(torch.nn.Module):
+        def forward(self, a, b, x):
+            return torch._int_mm(a, b), x @ x, torch.relu(x)
+
+    def get_inputs():
+        return [torch.randint(-8, 8, (64, 128), dtype=torch.int8), torch.randint(-8, 8, (128, 64), dtype=torch.int8),
+                torch.randn(128, 128, dtype=torch.float64)]
+"""
+
+
+def test_int8_gemm_and_float64_ops_get_their_ceilings(tmp_path):
+    path = write_model(tmp_path, CEILINGS)
+    run, _ = profile_target(ProfileOptions(
+        target=path, out=tmp_path / "run", steps=1, warmup=1, peak_bw=20.0, threads=1,
+        peak_flops=["float32=100", "float64=50", "float64_vector=25", "int8=400", "float16=200"]))
+    ops = run.ops.set_index("op")
+    # _int_mm: int8 operands -> dtype int8 -> the INT8 ceiling
+    assert (ops.loc["aten::_int_mm", "dtype"], ops.loc["aten::_int_mm", "ceiling"]) == ("int8", "int8")
+    assert ops.loc["aten::_int_mm", "flops_per_call"] == 2 * 64 * 64 * 128
+    # float64: the GEMM against the FP64 (tensor-core) figure, the element-wise op against the vector one
+    assert (ops.loc["aten::mm", "dtype"], ops.loc["aten::mm", "ceiling"]) == ("float64", "float64")
+    assert (ops.loc["aten::clamp_min", "dtype"], ops.loc["aten::clamp_min", "ceiling"]) == ("float64", "float64_vector")
+    row = ops.loc["aten::clamp_min"]
+    assert row["pct_peak_flops"] == pytest.approx(row["achieved_gflops"] / 25 * 100)

@@ -390,8 +390,15 @@ def reduced_shape(shape: Sequence[int], dim: Any, keepdim: bool) -> tuple[int, .
     return tuple(s for i, s in enumerate(shape) if i not in dims)
 
 
+# GEMMs on int8 operands (float scales aside): their dtype is "int8", which selects the INT8 tensor ceiling.
+INT8_GEMMS = frozenset({"aten::_int_mm", "aten::_scaled_mm"})
+
+
 def floating_dtype(call: OpCall) -> str | None:
-    """The op's dtype (CONTRACT: that of its first floating-point input), as an opscope dtype name."""
+    """The op's dtype (CONTRACT: that of its first floating-point input), as an opscope dtype name; an int8
+    GEMM's (INT8_GEMMS with an int8 first operand) is "int8"."""
+    if call.name in INT8_GEMMS and call.dtypes and call.dtypes[0] == "signed char":
+        return "int8"
     for entry in call.dtypes:
         if isinstance(entry, list):
             entry = entry[0] if entry else ""
