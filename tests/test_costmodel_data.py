@@ -264,11 +264,21 @@ def test_cat_over_tensor_list():
     # ViT: cat([cls.expand(4, 1, 768), patches], 1); the expanded cls token has stride 0 on dim 0
     dims = [[[4, 1, 768], [4, 196, 768]], []]
     strides = [[[0, 768, 1], [150528, 1, 196]], []]
-    c = cost("aten::cat", dims, ["TensorList", "Scalar"], strides, ["", "1"], list_dtype=BF16)
+    # element dtypes recorded (profile's dispatch pass fills them in): nothing assumed
+    c = cost("aten::cat", dims, [[BF16, BF16], "Scalar"], strides, ["", "1"])
     assert (c.flops, c.family, c.note) == (0, "copy", "")
     assert c.bytes == (768 + 4 * 196 * 768) * 2 + 4 * 197 * 768 * 2
+    # only "TensorList" (a trace): the caller's hint (the run's most common dtype), noted every time
+    hinted = cost("aten::cat", dims, ["TensorList", "Scalar"], strides, ["", "1"], list_dtype=BF16)
+    assert hinted.bytes == c.bytes
+    assert hinted.note == "TensorList dtype not recorded: assumed bfloat16 (the run's most common dtype)"
     guessed = cost("aten::cat", dims, ["TensorList", "Scalar"], strides, ["", "1"])
-    assert guessed.bytes == (768 + 4 * 196 * 768) * 4 + 4 * 197 * 768 * 4 and "float32" in guessed.note
+    assert guessed.bytes == (768 + 4 * 196 * 768) * 4 + 4 * 197 * 768 * 4
+    assert guessed.note == "TensorList dtype not recorded: assumed float32 (default)"
+    # mixed element dtypes: each read in its own, the result (promoted) ... written per element as read
+    mixed = cost("aten::cat", [[[128, 16], [128, 16]], []], [[I64, I64], "Scalar"], [[[16, 1], [16, 1]], []],
+                 ["", "0"])
+    assert (mixed.bytes, mixed.note) == (2 * 128 * 16 * 8 * 2, "")
 
 
 def test_memory_ops():
@@ -370,9 +380,12 @@ def test_foreach_sgd_ops():
     mul = cost("aten::_foreach_mul_", [PARAMS, []], ["TensorList", "Scalar"], [P_STRIDES, []], ["", "0.9"])
     assert (mul.flops, mul.bytes, mul.family) == (N_PARAMS, 2 * N_PARAMS * 4, "elementwise")
     assert "float32" in mul.note
-    add = cost("aten::_foreach_add_", [PARAMS, PARAMS, []], ["TensorList", "TensorList", "Scalar"],
-               [P_STRIDES, P_STRIDES, []], ["", "", "-0.1"], list_dtype=F32)
+    add = cost("aten::_foreach_add_", [PARAMS, PARAMS, []], [[F32] * 4, [F32] * 4, "Scalar"],
+               [P_STRIDES, P_STRIDES, []], ["", "", "-0.1"])
     assert (add.flops, add.bytes, add.note) == (2 * N_PARAMS, 3 * N_PARAMS * 4, "")
+    half = cost("aten::_foreach_add_", [PARAMS, PARAMS, []], ["TensorList", "TensorList", "Scalar"],
+                [P_STRIDES, P_STRIDES, []], ["", "", "-0.1"], list_dtype=BF16)
+    assert half.bytes == 3 * N_PARAMS * 2 and "assumed bfloat16" in half.note
     addcdiv = cost("aten::_foreach_addcdiv_", [PARAMS, PARAMS, PARAMS, []],
                    ["TensorList", "TensorList", "TensorList", "ScalarList"], [P_STRIDES] * 3 + [[]],
                    ["", "", "", "[-0.3, -0.3, -0.3, -0.3]"])

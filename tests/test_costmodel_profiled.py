@@ -12,7 +12,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from conftest import write_model
+from conftest import line_of, write_model
 from opscope.capture.torch_profiler import ProfileOptions, profile_target
 
 N = 16 * 32  # loss elements
@@ -170,3 +170,86 @@ def test_int8_gemm_and_float64_ops_get_their_ceilings(tmp_path):
     assert (ops.loc["aten::clamp_min", "dtype"], ops.loc["aten::clamp_min", "ceiling"]) == ("float64", "float64_vector")
     row = ops.loc["aten::clamp_min"]
     assert row["pct_peak_flops"] == pytest.approx(row["achieved_gflops"] / 25 * 100)
+
+
+CATS = """
+    import torch
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                           torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU())
+
+        def forward(self, x, i1, i2, h1, h2):
+            y = self.net(x)
+            pairs = torch.cat([i1, i2]), torch.cat([h1, h2])
+            stacked = torch.stack([h1, h2])  # CPU: a child cat([h1, h2]) and a view
+            return y, pairs, stacked
+
+    def get_inputs():
+        return [torch.randn(32, 64), torch.randint(0, 9, (128, 16)), torch.randint(0, 9, (128, 16)),
+                torch.randn(128, 64).half(), torch.randn(128, 64).half()]
+"""
+INT64_PAIR = "[[[128, 16], [128, 16]], []]"
+FP16_PAIR = "[[[128, 64], [128, 64]], []]"
+
+
+def cat_rows(ops: pd.DataFrame, path) -> pd.DataFrame:
+    """aten::cat rows by (input dims, "pairs" or "stacked": the line that issued them)."""
+    cats = ops[ops["op"] == "aten::cat"].copy()
+    stack_line = line_of(path, "torch.stack")
+    cats["line"] = ["stacked" if loc.endswith(f":{stack_line}") else "pairs" for loc in cats["source_location"]]
+    assert len(cats) == 3, cats[["input_dims", "source_location"]]
+    return cats.set_index(["input_dims", "line"])
+
+
+def test_tensorlist_dtypes_from_the_dispatch_pass(tmp_path):
+    from conftest import PEAKS, run_cli
+
+    path = write_model(tmp_path, CATS)
+    profiled = run_cli("profile", str(path), "--out", str(tmp_path / "run"), "--steps", "1", *PEAKS)
+    assert profiled.returncode == 0, profiled.stderr
+    ops = pd.read_csv(tmp_path / "run" / "ops.csv", keep_default_na=False)
+    cats = cat_rows(ops, path)
+    # every pair: both tensors read once in their own dtype, the concatenation written
+    int64_bytes = 2 * (128 * 16 * 8)
+    fp16_bytes = 2 * (128 * 64 * 2)
+    assert cats.loc[(INT64_PAIR, "pairs"), "bytes_per_call"] == 2 * int64_bytes  # not half, as float32
+    assert cats.loc[(FP16_PAIR, "pairs"), "bytes_per_call"] == 2 * fp16_bytes  # not twice, as float32
+    assert cats.loc[(FP16_PAIR, "stacked"), "bytes_per_call"] == 2 * fp16_bytes  # inside stack: its lists
+    assert set(cats["note"]) == {""}
+    assert cats.loc[(FP16_PAIR, "pairs"), "dtype"] == "float16"
+    assert cats.loc[(INT64_PAIR, "pairs"), "dtype"] == ""  # no floating-point input
+
+    # analyze has only the trace, whose TensorList types are just "TensorList": the run's most common
+    # dtype (float32) is assumed, and every such row says so
+    analyzed = run_cli("analyze", str(tmp_path / "run" / "trace.json.gz"), "--out", str(tmp_path / "analyzed"), *PEAKS)
+    assert analyzed.returncode == 0, analyzed.stderr
+    ops = pd.read_csv(tmp_path / "analyzed" / "ops.csv", keep_default_na=False)
+    cats = ops[ops["op"] == "aten::cat"].set_index("input_dims")  # (no source lines in this trace)
+    assert cats.loc[INT64_PAIR, "bytes_per_call"] == 2 * int64_bytes / 2
+    assert cats.loc[FP16_PAIR, "bytes_per_call"] == 2 * fp16_bytes * 2
+    assert cats.loc[FP16_PAIR, "calls"] == 2  # the explicit cat and stack's
+    assert set(cats["note"]) == {"TensorList dtype not recorded: assumed float32 (the run's most common dtype)"}
+
+
+def test_profiler_dtype_names(tmp_path):
+    """The dispatch pass names element dtypes as torch.profiler's "Input type" does."""
+    import json
+    import warnings
+
+    import torch
+
+    from opscope.capture.lines import PROFILER_DTYPES
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # complex32 is experimental
+        tensors = [torch.zeros(2, dtype=getattr(torch, name)) for name in PROFILER_DTYPES]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        for t in tensors:
+            t.clone()
+    prof.export_chrome_trace(str(tmp_path / "trace.json"))
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    recorded = [e["args"]["Input type"][0] for e in events if e.get("name") == "aten::clone"]
+    assert recorded == list(PROFILER_DTYPES.values())

@@ -1,8 +1,8 @@
 """From raw trace tables to the per-event table every later stage reads.
 
 Adds to each cpu_op event: its parent in the op call tree (ops nest by time on a thread), self time,
-whether it is a row of ops.csv, the profiler step it ran in, the kernels it launched (GPU traces) and
-its source location.
+whether it is a row of ops.csv, the profiler step it ran in, the kernels it launched (GPU traces), its
+source location and (profile) the TensorList element dtypes the dispatch pass saw.
 """
 
 from __future__ import annotations
@@ -146,8 +146,21 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
 
     ev["step"] = _assign_steps(trace, ts)
     _attribute_kernels(trace, ev, keys)
+    if callable(source_override):
+        source_override = source_override(ev)
+    ev["dispatch_input_types"] = _dispatch_input_types(source_override, n)
     ev["source_location"] = _sources(trace, ev, keys, order, source_override)
     return ev
+
+
+def _dispatch_input_types(source_override: Mapping[int, str] | None, n: int) -> list[str]:
+    """Per event, "Input type" as `profile`'s untimed dispatch pass saw it (TensorList element dtypes
+    filled in: capture.lines.LineJoin.input_types), or "" where it gave none (always for traces)."""
+    out = [""] * n
+    for i, text in getattr(source_override, "input_types", {}).items():
+        if 0 <= i < n:
+            out[i] = text
+    return out
 
 
 def _assign_steps(trace: TraceData, ts: np.ndarray) -> np.ndarray:

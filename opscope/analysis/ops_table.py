@@ -45,11 +45,14 @@ def event_costs(ev: pd.DataFrame) -> pd.DataFrame:
     dtype = [""] * n
     cache: dict[tuple, tuple[Cost | None, str]] = {}
     list_dtype = dominant_float_type(ev)
+    # TensorList element dtypes seen by `profile`'s dispatch pass, where it ran (events.py)
+    seen = ev["dispatch_input_types"].tolist() if "dispatch_input_types" in ev.columns else [""] * n
     cols = zip(ev["name"].tolist(), ev["input_dims"].tolist(), ev["input_dtypes"].tolist(),
-               ev["input_strides"].tolist(), ev["concrete_inputs"].tolist(), ev["is_row"].tolist(), strict=True)
-    for i, (name, dims, types, strides, concrete, row) in enumerate(cols):
+               ev["input_strides"].tolist(), ev["concrete_inputs"].tolist(), ev["is_row"].tolist(), seen, strict=True)
+    for i, (name, dims, types, strides, concrete, row, seen_types) in enumerate(cols):
         if not row:
             continue
+        types = seen_types or types
         key = (name, dims, types, strides, concrete)
         hit = cache.get(key)
         if hit is None:
@@ -97,8 +100,8 @@ def event_costs(ev: pd.DataFrame) -> pd.DataFrame:
 
 
 def dominant_float_type(ev: pd.DataFrame) -> str:
-    """The most common floating "Input type" among row ops (TensorList elements have no recorded dtype;
-    this is the best guess for them)."""
+    """The most common floating "Input type" among row ops: the guess for TensorList elements whose dtype
+    neither the trace nor the dispatch pass recorded (the cost's note says so)."""
     counts: dict[str, int] = {}
     for text, k in ev.loc[ev["is_row"], "input_dtypes"].value_counts().items():
         try:

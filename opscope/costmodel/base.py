@@ -28,9 +28,10 @@ class OpCall:
     dtypes: tuple = ()
     strides: tuple = ()
     concrete: tuple = ()
-    # torch.profiler records a TensorList's type as just "TensorList" (no element dtype). A caller that
-    # knows better (e.g. the step's dominant dtype) may set this; otherwise the cost functions use the
-    # call's first plain tensor dtype, else assume float32 and say so in Cost.note.
+    # torch.profiler records a TensorList's type as just "TensorList" (no element dtype); `dtypes` may
+    # carry the element dtypes instead (a list per TensorList, e.g. from `profile`'s dispatch pass).
+    # Where it does not, the cost functions assume this hint (e.g. the run's most common dtype), else the
+    # call's first plain tensor dtype, else float32 -- and say so in Cost.note (list_dtype_note()).
     list_dtype: str = ""
 
     @classmethod
@@ -56,8 +57,8 @@ class OpCall:
             return None
         shape = self.dims[i]
         dtype = self.dtypes[i] if i < len(self.dtypes) else ""
-        if not isinstance(shape, list) or dtype in NON_TENSOR_TYPES:
-            return None
+        if not isinstance(shape, list) or isinstance(dtype, list) or dtype in NON_TENSOR_TYPES:
+            return None  # (a list of dtypes: a TensorList's elements)
         if shape and isinstance(shape[0], list):
             return None  # a TensorList; see tensor_list()
         if not shape and dtype not in ITEMSIZE:
@@ -86,28 +87,40 @@ class OpCall:
         return out
 
     def list_dtype_known(self) -> bool:
-        """Whether TensorList element dtypes come from the trace/caller rather than the float32 guess."""
-        if any(isinstance(e, list) and e and e[0] in ITEMSIZE for e in self.dtypes):
-            return True
-        return self._list_dtype_source()[1]
+        """Whether the element dtypes of every (non-empty) TensorList argument are recorded in `dtypes`
+        rather than assumed."""
+        for i, shapes in enumerate(self.dims):
+            if isinstance(shapes, list) and shapes and isinstance(shapes[0], list):
+                entry = self.dtypes[i] if i < len(self.dtypes) else ""
+                if not (isinstance(entry, list) and len(entry) == len(shapes) and all(d in ITEMSIZE for d in entry)):
+                    return False
+        return True
+
+    def list_dtype_note(self) -> str:
+        """Empty when list_dtype_known(), else the note saying which dtype was assumed for TensorList
+        elements, and why."""
+        if self.list_dtype_known():
+            return ""
+        dtype, why = self._list_dtype_source()
+        return f"TensorList dtype not recorded: assumed {DTYPE_NAMES.get(dtype) or OTHER_DTYPE_NAMES.get(dtype, dtype)} ({why})"
 
     def assumed_list_dtype(self) -> str:
-        """The dtype used for TensorList elements whose dtype the trace does not record: the caller's
-        hint, else the first non-scalar plain tensor's, else a 0-dim tensor's (not a wrapped Python
-        number's), else float32."""
+        """The dtype used for TensorList elements whose dtype is not recorded: the caller's hint, else the
+        first non-scalar plain tensor's, else a 0-dim tensor's (not a wrapped Python number's), else
+        float32."""
         return self._list_dtype_source()[0]
 
-    def _list_dtype_source(self) -> tuple[str, bool]:
+    def _list_dtype_source(self) -> tuple[str, str]:
         if self.list_dtype in ITEMSIZE:
-            return self.list_dtype, True
+            return self.list_dtype, "the run's most common dtype"
         plain = [t for t in self.tensors() if t.dtype in ITEMSIZE]
         for t in plain:
             if t.shape:
-                return t.dtype, True
+                return t.dtype, "the op's tensor argument's"
         for t in plain:
             if t.dtype not in WRAPPED_NUMBER_DTYPES:
-                return t.dtype, True
-        return "float", False
+                return t.dtype, "the op's tensor argument's"
+        return "float", "default"
 
     def is_tensor(self, i: int) -> bool:
         return self.tensor(i) is not None
@@ -265,6 +278,13 @@ DTYPE_NAMES: dict[str, str] = {
     "c10::Float8_e5m2fnuz": "float8",
 }
 
+# ... and the other types' torch names (for messages).
+OTHER_DTYPE_NAMES: dict[str, str] = {
+    "long int": "int64", "int": "int32", "short int": "int16", "signed char": "int8", "unsigned char": "uint8",
+    "bool": "bool", "short unsigned int": "uint16", "unsigned int": "uint32", "long unsigned int": "uint64",
+    "c10::complex<float>": "complex64", "c10::complex<double>": "complex128", "c10::complex<c10::Half>": "complex32",
+}
+
 
 # ScalarType codes as the profiler records them in "Concrete Inputs" (dtype= arguments) -> "Input type" names.
 SCALAR_TYPES: dict[int, str] = {
@@ -404,7 +424,7 @@ def floating_dtype(call: OpCall) -> str | None:
             entry = entry[0] if entry else ""
         if entry in DTYPE_NAMES:
             return DTYPE_NAMES[entry]
-    return DTYPE_NAMES.get(call.list_dtype)
+    return None if call.list_dtype_known() else DTYPE_NAMES.get(call.list_dtype)
 
 
 def storage_elements(shape: Sequence[int], stride: Sequence[int]) -> int:
