@@ -165,14 +165,18 @@ def test_conv1d_and_slow_conv3d():
     assert c.bytes == (2 * 216 + 4 * 2 * 27 + 4 * 64) * 4
 
 
+# convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+# output_padding, groups, output_mask)
+CONV_BWD_TYPES = [F32, F32, F32, "ScalarList", "ScalarList", "ScalarList", "ScalarList", "Scalar", "ScalarList", "Scalar",
+                  "ScalarList"]
+
+
 def test_convolution_backward_output_mask():
     # conv2d(x [2,4,10,10], w [8,2,3,3], b, stride=2, padding=1, groups=2) backward, grad_out [2,8,5,5]
     dims = [[2, 8, 5, 5], [2, 4, 10, 10], [8, 2, 3, 3], [], [], [], [], [], [], [], []]
-    types = [F32, F32, F32, "ScalarList", "ScalarList", "ScalarList", "ScalarList", "Scalar", "ScalarList", "Scalar",
-             "ScalarList"]
     strides = [[0, 0, 0, 0], [400, 100, 10, 1], [18, 9, 3, 1], [], [], [], [], [], [], [], []]
     conc = ["", "", "", "[8]", "[2, 2]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "2", "[True, True, True]"]
-    c = cost("aten::convolution_backward", dims, types, strides, conc)
+    c = cost("aten::convolution_backward", dims, CONV_BWD_TYPES, strides, conc)
     # grad_input: a transposed conv over grad_out's positions: 2 * N * 5*5 * 3*3 * w[0] * w[1]
     grad_input = 2 * 2 * (5 * 5) * (3 * 3) * 8 * 2
     # grad_weight: each of the 8 x 2 x 3x3 weights sums over N * 5*5 positions: 2 * 8*2*9 * 2*25,
@@ -182,7 +186,7 @@ def test_convolution_backward_output_mask():
     assert c.flops == grad_input + grad_weight
     # grad_out is an expanded scalar (stride 0): 1 element of storage
     assert c.bytes == 4 + (8 * 2 * 9) * 4 + (2 * 4 * 100) * 4 + (2 * 4 * 100) * 4 + (8 * 2 * 9) * 4 + 8 * 4
-    only_weight = cost("aten::convolution_backward", dims, types, strides, conc[:-1] + ["[False, True, False]"])
+    only_weight = cost("aten::convolution_backward", dims, CONV_BWD_TYPES, strides, conc[:-1] + ["[False, True, False]"])
     assert only_weight.flops == grad_weight
     assert only_weight.bytes == 4 + (2 * 4 * 100) * 4 + (8 * 2 * 9) * 4
 
@@ -191,11 +195,9 @@ def test_depthwise_convolution_backward_counts_the_real_work():
     # issue 8: depthwise 3x3, 128 channels, on [8,128,56,56] (padding 1), train mode. grad_input and
     # grad_weight each do one multiply-add per (weight tap, output position): 8*56*56 * 9 * 128.
     dims = [[8, 128, 56, 56], [8, 128, 56, 56], [128, 1, 3, 3], [], [], [], [], [], [], [], []]
-    types = [F32, F32, F32, "ScalarList", "ScalarList", "ScalarList", "ScalarList", "Scalar", "ScalarList", "Scalar",
-             "ScalarList"]
     strides = [[401408, 3136, 56, 1], [401408, 3136, 56, 1], [9, 9, 3, 1], [], [], [], [], [], [], [], []]
     conc = ["", "", "", "[128]", "[1, 1]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "128", "[True, True, True]"]
-    c = cost("aten::convolution_backward", dims, types, strides, conc)
+    c = cost("aten::convolution_backward", dims, CONV_BWD_TYPES, strides, conc)
     per_grad = 2 * 8 * 56 * 56 * 9 * 128
     assert per_grad == 57_802_752
     assert c.flops == 2 * per_grad == 115_605_504  # 1.156e8; FlopCounterMode says 7.457e9
