@@ -169,9 +169,19 @@ class Page:
                 raise DevToolsError(f"timed out waiting for {expression}")
             time.sleep(0.05)
 
+    def hover(self, x: float, y: float) -> None:
+        self.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x, "y": y})
+        time.sleep(0.15)  # plotly throttles hover handling
+
     def click(self, x: float, y: float) -> None:
-        for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
+        self.hover(x, y)
+        for kind in ("mousePressed", "mouseReleased"):
             self.send("Input.dispatchMouseEvent", {"type": kind, "x": x, "y": y, "button": "left", "clickCount": 1})
+
+    def key(self, key: str, code: str | None = None, key_code: int = 0) -> None:
+        for kind in ("keyDown", "keyUp"):
+            self.send("Input.dispatchKeyEvent", {"type": kind, "key": key, "code": code or key,
+                                                 "windowsVirtualKeyCode": key_code})
 
     def screenshot(self, clip: dict[str, float] | None = None) -> bytes:
         params: dict[str, Any] = {"format": "png"}
@@ -194,6 +204,11 @@ class Page:
             elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
                 out.append(f"log: {params['entry'].get('text')}")
         return out
+
+    def dialogs(self) -> list[str]:
+        """Messages of alert/confirm/prompt dialogs the page opened."""
+        return [e["params"].get("message", "") for e in self.browser.events
+                if e.get("sessionId") == self.session and e.get("method") == "Page.javascriptDialogOpening"]
 
     def requests(self) -> list[str]:
         """URLs of every request the page made."""

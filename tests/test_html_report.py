@@ -94,9 +94,9 @@ def plotted_rows(run_dir: Path) -> set[int]:
 def assert_self_contained(doc: str) -> None:
     parts = scripts(doc)
     code = [content for attrs, content in parts if "application/json" not in attrs]
-    assert len(parts) == 3 and len(code) == 2  # data, plotly.js, the report's own script
-    assert code[0] == plotly_js()  # the installed plotly.js bundle, byte for byte
-    ours = SCRIPT.sub("", doc) + code[1]  # everything but plotly.js (and the JSON: checked as data)
+    assert len(parts) == 3 and len(code) == 2  # data, the report's own script, plotly.js
+    assert code[1] == plotly_js()  # the installed plotly.js bundle, byte for byte
+    ours = SCRIPT.sub("", doc) + code[0]  # everything but plotly.js (and the JSON: checked as data)
     for needle in ('src="http', "src='http", 'href="http', "fetch(", "XMLHttpRequest", "@import", "url(", "import("):
         assert needle not in ours, needle
     # plotly.js itself contains map-tile code that could fetch: the page's CSP forbids any request,

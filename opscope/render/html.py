@@ -472,7 +472,7 @@ def render_html(run: Run, comparison: Comparison | None = None) -> str:
                  f" · run directory {shown_path(run.path) if run.path else '?'} · report by opscope {__version__}")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{_csp([plotly, app_js])}">
+<meta http-equiv="Content-Security-Policy" content="{_csp([app_js, plotly])}">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta name="generator" content="opscope {esc(__version__)}">
 <title>opscope: {esc(target)}</title>
@@ -503,8 +503,8 @@ def render_html(run: Run, comparison: Comparison | None = None) -> str:
 <footer>{footer}</footer>
 </main>
 <script type="application/json" id="opscope-data">{script_json(data)}</script>
-<script>{plotly}</script>
 <script>{app_js}</script>
+<script>{plotly}</script>
 </body></html>
 """
 
