@@ -19,13 +19,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from chromium import Chromium, find_chromium
-from test_html_report import HOSTILE_KERNEL, HOSTILE_PATH, hostile_run, plotted_rows
+from test_html_report import HOSTILE_KERNEL, HOSTILE_PATH, big_run, hostile_run, plotted_rows
 
 from conftest import EXAMPLES, PEAKS, REPO, TRACES, run_cli
 from opscope.analysis.trace_file import analyze_trace_file
 from opscope.render.html import BOUND_COLORS, PAGE_ROWS, write_html
 from opscope.render.report_data import verdict_line
-from opscope.run import read_run, write_run
+from opscope.run import read_run
 
 if find_chromium() is None:
     if os.environ.get("OPSCOPE_REQUIRE_BROWSER") == "1":
@@ -48,26 +48,12 @@ def reports(tmp_path_factory) -> dict[str, Path]:
                    str(folder / "cpu"), *PEAKS, cwd=folder)
     assert proc.returncode == 0, proc.stderr
     runs["cpu"] = folder / "cpu"
-    runs["big"] = _big_run(runs["vit"], folder / "big")
+    runs["big"] = big_run(runs["vit"], folder / "big")
     pages = {}
     for name, run_dir in runs.items():
         pages[name] = write_html(read_run(run_dir), folder / f"{name}.html")
     pages["runs"] = runs  # type: ignore[assignment]
     return pages
-
-
-def _big_run(source: Path, out: Path) -> Path:
-    """~2,000 op rows: the ViT run's rows repeated at 21 more source lines."""
-    run = read_run(source)
-    copies = []
-    for k in range(22):
-        ops = run.ops.copy()
-        ops["source_location"] = [f"pkg/layer_{k}/block.py:{n}" for n in range(len(ops))]
-        copies.append(ops)
-    run.ops = pd.concat(copies, ignore_index=True)
-    run.ops["time_share"] = run.ops["time_us_total"] / run.ops["time_us_total"].sum()
-    write_run(run, out, "big", None)
-    return out
 
 
 @pytest.fixture(scope="module")

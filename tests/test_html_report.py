@@ -215,25 +215,30 @@ def test_baseline_adds_the_comparison(runs, tmp_path):
     assert f"{c.step_ratio:.2f}x" in doc
 
 
-def test_large_run_stays_small(runs, tmp_path):
-    """~2,000 op rows (the size of a 132k-event trace's table): under 10 MB, one point per plotted row."""
-    run = read_run(runs["vit"])
-    copies = []
-    for k in range(22):
+def big_run(source: Path, out: Path, copies: int = 22) -> Path:
+    """A run of ~2,000 op rows (the size of a 132k-event trace's table): `source`'s rows repeated at
+    other source lines, with other times."""
+    run = read_run(source)
+    parts = []
+    for k in range(copies):
         ops = run.ops.copy()
         ops["source_location"] = [f"pkg/layer_{k}/block.py:{n}" for n in range(len(ops))]
         ops["time_us_total"] = ops["time_us_total"] * (1 + k / 10)
-        copies.append(ops)
-    run.ops = pd.concat(copies, ignore_index=True).sort_values("time_us_total", ascending=False,
-                                                                 ignore_index=True)
+        parts.append(ops)
+    run.ops = pd.concat(parts, ignore_index=True).sort_values("time_us_total", ascending=False, ignore_index=True)
     run.ops["time_share"] = run.ops["time_us_total"] / run.ops["time_us_total"].sum()
-    write_run(run, tmp_path / "big", "big", None)
-    assert len(run.ops) >= 2000
-    doc = render_html(read_run(tmp_path / "big"))
+    write_run(run, out, "big", None)
+    return out
+
+
+def test_large_run_stays_small(runs, tmp_path):
+    """~2,000 op rows: under 10 MB, one point per plotted row."""
+    big = big_run(runs["vit"], tmp_path / "big")
+    assert len(read_run(big).ops) >= 2000
+    doc = render_html(read_run(big))
     assert len(doc.encode()) < 10_000_000
     data = embedded(doc)
-    assert sum(len(t["customdata"]) for t in data["roofline"]["data"] if "customdata" in t) == len(
-        plotted_rows(tmp_path / "big"))
+    assert sum(len(t["customdata"]) for t in data["roofline"]["data"] if "customdata" in t) == len(plotted_rows(big))
 
 
 # --- the console report -----------------------------------------------------------------------
