@@ -22,7 +22,6 @@ from chromium import Chromium, find_chromium
 from test_html_report import HOSTILE_KERNEL, HOSTILE_PATH, big_run, hostile_run, plotted_rows
 
 from conftest import EXAMPLES, PEAKS, REPO, TRACES, run_cli
-from opscope.analysis.trace_file import analyze_trace_file
 from opscope.render.html import BOUND_COLORS, PAGE_ROWS, write_html
 from opscope.render.report_data import verdict_line
 from opscope.run import read_run
@@ -42,8 +41,10 @@ READY = "window.opscopeReport && window.opscopeReport.ready"
 def reports(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("browser")
     runs = {"hostile": hostile_run(folder)}
-    runs["vit"] = folder / "vit"
-    analyze_trace_file(TRACES / "h100_vit-image-classifier_bf16.json.gz", out=runs["vit"])
+    runs["vit"] = folder / "vit"  # analyzed from the repository root: the report names the trace as in the README
+    proc = run_cli("analyze", str((TRACES / "h100_vit-image-classifier_bf16.json.gz").relative_to(REPO)), "--out",
+                   str(runs["vit"]), cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
     proc = run_cli("profile", str(EXAMPLES / "transformer_block.py"), "--steps", "2", "--warmup", "1", "--out",
                    str(folder / "cpu"), *PEAKS, cwd=folder)
     assert proc.returncode == 0, proc.stderr

@@ -35,6 +35,7 @@ from opscope.render.report_data import (
     memory_items,
     module_tree,
     num,
+    short_location,
     step_line,
     steps_of,
     swap_table,
@@ -152,8 +153,9 @@ def roofline_figure(run: Run) -> tuple[dict[str, Any], dict[str, list[float]], s
     traces[:0] = _ceiling_traces(run, run_points)
     layout = {
         "height": 540, "margin": {"l": 70, "r": 20, "t": 34, "b": 50}, "hovermode": "closest",
-        "xaxis": {"type": "log", "title": {"text": "arithmetic intensity (FLOP / byte)"}, "exponentformat": "SI"},
-        "yaxis": {"type": "log", "title": {"text": "achieved FLOP/s"}, "exponentformat": "SI"},
+        "xaxis": {"type": "log", "title": {"text": "arithmetic intensity (FLOP / byte)"}, "exponentformat": "SI",
+                  "dtick": 1},
+        "yaxis": {"type": "log", "title": {"text": "achieved FLOP/s"}, "tickformat": "~s", "dtick": 1},
         "legend": {"orientation": "h", "y": -0.15},
         "font": {"size": 12},
     }
@@ -226,6 +228,7 @@ def module_figure(run: Run) -> dict[str, Any] | None:
         hover.append(f"<b>{plot_text(path or root)}</b><br>{fmt_us(t / steps)} per step (inclusive)")
     trace = {"type": "treemap", "ids": ids, "parents": parents, "values": values, "labels": labels,
              "hovertext": hover, "hoverinfo": "text", "branchvalues": "remainder", "maxdepth": 4,
+             "textinfo": "label+percent root",
              "uid": "modules"}
     return {"data": [trace], "layout": {"height": 480, "margin": {"l": 0, "r": 0, "t": 10, "b": 0}}}
 
@@ -234,18 +237,19 @@ def module_figure(run: Run) -> dict[str, Any] | None:
 
 
 def _columns(run: Run) -> list[dict[str, Any]]:
-    gpu = "kernels" in run.ops.columns
-    cols = [("rank", "#", "num"), ("op", "op", "op"), ("shapes", "input shapes", "shapes mono"),
-            ("dtype", "dtype", ""), ("source", "source", "src mono")]
+    """The table's columns: what fits at 1280 px. The selected row's panel has the rest (dtypes, strides,
+    time per call, kernels, ...); `title` names the detail field a cell's tooltip shows in full."""
+    cols = [("rank", "#", "num", None), ("op", "op", "op", "op"), ("shapes", "input shapes", "shapes mono", "input_dims"),
+            ("source", "source", "src mono", "source_location")]
     if has_modules(run):
-        cols.append(("module", "module", "src mono"))
-    cols += [("calls", "calls", "num"), ("time", "time", "num"), ("per_call", "per call", "num"),
-             ("share", "share", "num"), ("flops", "FLOP/s", "num"), ("bw", "B/s", "num"), ("ai", "FLOP/B", "num"),
-             ("peak", "% peak", "num"), ("bound", "bound", "")]
-    if gpu:
-        cols += [("cpu", "CPU time", "num"), ("kernels", "kernels", "kern mono")]
-    return [{"key": k, "label": label, "cls": cls, "num": "num" in cls.split(),
-             "title": k in ("shapes", "source", "module", "kernels")} for k, label, cls in cols]
+        cols.append(("module", "module", "src mono", "module"))
+    cols += [("calls", "calls", "num", None), ("time", "time", "num", None), ("share", "share", "num", None),
+             ("flops", "FLOP/s", "num", None), ("bw", "B/s", "num", None), ("ai", "FLOP/B", "num", None),
+             ("peak", "% peak", "num", None), ("bound", "bound", "", None)]
+    if "kernels" in run.ops.columns:
+        cols.append(("cpu", "CPU time", "num", None))
+    return [{"key": k, "label": label, "cls": cls, "num": "num" in cls.split(), "title": title}
+            for k, label, cls, title in cols]
 
 
 def _table_row(i: int, row: dict[str, Any], columns: list[dict[str, Any]]) -> dict[str, Any]:
@@ -256,27 +260,28 @@ def _table_row(i: int, row: dict[str, Any], columns: list[dict[str, Any]]) -> di
     if per_call is None and total is not None and calls:
         per_call = total / calls
     kernels = [k for k in text(row.get("kernels")).split(";") if k]
+    gpu_row = "cpu_time_us_total" in row
     bound = text(row.get("bound")) or "unknown"
     source = text(row.get("source_location"))
     cells = {
         "rank": (str(i + 1), i), "op": (op_name(row), text(row.get("op")).lower()),
         "shapes": (" ".join(op_shapes(row)), text(row.get("input_dims"))),
-        "dtype": (text(row.get("dtype")), text(row.get("dtype"))), "source": (source, source.lower()),
+        "source": (short_location(source), source.lower()),
         "module": (text(row.get("module")), text(row.get("module")).lower()),
         "calls": (f"{calls:.0f}" if calls is not None else "—", calls),
-        "time": (fmt_us(total), total), "per_call": (fmt_us(per_call), per_call),
+        "time": (fmt_us(total), total),
         "share": (fmt_pct(row.get("time_share"), 100), num(row.get("time_share"))),
         "flops": (si(gflops * 1e9 if gflops is not None else None), gflops),
         "bw": (si(gbps * 1e9 if gbps is not None else None), gbps),
         "ai": ("—" if ai is None else f"{ai:.3g}", ai), "peak": (fmt_pct(peak), peak), "bound": (bound, bound),
         "cpu": (fmt_us(row.get("cpu_time_us_total")), num(row.get("cpu_time_us_total"))),
-        "kernels": ((kernels[0] if len(kernels) == 1 else f"{len(kernels)}: {kernels[0]} …") if kernels else "",
-                    len(kernels)),
     }
     detail = {key: text(row.get(key)) for key in ("op", "input_dims", "input_dtypes", "input_strides",
                                                     "concrete_inputs", "source_location", "module", "family",
                                                     "dtype", "ceiling", "note", "compiled_graph")}
-    detail.update(kernels=kernels, bound=bound, time=f"{fmt_us(total)} ({fmt_pct(row.get('time_share'), 100)})",
+    detail.update(kernels=kernels, bound=bound, cpu_time=fmt_us(row.get("cpu_time_us_total")) if gpu_row else "",
+                  time=f"{fmt_us(total)} ({fmt_pct(row.get('time_share'), 100)}), {calls or 0:.0f} calls, "
+                       f"{fmt_us(per_call)} per call",
                   flops_per_call=si(row.get("flops_per_call")), bytes_per_call=si(row.get("bytes_per_call"), "B", 1024.0),
                   rates=f"{cells['flops'][0]}FLOP/s, {cells['bw'][0]}B/s, {cells['peak'][0]} of peak")
     return {"c": [cells[c["key"]][0] for c in columns], "k": [cells[c["key"]][1] for c in columns],
@@ -285,7 +290,8 @@ def _table_row(i: int, row: dict[str, Any], columns: list[dict[str, Any]]) -> di
 
 DETAIL_FIELDS = [("op", "op"), ("module", "module"), ("source_location", "source"), ("input_dims", "input shapes"),
                  ("input_dtypes", "input dtypes"), ("input_strides", "input strides"),
-                 ("concrete_inputs", "concrete inputs"), ("time", "time"), ("rates", "achieved"),
+                 ("concrete_inputs", "concrete inputs"), ("time", "time"), ("cpu_time", "CPU time"),
+                 ("rates", "achieved"),
                  ("flops_per_call", "FLOPs per call"), ("bytes_per_call", "bytes per call"), ("bound", "bound"),
                  ("family", "family"), ("dtype", "dtype"), ("ceiling", "ceiling"), ("note", "note"),
                  ("compiled_graph", "compiled graph"), ("kernels", "kernels")]

@@ -57,7 +57,7 @@
       td.className = columns[c].cls;
       if (columns[c].key === "bound") td.className += " b-" + (data.bounds.indexOf(row.b) >= 0 ? row.b : "unknown");
       td.textContent = row.c[c];
-      if (columns[c].title) td.title = row.c[c];
+      if (columns[c].title) td.title = row.d[columns[c].title] || "";
       tr.appendChild(td);
     }
     return tr;
