@@ -152,7 +152,7 @@ def comparison_group(c: Comparison, top: int = 15, width: int = 160) -> Group:
             cells = [Text(" ".join([op_name({"op": x.op}), *shapes])),
                      Text("—" if x.verdict == APPEARED else fmt_us(x.time_a_us)),
                      Text("—" if x.verdict == VANISHED else fmt_us(x.time_b_us)), Text(f"{'+' if x.delta_us > 0 else '−'}{fmt_us(abs(x.delta_us))}"),
-                     Text(f"{x.ratio:.2f}x" if x.ratio is not None else "—"),
+                     Text(f"{x.ratio:.2f}x" if x.ratio is not None and x.verdict != VANISHED else "—"),
                      Text(x.verdict, style=VERDICT_STYLE.get(x.verdict, ""))]
             if with_source:
                 cells.append(Text(source if width >= 170 else short_location(source)))

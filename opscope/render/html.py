@@ -424,7 +424,7 @@ def _comparison(c: Comparison | None, limit: int = 40) -> str:
         f'<td class="num">{"—" if x.verdict == APPEARED else esc(fmt_us(x.time_a_us))}</td>'
         f'<td class="num">{"—" if x.verdict == VANISHED else esc(fmt_us(x.time_b_us))}</td>'
         f'<td class="num">{"+" if x.delta_us > 0 else "−"}{esc(fmt_us(abs(x.delta_us)))}</td>'
-        f'<td class="num">{f"{x.ratio:.2f}x" if x.ratio is not None else "—"}</td>'
+        f'<td class="num">{f"{x.ratio:.2f}x" if x.ratio is not None and x.verdict != VANISHED else "—"}</td>'
         f'<td class="{VERDICT_CLASS.get(x.verdict, "")}">{esc(x.verdict)}</td>'
         f'<td class="src mono">{esc(x.source_b or x.source_a)}</td></tr>' for x in changed)
     improved, worse = len(c.by_verdict(FASTER, VANISHED)), len(c.by_verdict(SLOWER, APPEARED))
