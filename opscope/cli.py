@@ -183,24 +183,79 @@ def analyze(
 @app.command()
 def report(
     run_dir: Path | None = typer.Argument(None, help="Run directory (default: the newest under reports/)."),
-    html: bool = typer.Option(False, "--html", help="Write a self-contained HTML report (not available yet)."),
+    html: bool = typer.Option(False, "--html", help="Write a self-contained HTML report (default RUN_DIR/report.html)."),
+    output: Path | None = typer.Option(None, "-o", "--output", metavar="FILE", help="Where --html writes the report."),
+    baseline: Path | None = typer.Option(None, "--baseline", metavar="RUN0",
+                                         help="Add the comparison with this earlier run directory."),
     top: int = typer.Option(15, "--top", min=1, help="Rows of the op table to print."),
     findings: int = typer.Option(10, "--findings", min=0, help="Findings to print."),
     json_out: bool = JSON_OUT,
     debug: bool = DEBUG,
 ) -> None:
-    """Print a saved run: summary, top ops and findings."""
+    """Print a saved run (summary, verdict, top ops, breakdowns, findings), or write it as one HTML file."""
     _state["debug"] = debug
-    if html:
-        raise NotAvailableError("`opscope report --html` is not available yet: the HTML report arrives in a later release")
-    from opscope.render.console import render_run
     from opscope.run import dumps, find_latest_run, read_run
 
+    if output is not None and not html:
+        raise OpscopeError("-o/--output names the HTML file: use it with --html")
     run = read_run(run_dir if run_dir is not None else find_latest_run())
-    if json_out:
-        sys.stdout.write(dumps(run.summary) + "\n")
+    comparison = None
+    if baseline is not None:
+        from opscope.compare import compare_runs
+
+        comparison = compare_runs(read_run(baseline), run)
+    if html:
+        from rich.text import Text
+
+        from opscope.render.html import default_html_path, write_html
+        from opscope.render.text import clean
+        from opscope.run import shown_path
+
+        path = write_html(run, output if output is not None else default_html_path(run.path), comparison)
+        Console(highlight=False).print(Text(f"report: {clean(shown_path(path))}"), soft_wrap=True)
         return
-    render_run(run, Console(highlight=False), top=top, findings=findings)
+    if json_out:
+        sys.stdout.write(dumps(run.summary if comparison is None else
+                               {**run.summary, "comparison": comparison.to_json()}) + "\n")
+        return
+    from opscope.render.console_report import render_report
+
+    render_report(run, Console(highlight=False), top=top, findings=findings, comparison=comparison)
+
+
+@app.command()
+def compare(
+    run_a: Path = typer.Argument(..., help="The baseline run directory (A)."),
+    run_b: Path = typer.Argument(..., help="The run to compare with it (B)."),
+    fail_above: float | None = typer.Option(
+        None, "--fail-above", metavar="RATIO",
+        help="Exit 1 when B's step time is more than RATIO x A's (a CI regression gate, e.g. 1.10)."),
+    top: int = typer.Option(15, "--top", min=1, help="Changed ops to print."),
+    json_out: bool = typer.Option(False, "--json", help="Print the comparison as one JSON document on stdout."),
+    debug: bool = DEBUG,
+) -> None:
+    """Compare two run directories op by op: time per op and in total, ops that appeared or vanished,
+    findings fixed and introduced; changes inside the runs' noise are marked as such."""
+    _state["debug"] = debug
+    from opscope.compare import compare_runs, regressed
+    from opscope.run import dumps, read_run
+
+    if fail_above is not None and not (fail_above > 0 and fail_above < float("inf")):
+        raise OpscopeError(f"--fail-above must be a positive ratio such as 1.10, not {fail_above:g}")
+    comparison = compare_runs(read_run(run_a), read_run(run_b))
+    if fail_above is not None and comparison.step_ratio is None:
+        raise OpscopeError("--fail-above needs the step time of both runs; one of them has none")
+    if json_out:
+        sys.stdout.write(dumps(comparison.to_json()) + "\n")
+    else:
+        from opscope.render.console_report import comparison_group
+
+        console = Console(highlight=False)
+        console.print(comparison_group(comparison, top, console.width))
+    if fail_above is not None and regressed(comparison, fail_above):
+        stderr.print(f"opscope: regression: B's step time is {comparison.step_ratio:.2f}x A's "
+                      f"(more than --fail-above {fail_above:g})", markup=False, highlight=False)
+        sys.exit(1)
 
 
 @app.command()
@@ -226,7 +281,6 @@ def calibrate(
 _LATER = {
     "swap": "drops a bundled optimized kernel into your model, checks correctness and measures the speedup",
     "kernels": "lists the bundled CPU/Triton/CUDA kernels",
-    "compare": "compares two run directories op by op",
 }
 
 
