@@ -189,6 +189,9 @@ def report(
                                          help="Add the comparison with this earlier run directory."),
     top: int = typer.Option(15, "--top", min=1, help="Rows of the op table to print."),
     findings: int = typer.Option(10, "--findings", min=0, help="Findings to print."),
+    tree: bool = typer.Option(False, "--tree", help="Print the inclusive module tree (modules.csv) instead."),
+    fold: bool = typer.Option(True, "--fold/--no-fold",
+                              help="With --tree: fold repeated blocks (h.0 ... h.11) into one line with their spread."),
     json_out: bool = JSON_OUT,
     debug: bool = DEBUG,
 ) -> None:
@@ -217,6 +220,11 @@ def report(
     if json_out:
         sys.stdout.write(dumps(run.summary if comparison is None else
                                {**run.summary, "comparison": comparison.to_json()}) + "\n")
+        return
+    if tree:
+        from opscope.render.console_report import render_tree
+
+        render_tree(run, Console(highlight=False), fold=fold)
         return
     from opscope.render.console_report import render_report
 

@@ -19,6 +19,7 @@ import pytest
 from rich.console import Console
 
 from conftest import EXAMPLES, PEAKS, TRACES, run_cli
+from opscope.analysis.modules import module_table
 from opscope.analysis.trace_file import analyze_trace_file
 from opscope.compare import compare_runs
 from opscope.render.console_report import render_report
@@ -51,7 +52,10 @@ def hostile_run(folder: Path) -> Path:
     analyze_trace_file(trace, out=out, peak_bw=3350.0, peak_flops=["989000"])
     ops = pd.read_csv(out / "ops.csv", dtype=str, keep_default_na=False)
     ops["module"] = [HOSTILE_MODULE if i == 0 else f"encoder.layer.{i % 3}.attn" for i in range(len(ops))]
+    ops["module_class"] = "Attention"
     ops.to_csv(out / "ops.csv", index=False)
+    run = read_run(out)
+    module_table(run.ops, run.findings).to_csv(out / "modules.csv", index=False)
     summary = json.loads((out / "summary.json").read_text())
     summary.update(step_time_us_p50=4400.0, step_time_us_max=4700.0, step_time_cv=0.04,
                    noise={"other_cpu_share": 0.02, "verdict": "quiet"},
@@ -195,7 +199,10 @@ def test_script_json_escapes():
 
 
 def test_sections_follow_the_run(runs):
-    plain = render_html(read_run(runs["bert"]))
+    run = read_run(runs["bert"])
+    assert 'id="module-plot"' in render_html(run)  # the trace was recorded with_modules
+    run.modules, run.ops = None, run.ops.drop(columns=["module", "module_class"])
+    plain = render_html(run)
     for absent in ('id="swap"', 'id="memory"', 'id="module-plot"', 'id="comparison"'):
         assert absent not in plain
     assert 'id="kernels"' in plain and "This run has no module paths" in plain
@@ -215,10 +222,11 @@ def test_baseline_adds_the_comparison(runs, tmp_path):
     assert f"{c.step_ratio:.2f}x" in doc
 
 
-def big_run(source: Path, out: Path, copies: int = 22) -> Path:
+def big_run(source: Path, out: Path, rows: int = 2000) -> Path:
     """A run of ~2,000 op rows (the size of a 132k-event trace's table): `source`'s rows repeated at
     other source lines, with other times."""
     run = read_run(source)
+    copies = -(-rows // len(run.ops))
     parts = []
     for k in range(copies):
         ops = run.ops.copy()

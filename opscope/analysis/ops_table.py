@@ -1,5 +1,5 @@
-"""The per-op table (ops.csv): events grouped by (op, inputs, source line), with FLOPs, bytes and the
-roofline columns.
+"""The per-op table (ops.csv): events grouped by (op, inputs, source line, module), with FLOPs, bytes and
+the roofline columns.
 
 Cost attribution follows the contract's "no double counting" rule in two layers: the cost model marks
 ops that always delegate (aten::linear, aten::conv2d, ...) as composites, and here, in the call tree,
@@ -19,13 +19,16 @@ from opscope.costmodel import Cost, OpCall, estimate, floating_dtype
 from opscope.costmodel.base import BIAS_COPIED_BY_CHILD, DELEGATES_TO_ANY_CHILD, DTYPE_NAMES
 from opscope.hardware import Peaks, ceiling_key
 
-KEY = ["op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location"]
-CONTRACT_COLUMNS = KEY + [
+# A row is one (op, inputs, source line, module): the same call in two modules (every block's c_attn runs
+# the same line of a shared Conv1D) is two rows.
+KEY = ["op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location", "module"]
+CONTRACT_COLUMNS = KEY[:6] + [
     "calls", "time_us_total", "time_share", "flops_per_call", "bytes_per_call", "arithmetic_intensity",
     "achieved_gflops", "achieved_gbps", "pct_peak_flops", "pct_peak_bandwidth", "bound",
 ]
 GPU_COLUMNS = ["cpu_time_us_total", "kernels"]
 EXTRA_COLUMNS = ["family", "dtype", "ceiling", "time_us_per_call", "note", "compiled_graph"]
+MODULE_COLUMNS = ["module", "module_class"]  # after the columns above, so their order stays the contract's
 JSON_TEXT_COLUMNS = ["input_dims", "input_dtypes", "input_strides", "concrete_inputs"]
 UNATTRIBUTED = "(unattributed kernels)"
 BOUNDS = ("memory", "compute", "overhead", "unknown")
@@ -119,6 +122,9 @@ def build_ops_table(ev: pd.DataFrame, *, gpu: bool, peaks: Peaks, kernels: pd.Da
         ev = ev.join(event_costs(ev))
     rows = ev[ev["is_row"]].copy()
     rows["op"] = rows["name"]
+    for col in MODULE_COLUMNS:
+        if col not in rows.columns:
+            rows[col] = ""
     _compiled_costs(rows)
     rows["time"] = rows["device_us"] if gpu else rows["self_us"]
     grouped = rows.groupby(KEY, sort=False, dropna=False)
@@ -133,6 +139,7 @@ def build_ops_table(ev: pd.DataFrame, *, gpu: bool, peaks: Peaks, kernels: pd.Da
         note=("note", "first"),
         kernels=("kernels", _join_unique),
         compiled_graph=("compiled_graph", _join_unique),
+        module_class=("module_class", "first"),
         first_ts=("ts", "min"),
     ).reset_index()
     if gpu and kernels is not None and len(kernels):
@@ -141,7 +148,7 @@ def build_ops_table(ev: pd.DataFrame, *, gpu: bool, peaks: Peaks, kernels: pd.Da
             extra = {k: "" for k in KEY}
             extra.update(op=UNATTRIBUTED, calls=len(lost), time_us_total=float(lost["dur"].sum()),
                          cpu_time_us_total=0.0, flops_per_call=np.nan, bytes_per_call=np.nan, family="",
-                         dtype="", note="", compiled_graph="",
+                         dtype="", note="", compiled_graph="", module_class="",
                          kernels=";".join(dict.fromkeys(lost["name"].tolist())),
                          first_ts=float(lost["ts"].min()))
             table = pd.concat([table, pd.DataFrame([extra])], ignore_index=True)
@@ -149,7 +156,7 @@ def build_ops_table(ev: pd.DataFrame, *, gpu: bool, peaks: Peaks, kernels: pd.Da
     table["time_share"] = table["time_us_total"] / total if total > 0 else 0.0
     table = add_roofline(table, peaks, gpu=gpu)
     table = table.sort_values(["time_us_total", "first_ts"], ascending=[False, True], kind="stable")
-    columns = CONTRACT_COLUMNS + (GPU_COLUMNS if gpu else []) + EXTRA_COLUMNS
+    columns = CONTRACT_COLUMNS + (GPU_COLUMNS if gpu else []) + EXTRA_COLUMNS + MODULE_COLUMNS
     return table[columns].reset_index(drop=True)
 
 

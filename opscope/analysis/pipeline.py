@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from opscope.analysis.events import SourceOverride, build_events
+from opscope.analysis.modules import finding_modules, module_table
 from opscope.analysis.ops_table import BOUNDS, JSON_TEXT_COLUMNS, build_ops_table, event_costs
 from opscope.findings import Context, run_rules
 from opscope.findings.base import DtypeProbe, LayoutProbe
@@ -20,15 +21,18 @@ from opscope.trace import TraceData, no_gc
 
 def analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str,
             source_override: SourceOverride | None = None,
-            layout_probe: LayoutProbe | None = None, dtype_probe: DtypeProbe | None = None) -> Run:
+            layout_probe: LayoutProbe | None = None, dtype_probe: DtypeProbe | None = None,
+            module_classes: dict[str, str] | None = None) -> Run:
+    """`module_classes`: qualified module name -> class for every module of the model (profile), so
+    modules.csv can name modules that issued no op of their own."""
     with no_gc():
         return _analyze(trace, peaks=peaks, meta=meta, source=source, source_override=source_override,
-                        layout_probe=layout_probe, dtype_probe=dtype_probe)
+                        layout_probe=layout_probe, dtype_probe=dtype_probe, module_classes=module_classes)
 
 
 def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str,
              source_override: SourceOverride | None, layout_probe: LayoutProbe | None,
-             dtype_probe: DtypeProbe | None) -> Run:
+             dtype_probe: DtypeProbe | None, module_classes: dict[str, str] | None) -> Run:
     ev = build_events(trace, source_override)
     gpu = trace.has_gpu
     ev = ev.join(event_costs(ev))
@@ -43,8 +47,10 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
                   step_time_us=step_time_us, device_busy_share=busy, meta=meta, layout_probe=layout_probe,
                   dtype_probe=dtype_probe)
     findings = run_rules(ctx)
+    finding_modules(findings, ops)
     summary = summarize(ops, steps=steps, step_time_us=step_time_us, n_findings=len(findings), busy=busy)
-    return Run(meta=meta, ops=ops, findings=findings, summary=summary, events=ev)
+    return Run(meta=meta, ops=ops, findings=findings, summary=summary, events=ev,
+               modules=module_table(ops, findings, module_classes or trace.module_classes))
 
 
 def step_stats(trace: TraceData, ev: pd.DataFrame) -> tuple[int, float]:

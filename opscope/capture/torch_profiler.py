@@ -21,7 +21,7 @@ from opscope.analysis.pipeline import analyze
 from opscope.capture.dtype_probe import float32_probe
 from opscope.capture.harness import Harness, process_state_kept, resolve_device
 from opscope.capture.layout_probe import conv_layout_probe
-from opscope.capture.lines import join_lines, module_origins, record_lines
+from opscope.capture.lines import join_lines, module_classes, module_origins, record_lines
 from opscope.errors import OpscopeError
 from opscope.hardware import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
 from opscope.run import DEFAULT_REPORTS_DIR, Run, check_out_dir, write_run
@@ -161,7 +161,7 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tu
 
         progress.phase("recording source lines")
         t0 = time.perf_counter()
-        records = record_lines(harness.step)
+        records = record_lines(harness.step, harness.model)
         harness.synchronize()
         timings.lines = time.perf_counter() - t0
 
@@ -172,7 +172,7 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tu
         probe = conv_layout_probe(device) if opts.mode in ("inference", "train") else None
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",
                       source_override=lambda ev: join_lines(records, ev), layout_probe=probe,
-                      dtype_probe=float32_probe(device))
+                      dtype_probe=float32_probe(device), module_classes=module_classes(harness.model))
         write_run(run, out, target.stem, trace_path, base=reports)
         timings.analysis = time.perf_counter() - t0
     return run, timings
