@@ -408,7 +408,8 @@ TEXT_COLUMNS = ("op", "input_dims", "input_dtypes", "input_strides", "concrete_i
 # The columns the renderers read as numbers; anything else in them makes the file damaged.
 NUMBER_COLUMNS = ("calls", "time_us_total", "time_share", "flops_per_call", "bytes_per_call",
                   "arithmetic_intensity", "achieved_gflops", "achieved_gbps", "pct_peak_flops",
-                  "pct_peak_bandwidth", "cpu_time_us_total", "time_us_per_call")
+                  "pct_peak_bandwidth", "cpu_time_us_total", "time_us_per_call", "alloc_bytes_per_call",
+                  "freed_bytes_per_call")
 REQUIRED_COLUMNS = ("op", "calls", "time_us_total", "time_share")
 
 

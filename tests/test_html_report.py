@@ -59,7 +59,8 @@ def hostile_run(folder: Path) -> Path:
     summary = json.loads((out / "summary.json").read_text())
     summary.update(step_time_us_p50=4400.0, step_time_us_max=4700.0, step_time_cv=0.04,
                    noise={"other_cpu_share": 0.02, "verdict": "quiet"},
-                   memory={"peak_bytes": 3 << 20, "peak_op": f"aten::addmm at {HOSTILE_PATH}:364"})
+                   memory={"peak_allocated_bytes": 3 << 20, "peak_op": "aten::addmm",
+                           "peak_source_location": f"{HOSTILE_PATH}:364", "peak_module": HOSTILE_MODULE})
     (out / "summary.json").write_text(json.dumps(summary))
     (out / "swap.json").write_text(json.dumps({"results": [
         {"kernel": HOSTILE_KERNEL, "op": "aten::addmm", "speedup": 1.7, "verified": True}]}))
@@ -200,8 +201,10 @@ def test_script_json_escapes():
 
 def test_sections_follow_the_run(runs):
     run = read_run(runs["bert"])
-    assert 'id="module-plot"' in render_html(run)  # the trace was recorded with_modules
+    doc = render_html(run)  # the trace was recorded with_modules and profile_memory
+    assert 'id="module-plot"' in doc and 'id="memory"' in doc and "during addmm at" in doc
     run.modules, run.ops = None, run.ops.drop(columns=["module", "module_class"])
+    del run.summary["memory"]
     plain = render_html(run)
     for absent in ('id="swap"', 'id="memory"', 'id="module-plot"', 'id="comparison"'):
         assert absent not in plain
@@ -268,7 +271,7 @@ def test_console_report_has_the_same_content(runs):
     for needle in ("Time by bound class", "Time by op family", "Kernels of the top", "cutlass", "→ Take the CPU"):
         assert needle in text, needle
     hostile = console_text(runs["hostile"])
-    for needle in ("Time by module", "encoder.layer.1", "Memory", "peak bytes", "3 MiB", "Swap results",
+    for needle in ("Time by module", "encoder.layer.1", "Memory", "peak allocated", "3 MiB", "Swap results",
                    "noise: quiet", HOSTILE_PATH):
         assert needle in hostile.replace("\n", ""), needle
     assert "\x1b" not in hostile

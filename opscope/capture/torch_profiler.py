@@ -1,5 +1,5 @@
 """`opscope profile`: warm up, one lean timed pass under torch.profiler, then untimed passes for what
-timing does not need (exact source lines), then the shared analysis pipeline.
+timing does not need (exact source lines and modules; memory), then the shared analysis pipeline.
 
 The timed pass records shapes only (no stacks, no memory, no perf counters) so its per-step time stays
 within a few percent of a bare `torch.profiler.profile(record_shapes=True)`; see benchmarks/.
@@ -17,6 +17,8 @@ from typing import Any
 import torch
 
 from opscope import __version__
+from opscope.analysis.events import build_events
+from opscope.analysis.memory import MemoryProfile, memory_profile
 from opscope.analysis.pipeline import analyze
 from opscope.capture.dtype_probe import float32_probe
 from opscope.capture.harness import Harness, process_state_kept, resolve_device
@@ -55,6 +57,7 @@ class ProfileTimings:
     export: float = 0.0
     calibration: float = 0.0
     lines: float = 0.0
+    memory: float = 0.0
     analysis: float = 0.0
 
 
@@ -118,6 +121,40 @@ def timed_pass(harness: Harness, steps: int, activities: list) -> tuple[torch.pr
     return prof, time.perf_counter() - t0
 
 
+MEMORY_STEPS = 3  # steps of the memory pass: memory-growth compares what each of them leaves allocated
+
+
+def memory_pass(harness: Harness, activities: list, path: Path, steps: int = MEMORY_STEPS) -> list[int]:
+    """Untimed: `steps` more steps under torch.profiler with profile_memory, exported to `path`. Returns
+    torch.cuda.max_memory_allocated of each step on CUDA (else [])."""
+    cuda = harness.device.type == "cuda"
+    cuda_peaks: list[int] = []
+    with torch.profiler.profile(activities=activities, record_shapes=True, profile_memory=True) as prof:
+        for i in range(steps):
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(harness.device)
+            with torch.profiler.record_function(f"ProfilerStep#{i}"):
+                harness.step()
+                harness.synchronize()
+            if cuda:
+                cuda_peaks.append(int(torch.cuda.max_memory_allocated(harness.device)))
+    prof.export_chrome_trace(str(path))
+    return cuda_peaks
+
+
+def memory_of(path: Path, records: list, cuda_peaks: list[int]) -> MemoryProfile | None:
+    """The memory pass's trace, its ops joined to the dispatch pass's lines and modules like the timed
+    trace's, as a MemoryProfile keyed like ops.csv rows."""
+    trace = load_trace(path, with_python=False)
+    ev = build_events(trace, lambda e: join_lines(records, e))
+    memory = memory_profile(trace, ev, "memory pass")
+    if memory is not None and cuda_peaks:
+        memory.summary["cuda_max_memory_allocated_bytes"] = max(cuda_peaks)
+        for entry, peak in zip(memory.summary["per_step"], cuda_peaks, strict=False):
+            entry["cuda_max_memory_allocated_bytes"] = peak
+    return memory
+
+
 def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tuple[Run, ProfileTimings]:
     progress = progress or Progress()
     _validate(opts)
@@ -165,6 +202,13 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tu
         harness.synchronize()
         timings.lines = time.perf_counter() - t0
 
+        progress.phase("recording memory")
+        t0 = time.perf_counter()
+        memory_path = Path(tmp) / "memory.json"
+        cuda_peaks = memory_pass(harness, activities, memory_path)
+        memory = memory_of(memory_path, records, cuda_peaks)
+        timings.memory = time.perf_counter() - t0
+
         progress.phase("analyzing")
         t0 = time.perf_counter()
         trace = load_trace(trace_path, with_python=False)
@@ -172,7 +216,8 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tu
         probe = conv_layout_probe(device) if opts.mode in ("inference", "train") else None
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",
                       source_override=lambda ev: join_lines(records, ev), layout_probe=probe,
-                      dtype_probe=float32_probe(device), module_classes=module_classes(harness.model))
+                      dtype_probe=float32_probe(device), module_classes=module_classes(harness.model),
+                      memory=memory)
         write_run(run, out, target.stem, trace_path, base=reports)
         timings.analysis = time.perf_counter() - t0
     return run, timings

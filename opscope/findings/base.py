@@ -59,6 +59,7 @@ class Context:
     meta: dict[str, Any] = field(default_factory=dict)
     layout_probe: LayoutProbe | None = None
     dtype_probe: DtypeProbe | None = None
+    memory: Any = None  # analysis.memory.MemoryProfile when the run recorded memory events
     # Derived tables shared between rules (call tree, subtree times, copy classification, ...), filled
     # lazily by opscope.findings.common; never written anywhere.
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)

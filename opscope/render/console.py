@@ -81,7 +81,27 @@ def summary_panel(run: Run) -> Panel:
     if s.get("device_busy_share") is not None:
         busy = s["device_busy_share"]
         lines.append(f"\nGPU busy {fmt_pct(busy, 100)} of the step", style="bold red" if busy < 0.5 else "")
+    memory = memory_line(run)
+    if memory:
+        lines.append(f"\nmemory  {memory}")
     return Panel(lines, title="opscope", title_align="left", box=box.ROUNDED)
+
+
+def memory_line(run: Run) -> str:
+    """'peak 27.8 MiB during sum at mlp.py:15; growth +8 KiB per step' from summary.json's memory."""
+    m = run.summary.get("memory")
+    if not isinstance(m, dict) or _num(m.get("peak_allocated_bytes")) is None:
+        return ""
+    line = f"peak {units.nbytes(m['peak_allocated_bytes'])}"
+    op = m.get("peak_op")
+    if isinstance(op, str) and op:
+        line += f" during {op.removeprefix('aten::')}"
+        if isinstance(m.get("peak_source_location"), str) and m["peak_source_location"]:
+            line += f" at {m['peak_source_location']}"
+    growth = _num(m.get("growth_bytes_per_step"))
+    if growth:
+        line += f"; {'+' if growth > 0 else ''}{units.nbytes(growth)} per step"
+    return line
 
 
 # (header, justify, minimum console width to show it). Narrow terminals keep the essentials.

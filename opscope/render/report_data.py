@@ -263,14 +263,53 @@ def kernels_by_op(run: Run, top: int) -> list[tuple[int, dict[str, Any], list[st
 
 
 def memory_items(run: Run) -> list[tuple[str, str]]:
-    """Memory facts of the run (the peak and the op at the peak), as (label, value) pairs: the
-    summary's `memory` object, and its top-level keys about memory."""
-    items: list[tuple[str, Any]] = []
-    memory = run.summary.get("memory")
-    if isinstance(memory, dict):
-        items.extend(memory.items())
-    items.extend((k, v) for k, v in run.summary.items() if "memory" in k and k != "memory")
-    return [(clean(k).replace("_", " "), _format_value(k, v)) for k, v in items if v is not None]
+    """summary.json's `memory` object (README, "Run directory format") as (label, value) lines: the peak,
+    the op during which it was reached, what was alive then, the growth per step and each step's peak."""
+    m = run.summary.get("memory")
+    if not isinstance(m, dict):
+        return []
+    items: list[tuple[str, str]] = []
+    peak = num(m.get("peak_allocated_bytes"))
+    if peak is not None:
+        step = m.get("peak_step")
+        where = op_at(m.get("peak_op"), m.get("peak_source_location"), m.get("peak_module"))
+        items.append(("peak allocated", si(peak, "B", 1024.0) + (f" in step {step}" if isinstance(step, int) else "")
+                      + (f", during {where}" if where else "")))
+    cuda = num(m.get("cuda_max_memory_allocated_bytes"))
+    if cuda is not None:
+        items.append(("CUDA max allocated", si(cuda, "B", 1024.0)))
+    alive = [g for g in m.get("alive_at_peak") or [] if isinstance(g, dict)] if isinstance(m.get("alive_at_peak"), list) else []
+    for k, g in enumerate(alive[:5]):
+        n = num(g.get("tensors"))
+        count = f" ({n:.0f} tensor{'' if n == 1 else 's'})" if n is not None else ""
+        items.append(("alive at the peak" if k == 0 else "",
+                      f"{si(g.get('bytes'), 'B', 1024.0)} from {op_at(g.get('op'), g.get('source_location'), g.get('module')) or '?'}{count}"))
+    other = num(m.get("alive_at_peak_other_bytes"))
+    if alive and other:
+        items.append(("", f"{si(other, 'B', 1024.0)} allocated before the recording or outside any op"))
+    growth = num(m.get("growth_bytes_per_step"))
+    if growth is not None:
+        items.append(("growth per step", ("+" if growth > 0 else "") + si(growth, "B", 1024.0)))
+    per_step = [p for p in m.get("per_step") or [] if isinstance(p, dict)] if isinstance(m.get("per_step"), list) else []
+    if per_step:
+        items.append(("peak per step", ", ".join(si(p.get("peak_allocated_bytes"), "B", 1024.0) for p in per_step)))
+    source, device = text(m.get("source")), text(m.get("device"))
+    if source:
+        items.append(("recorded by", f"{source}" + (f" on {device}" if device else "")
+                      + (f", {m['steps']} steps" if isinstance(m.get("steps"), int) else "")))
+    if text(m.get("note")):
+        items.append(("note", text(m.get("note"))))
+    return [(clean(k), clean(v)) for k, v in items]
+
+
+def op_at(op: Any, location: Any, module: Any) -> str:
+    """'mm at model.py:12 (module h.0.attn)' from what is known of it ('(model)': the model's own forward)."""
+    parts = [text(op).removeprefix("aten::")]
+    if text(location):
+        parts.append(f"at {text(location)}")
+    if isinstance(module, str):
+        parts.append(f"(module {module})" if module else ROOT_MODULE)
+    return " ".join(p for p in parts if p)
 
 
 def _format_value(key: str, value: Any) -> str:
