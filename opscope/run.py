@@ -143,6 +143,9 @@ def _clean(value: Any) -> Any:
     return value
 
 
+json_safe = _clean  # for other writers of JSON
+
+
 def dumps(obj: Any) -> str:
     return json.dumps(_clean(obj), indent=2)
 

@@ -86,6 +86,7 @@ class _TraceFile(msgspec.Struct):
     pytorch_version: Any = None
     hip_runtime_version: Any = None
     roctracer_version: Any = None
+    opscope: Any = None  # what `opscope profile` embedded (analysis.annotations); checked where it is read
 
 
 _DECODER = msgspec.json.Decoder(_TraceFile)
@@ -134,6 +135,7 @@ class TraceData:
     memory: pd.DataFrame = field(default_factory=lambda: _empty_memory())
     # filled by analysis.events from `modules`: module path -> class, for every module the trace names
     module_classes: dict[str, str] = field(default_factory=dict)
+    annotations: Any = None  # the trace's "opscope" block, as decoded JSON (analysis.annotations reads it)
     # One line each about what the reader skipped or excluded (malformed events, absurd durations or
     # shapes); the CLI prints them as warnings.
     warnings: list[str] = field(default_factory=list)
@@ -624,6 +626,7 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
         distributed=doc.distributedInfo if isinstance(doc.distributedInfo, dict) else None,
         n_events=n_events,
         modules=_frame(mods, floats=("ts", "dur")),
+        annotations=doc.opscope,
         memory=_frame(mem, floats=("ts", "bytes", "total_allocated"),
                       ints=("addr", "device_type", "device_id")),
     )

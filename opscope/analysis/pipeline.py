@@ -58,6 +58,7 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
     summary = summarize(ops, steps=steps, step_time_us=step_time_us, n_findings=len(findings), busy=busy)
     if memory is not None:
         summary["memory"] = memory.summary
+    summary["step_source"] = "annotations" if len(trace.steps) else "whole trace"
     return Run(meta=meta, ops=ops, findings=findings, summary=summary, events=ev,
                modules=module_table(ops, findings, module_classes or trace.module_classes))
 

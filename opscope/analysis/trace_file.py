@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from opscope import __version__
+from opscope.analysis.annotations import ANNOTATION_KEY, BlockError, embedded_lines, read_block
 from opscope.analysis.pipeline import analyze
+from opscope.findings.common import fmt_us
 from opscope.hardware import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
 from opscope.run import DEFAULT_REPORTS_DIR, Run, TraceCompressor, check_out_dir, write_run
 from opscope.trace import TraceData, load_trace, max_trace_bytes, read_bytes
@@ -40,6 +42,20 @@ def trace_peaks(trace: TraceData, device: dict[str, str], peak_bw: float | None,
             warn("CPU trace: using this machine's cached calibration as the ceilings (the trace does not say "
                  "which CPU recorded it); pass --peak-bw/--peak-flops for another machine")
     return apply_overrides(peaks, peak_bw, peak_flops)
+
+
+def _embedded(trace: TraceData, warn: Callable[[str], None]) -> tuple | None:
+    """The lines, modules and memory `opscope profile` embedded in its saved trace, if any (read_block)."""
+    if trace.annotations is None:
+        return None
+    try:
+        embedded = read_block(trace.annotations)
+    except BlockError as exc:
+        warn(f"{trace.path}: ignored its {ANNOTATION_KEY!r} block ({exc}); source lines and modules come from "
+             "the trace's own events")
+        return None
+    warn(f"{trace.path}: saved by `opscope profile`: using the exact source lines, modules and memory it embedded")
+    return embedded
 
 
 def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | None = None,
@@ -82,7 +98,17 @@ def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, st
         "steps": None,
         "peaks": peaks.to_json(),
     }
-    run = analyze(trace, peaks=peaks, meta=meta, source="trace")
+    embedded = _embedded(trace, warn)
+    if embedded is None:
+        run = analyze(trace, peaks=peaks, meta=meta, source="trace")
+    else:
+        by_ext, classes, memory = embedded
+        run = analyze(trace, peaks=peaks, meta=meta, source="trace", module_classes=classes, memory=memory,
+                      source_override=lambda ev: embedded_lines(by_ext, ev))
     meta["steps"] = run.summary["steps"]
+    if run.summary.get("step_source") == "whole trace":
+        warn(f"{trace.path} has no ProfilerStep#N annotations (torch.profiler's schedule, or record_function"
+             f"(\"ProfilerStep#N\") around each step), so opscope counts it as one step: from its first op to its "
+             f"last op or kernel ({fmt_us(run.summary['step_time_us'])}); per-step numbers are for the whole trace")
     write_run(run, out, stem, path, compressor=compressor, base=base)
     return run

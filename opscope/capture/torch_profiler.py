@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from opscope import __version__
+from opscope.analysis.annotations import embed, make_block
 from opscope.analysis.events import build_events
 from opscope.analysis.memory import MemoryProfile, memory_profile
 from opscope.analysis.pipeline import analyze
@@ -214,10 +215,12 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tu
         trace = load_trace(trace_path, with_python=False)
         meta = profile_meta(opts, device, harness, peaks)
         probe = conv_layout_probe(device) if opts.mode in ("inference", "train") else None
+        classes = module_classes(harness.model)
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",
                       source_override=lambda ev: join_lines(records, ev), layout_probe=probe,
-                      dtype_probe=float32_probe(device), module_classes=module_classes(harness.model),
-                      memory=memory)
+                      dtype_probe=float32_probe(device), module_classes=classes, memory=memory)
+        # `opscope analyze RUN/trace.json.gz` reproduces this run's table from what is embedded here
+        embed(trace_path, make_block(run.events, classes, memory))
         write_run(run, out, target.stem, trace_path, base=reports)
         timings.analysis = time.perf_counter() - t0
     return run, timings

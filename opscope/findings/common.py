@@ -18,6 +18,7 @@ import pandas as pd
 from opscope.costmodel.base import DTYPE_NAMES, TensorArg
 from opscope.findings.base import Context
 from opscope.sources import HARNESS
+from opscope.units import UNKNOWN
 
 T = TypeVar("T")
 
@@ -399,7 +400,7 @@ def share(us: float, ctx: Context) -> float:
 
 def fmt_bytes(n: float | None) -> str:
     if n is None or not math.isfinite(n):
-        return "? B"
+        return UNKNOWN
     for unit, scale in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
         if abs(n) >= scale:
             return f"{n / scale:.3g} {unit}"
@@ -408,7 +409,7 @@ def fmt_bytes(n: float | None) -> str:
 
 def fmt_us(us: float | None) -> str:
     if us is None or not math.isfinite(us):
-        return "?"
+        return UNKNOWN
     if abs(us) >= 1e6:
         return f"{us / 1e6:.3g} s"
     if abs(us) >= 1e3:

@@ -72,8 +72,9 @@ def summary_panel(run: Run) -> Panel:
     lines.append(f"peaks   {si((bw or float('nan')) * 1e9, 'B/s')} ({origin.get('memory_bandwidth', '?')}); "
                  f"{ceil or 'unknown'} ({origin.get('flops', '?')})\n")
     steps = s.get("steps", 1)
-    lines.append(f"steps   {steps} × {fmt_us(s.get('step_time_us'))}   op time {fmt_us(s.get('total_time_us'))}   "
-                 f"cost model covers {fmt_pct(s.get('ops_covered_time_share'), 100)} of it\n")
+    whole = " (the whole trace: no step annotations)" if s.get("step_source") == "whole trace" else ""
+    lines.append(f"steps   {steps} × {fmt_us(s.get('step_time_us'))}{whole}   op time {fmt_us(s.get('total_time_us'))}"
+                 f"   cost model covers {fmt_pct(s.get('ops_covered_time_share'), 100)} of it\n")
     shares = s.get("bound_time_share", {})
     lines.append("bound   ")
     for b in ("compute", "memory", "overhead", "unknown"):

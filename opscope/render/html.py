@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from opscope import __version__
+from opscope import __version__, units
 from opscope.compare import APPEARED, FASTER, SAME, SLOWER, VANISHED, Comparison
 from opscope.errors import OpscopeError, OutputError
 from opscope.render.console import (
@@ -292,7 +292,7 @@ def _table_row(i: int, row: dict[str, Any], columns: list[dict[str, Any]]) -> di
                   time=f"{fmt_us(total)} ({fmt_pct(row.get('time_share'), 100)}), {calls or 0:.0f} calls, "
                        f"{fmt_us(per_call)} per call",
                   flops_per_call=si(row.get("flops_per_call")), bytes_per_call=si(row.get("bytes_per_call"), "B", 1024.0),
-                  rates=f"{cells['flops'][0]}FLOP/s, {cells['bw'][0]}B/s, {cells['peak'][0]} of peak")
+                  rates=f"{units.gflops(gflops)}, {units.gbps(gbps)}, {cells['peak'][0]} of peak")
     return {"c": [cells[c["key"]][0] for c in columns], "k": [cells[c["key"]][1] for c in columns],
             "b": bound, "d": detail}
 
