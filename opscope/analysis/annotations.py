@@ -49,9 +49,9 @@ def make_block(ev: pd.DataFrame, module_classes: dict[str, str], memory: MemoryP
     unique = pd.Series(ext).map(pd.Series(ext).value_counts()).to_numpy() == 1
     cols: dict[str, list[int]] = {"external_id": [], "source_location": [], "module": [], "module_class": [],
                                   "input_types": []}
+    values = [ev[c].tolist() for c in ("source_location", "module", "module_class", "dispatch_input_types")]
     for i in np.flatnonzero((ext >= 0) & unique).tolist():
-        row = [ref(ev.at[i, "source_location"]), ref(ev.at[i, "module"]), ref(ev.at[i, "module_class"]),
-               ref(ev.at[i, "dispatch_input_types"])]
+        row = [ref(v[i]) for v in values]
         if any(row):
             cols["external_id"].append(int(ext[i]))
             for name, value in zip(("source_location", "module", "module_class", "input_types"), row, strict=True):

@@ -189,7 +189,7 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
     ev["row_parent"] = row_parent
     ev["self_us"] = _self_times(dur, parent, row_parent, is_row_arr)
 
-    ev["step"] = _assign_steps(trace, ts)
+    ev["step"] = assign_steps(trace, ts)
     _attribute_kernels(trace, ev, keys)
     if callable(source_override):
         source_override = source_override(ev)
@@ -225,7 +225,8 @@ def _dispatch_input_types(source_override: Mapping[int, str] | None, n: int) -> 
     return out
 
 
-def _assign_steps(trace: TraceData, ts: np.ndarray) -> np.ndarray:
+def assign_steps(trace: TraceData, ts: np.ndarray) -> np.ndarray:
+    """Index of the ProfilerStep range each time falls in (-1: none; 0 for all when there are none)."""
     steps = trace.steps
     if steps.empty:
         return np.zeros(len(ts), dtype=np.int64)

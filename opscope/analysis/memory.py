@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from opscope.analysis.events import innermost, thread_keys
+from opscope.analysis.events import assign_steps, innermost, thread_keys
 from opscope.trace import TraceData
 
 CPU_DEVICE = 0  # c10::DeviceType
@@ -50,10 +50,6 @@ class MemoryProfile:
     # {"step", "op", "source_location", "module", "bytes", "tensors"}
     retained: list[dict[str, Any]] = field(default_factory=list)
     steps: int = 0
-
-    @property
-    def end_allocated(self) -> list[float]:
-        return [s["end_allocated_bytes"] for s in self.summary.get("per_step", [])]
 
 
 def memory_profile(trace: TraceData, ev: pd.DataFrame, source: str) -> MemoryProfile | None:
@@ -80,7 +76,7 @@ def memory_profile(trace: TraceData, ev: pd.DataFrame, source: str) -> MemoryPro
     op = innermost(threads[: len(ev)], ev["ts"].to_numpy(), ev["end"].to_numpy(), threads[len(ev):], ts)
     row = _charged_rows(ev, op)
 
-    step = _steps_of(trace, ts)
+    step = assign_steps(trace, ts)
     keys = _row_keys(ev)
     per_key = _per_key(ev, keys, row, nbytes)
 
@@ -185,17 +181,6 @@ def _device(mem: pd.DataFrame, gpu: bool) -> tuple[int, int]:
     pairs = [(int(t), int(d)) for t, d in kinds.index]
     preferred = [p for p in pairs if (p[0] != CPU_DEVICE) == gpu]
     return (preferred or pairs)[0]
-
-
-def _steps_of(trace: TraceData, ts: np.ndarray) -> np.ndarray:
-    steps = trace.steps
-    if steps.empty:
-        return np.zeros(len(ts), dtype=np.int64)
-    starts = steps["ts"].to_numpy()
-    ends = starts + steps["dur"].to_numpy()
-    idx = np.searchsorted(starts, ts, side="right") - 1
-    inside = (idx >= 0) & (ts < ends[np.clip(idx, 0, None)])
-    return np.where(inside, idx, -1)
 
 
 def _row_keys(ev: pd.DataFrame) -> list[tuple | None]:

@@ -13,6 +13,8 @@ import math
 import re
 from collections.abc import Iterator
 
+import numpy as np
+
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
 from opscope.findings.common import events_by_ops_row, fmt_us, ideal_memory_us, per_step, severity, share
@@ -31,10 +33,12 @@ def fp32_gemm(ctx: Context) -> Iterator[Finding]:
         return
     p32 = ctx.peaks.flops_gflops.get("float32")
     ptf = ctx.peaks.flops_gflops.get("tfloat32")
+    ops = ctx.ops
+    wanted = set(np.flatnonzero((ops["family"].isin(FAMILIES) & (ops["dtype"] == "float32")).to_numpy()).tolist())
     for r in events_by_ops_row(ctx):
-        row = ctx.ops.iloc[r]
-        if row["family"] not in FAMILIES or row["dtype"] != "float32":
+        if r not in wanted:  # checked on whole columns first: one row lookup costs far more
             continue
+        row = ops.iloc[r]
         kernels = str(row.get("kernels", "") or "")
         time, calls = float(row["time_us_total"]), int(row["calls"])
         if not kernels or TF32_KERNEL.search(kernels) or time <= 0:

@@ -74,10 +74,11 @@ def low_bandwidth(ctx: Context) -> Iterator[Finding]:
     fused = fused_events(ctx)
     strided = strided_rows(ctx)
     bw = ctx.peaks.memory_bandwidth_gbps
+    bounds = ctx.ops["bound"].tolist()
     for r, evs in events_by_ops_row(ctx).items():
-        row = ctx.ops.iloc[r]
-        if row["bound"] != "memory" or r in strided or all(i in claimed for i in evs):
+        if bounds[r] != "memory" or r in strided or all(i in claimed for i in evs):
             continue
+        row = ctx.ops.iloc[r]
         if inside_worker(ctx, evs[0]):
             continue  # part of another op's implementation (e.g. addmm filling its output with the bias)
         pct = row["pct_peak_bandwidth"]
