@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from rich.console import Console
+from test_models_end_to_end import GPT2
 
 from conftest import TRACES, run_cli, write_model
 from opscope.analysis.modules import OUTSIDE, common_module, finding_modules, module_table
@@ -22,19 +23,6 @@ from opscope.render.report_data import tree_lines
 from opscope.run import Run, read_run
 
 FAST = dict(warmup=1, peak_bw=20.0, peak_flops=["100"], threads=1)
-
-GPT2 = """
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    def get_model():
-        torch.manual_seed(0)
-        cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=500, n_positions=64)
-        return GPT2LMHeadModel(cfg)
-
-    def get_inputs():
-        return {"input_ids": torch.randint(0, 500, (2, 32))}
-"""
 
 NESTED = """
     import torch

@@ -7,7 +7,6 @@ cleaned the same way."""
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,19 +17,9 @@ import pandas as pd
 from opscope.render.console import ROOT_MODULE, fmt_pct, fmt_us, si
 from opscope.render.text import clean
 from opscope.run import Run
+from opscope.units import number as num  # a finite float, or None
 
 BOUNDS = ("compute", "memory", "overhead", "unknown")
-
-
-def num(value: Any) -> float | None:
-    """A finite float, or None (for NaN, inf, text, bools, missing)."""
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 def text(value: Any) -> str:
