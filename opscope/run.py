@@ -380,7 +380,7 @@ def _check_findings(path: Path, findings: list[Any]) -> None:
 
 
 TEXT_COLUMNS = ("op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location",
-                "bound", "kernels", "family", "dtype", "ceiling", "note")
+                "bound", "kernels", "family", "dtype", "ceiling", "note", "kernel_family", "launcher")
 # The columns the renderers read as numbers; anything else in them makes the file damaged.
 NUMBER_COLUMNS = ("calls", "time_us_total", "time_share", "flops_per_call", "bytes_per_call",
                   "arithmetic_intensity", "achieved_gflops", "achieved_gbps", "pct_peak_flops",

@@ -26,6 +26,9 @@ CONTRACT_COLUMNS = KEY + [
 ]
 GPU_COLUMNS = ["cpu_time_us_total", "kernels"]
 EXTRA_COLUMNS = ["family", "dtype", "ceiling", "time_us_per_call", "note", "compiled_graph"]
+# GPU runs, after EXTRA_COLUMNS: the kernel family with most of the row's kernel time
+# (opscope.analysis.kernels), and for kernel rows the op/annotation that launched them.
+GPU_EXTRA_COLUMNS = ["kernel_family", "launcher"]
 JSON_TEXT_COLUMNS = ["input_dims", "input_dtypes", "input_strides", "concrete_inputs"]
 UNATTRIBUTED = "(unattributed kernels)"
 BOUNDS = ("memory", "compute", "overhead", "unknown")
@@ -106,7 +109,36 @@ def build_ops_table(ev: pd.DataFrame, *, gpu: bool, peaks: Peaks, kernels: pd.Da
     _compiled_costs(rows)
     rows["time"] = rows["device_us"] if gpu else rows["self_us"]
     grouped = rows.groupby(KEY, sort=False, dropna=False)
-    table = grouped.agg(
+    if rows.empty:  # a GPU-only trace: kernel rows only
+        table = pd.DataFrame({c: pd.Series(dtype=object if c in KEY else float) for c in KEY + _AGG_COLUMNS})
+    else:
+        table = _aggregate(grouped)
+    kern = kernels if gpu and kernels is not None and len(kernels) else None
+    if kern is not None:
+        table["kernel_family"] = _row_families(kern, grouped.ngroup().to_numpy() if len(rows) else np.zeros(0, int),
+                                               rows.index.to_numpy(), len(table))
+        table["launcher"] = ""
+        extra = [_kernel_rows(kern[kern["kernel_row"].to_numpy()]), _unattributed_row(kern)]
+        table = pd.concat([table] + [x for x in extra if x is not None and len(x)], ignore_index=True)
+    total = float(table["time_us_total"].sum())
+    table["time_share"] = table["time_us_total"] / total if total > 0 else 0.0
+    table = add_roofline(table, peaks, gpu=gpu)
+    table = table.sort_values(["time_us_total", "first_ts"], ascending=[False, True], kind="stable")
+    columns = CONTRACT_COLUMNS + (GPU_COLUMNS if gpu else []) + EXTRA_COLUMNS
+    if gpu:
+        for col in GPU_EXTRA_COLUMNS:
+            if col not in table.columns:
+                table[col] = ""
+        columns += GPU_EXTRA_COLUMNS
+    return table[columns].reset_index(drop=True)
+
+
+_AGG_COLUMNS = ["calls", "time_us_total", "cpu_time_us_total", "flops_per_call", "bytes_per_call", "family",
+                "dtype", "note", "kernels", "compiled_graph", "first_ts"]
+
+
+def _aggregate(grouped) -> pd.DataFrame:  # noqa: ANN001 (a pandas DataFrameGroupBy)
+    return grouped.agg(
         calls=("time", "size"),
         time_us_total=("time", "sum"),
         cpu_time_us_total=("self_us", "sum"),
@@ -119,22 +151,71 @@ def build_ops_table(ev: pd.DataFrame, *, gpu: bool, peaks: Peaks, kernels: pd.Da
         compiled_graph=("compiled_graph", _join_unique),
         first_ts=("ts", "min"),
     ).reset_index()
-    if gpu and kernels is not None and len(kernels):
-        lost = kernels[kernels["op"] < 0]
-        if len(lost):
-            extra = {k: "" for k in KEY}
-            extra.update(op=UNATTRIBUTED, calls=len(lost), time_us_total=float(lost["dur"].sum()),
-                         cpu_time_us_total=0.0, flops_per_call=np.nan, bytes_per_call=np.nan, family="",
-                         dtype="", note="", compiled_graph="",
-                         kernels=";".join(dict.fromkeys(lost["name"].tolist())),
-                         first_ts=float(lost["ts"].min()))
-            table = pd.concat([table, pd.DataFrame([extra])], ignore_index=True)
-    total = float(table["time_us_total"].sum())
-    table["time_share"] = table["time_us_total"] / total if total > 0 else 0.0
-    table = add_roofline(table, peaks, gpu=gpu)
-    table = table.sort_values(["time_us_total", "first_ts"], ascending=[False, True], kind="stable")
-    columns = CONTRACT_COLUMNS + (GPU_COLUMNS if gpu else []) + EXTRA_COLUMNS
-    return table[columns].reset_index(drop=True)
+
+
+GRAPH_KERNEL_NOTE = ("replayed from a CUDA/HIP graph: the trace records no shapes for it (analyze with --capture "
+                     "to map it to the op that launched it during capture)")
+LOOSE_KERNEL_NOTE = "launched outside any op: the trace records no shapes for it"
+GPU_ONLY_NOTE = "GPU-only trace: no op or shapes recorded"
+
+
+def _dominant(times: dict[str, float]) -> str:
+    return max(times, key=times.get) if times else ""
+
+
+def _row_families(kern: pd.DataFrame, group_of_row: np.ndarray, row_events: np.ndarray, n_groups: int) -> list[str]:
+    """Per op row (group), the kernel family with the most of its kernels' time."""
+    group_of_event = dict(zip(row_events.tolist(), group_of_row.tolist(), strict=True))
+    times: list[dict[str, float]] = [{} for _ in range(n_groups)]
+    for op, fam, dur in zip(kern["op"].tolist(), kern["family"].tolist(), kern["dur"].tolist(), strict=True):
+        g = group_of_event.get(op, -1) if op >= 0 else -1
+        if g >= 0:
+            times[g][fam] = times[g].get(fam, 0.0) + dur
+    return [_dominant(t) for t in times]
+
+
+def _kernel_rows(kern: pd.DataFrame) -> pd.DataFrame | None:
+    """One row per (launcher, kernel name, launcher's source location): kernels no op row launched."""
+    if not len(kern):
+        return None
+    grouped = kern.groupby(["launcher", "name", "launcher_loc"], sort=False, dropna=False)
+    table = grouped.agg(calls=("dur", "size"), time_us_total=("dur", "sum"), first_ts=("ts", "min"),
+                        kernel_family=("family", "first"), graph=("graph_launch", "max")).reset_index()
+    gpu_only = "launcher_op" in kern.columns and (kern["launcher"] == "").all() and (kern["launcher_op"] < 0).all()
+    out = pd.DataFrame({k: "" for k in KEY}, index=table.index)
+    out["op"] = table["name"]
+    out["source_location"] = table["launcher_loc"]
+    out["launcher"] = table["launcher"]
+    out["calls"] = table["calls"]
+    out["time_us_total"] = table["time_us_total"]
+    out["cpu_time_us_total"] = 0.0
+    out["flops_per_call"] = np.nan
+    out["bytes_per_call"] = np.nan
+    out["family"] = ""
+    out["dtype"] = ""
+    out["note"] = np.where(table["graph"].to_numpy() >= 0, GRAPH_KERNEL_NOTE,
+                           GPU_ONLY_NOTE if gpu_only else LOOSE_KERNEL_NOTE)
+    out["kernels"] = table["name"]
+    out["compiled_graph"] = ""
+    out["first_ts"] = table["first_ts"]
+    out["kernel_family"] = table["kernel_family"]
+    return out
+
+
+def _unattributed_row(kern: pd.DataFrame) -> pd.DataFrame | None:
+    lost = kern[(kern["op"].to_numpy() < 0) & ~kern["kernel_row"].to_numpy()]
+    if not len(lost):
+        return None
+    times: dict[str, float] = {}
+    for fam, dur in zip(lost["family"].tolist(), lost["dur"].tolist(), strict=True):
+        times[fam] = times.get(fam, 0.0) + dur
+    extra = {k: "" for k in KEY}
+    extra.update(op=UNATTRIBUTED, calls=len(lost), time_us_total=float(lost["dur"].sum()),
+                 cpu_time_us_total=0.0, flops_per_call=np.nan, bytes_per_call=np.nan, family="",
+                 dtype="", note="", compiled_graph="", launcher="", kernel_family=_dominant(times),
+                 kernels=";".join(dict.fromkeys(lost["name"].tolist())),
+                 first_ts=float(lost["ts"].min()))
+    return pd.DataFrame([extra])
 
 
 GRAPH_NOTE = "compiled code: time inside it outside the rows below it; no cost model"

@@ -22,6 +22,11 @@ SUGGESTION = ("Take the CPU off the critical path: capture the step in a CUDA gr
               "(see host-sync findings), and use bigger batches so each launch does more work.")
 
 
+GRAPH_SUGGESTION = ("The graph replay itself keeps the GPU busy; the idle time is between replays: remove host syncs "
+                    "(see host-sync findings and the GPU idle gaps), overlap CPU-side scheduling with the replay, and "
+                    "replay more work per launch (bigger batches, more decode steps per graph).")
+
+
 @rule("launch-bound")
 def launch_bound(ctx: Context) -> Iterator[Finding]:
     busy = ctx.device_busy_share
@@ -36,6 +41,15 @@ def launch_bound(ctx: Context) -> Iterator[Finding]:
     message = (f"the GPU is busy only {busy:.0%} of the step ({fmt_us(ctx.step_time_us)} per step): it waits for "
                f"the CPU to launch work. CPU-heaviest ops: {heavy}; lines: {lines}. Idle GPU time "
                f"{fmt_us(idle)} in all (the saving, an upper bound).")
+    suggestion = SUGGESTION
+    timeline = ctx.gpu_timeline or {}
+    if timeline.get("graph_replay"):
+        # Already graph mode: a CUDA graph is not the fix; what keeps the GPU idle is outside the replay.
+        gap = (timeline.get("idle_gaps") or [{}])[0]
+        longest = (f" The longest idle gap, {fmt_us(gap['duration_us'])}, is while the CPU runs "
+                   f"{short(gap.get('cpu_op') or '?')}." if gap.get("duration_us") else "")
+        message += " The step already replays a CUDA/HIP graph." + longest
+        suggestion = GRAPH_SUGGESTION
     yield Finding(rule="launch-bound", severity=severity(idle, ctx), op=str(by_op.index[0]) if len(by_op) else "",
                   source_location=str(by_line.index[0]) if len(by_line) else "", message=message,
-                  suggestion=SUGGESTION, est_savings_us=idle)
+                  suggestion=suggestion, est_savings_us=idle)
