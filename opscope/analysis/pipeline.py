@@ -54,8 +54,8 @@ def step_stats(trace: TraceData, ev: pd.DataFrame) -> tuple[int, float]:
     spanning every op and kernel."""
     if len(trace.steps):
         return len(trace.steps), float(trace.steps["dur"].mean())
-    starts = [ev["ts"].min()]
-    ends = [ev["end"].max()]
+    starts = [ev["ts"].min()] if len(ev) else []  # a GPU-only trace has no CPU events
+    ends = [ev["end"].max()] if len(ev) else []
     if len(trace.kernels):
         starts.append(trace.kernels["ts"].min())
         ends.append((trace.kernels["ts"] + trace.kernels["dur"]).max())

@@ -32,6 +32,8 @@ def launch_bound(ctx: Context) -> Iterator[Finding]:
     busy = ctx.device_busy_share
     if not ctx.gpu or busy is None or busy >= MAX_BUSY or "cpu_time_us_total" not in ctx.ops.columns:
         return
+    if (ctx.gpu_timeline or {}).get("gpu_only"):
+        return  # no CPU activity recorded: nothing says what the GPU waited for
     ops = ctx.ops[ctx.ops["source_location"] != HARNESS]
     by_op = ops.groupby("op")["cpu_time_us_total"].sum().sort_values(ascending=False)
     by_line = ops.groupby("source_location")["cpu_time_us_total"].sum().sort_values(ascending=False)
