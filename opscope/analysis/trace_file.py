@@ -8,17 +8,52 @@ from pathlib import Path
 from typing import Any
 
 from opscope import __version__
+from opscope.analysis.kernels import architecture_from_kernels, short_kernel_name
 from opscope.analysis.pipeline import analyze
-from opscope.hardware import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
+from opscope.hardware import Peaks, apply_overrides, gpu_from_properties, gpu_peaks, unknown_gpu_warning
 from opscope.run import DEFAULT_REPORTS_DIR, Run, TraceCompressor, check_out_dir, write_run
 from opscope.trace import TraceData, load_trace, max_trace_bytes, read_bytes
 
+UNKNOWN_GPU = "unknown GPU (not recorded in the trace)"
+
 
 def trace_device(trace: TraceData) -> dict[str, str]:
+    """meta.json "device". A GPU's name comes from deviceProperties' "name"; when that is missing or
+    empty (vLLM traces), from the rest of deviceProperties (compute capability, SM/CU count, memory),
+    then from the kernel-name vocabulary (hipBLASLt's `Cijk_..._ISA942_` -> AMD Instinct gfx942, cuBLAS's
+    `sm90_` -> NVIDIA Hopper); "name_source" says which. Never an empty name."""
     if trace.has_gpu or trace.gpu_runtime:
-        props = trace.device_properties[0] if trace.device_properties else {}
-        return {"type": trace.gpu_runtime or "cuda", "name": str(props.get("name", "unknown GPU"))}
+        runtime = trace.gpu_runtime or "cuda"
+        name, source = gpu_name(trace, runtime)
+        return {"type": runtime, "name": name, "name_source": source}
     return {"type": "cpu", "name": "unknown CPU (not recorded in the trace)"}
+
+
+def gpu_name(trace: TraceData, runtime: str) -> tuple[str, str]:
+    props = _device_props(trace)
+    name = props.get("name")
+    if isinstance(name, str) and name.strip():
+        return name.strip(), "deviceProperties"
+    known = gpu_from_properties(props, runtime)
+    if known is not None:
+        return known[0], f"deviceProperties without a name: {known[1]}"
+    arch = architecture_from_kernels(trace.kernels["name"].tolist()) if len(trace.kernels) else None
+    if arch is not None:
+        return arch[0], f"kernel names (e.g. {short_kernel_name(arch[1])})"
+    return UNKNOWN_GPU, "none"
+
+
+def _device_props(trace: TraceData) -> dict:
+    """The deviceProperties entry of the device most kernels ran on (by "id"), else the first."""
+    props = trace.device_properties
+    if not props:
+        return {}
+    if len(props) > 1 and len(trace.kernels):
+        device = int(trace.kernels["device"].mode().iloc[0])
+        for p in props:
+            if p.get("id") == device:
+                return p
+    return props[0]
 
 
 def trace_peaks(trace: TraceData, device: dict[str, str], peak_bw: float | None, peak_flops: list[str] | None,

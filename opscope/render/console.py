@@ -79,7 +79,9 @@ def summary_panel(run: Run) -> Panel:
     lines = Text()
     lines.append(f"{m.get('target', '')}", style="bold")
     lines.append(f"  ({m.get('source')}, {m.get('mode')}, {m.get('dtype') or 'mixed'})\n")
-    lines.append(f"device  {dev.get('type')}: {dev.get('name')}\n")
+    named_by = dev.get("name_source")
+    lines.append(f"device  {dev.get('type')}: {dev.get('name') or 'unknown'}"
+                 + (f" (from {named_by})" if named_by not in (None, "deviceProperties", "none") else "") + "\n")
     peaks = m.get("peaks", {})
     bw = peaks.get("memory_bandwidth_gbps")
     flops = peaks.get("flops_gflops", {})
