@@ -15,6 +15,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from opscope.analysis.events import is_row_name
 from opscope.costmodel import Cost, OpCall, estimate, floating_dtype
 from opscope.costmodel.base import DELEGATES_TO_ANY_CHILD, DTYPE_NAMES
 from opscope.hardware import Peaks, ceiling_key
@@ -118,6 +119,7 @@ def build_ops_table(ev: pd.DataFrame, *, gpu: bool, peaks: Peaks, kernels: pd.Da
         table["kernel_family"] = _row_families(kern, grouped.ngroup().to_numpy() if len(rows) else np.zeros(0, int),
                                                rows.index.to_numpy(), len(table))
         table["launcher"] = ""
+        _custom_op_families(table)
         extra = [_kernel_rows(kern[kern["kernel_row"].to_numpy()]), _unattributed_row(kern)]
         table = pd.concat([table] + [x for x in extra if x is not None and len(x)], ignore_index=True)
     total = float(table["time_us_total"].sum())
@@ -172,6 +174,21 @@ def _row_families(kern: pd.DataFrame, group_of_row: np.ndarray, row_events: np.n
         if g >= 0:
             times[g][fam] = times[g].get(fam, 0.0) + dur
     return [_dominant(t) for t in times]
+
+
+# Custom ops (`vllm::unified_attention_with_output`, not aten) without a cost function take their cost
+# family from their kernels where it decides the ceiling: attention and GEMM run on tensor cores.
+KERNEL_TO_COST_FAMILY = {"attention": "attention", "gemm": "matmul"}
+CUSTOM_OP_NOTE = "custom op: family from its kernels; no cost model for it"
+
+
+def _custom_op_families(table: pd.DataFrame) -> None:
+    ops = table["op"].astype(str)
+    custom = (ops.map(is_row_name) & ~ops.str.startswith("aten::") & table["flops_per_call"].isna()
+              & table["kernel_family"].isin(list(KERNEL_TO_COST_FAMILY))).to_numpy()
+    if custom.any():
+        table.loc[custom, "family"] = table.loc[custom, "kernel_family"].map(KERNEL_TO_COST_FAMILY)
+        table.loc[custom, "note"] = CUSTOM_OP_NOTE
 
 
 def _kernel_rows(kern: pd.DataFrame) -> pd.DataFrame | None:
