@@ -189,6 +189,10 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
     ev["self_us"] = _self_times(dur, parent, row_parent, is_row_arr)
 
     ev["step"] = _assign_steps(trace, ts)
+    if "captured" in ev.columns:  # a graph capture's ops copied into a replay (opscope.analysis.capture_merge)
+        copies = ev["captured"].to_numpy(dtype=bool)
+        ev.loc[copies, "self_us"] = 0.0  # they ran during capture, not in the replay
+        ev.loc[copies, "step"] = _assign_steps(trace, ev.loc[copies, "replay_ts"].to_numpy())
     _attribute_kernels(trace, ev, keys)
     ev["source_location"] = _sources(trace, ev, keys, order, source_override)
     if len(trace.kernels):
@@ -250,6 +254,7 @@ def _attribute_kernels(trace: TraceData, ev: pd.DataFrame, keys: np.ndarray) -> 
     launcher_ann = np.full(nk, -1, dtype=np.int64)
     graph_launch = np.full(nk, -1, dtype=np.int64)
     launcher = [""] * nk
+    replayed = kern["replay_launch"].to_numpy() if "replay_launch" in kern.columns else None
     if nk == 0:
         trace.kernels = kern.assign(op=kern_op, kernel_row=kernel_row, launcher_op=launcher_op,
                                     launcher_ann=launcher_ann, launcher=launcher, graph_launch=graph_launch,
@@ -316,6 +321,8 @@ def _attribute_kernels(trace: TraceData, ev: pd.DataFrame, keys: np.ndarray) -> 
             launcher_op[j], launcher[j] = op, names[op]
         elif gpu_only:
             kernel_row[j] = True
+    if replayed is not None:  # captured kernels: attributed to their ops, still replayed by a graph launch
+        graph_launch = np.where(replayed >= 0, replayed, graph_launch)
     ev["device_us"] = dev_us
     ev["n_kernels"] = counts
     kernels_col = [""] * n

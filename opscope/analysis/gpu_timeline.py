@@ -82,7 +82,7 @@ def gpu_summary(trace: TraceData, ev: pd.DataFrame, *, steps: int, step_time_us:
             "launches": int(replayed["graph_launch"].nunique()),
             "kernels": int(graph.sum()),
             "kernel_time_share": float(dur[graph].sum()) / total if total > 0 else 0.0,
-            "launchers": list(dict.fromkeys(replayed["launcher"].tolist()))[:5],
+            "launchers": [x for x in dict.fromkeys(replayed["launcher"].tolist()) if x][:5],
         }
     if "captured" in k.columns and k["captured"].to_numpy(dtype=bool).any():
         cap = k["captured"].to_numpy(dtype=bool)
@@ -181,6 +181,8 @@ def _cpu_during(trace: TraceData, ev: pd.DataFrame, t: float) -> tuple[str, str]
     GPU work (reported as its op row when it has one), else the innermost annotation holding t."""
     if len(ev):
         holds = (ev["ts"].to_numpy() <= t) & (ev["end"].to_numpy() >= t)
+        if "captured" in ev.columns:  # copies of a graph capture's ops did not run then
+            holds &= ~ev["captured"].to_numpy(dtype=bool)
         launch_threads = trace.launches[["pid", "tid"]].drop_duplicates() if len(trace.launches) else None
         if launch_threads is not None and len(launch_threads):
             on = pd.MultiIndex.from_frame(ev[["pid", "tid"]]).isin(pd.MultiIndex.from_frame(launch_threads))

@@ -54,6 +54,8 @@ def step_stats(trace: TraceData, ev: pd.DataFrame) -> tuple[int, float]:
     spanning every op and kernel."""
     if len(trace.steps):
         return len(trace.steps), float(trace.steps["dur"].mean())
+    if "captured" in ev.columns:  # copies of a graph capture's ops did not run in this trace
+        ev = ev[~ev["captured"].to_numpy(dtype=bool)]
     starts = [ev["ts"].min()] if len(ev) else []  # a GPU-only trace has no CPU events
     ends = [ev["end"].max()] if len(ev) else []
     if len(trace.kernels):

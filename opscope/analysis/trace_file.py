@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from opscope import __version__
+from opscope.analysis.capture_merge import merge_capture
 from opscope.analysis.kernels import architecture_from_kernels, short_kernel_name
 from opscope.analysis.pipeline import analyze
 from opscope.hardware import Peaks, apply_overrides, gpu_from_properties, gpu_peaks, unknown_gpu_warning
@@ -79,7 +80,9 @@ def trace_peaks(trace: TraceData, device: dict[str, str], peak_bw: float | None,
 
 def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | None = None,
                        peak_flops: list[str] | None = None, warn: Callable[[str], None] = lambda m: None,
-                       max_trace_gb: float | None = None) -> Run:
+                       max_trace_gb: float | None = None, capture: Path | None = None) -> Run:
+    """Analyzes a trace file into a run directory. `capture`: a trace recorded while the replayed CUDA/HIP
+    graphs were captured (opscope.analysis.capture_merge)."""
     base = DEFAULT_REPORTS_DIR.absolute()
     out = out.absolute() if out is not None else None
     check_out_dir(out, base)
@@ -92,14 +95,24 @@ def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | 
         del data  # the decoded tables replace it (the compressor keeps its own reference if it needs one)
         for line in trace.warnings:
             warn(line)
-        return _analyze_file(path, trace, out, base, stem, compressor, peak_bw, peak_flops, warn)
+        merged = None
+        if capture is not None:
+            captured = load_trace(capture, max_bytes=max_trace_bytes(max_trace_gb))
+            for line in captured.warnings:
+                warn(line)
+            trace, report = merge_capture(trace, captured)
+            for line in report.warnings:
+                warn(line)
+            merged = {"trace": str(capture), **report.to_json()}
+        return _analyze_file(path, trace, out, base, stem, compressor, peak_bw, peak_flops, warn, merged)
     finally:
         compressor.discard()
 
 
 def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, stem: str,
                   compressor: TraceCompressor,
-                  peak_bw: float | None, peak_flops: list[str] | None, warn: Callable[[str], None]) -> Run:
+                  peak_bw: float | None, peak_flops: list[str] | None, warn: Callable[[str], None],
+                  capture: dict[str, Any] | None = None) -> Run:
     device = trace_device(trace)
     peaks = trace_peaks(trace, device, peak_bw, peak_flops, warn)
     meta: dict[str, Any] = {
@@ -115,6 +128,8 @@ def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, st
         "steps": None,
         "peaks": peaks.to_json(),
     }
+    if capture is not None:
+        meta["capture"] = capture
     run = analyze(trace, peaks=peaks, meta=meta, source="trace")
     meta["steps"] = run.summary["steps"]
     write_run(run, out, stem, path, compressor=compressor, base=base)

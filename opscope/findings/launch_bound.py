@@ -34,7 +34,7 @@ def launch_bound(ctx: Context) -> Iterator[Finding]:
         return
     if (ctx.gpu_timeline or {}).get("gpu_only"):
         return  # no CPU activity recorded: nothing says what the GPU waited for
-    ops = ctx.ops[ctx.ops["source_location"] != HARNESS]
+    ops = ctx.ops[(ctx.ops["source_location"] != HARNESS) & (ctx.ops["cpu_time_us_total"] > 0)]
     by_op = ops.groupby("op")["cpu_time_us_total"].sum().sort_values(ascending=False)
     by_line = ops.groupby("source_location")["cpu_time_us_total"].sum().sort_values(ascending=False)
     idle = ctx.steps * ctx.step_time_us * (1.0 - busy)

@@ -109,10 +109,10 @@ def gpu_lines(s: dict[str, Any]) -> Text:
     out = Text()
     graph = s.get("graph_replay")
     if graph:
-        launchers = ", ".join(graph.get("launchers") or []) or "no op"
+        launchers = ", ".join(graph.get("launchers") or [])
         out.append(f"\ngraph   CUDA/HIP graph replay: {graph.get('kernels', 0)} kernels from {graph.get('launches', 0)} "
-                   f"graph launch(es), {fmt_pct(graph.get('kernel_time_share'), 100)} of GPU time, launched in "
-                   f"{launchers}.", style="bold")
+                   f"graph launch(es), {fmt_pct(graph.get('kernel_time_share'), 100)} of GPU time"
+                   + (f", launched in {launchers}." if launchers else "."), style="bold")
         captured = graph.get("captured_time_share")
         if captured:
             out.append(f" {fmt_pct(captured, 100)} of GPU time is mapped back to the ops and shapes that "
