@@ -66,9 +66,10 @@ def gpu_summary(trace: TraceData, ev: pd.DataFrame, *, steps: int, step_time_us:
     dur = k["dur"].to_numpy(dtype=float)
     total = float(dur.sum())
     fam = k["family"].to_numpy(dtype=object)
-    shares = {f: 0.0 for f in FAMILY_NAMES}
-    for f, t in pd.Series(dur).groupby(fam).sum().items():
-        shares[str(f)] = float(t) / total if total > 0 else 0.0
+    index = {f: i for i, f in enumerate(FAMILY_NAMES)}
+    fam_code = np.fromiter((index[f] for f in fam.tolist()), dtype=np.int64, count=len(fam))
+    by_family = np.bincount(fam_code, weights=dur, minlength=len(FAMILY_NAMES))
+    shares = {f: float(by_family[i]) / total if total > 0 else 0.0 for i, f in enumerate(FAMILY_NAMES)}
     lost = (k["op"].to_numpy() < 0) & ~k["kernel_row"].to_numpy(dtype=bool)
     out: dict[str, Any] = {
         "kernel_family_time_share": shares,
@@ -102,9 +103,10 @@ def gpu_summary(trace: TraceData, ev: pd.DataFrame, *, steps: int, step_time_us:
 
 def _streams(k: pd.DataFrame, start: np.ndarray, end: np.ndarray, window: float) -> list[dict[str, Any]]:
     rows = []
-    keys = pd.MultiIndex.from_arrays([k["device"].to_numpy(), k["stream"].to_numpy()])
-    codes, uniques = keys.factorize()
-    for c, (device, stream) in enumerate(uniques):
+    pairs = np.stack([k["device"].to_numpy(), k["stream"].to_numpy()], axis=1)
+    uniques, codes = np.unique(pairs, axis=0, return_inverse=True)
+    codes = codes.reshape(-1)
+    for c, (device, stream) in enumerate(uniques.tolist()):
         sel = codes == c
         s, e = merge(start[sel], end[sel])
         busy = _length(s, e)
@@ -163,12 +165,13 @@ def _idle_gaps(trace: TraceData, ev: pd.DataFrame, k: pd.DataFrame, start: np.nd
     by_end = np.argsort(end, kind="stable")
     by_start = np.argsort(start, kind="stable")
     names = k["name"].tolist()
+    cpu = _CpuTimeline(trace, ev)
     out = []
     for i in order:
         a, b = float(gap_s[i]), float(gap_e[i])
         before = np.searchsorted(end[by_end], a, side="right") - 1
         after = np.searchsorted(start[by_start], b, side="left")
-        op, where = _cpu_during(trace, ev, (a + b) / 2)
+        op, where = cpu.during((a + b) / 2)
         out.append({"start_us": a - origin, "duration_us": b - a,
                     "kernel_before": names[by_end[before]] if before >= 0 else "",
                     "kernel_after": names[by_start[after]] if after < len(by_start) else "",
@@ -176,27 +179,38 @@ def _idle_gaps(trace: TraceData, ev: pd.DataFrame, k: pd.DataFrame, start: np.nd
     return out
 
 
-def _cpu_during(trace: TraceData, ev: pd.DataFrame, t: float) -> tuple[str, str]:
-    """The op running on the CPU at time t: the innermost op event holding t on a thread that launches
-    GPU work (reported as its op row when it has one), else the innermost annotation holding t."""
-    if len(ev):
-        holds = (ev["ts"].to_numpy() <= t) & (ev["end"].to_numpy() >= t)
+class _CpuTimeline:
+    """What ran on the CPU at a given time: the innermost op event holding it on a thread that launches
+    GPU work (reported as its op row when it has one), else the innermost annotation holding it."""
+
+    def __init__(self, trace: TraceData, ev: pd.DataFrame) -> None:
+        self.ts = ev["ts"].to_numpy()
+        self.end = ev["end"].to_numpy() if len(ev) else self.ts
+        self.depth = ev["depth"].to_numpy() if len(ev) else self.ts
+        live = np.ones(len(ev), dtype=bool)
         if "captured" in ev.columns:  # copies of a graph capture's ops did not run then
-            holds &= ~ev["captured"].to_numpy(dtype=bool)
-        launch_threads = trace.launches[["pid", "tid"]].drop_duplicates() if len(trace.launches) else None
-        if launch_threads is not None and len(launch_threads):
-            on = pd.MultiIndex.from_frame(ev[["pid", "tid"]]).isin(pd.MultiIndex.from_frame(launch_threads))
-            holds &= on
-        idx = np.flatnonzero(holds)
+            live &= ~ev["captured"].to_numpy(dtype=bool)
+        if len(ev) and len(trace.launches):
+            launching = set(zip(trace.launches["pid"].tolist(), trace.launches["tid"].tolist(), strict=True))
+            live &= np.fromiter(((p, t) in launching for p, t in zip(ev["pid"].tolist(), ev["tid"].tolist(),
+                                                                      strict=True)), dtype=bool, count=len(ev))
+        self.live = live
+        self.ann = trace.annotations
+        self.row_anc = ev["row_anc"].to_numpy() if len(ev) else self.ts
+        self.names = ev["name"].to_numpy(dtype=object) if len(ev) else self.ts
+        self.where = ev["source_location"].to_numpy(dtype=object) if len(ev) else self.ts
+
+    def during(self, t: float) -> tuple[str, str]:
+        idx = np.flatnonzero(self.live & (self.ts <= t) & (self.end >= t))
         if len(idx):
-            i = int(idx[np.argmax(ev["depth"].to_numpy()[idx])])
-            row = int(ev["row_anc"].iloc[i])
+            i = int(idx[np.argmax(self.depth[idx])])
+            row = int(self.row_anc[i])
             j = row if row >= 0 else i
-            return str(ev["name"].iloc[j]), str(ev["source_location"].iloc[j])
-    ann = trace.annotations
-    if len(ann):
-        a_ts = ann["ts"].to_numpy()
-        holds = np.flatnonzero((a_ts <= t) & (a_ts + ann["dur"].to_numpy() >= t))
-        if len(holds):
-            return str(ann["name"].iloc[int(holds[np.argmax(a_ts[holds])])]), ""
-    return "", ""
+            return str(self.names[j]), str(self.where[j])
+        ann = self.ann
+        if len(ann):
+            a_ts = ann["ts"].to_numpy()
+            holds = np.flatnonzero((a_ts <= t) & (a_ts + ann["dur"].to_numpy() >= t))
+            if len(holds):
+                return str(ann["name"].iat[int(holds[np.argmax(a_ts[holds])])]), ""
+        return "", ""

@@ -109,15 +109,11 @@ def build_ops_table(ev: pd.DataFrame, *, gpu: bool, peaks: Peaks, kernels: pd.Da
     rows["op"] = rows["name"]
     _compiled_costs(rows)
     rows["time"] = rows["device_us"] if gpu else rows["self_us"]
-    grouped = rows.groupby(KEY, sort=False, dropna=False)
-    if rows.empty:  # a GPU-only trace: kernel rows only
-        table = pd.DataFrame({c: pd.Series(dtype=object if c in KEY else float) for c in KEY + _AGG_COLUMNS})
-    else:
-        table = _aggregate(grouped)
+    codes = group_codes([rows[k].to_numpy(dtype=object) for k in KEY])
+    table = _aggregate(rows, codes)
     kern = kernels if gpu and kernels is not None and len(kernels) else None
     if kern is not None:
-        table["kernel_family"] = _row_families(kern, grouped.ngroup().to_numpy() if len(rows) else np.zeros(0, int),
-                                               rows.index.to_numpy(), len(table))
+        table["kernel_family"] = _row_families(kern, codes, rows.index.to_numpy(), len(table))
         table["launcher"] = ""
         _custom_op_families(table)
         extra = [_kernel_rows(kern[kern["kernel_row"].to_numpy()]), _unattributed_row(kern)]
@@ -139,20 +135,63 @@ _AGG_COLUMNS = ["calls", "time_us_total", "cpu_time_us_total", "flops_per_call",
                 "dtype", "note", "kernels", "compiled_graph", "first_ts"]
 
 
-def _aggregate(grouped) -> pd.DataFrame:  # noqa: ANN001 (a pandas DataFrameGroupBy)
-    return grouped.agg(
-        calls=("time", "size"),
-        time_us_total=("time", "sum"),
-        cpu_time_us_total=("self_us", "sum"),
-        flops_per_call=("flops", "first"),
-        bytes_per_call=("bytes", "first"),
-        family=("family", "first"),
-        dtype=("dtype", "first"),
-        note=("note", "first"),
-        kernels=("kernels", _join_unique),
-        compiled_graph=("compiled_graph", _join_unique),
-        first_ts=("ts", "min"),
-    ).reset_index()
+def group_codes(columns: list[np.ndarray]) -> np.ndarray:
+    """Group number of each row by the values of `columns`, numbered in order of first appearance (what
+    pandas' groupby(sort=False) does, without its per-aggregation overhead)."""
+    n = len(columns[0]) if columns else 0
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    codes = np.zeros(n, dtype=np.int64)
+    for col in columns:
+        c, uniques = pd.factorize(col)
+        codes = codes * len(uniques) + c
+        codes = pd.factorize(codes)[0]  # compact again: no overflow however many columns
+    return codes.astype(np.int64)
+
+
+def first_index(codes: np.ndarray, n_groups: int, valid: np.ndarray | None = None) -> np.ndarray:
+    """Per group, the first row (of the `valid` ones); len(codes) where there is none."""
+    idx = np.arange(len(codes))
+    first = np.full(n_groups, len(codes), dtype=np.int64)
+    if valid is None:
+        np.minimum.at(first, codes, idx)
+    else:
+        np.minimum.at(first, codes[valid], idx[valid])
+    return first
+
+
+def _aggregate(rows: pd.DataFrame, codes: np.ndarray) -> pd.DataFrame:
+    """One row per group: sums, the first value (pandas' "first": first non-missing), the union of
+    kernel names and compiled graphs, the earliest start."""
+    g = int(codes.max()) + 1 if len(codes) else 0
+    first = first_index(codes, g)
+    out: dict[str, object] = {k: rows[k].to_numpy(dtype=object)[first] for k in KEY}
+    out["calls"] = np.bincount(codes, minlength=g)
+    out["time_us_total"] = np.bincount(codes, weights=rows["time"].to_numpy(dtype=float), minlength=g)
+    out["cpu_time_us_total"] = np.bincount(codes, weights=rows["self_us"].to_numpy(dtype=float), minlength=g)
+    for src, dst in (("flops", "flops_per_call"), ("bytes", "bytes_per_call")):
+        values = rows[src].to_numpy(dtype=float)
+        f = first_index(codes, g, ~np.isnan(values))
+        out[dst] = np.where(f < len(values), values[np.minimum(f, max(len(values) - 1, 0))], np.nan) if g else values[:0]
+    for col in ("family", "dtype", "note"):
+        out[col] = rows[col].to_numpy(dtype=object)[first]
+    for col in ("kernels", "compiled_graph"):
+        out[col] = _join_unique_by_group(rows[col].to_numpy(dtype=object), codes, g)
+    first_ts = np.full(g, np.inf)
+    np.minimum.at(first_ts, codes, rows["ts"].to_numpy(dtype=float))
+    out["first_ts"] = first_ts
+    return pd.DataFrame(out)
+
+
+def _join_unique_by_group(values: np.ndarray, codes: np.ndarray, n_groups: int) -> list[str]:
+    """Per group, the distinct `;`-separated names of its rows, in order of appearance."""
+    seen: list[dict[str, None]] = [{} for _ in range(n_groups)]
+    for i in np.flatnonzero(values != "").tolist():
+        v = values[i]
+        if isinstance(v, str):
+            for k in v.split(";"):
+                seen[codes[i]][k] = None
+    return [";".join(d) for d in seen]
 
 
 GRAPH_KERNEL_NOTE = ("replayed from a CUDA/HIP graph: the trace records no shapes for it (analyze with --capture "
@@ -169,8 +208,11 @@ def _row_families(kern: pd.DataFrame, group_of_row: np.ndarray, row_events: np.n
     """Per op row (group), the kernel family with the most of its kernels' time."""
     group_of_event = dict(zip(row_events.tolist(), group_of_row.tolist(), strict=True))
     times: list[dict[str, float]] = [{} for _ in range(n_groups)]
-    for op, fam, dur in zip(kern["op"].tolist(), kern["family"].tolist(), kern["dur"].tolist(), strict=True):
-        g = group_of_event.get(op, -1) if op >= 0 else -1
+    ops = kern["op"].to_numpy()
+    linked = np.flatnonzero(ops >= 0)
+    fams, durs = kern["family"].to_numpy(dtype=object)[linked].tolist(), kern["dur"].to_numpy()[linked].tolist()
+    for op, fam, dur in zip(ops[linked].tolist(), fams, durs, strict=True):
+        g = group_of_event.get(op, -1)
         if g >= 0:
             times[g][fam] = times[g].get(fam, 0.0) + dur
     return [_dominant(t) for t in times]
@@ -195,9 +237,19 @@ def _kernel_rows(kern: pd.DataFrame) -> pd.DataFrame | None:
     """One row per (launcher, kernel name, launcher's source location): kernels no op row launched."""
     if not len(kern):
         return None
-    grouped = kern.groupby(["launcher", "name", "launcher_loc"], sort=False, dropna=False)
-    table = grouped.agg(calls=("dur", "size"), time_us_total=("dur", "sum"), first_ts=("ts", "min"),
-                        kernel_family=("family", "first"), graph=("graph_launch", "max")).reset_index()
+    codes = group_codes([kern[k].to_numpy(dtype=object) for k in ("launcher", "name", "launcher_loc")])
+    g = int(codes.max()) + 1
+    first = first_index(codes, g)
+    first_ts = np.full(g, np.inf)
+    np.minimum.at(first_ts, codes, kern["ts"].to_numpy(dtype=float))
+    graph = np.full(g, -1, dtype=np.int64)
+    np.maximum.at(graph, codes, kern["graph_launch"].to_numpy())
+    table = pd.DataFrame({k: kern[k].to_numpy(dtype=object)[first] for k in ("launcher", "name", "launcher_loc")})
+    table["calls"] = np.bincount(codes, minlength=g)
+    table["time_us_total"] = np.bincount(codes, weights=kern["dur"].to_numpy(dtype=float), minlength=g)
+    table["first_ts"] = first_ts
+    table["kernel_family"] = kern["family"].to_numpy(dtype=object)[first]
+    table["graph"] = graph
     gpu_only = "launcher_op" in kern.columns and (kern["launcher"] == "").all() and (kern["launcher_op"] < 0).all()
     out = pd.DataFrame({k: "" for k in KEY}, index=table.index)
     out["op"] = table["name"]
@@ -266,15 +318,6 @@ def _compiled_costs(rows: pd.DataFrame) -> None:
     rows.loc[known_bytes, "note"] = np.where(
         known_flops[known_bytes], "inductor kernel: FLOPs and bytes as inductor estimated them",
         "inductor kernel: bytes as inductor estimated them; FLOPs unknown")
-
-
-def _join_unique(values: pd.Series) -> str:
-    seen: dict[str, None] = {}
-    for v in values:
-        if v:
-            for k in v.split(";"):
-                seen[k] = None
-    return ";".join(seen)
 
 
 def add_roofline(table: pd.DataFrame, peaks: Peaks, *, gpu: bool) -> pd.DataFrame:
