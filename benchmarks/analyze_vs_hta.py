@@ -35,43 +35,28 @@ from analyze_scaling import OUT, replicate  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "tests" / "fixtures" / "traces"
 
-# Each job prints one JSON line: import and work seconds, peak RSS in MiB (or the error).
-JOBS = {
-    "opscope": """
-import resource, sys, time, json, tempfile
-t0 = time.perf_counter()
+# Each job prints one JSON line: import and work seconds, peak RSS in MiB.
+_JOB = """
+import json, logging, resource, sys, tempfile, time
 from pathlib import Path
-from opscope.analysis.trace_file import analyze_trace_file
-t1 = time.perf_counter()
-with tempfile.TemporaryDirectory() as d:
-    analyze_trace_file(Path(sys.argv[1]), out=Path(d) / "run")
-t2 = time.perf_counter()
-print(json.dumps({"import_s": t1 - t0, "work_s": t2 - t1,
-                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
-""",
-    "hta_load": """
-import resource, sys, time, json, logging, os
 t0 = time.perf_counter()
-from hta.trace_analysis import TraceAnalysis
+{imports}
 t1 = time.perf_counter()
 logging.disable(logging.CRITICAL)
-analysis = TraceAnalysis(trace_dir=sys.argv[1])
+{work}
 t2 = time.perf_counter()
-print(json.dumps({"import_s": t1 - t0, "work_s": t2 - t1,
-                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
-""",
-    "hta_breakdown": """
-import resource, sys, time, json, logging, os
-t0 = time.perf_counter()
-from hta.trace_analysis import TraceAnalysis
-t1 = time.perf_counter()
-logging.disable(logging.CRITICAL)
-analysis = TraceAnalysis(trace_dir=sys.argv[1])
-analysis.get_gpu_kernel_breakdown(visualize=False)
-t2 = time.perf_counter()
-print(json.dumps({"import_s": t1 - t0, "work_s": t2 - t1,
-                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
-""",
+print(json.dumps({{"import_s": t1 - t0, "work_s": t2 - t1,
+                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+"""
+_HTA_IMPORT = "from hta.trace_analysis import TraceAnalysis"
+_HTA_LOAD = "analysis = TraceAnalysis(trace_dir=sys.argv[1])"
+JOBS = {
+    "opscope": _JOB.format(
+        imports="from opscope.analysis.trace_file import analyze_trace_file",
+        work="with tempfile.TemporaryDirectory() as d:\n    analyze_trace_file(Path(sys.argv[1]), out=Path(d) / 'run')"),
+    "hta_load": _JOB.format(imports=_HTA_IMPORT, work=_HTA_LOAD),
+    "hta_breakdown": _JOB.format(imports=_HTA_IMPORT,
+                                 work=_HTA_LOAD + "\nanalysis.get_gpu_kernel_breakdown(visualize=False)"),
 }
 
 

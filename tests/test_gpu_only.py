@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TRACES, run_cli
+from conftest import TRACES, run_cli, union_us
 from opscope.analysis.kernels import kernel_family
 from opscope.analysis.ops_table import GPU_ONLY_NOTE
 from opscope.analysis.trace_file import analyze_trace_file
@@ -60,17 +60,10 @@ def test_gpu_only_trace_gives_a_kernel_report_with_the_same_kernel_times(tmp_pat
 def test_gpu_only_busy_share_is_over_the_kernel_span(tmp_path):
     kernels = gpu_only_copy(TRACES / "h100_bert-small_bf16.json.gz", tmp_path / "gpu_only.json")
     run = analyze_trace_file(tmp_path / "gpu_only.json", out=tmp_path / "run")
-    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in kernels)
-    busy, cur_s, cur_e = 0.0, *spans[0]
-    for s, e in spans[1:]:
-        if s > cur_e:
-            busy, cur_s, cur_e = busy + cur_e - cur_s, s, e
-        else:
-            cur_e = max(cur_e, e)
-    busy += cur_e - cur_s
-    window = max(e for _, e in spans) - spans[0][0]
+    spans = [(e["ts"], e["ts"] + e["dur"]) for e in kernels]
+    window = max(e for _, e in spans) - min(s for s, _ in spans)
     assert run.summary["step_time_us"] == pytest.approx(window)
-    assert run.summary["device_busy_share"] == pytest.approx(busy / window)
+    assert run.summary["device_busy_share"] == pytest.approx(union_us(spans) / window)
 
 
 def test_console_says_gpu_only(tmp_path):

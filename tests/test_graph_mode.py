@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import pytest
 
-from conftest import TRACES, run_cli
+from conftest import TRACES, run_cli, union_us
 from opscope.analysis.kernels import kernel_family
 from opscope.analysis.ops_table import GRAPH_KERNEL_NOTE, UNATTRIBUTED
 from opscope.analysis.trace_file import analyze_trace_file
@@ -84,14 +84,8 @@ def test_streams_and_gaps(run):
     streams = {r["stream"]: r for r in run.summary["streams"]}
     assert set(streams) == {e["args"]["stream"] for e in events}
     for stream, r in streams.items():
-        mine = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["args"]["stream"] == stream)
-        busy, cur_s, cur_e = 0.0, *mine[0]
-        for s, e in mine[1:]:
-            if s > cur_e:
-                busy, cur_s, cur_e = busy + cur_e - cur_s, s, e
-            else:
-                cur_e = max(cur_e, e)
-        assert r["busy_us"] == pytest.approx(busy + cur_e - cur_s)
+        mine = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["args"]["stream"] == stream]
+        assert r["busy_us"] == pytest.approx(union_us(mine))
         assert r["kernels"] == len(mine)
     assert run.summary["comm_compute_overlap_share"] is None  # one GPU: no communication kernels
     gap = run.summary["idle_gaps"][0]
