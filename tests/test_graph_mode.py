@@ -111,3 +111,20 @@ def test_console_states_graph_mode(tmp_path):
     assert "kernels gemm 59.1%" in out
     assert "gemm: Cijk_Alik" in out  # the family, then the short kernel name (cut on narrow terminals)
     assert "GPU idle gaps" in out
+
+
+def test_hostile_names_in_graph_mode_print_as_text(tmp_path):
+    """Kernel and annotation names reach the graph-mode lines, kernel rows and gap table as text."""
+    doc = json.loads(gzip.decompress(SGLANG.read_bytes()))
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "user_annotation" and e["name"] == "step[DECODE bs=32]":
+            e["name"] = "step\x1b[2J[bold red]PWNED[/]"
+        if e.get("cat") == "kernel" and e["name"].startswith("void paged_attention_ll4mi_QKV"):
+            e["name"] = "paged_attention\x07[link=http://e]x[/link]"
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    proc = run_cli("analyze", str(tmp_path / "t.json"), "--out", str(tmp_path / "run"), "--top", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout and "\x07" not in proc.stdout
+    out = " ".join(" ".join(line.strip(" │╭╮╰╯─") for line in proc.stdout.splitlines()).split())
+    assert "[bold red]PWNED[/]" in out  # shown literally, not styled
+    assert "paged_attention\ufffd[l" in out  # literal markup (the cell is cut to fit the terminal)
