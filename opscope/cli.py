@@ -16,6 +16,7 @@ from rich.console import Console
 
 from opscope import __version__
 from opscope.errors import NotAvailableError, OpscopeError
+from opscope.hardware import DTYPE_KEYS
 
 app = typer.Typer(
     add_completion=False,
@@ -48,7 +49,7 @@ class Mode(str, Enum):
 PEAK_BW = typer.Option(None, "--peak-bw", metavar="GBPS", help="Override the memory-bandwidth ceiling (GB/s).")
 PEAK_FLOPS = typer.Option(
     None, "--peak-flops", metavar="[DTYPE=]GFLOPS",
-    help="Override a FLOP/s ceiling (GFLOP/s); DTYPE one of float32, tfloat32, bfloat16, float16, float8. "
+    help="Override a FLOP/s ceiling (GFLOP/s); DTYPE one of " + ", ".join(DTYPE_KEYS) + ". "
          "Without DTYPE it applies to every dtype. Repeatable.")
 OUT = typer.Option(None, "--out", help="Run directory to create (must not exist or be empty).")
 JSON_OUT = typer.Option(False, "--json", help="Print the run summary as one JSON document on stdout.")

@@ -165,10 +165,14 @@ class TraceCompressor:
             self._made_folder = folder  # removed again by discard() if the run never lands there
         folder.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=".trace-", suffix=".json.gz", dir=folder)
-        os.close(fd)
         self.path = Path(name)
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        try:
+            os.close(fd)
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        except BaseException:  # e.g. a signal right here: leave no temporary file
+            self.discard()
+            raise
 
     def _run(self) -> None:
         try:
@@ -189,13 +193,19 @@ class TraceCompressor:
         return self.path, True
 
     def discard(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-        if self.path is not None and self.path.exists():
-            self.path.unlink()
-        if self._made_folder is not None:
-            with contextlib.suppress(OSError):
-                self._made_folder.rmdir()  # only if still empty: a failed run leaves no empty reports/
+        """Removes the temporary file (and the folder this created, if still empty). Safe to interrupt:
+        a signal during the join still removes the file (the thread may keep writing to the unlinked
+        file until it ends)."""
+        try:
+            if self._thread is not None:
+                self._thread.join()
+        finally:
+            if self.path is not None:
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
+            if self._made_folder is not None:
+                with contextlib.suppress(OSError):
+                    self._made_folder.rmdir()  # only if still empty: a failed run leaves no empty reports/
 
 
 def _gzip_file(src: Path, dst: Path) -> None:

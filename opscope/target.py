@@ -3,8 +3,9 @@
 1. `--entry FUNC`: FUNC() returns (model, inputs);
 2. KernelBench style: `class Model(nn.Module)`, `get_inputs()`, optional `get_init_inputs()`;
 3. `get_model()` and `get_inputs()`.
-Inputs are a list/tuple of tensors, or a dict of keyword arguments. An optional `loss_fn(output)` is
-used by `--mode train`.
+Inputs are a list/tuple of positional arguments, or a dict of keyword arguments: tensors, and beside them
+any other values (Python numbers, None, nested lists/dicts of tensors), which are passed through
+unchanged. An optional `loss_fn(output)` is used by `--mode train`.
 """
 
 from __future__ import annotations
@@ -135,10 +136,6 @@ def _split_inputs(inputs: Any, source: str) -> tuple[tuple, dict[str, Any]]:
     if isinstance(inputs, torch.Tensor):
         return (inputs,), {}
     if not isinstance(inputs, (list, tuple)):
-        raise TargetError(f"{source} must return a list/tuple of tensors or a dict of keyword arguments; "
-                          f"got {type(inputs).__name__}")
-    for i, x in enumerate(inputs):
-        if not isinstance(x, torch.Tensor):
-            raise TargetError(f"{source} returned a non-tensor at position {i} ({type(x).__name__}); "
-                              "return tensors only, or a dict of keyword arguments")
-    return tuple(inputs), {}
+        raise TargetError(f"{source} must return a list/tuple of the model's arguments (tensors, numbers, ...) "
+                          f"or a dict of keyword arguments; got {type(inputs).__name__}")
+    return tuple(inputs), {}  # non-tensor arguments (e.g. KernelBench's scalar `s`) go to forward unchanged

@@ -55,16 +55,16 @@ def test_no_accepted_shape_names_what_was_looked_for(tmp_path):
     assert_clean_error(proc, "get_model()", "get_inputs()", "class Model", "--entry")
 
 
-def test_get_inputs_returning_a_non_tensor(tmp_path):
+def test_get_inputs_returning_neither_a_list_nor_a_dict(tmp_path):
     write_model(tmp_path, """
         import torch
         def get_model():
             return torch.nn.Linear(4, 4)
         def get_inputs():
-            return [torch.randn(2, 4), 3]
+            return 3
     """)
     proc = run_cli("profile", "model.py", *PEAKS, cwd=tmp_path)
-    assert_clean_error(proc, "get_inputs()", "non-tensor", "position 1", "int")
+    assert_clean_error(proc, "get_inputs()", "list/tuple", "dict", "got int")
 
 
 def test_exception_in_forward_shows_message_and_line(tmp_path):

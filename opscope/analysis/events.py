@@ -1,8 +1,8 @@
 """From raw trace tables to the per-event table every later stage reads.
 
 Adds to each cpu_op event: its parent in the op call tree (ops nest by time on a thread), self time,
-whether it is a row of ops.csv, the profiler step it ran in, the kernels it launched (GPU traces) and
-its source location.
+whether it is a row of ops.csv, the profiler step it ran in, the kernels it launched (GPU traces), its
+source location and (profile) the TensorList element dtypes the dispatch pass saw.
 
 Rows are registered operators (`ns::op`) and torch.compile's compiled code: the ranges around a
 compiled region (`Torch-Compiled Region: 0/0`, autograd's `CompiledFunction[Backward]`, inductor's
@@ -194,6 +194,9 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
         ev.loc[copies, "self_us"] = 0.0  # they ran during capture, not in the replay
         ev.loc[copies, "step"] = _assign_steps(trace, ev.loc[copies, "replay_ts"].to_numpy())
     _attribute_kernels(trace, ev, keys)
+    if callable(source_override):
+        source_override = source_override(ev)
+    ev["dispatch_input_types"] = _dispatch_input_types(source_override, n)
     ev["source_location"] = _sources(trace, ev, keys, order, source_override)
     if len(trace.kernels):
         trace.kernels["launcher_loc"] = launcher_locations(trace, ev)
@@ -211,6 +214,16 @@ def _self_times(dur: np.ndarray, parent: np.ndarray, row_parent: np.ndarray, is_
     np.add.at(below, into[has], dur[has])
     out = np.maximum(dur - below, 0.0)
     out[~is_row & (row_parent >= 0)] = 0.0
+    return out
+
+
+def _dispatch_input_types(source_override: Mapping[int, str] | None, n: int) -> list[str]:
+    """Per event, "Input type" as `profile`'s untimed dispatch pass saw it (TensorList element dtypes
+    filled in: capture.lines.LineJoin.input_types), or "" where it gave none (always for traces)."""
+    out = [""] * n
+    for i, text in getattr(source_override, "input_types", {}).items():
+        if 0 <= i < n:
+            out[i] = text
     return out
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 
 from opscope.analysis.events import is_row_name
 from opscope.costmodel import Cost, OpCall, estimate, floating_dtype
-from opscope.costmodel.base import DELEGATES_TO_ANY_CHILD, DTYPE_NAMES
+from opscope.costmodel.base import BIAS_COPIED_BY_CHILD, DELEGATES_TO_ANY_CHILD, DTYPE_NAMES
 from opscope.hardware import Peaks, ceiling_key
 
 KEY = ["op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location"]
@@ -49,11 +49,14 @@ def event_costs(ev: pd.DataFrame) -> pd.DataFrame:
     dtype = [""] * n
     cache: dict[tuple, tuple[Cost | None, str]] = {}
     list_dtype = dominant_float_type(ev)
+    # TensorList element dtypes seen by `profile`'s dispatch pass, where it ran (events.py)
+    seen = ev["dispatch_input_types"].tolist() if "dispatch_input_types" in ev.columns else [""] * n
     cols = zip(ev["name"].tolist(), ev["input_dims"].tolist(), ev["input_dtypes"].tolist(),
-               ev["input_strides"].tolist(), ev["concrete_inputs"].tolist(), ev["is_row"].tolist(), strict=True)
-    for i, (name, dims, types, strides, concrete, row) in enumerate(cols):
+               ev["input_strides"].tolist(), ev["concrete_inputs"].tolist(), ev["is_row"].tolist(), seen, strict=True)
+    for i, (name, dims, types, strides, concrete, row, seen_types) in enumerate(cols):
         if not row:
             continue
+        types = seen_types or types
         key = (name, dims, types, strides, concrete)
         hit = cache.get(key)
         if hit is None:
@@ -82,13 +85,26 @@ def event_costs(ev: pd.DataFrame) -> pd.DataFrame:
             a = row_parent[a]
     for i in np.flatnonzero(delegates).tolist():
         flops[i], nbytes[i], family[i] = 0.0, 0.0, "composite"
+
+    # An op whose bias a child aten::copy_ wrote into its output (CPU addmm): the child counts the bias
+    # read and the output write, the op what is left (BIAS_COPIED_BY_CHILD).
+    parents_of_copies = {row_parent[j] for j in np.flatnonzero(ev["name"].to_numpy() == "aten::copy_").tolist()
+                         if row_parent[j] >= 0}
+    for i in sorted(parents_of_copies):
+        if names[i] in BIAS_COPIED_BY_CHILD and not delegates[i] and family[i] == "matmul":
+            row = ev.iloc[i]
+            call = OpCall.from_json_text(names[i], row["input_dims"], row["input_dtypes"], row["input_strides"],
+                                         row["concrete_inputs"])
+            cost = estimate(call, bias_copied_by_child=True)
+            if cost is not None:
+                flops[i], nbytes[i], note[i] = cost.flops, cost.bytes, cost.note
     return pd.DataFrame({"flops": flops, "bytes": nbytes, "family": family, "note": note, "dtype": dtype},
                         index=ev.index)
 
 
 def dominant_float_type(ev: pd.DataFrame) -> str:
-    """The most common floating "Input type" among row ops (TensorList elements have no recorded dtype;
-    this is the best guess for them)."""
+    """The most common floating "Input type" among row ops: the guess for TensorList elements whose dtype
+    neither the trace nor the dispatch pass recorded (the cost's note says so)."""
     counts: dict[str, int] = {}
     for text, k in ev.loc[ev["is_row"], "input_dtypes"].value_counts().items():
         try:

@@ -13,7 +13,7 @@ from opscope.analysis.events import SourceOverride, build_events
 from opscope.analysis.gpu_timeline import gpu_summary
 from opscope.analysis.ops_table import BOUNDS, JSON_TEXT_COLUMNS, build_ops_table, event_costs
 from opscope.findings import Context, run_rules
-from opscope.findings.base import LayoutProbe
+from opscope.findings.base import DtypeProbe, LayoutProbe
 from opscope.hardware import Peaks
 from opscope.run import FORMAT_VERSION, Run
 from opscope.trace import TraceData, no_gc
@@ -21,14 +21,15 @@ from opscope.trace import TraceData, no_gc
 
 def analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str,
             source_override: SourceOverride | None = None,
-            layout_probe: LayoutProbe | None = None) -> Run:
+            layout_probe: LayoutProbe | None = None, dtype_probe: DtypeProbe | None = None) -> Run:
     with no_gc():
         return _analyze(trace, peaks=peaks, meta=meta, source=source, source_override=source_override,
-                        layout_probe=layout_probe)
+                        layout_probe=layout_probe, dtype_probe=dtype_probe)
 
 
 def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str,
-             source_override: SourceOverride | None, layout_probe: LayoutProbe | None) -> Run:
+             source_override: SourceOverride | None, layout_probe: LayoutProbe | None,
+             dtype_probe: DtypeProbe | None) -> Run:
     ev = build_events(trace, source_override)
     gpu = trace.has_gpu
     ev = ev.join(event_costs(ev))
@@ -42,7 +43,7 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
     timeline = gpu_summary(trace, ev, steps=steps, step_time_us=step_time_us) if gpu else None
     ctx = Context(ops=ops, events=ev, peaks=peaks, gpu=gpu, source=source, steps=steps,
                   step_time_us=step_time_us, device_busy_share=busy, meta=meta, layout_probe=layout_probe,
-                  gpu_timeline=timeline)
+                  gpu_timeline=timeline, dtype_probe=dtype_probe)
     findings = run_rules(ctx)
     summary = summarize(ops, steps=steps, step_time_us=step_time_us, n_findings=len(findings), busy=busy,
                         gpu_keys=timeline)

@@ -89,8 +89,9 @@ def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | 
     data = read_bytes(path, max_trace_bytes(max_trace_gb))  # once: `path` may be a pipe
     stem = path.name.split(".")[0] or "trace"
     folder = out.parent if out is not None else base
-    compressor = TraceCompressor(path, folder, data=None if path.is_file() else data)
+    compressor: TraceCompressor | None = None
     try:
+        compressor = TraceCompressor(path, folder, data=None if path.is_file() else data)
         trace = load_trace(path, data=data)
         del data  # the decoded tables replace it (the compressor keeps its own reference if it needs one)
         for line in trace.warnings:
@@ -106,7 +107,8 @@ def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | 
             merged = {"trace": str(capture), **report.to_json()}
         return _analyze_file(path, trace, out, base, stem, compressor, peak_bw, peak_flops, warn, merged)
     finally:
-        compressor.discard()
+        if compressor is not None:
+            compressor.discard()
 
 
 def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, stem: str,

@@ -18,6 +18,7 @@ import torch
 
 from opscope import __version__
 from opscope.analysis.pipeline import analyze
+from opscope.capture.dtype_probe import float32_probe
 from opscope.capture.harness import Harness, resolve_device
 from opscope.capture.layout_probe import conv_layout_probe
 from opscope.capture.lines import join_lines, module_origins, record_lines
@@ -170,7 +171,8 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tu
         meta = profile_meta(opts, device, harness, peaks)
         probe = conv_layout_probe(device) if opts.mode in ("inference", "train") else None
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",
-                      source_override=lambda ev: join_lines(records, ev), layout_probe=probe)
+                      source_override=lambda ev: join_lines(records, ev), layout_probe=probe,
+                      dtype_probe=float32_probe(device))
         write_run(run, out, target.stem, trace_path, base=reports)
         timings.analysis = time.perf_counter() - t0
     return run, timings
