@@ -128,3 +128,38 @@ def test_hostile_names_in_graph_mode_print_as_text(tmp_path):
     out = " ".join(" ".join(line.strip(" │╭╮╰╯─") for line in proc.stdout.splitlines()).split())
     assert "[bold red]PWNED[/]" in out  # shown literally, not styled
     assert "paged_attention\ufffd[l" in out  # literal markup (the cell is cut to fit the terminal)
+
+
+def test_damaged_graph_mode_summary_keys_give_one_line_not_a_traceback(run, tmp_path):
+    """Every GPU timeline key of summary.json (and the entries inside them) retyped: `opscope report`
+    renders it or names the damage, never a traceback."""
+    import io
+    import shutil
+
+    from rich.console import Console
+
+    from opscope.errors import OpscopeError
+    from opscope.render.console import render_run
+    from opscope.run import read_run
+
+    values = [None, "x", -1, 1e308, [], {}, True, "NaN", 2**80, [1], [{"a": 1}]]
+    good = json.loads((run.path / "summary.json").read_text())
+    paths = [(k,) for k in ("kernel_family_time_share", "kernel_families_cover_share", "unattributed_time_share",
+                            "graph_replay", "streams", "comm_compute_overlap_share", "idle_gaps", "gpu_only")]
+    paths += [("graph_replay", k) for k in good["graph_replay"]] + [("kernel_family_time_share", "gemm")]
+    paths += [("streams", 0, k) for k in good["streams"][0]] + [("idle_gaps", 0, k) for k in good["idle_gaps"][0]]
+    for i, where in enumerate(paths):
+        for value in values:
+            doc = json.loads(json.dumps(good))
+            target = doc
+            for step in where[:-1]:
+                target = target[step]
+            target[where[-1]] = value
+            folder = tmp_path / f"r{i}"
+            shutil.rmtree(folder, ignore_errors=True)
+            shutil.copytree(run.path, folder)
+            (folder / "summary.json").write_text(json.dumps(doc))
+            try:
+                render_run(read_run(folder), Console(file=io.StringIO(), width=140))
+            except OpscopeError as exc:
+                assert "\n" not in str(exc)
