@@ -169,6 +169,10 @@ def analyze(
     top: int = typer.Option(15, "--top", min=1, help="Rows of the op table to print."),
     max_trace_gb: float | None = typer.Option(
         None, "--max-trace-gb", metavar="GB", help="Refuse traces whose (decompressed) JSON is larger (default 4)."),
+    capture: Path | None = typer.Option(
+        None, "--capture", metavar="CAPTURE",
+        help="A trace recorded while the replayed CUDA/HIP graphs were captured: maps replayed kernels to the ops "
+             "and shapes that launched them."),
     debug: bool = DEBUG,
 ) -> None:
     """Analyze an existing torch.profiler trace (CPU, CUDA or ROCm) into a run directory."""
@@ -176,7 +180,7 @@ def analyze(
     from opscope.analysis.trace_file import analyze_trace_file
 
     run = analyze_trace_file(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
-                             warn=_warn, max_trace_gb=max_trace_gb)
+                             warn=_warn, max_trace_gb=max_trace_gb, capture=capture)
     _emit(run, json_out, top)
 
 
