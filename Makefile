@@ -18,8 +18,8 @@ demo: install
 	$(BIN)/opscope profile examples/mlp.py
 
 test: install
-	$(BIN)/ruff check opscope tests benchmarks examples
+	$(BIN)/ruff check opscope reference_kernels tests benchmarks examples
 	$(BIN)/python -m pytest -n 2 -q
 
 lint: install
-	$(BIN)/ruff check opscope tests benchmarks examples
+	$(BIN)/ruff check opscope reference_kernels tests benchmarks examples

@@ -199,9 +199,27 @@ def calibrate(
     stderr.print(f"cached in {path}")
 
 
+@app.command()
+def kernels(
+    name: str | None = typer.Argument(None, help="With --bench: only this kernel."),
+    json_out: bool = typer.Option(False, "--json", help="Print the listing (or the benchmark) as JSON."),
+    debug: bool = DEBUG,
+) -> None:
+    """List the bundled reference kernels (CPU C++, Triton, CUDA) and the backends usable here."""
+    _state["debug"] = debug
+    from opscope import kernels as ks
+
+    if name is not None:
+        ks.find(name)
+    doc = ks.listing()
+    if json_out:
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return
+    ks.render_listing(doc, Console(highlight=False))
+
+
 _LATER = {
     "swap": "drops a bundled optimized kernel into your model, checks correctness and measures the speedup",
-    "kernels": "lists the bundled CPU/Triton/CUDA kernels",
     "compare": "compares two run directories op by op",
 }
 
