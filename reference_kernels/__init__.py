@@ -17,7 +17,8 @@ import torch
 from reference_kernels._dispatch import use_backend
 from reference_kernels.manifest import KernelManifest, ManifestError, load_manifests
 
-__all__ = ["KernelManifest", "ManifestError", "broadcast_add", "manifests", "use_backend"]
+__all__ = ["KernelManifest", "ManifestError", "bias_gelu", "broadcast_add", "layer_norm", "manifests", "mean",
+           "rms_norm", "softmax", "sum", "swiglu", "use_backend"]
 
 _MANIFESTS = load_manifests()
 for _m in _MANIFESTS:
@@ -36,3 +37,12 @@ def broadcast_add(a: torch.Tensor | float, b: torch.Tensor | float) -> torch.Ten
     if not isinstance(b, torch.Tensor) and isinstance(a, torch.Tensor):
         b = torch.tensor(b, dtype=a.dtype, device=a.device)
     return torch.ops.opscope.broadcast_add(a, b)
+
+
+bias_gelu = torch.ops.opscope.bias_gelu
+swiglu = torch.ops.opscope.swiglu
+rms_norm = torch.ops.opscope.rms_norm
+layer_norm = torch.ops.opscope.layer_norm
+softmax = torch.ops.opscope.softmax
+sum = torch.ops.opscope.sum  # noqa: A001 - the op's name
+mean = torch.ops.opscope.mean

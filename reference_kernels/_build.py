@@ -57,7 +57,7 @@ def _key(sources: list[Path], flags: list[str]) -> str:
     import torch
 
     h = hashlib.sha256()
-    for path in [*sources, PACKAGE_DIR / "csrc" / "common.h"]:
+    for path in [*sources, *sorted(PACKAGE_DIR.glob("**/*.h"))]:
         h.update(str(path).encode())
         h.update(path.read_bytes())
     h.update(" ".join(flags).encode())

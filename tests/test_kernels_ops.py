@@ -14,6 +14,15 @@ from reference_kernels.testing import assert_matches, check_not_degenerate, tole
 SEEDS = (0, 1, 2)
 
 
+def small_samples(name: str, dtype: torch.dtype, max_elements: int) -> list[tuple]:
+    """Samples small enough for element-by-element checks, without overlapping (stride-0) inputs."""
+    def ok(args: tuple) -> bool:
+        ts = [a for a in args if isinstance(a, torch.Tensor)]
+        return (sum(t.numel() for t in ts) <= max_elements
+                and not any(st == 0 and sz > 1 for t in ts for st, sz in zip(t.stride(), t.shape, strict=True)))
+    return [args for args in module(name).samples(dtype, 0) if ok(args)]
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("name", NAMES)
@@ -48,14 +57,16 @@ def test_backward_matches_pytorch(name: str, dtype: str, seed: int) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_gradcheck_float64(name: str) -> None:
-    for args in module(name).samples(torch.float64, 0)[:5]:
+    small = small_samples(name, torch.float64, 600)  # gradcheck runs two forwards per input element
+    assert len(small) >= 3
+    for args in small:
         leaves = keep_layout_grad(args)
         assert torch.autograd.gradcheck(op(name), leaves, eps=1e-6, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_opcheck(name: str) -> None:
-    for args in module(name).samples(torch.float32, 0)[:4]:
+    for args in small_samples(name, torch.float32, 2000)[:3]:
         torch.library.opcheck(op(name), args)
         torch.library.opcheck(op(name), keep_layout_grad(args))
 

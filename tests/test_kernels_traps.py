@@ -73,7 +73,7 @@ def test_lifetimes_non_contiguous_inputs_then_memory_reused(name: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_memory_flat_over_thousands_of_calls(name: str) -> None:
-    args = keep_layout_grad(module(name).samples(torch.float32, 0)[2])
+    args = keep_layout_grad(module(name).samples(torch.float32, 0)[1])
 
     def step() -> None:
         out = op(name)(*args)
@@ -83,11 +83,11 @@ def test_memory_flat_over_thousands_of_calls(name: str) -> None:
         step()
     gc.collect()
     before = _rss_bytes()
-    for _ in range(3000):
+    for _ in range(2000):
         step()
     gc.collect()
     grown = _rss_bytes() - before
-    assert grown < 8 * 2**20, f"RSS grew {grown / 2**20:.1f} MiB over 3000 forward+backward calls"
+    assert grown < 8 * 2**20, f"RSS grew {grown / 2**20:.1f} MiB over 2000 forward+backward calls"
 
 
 @pytest.mark.parametrize("name", NAMES)

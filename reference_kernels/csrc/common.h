@@ -61,7 +61,7 @@ inline void check_same_dtype(const at::Tensor& a, const at::Tensor& b, const cha
 
 inline void check_same_shape(const at::Tensor& a, const at::Tensor& b, const char* op, const char* na,
                              const char* nb) {
-  TORCH_CHECK(a.sizes() == b.sizes(), op, ": ", na, " and ", nb, " must have the same shape, got ",
+  TORCH_CHECK_VALUE(a.sizes() == b.sizes(), op, ": ", na, " and ", nb, " must have the same shape, got ",
               a.sizes(), " and ", b.sizes());
 }
 
@@ -127,5 +127,60 @@ std::vector<int64_t> broadcast_shape(at::IntArrayRef a, at::IntArrayRef b, const
 
 // Strides (in elements) of `t` seen as broadcast to `shape`: 0 along stretched or missing dims.
 std::vector<int64_t> expanded_strides(const at::Tensor& t, at::IntArrayRef shape);
+
+}  // namespace opscope
+
+namespace opscope {
+
+// ---- row helpers (inlined into the cloned callers) ---------------------------------------------------
+
+// sum_j f(j) over [0, n) with LANES accumulators: lane l takes j = l, l + LANES, ...; lanes are then
+// added in order 0..LANES-1 and the tail last. Fixed order: the same result on any thread count.
+template <typename A, typename F>
+OPSCOPE_INLINE A lane_sum(int64_t n, const F& f) {
+  A acc[LANES] = {};
+  const int64_t full = n - n % LANES;
+  for (int64_t i = 0; i < full; i += LANES)
+    for (int64_t l = 0; l < LANES; ++l) acc[l] += f(i + l);
+  A s = 0;
+  for (int64_t l = 0; l < LANES; ++l) s += acc[l];
+  for (int64_t i = full; i < n; ++i) s += f(i);
+  return s;
+}
+
+// Column sums of per-row contributions without races and independent of the thread count: rows are
+// cut into fixed chunks of ROW_CHUNK; each chunk accumulates into its own partial vectors (one thread
+// owns a chunk), then partials are added in chunk order. `row(r, partials)` adds row r's contributions
+// into partials[s * n + j] for each of the `nsums` sums.
+constexpr int64_t ROW_CHUNK = 32;
+
+template <typename A, typename RowFn>
+void chunked_column_sums(int64_t rows, int64_t n, int64_t nsums, int64_t grain_rows, std::vector<A*> outs,
+                         const RowFn& row) {
+  const int64_t chunks = (rows + ROW_CHUNK - 1) / ROW_CHUNK;
+  std::vector<A> partial(static_cast<size_t>(std::max<int64_t>(chunks, 1) * nsums * n), A(0));
+  const int64_t grain_chunks = std::max<int64_t>(1, grain_rows / ROW_CHUNK);
+  at::parallel_for(0, chunks, grain_chunks, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      A* p = partial.data() + c * nsums * n;
+      for (int64_t r = c * ROW_CHUNK; r < std::min(rows, (c + 1) * ROW_CHUNK); ++r) row(r, p);
+    }
+  });
+  at::parallel_for(0, n, 2048, [&](int64_t j0, int64_t j1) {
+    for (int64_t s = 0; s < nsums; ++s) {
+      A* out = outs[s];
+      for (int64_t j = j0; j < j1; ++j) out[j] = A(0);
+      for (int64_t c = 0; c < chunks; ++c) {
+        const A* p = partial.data() + (c * nsums + s) * n;
+        for (int64_t j = j0; j < j1; ++j) out[j] += p[j];
+      }
+    }
+  });
+}
+
+// Rows of a [rows, n] view for at::parallel_for: about `target` elements per task.
+inline int64_t row_grain(int64_t grain, int64_t n, int64_t target = 32768) {
+  return grain > 0 ? grain : std::max<int64_t>(1, target / std::max<int64_t>(n, 1));
+}
 
 }  // namespace opscope
