@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -144,6 +145,17 @@ def nvcc() -> str | None:
     candidates = [str(Path(cuda_home) / "bin" / "nvcc")] if cuda_home else []
     candidates += [shutil.which("nvcc") or "", "/usr/local/cuda/bin/nvcc"]
     return next((c for c in candidates if c and Path(c).is_file()), None)
+
+
+def nvcc_compile(source: Path, output: Path, archs: tuple[str, ...] = CUDA_ARCHS) -> subprocess.CompletedProcess:
+    """Compile one .cu to an object file for each arch in `archs` (what CI runs on machines without a
+    GPU: a kernel that does not compile fails the tests)."""
+    exe = nvcc()
+    if exe is None:
+        raise KernelBuildError("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
+    gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    return subprocess.run([exe, "-c", *NVCC_FLAGS, *gencode, str(source), "-o", str(output)],
+                          capture_output=True, text=True, timeout=900)
 
 
 def cuda_sources() -> list[Path]:

@@ -5,32 +5,6 @@
 
 namespace opscope {
 
-std::vector<int64_t> broadcast_shape(at::IntArrayRef a, at::IntArrayRef b, const char* op, const char* na,
-                                     const char* nb) {
-  // The right-aligned rule: compare trailing dims; equal, or one of them 1 (stretched), or missing.
-  const int64_t n = std::max<int64_t>(a.size(), b.size());
-  std::vector<int64_t> out(n);
-  for (int64_t i = 1; i <= n; ++i) {
-    const int64_t da = i <= static_cast<int64_t>(a.size()) ? a[a.size() - i] : 1;
-    const int64_t db = i <= static_cast<int64_t>(b.size()) ? b[b.size() - i] : 1;
-    TORCH_CHECK_VALUE(da == db || da == 1 || db == 1, op, ": shapes ", a, " (", na, ") and ", b, " (", nb,
-                      ") are not broadcastable: dim ", -i, " (counted from the right) has sizes ", da,
-                      " and ", db, "; each pair of aligned dims must be equal or one of them 1");
-    out[n - i] = da == 1 ? db : da;
-  }
-  return out;
-}
-
-std::vector<int64_t> expanded_strides(const at::Tensor& t, at::IntArrayRef shape) {
-  const int64_t n = shape.size(), k = t.dim();
-  std::vector<int64_t> st(n, 0);
-  for (int64_t i = 0; i < k; ++i) {
-    const int64_t d = n - k + i;
-    st[d] = t.size(i) == 1 ? 0 : t.stride(i);
-  }
-  return st;
-}
-
 // How many distinct threads at::parallel_for used for `n` items of grain 1 (the tests check that the
 // extension really runs on torch's intra-op pool, and that torch.set_num_threads governs it).
 int64_t threads_used(int64_t n) {

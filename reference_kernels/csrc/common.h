@@ -122,11 +122,29 @@ template <typename A> OPSCOPE_INLINE A sigmoid(A x) { return A(1) / (A(1) + vexp
 
 // ---- broadcasting: shapes and strides (shared by broadcast_add and softmax's mask) ------------------
 
-std::vector<int64_t> broadcast_shape(at::IntArrayRef a, at::IntArrayRef b, const char* op, const char* na,
-                                     const char* nb);
+inline std::vector<int64_t> broadcast_shape(at::IntArrayRef a, at::IntArrayRef b, const char* op, const char* na,
+                                            const char* nb) {
+  // The right-aligned rule: compare trailing dims; equal, or one of them 1 (stretched), or missing.
+  const int64_t n = std::max<int64_t>(a.size(), b.size());
+  std::vector<int64_t> out(n);
+  for (int64_t i = 1; i <= n; ++i) {
+    const int64_t da = i <= static_cast<int64_t>(a.size()) ? a[a.size() - i] : 1;
+    const int64_t db = i <= static_cast<int64_t>(b.size()) ? b[b.size() - i] : 1;
+    TORCH_CHECK_VALUE(da == db || da == 1 || db == 1, op, ": shapes ", a, " (", na, ") and ", b, " (", nb,
+                      ") are not broadcastable: dim ", -i, " (counted from the right) has sizes ", da,
+                      " and ", db, "; each pair of aligned dims must be equal or one of them 1");
+    out[n - i] = da == 1 ? db : da;
+  }
+  return out;
+}
 
 // Strides (in elements) of `t` seen as broadcast to `shape`: 0 along stretched or missing dims.
-std::vector<int64_t> expanded_strides(const at::Tensor& t, at::IntArrayRef shape);
+inline std::vector<int64_t> expanded_strides(const at::Tensor& t, at::IntArrayRef shape) {
+  const int64_t n = shape.size(), k = t.dim();
+  std::vector<int64_t> st(n, 0);
+  for (int64_t i = 0; i < k; ++i) st[n - k + i] = t.size(i) == 1 ? 0 : t.stride(i);
+  return st;
+}
 
 }  // namespace opscope
 
