@@ -25,7 +25,8 @@ from pathlib import Path
 from reference_kernels.manifest import PACKAGE_DIR, load_manifests
 
 CPU_EXTENSION = "opscope_kernels_cpu"
-CPU_CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-Wno-unused-function"]
+# -fno-trapping-math as torch itself builds: without it GCC will not vectorize floor/int conversions (exp).
+CPU_CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-Wno-unused-function"]
 # -fopenmp links libgomp.so.1; torch's own copy (same soname) is already loaded, so the extension
 # shares torch's intra-op thread pool and torch.set_num_threads governs it.
 CPU_LDFLAGS = ["-fopenmp"]

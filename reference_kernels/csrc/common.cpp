@@ -19,6 +19,7 @@ std::string isa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4 (AVX-512)";
   if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3 (AVX2)";
+  if (__builtin_cpu_supports("x86-64-v2")) return "x86-64-v2 (SSE4.2)";
   return "baseline";
 #else
   return "baseline";

@@ -100,3 +100,8 @@ def samples(dtype: torch.dtype = torch.float32, seed: int = 0) -> list[tuple]:
 def large_sample(dtype: torch.dtype = torch.float32) -> tuple:
     r = randn_factory(dtype, 1)
     return (r(256, 1024), [1024], r(1024), r(1024), 1e-5)
+
+
+def bench_args(tensors: list[torch.Tensor], kwargs: dict) -> tuple:
+    x, weight, bias = tensors
+    return (x, list(weight.shape), weight, bias, kwargs.get("eps", 1e-5))

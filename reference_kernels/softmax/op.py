@@ -91,3 +91,9 @@ def samples(dtype: torch.dtype = torch.float32, seed: int = 0) -> list[tuple]:
 def large_sample(dtype: torch.dtype = torch.float32) -> tuple:
     r = randn_factory(dtype, 1)
     return (r(256, 1024), 0.125, r(1024))
+
+
+def bench_args(tensors: list[torch.Tensor], kwargs: dict) -> tuple:
+    x = tensors[0]
+    mask = causal_mask(x.shape[-1], x.dtype) if len(tensors) > 1 else None
+    return (x, kwargs.get("scale", 1.0), mask)
