@@ -1,34 +1,38 @@
 // softmax over the last dim of z = x * scale + mask (mask optional, additive, broadcastable to x).
 // Per row, with the row in a float buffer that stays in L1/L2 (the output row itself for float32):
-//   pass 1: z and its max (LANES running maxima);  pass 2: e = exp(z - max) and their sum;
-//   pass 3: y = e / sum. One exp per element; x is read once, y written once.
+//   pass 1: z and its max (LANES running maxima);  pass 2: e = exp(z - max) in place and their sum
+//   (LANES accumulators);  pass 3: y = e / sum. One exp per element; x is read once from memory.
 // The mask is never materialized: each row finds its mask row through the mask's broadcast strides.
 // Backward (from the saved output y): dx = scale * y * (g - sum(g * y)).
 #include "../csrc/common.h"
 
 namespace opscope::softmax {
 
-template <typename T>
+template <typename T, int MaskKind>  // MaskKind: 0 none, 1 contiguous last dim, 2 strided (or stride 0)
 OPSCOPE_CLONES void forward_row(const T* x, const acc_t<T>* mask, int64_t ms, acc_t<T>* buf, T* y, int64_t n,
                                 double scale) {
   using A = acc_t<T>;
   const A sc = A(scale);
+  const int64_t full = n - n % LANES;
+  // pass 1: z = x * scale (+ mask) into buf, with LANES running maxima
   A mx[LANES];
   for (int64_t l = 0; l < LANES; ++l) mx[l] = -std::numeric_limits<A>::infinity();
-  const int64_t full = n - n % LANES;
-  auto z = [&](int64_t j) { return A(x[j]) * sc + (mask ? mask[j * ms] : A(0)); };
-  if (mask && ms == 1) {
-    for (int64_t j = 0; j < n; ++j) buf[j] = A(x[j]) * sc + mask[j];
-  } else {
-    for (int64_t j = 0; j < n; ++j) buf[j] = z(j);
-  }
+  auto z = [&](int64_t j) {
+    if constexpr (MaskKind == 0) return A(x[j]) * sc;
+    else if constexpr (MaskKind == 1) return A(x[j]) * sc + mask[j];
+    else return A(x[j]) * sc + mask[j * ms];
+  };
+  // (flat loops: each vectorizes on its own; a fused lane loop with exp inside does not)
+  for (int64_t j = 0; j < n; ++j) buf[j] = z(j);
   for (int64_t i = 0; i < full; i += LANES)
     for (int64_t l = 0; l < LANES; ++l) mx[l] = buf[i + l] > mx[l] ? buf[i + l] : mx[l];
   A m = -std::numeric_limits<A>::infinity();
   for (int64_t l = 0; l < LANES; ++l) m = mx[l] > m ? mx[l] : m;
   for (int64_t j = full; j < n; ++j) m = buf[j] > m ? buf[j] : m;
+  // pass 2: e = exp(z - max) in place, then their sum (LANES accumulators)
   for (int64_t j = 0; j < n; ++j) buf[j] = vexp(buf[j] - m);
   const A s = lane_sum<A>(n, [&](int64_t j) { return buf[j]; });
+  // pass 3: normalize (the row is still in L1/L2)
   const A inv = A(1) / s;
   for (int64_t j = 0; j < n; ++j) y[j] = T(buf[j] * inv);
 }
@@ -83,7 +87,9 @@ at::Tensor forward(const at::Tensor& x, double scale, const std::optional<at::Te
         A* buf;
         if constexpr (std::is_same_v<scalar_t, A>) buf = reinterpret_cast<A*>(py + r * n);
         else buf = local.data();
-        forward_row<scalar_t>(px + r * n, mrow, pm ? mstride[nd - 1] : 0, buf, py + r * n, n, scale);
+        if (!pm) forward_row<scalar_t, 0>(px + r * n, nullptr, 0, buf, py + r * n, n, scale);
+        else if (mstride[nd - 1] == 1) forward_row<scalar_t, 1>(px + r * n, mrow, 1, buf, py + r * n, n, scale);
+        else forward_row<scalar_t, 2>(px + r * n, mrow, mstride[nd - 1], buf, py + r * n, n, scale);
       }
     });
   });
