@@ -208,6 +208,7 @@ def kernels(
     repeats: int = typer.Option(15, "--repeats", min=3, help="Interleaved timed rounds per case."),
     quick: bool = typer.Option(False, "--quick", help="Shapes scaled down 16x per dim, no torch.compile (a smoke run)."),
     no_compile: bool = typer.Option(False, "--no-compile", help="Leave torch.compile out of the comparison."),
+    device: Device = typer.Option(Device.cpu, "--device", help="With --bench: where to time (cuda needs a GPU)."),
     peak_bw: float | None = PEAK_BW,
     out: Path | None = typer.Option(None, "--out", help="Folder for kernels-bench.json/.csv "
                                                         "(default reports/kernels-bench-<time>)."),
@@ -232,7 +233,8 @@ def kernels(
     from opscope import kernels_bench as kb
 
     result = kb.run([name] if name else [], repeats=repeats, peak_gbps=peak_bw, compiled=not (quick or no_compile),
-                    scale=1 / 16 if quick else 1.0, do_tune=tune, progress=lambda m: _warn(m))
+                    scale=1 / 16 if quick else 1.0, do_tune=tune, progress=lambda m: _warn(m),
+                    device="cuda" if device == Device.cuda else "cpu")
     folder = out or Path("reports") / f"kernels-bench-{dt.datetime.now():%Y%m%d-%H%M%S}"
     jpath, _ = kb.save(result, folder)
     if json_out:

@@ -106,8 +106,10 @@ def summarize(samples_s: list[float]) -> Timing:
     return Timing(statistics.median(ms), _quantile(ms, 0.2), _quantile(ms, 0.8), ms)
 
 
-def interleaved(candidates: dict[str, Callable[[], Any]], repeats: int) -> dict[str, Timing]:
-    """Warm up every candidate, then `repeats` rounds timing each once, the order rotated per round."""
+def interleaved(candidates: dict[str, Callable[[], Any]], repeats: int,
+                sync: Callable[[], None] = lambda: None) -> dict[str, Timing]:
+    """Warm up every candidate, then `repeats` rounds timing each once, the order rotated per round.
+    `sync` (torch.cuda.synchronize on a GPU) runs before and after each timed call."""
     names = list(candidates)
     for name in names:
         for _ in range(WARMUP):
@@ -115,8 +117,10 @@ def interleaved(candidates: dict[str, Callable[[], Any]], repeats: int) -> dict[
     samples: dict[str, list[float]] = {n: [] for n in names}
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
+            sync()
             t0 = time.perf_counter()
             out = candidates[name]()
+            sync()
             samples[name].append(time.perf_counter() - t0)
             del out
     return {n: summarize(s) for n, s in samples.items()}
@@ -126,12 +130,12 @@ def _module(name: str) -> Any:
     return importlib.import_module(f"reference_kernels.{name}.op")
 
 
-def make_args(manifest: Any, case: Any, scale: float = 1.0) -> tuple:
+def make_args(manifest: Any, case: Any, scale: float = 1.0, device: str = "cpu") -> tuple:
     import torch
 
     dtype = getattr(torch, case.dtype)
     g = torch.Generator().manual_seed(0)
-    tensors = [torch.randn([max(1, math.ceil(d * scale)) for d in shape], generator=g).to(dtype)
+    tensors = [torch.randn([max(1, math.ceil(d * scale)) for d in shape], generator=g).to(device=device, dtype=dtype)
                for shape in case.inputs]
     mod = _module(manifest.name)
     if hasattr(mod, "bench_args"):
@@ -165,14 +169,14 @@ def tune(manifest: Any, args: tuple, repeats: int = 7) -> dict[str, Any]:
 
 
 def bench_case(manifest: Any, case: Any, repeats: int, peak_gbps: float | None, compiled: bool = True,
-               scale: float = 1.0, do_tune: bool = False) -> CaseResult:
+               scale: float = 1.0, do_tune: bool = False, device: str = "cpu") -> CaseResult:
     import torch
 
     from reference_kernels import tuning
 
     mod = _module(manifest.name)
-    args = make_args(manifest, case, scale)
-    if do_tune:
+    args = make_args(manifest, case, scale, device)
+    if do_tune and device == "cpu":
         tune(manifest, args)
     kernel = getattr(torch.ops.opscope, manifest.name)
     candidates: dict[str, Callable[[], Any]] = {"kernel": lambda: kernel(*args)}
@@ -189,7 +193,7 @@ def bench_case(manifest: Any, case: Any, repeats: int, peak_gbps: float | None, 
         candidates["compiled"] = lambda: fn(*args)
     with torch.no_grad():
         out = kernel(*args)
-        timings = interleaved(candidates, repeats)
+        timings = interleaved(candidates, repeats, torch.cuda.synchronize if device == "cuda" else lambda: None)
     nbytes = traffic_bytes(args, out)
     k = timings["kernel"].median_ms
     ratios = {f"vs_{n}": timings[n].median_ms / k for n in timings if n != "kernel"}
@@ -233,16 +237,24 @@ def machine_info(threads: int, peak_gbps: float | None, peak_origin: str) -> dic
 
 def run(names: list[str], repeats: int = 15, peak_gbps: float | None = None, compiled: bool = True,
         scale: float = 1.0, do_tune: bool = False, steady: bool = True,
-        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+        progress: Callable[[str], None] | None = None, device: str = "cpu") -> dict[str, Any]:
     import torch
 
     import reference_kernels
 
     if repeats < 3:
         raise BenchError("--repeats must be at least 3 (median with p20/p80)")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BenchError("--device cuda: no GPU is available here (the GPU kernels are compiled and "
+                         "interpreter-checked by the tests, not timed)")
     steady_ok = steady_allocator() if steady else False
     origin = "user"
-    if peak_gbps is None:
+    if peak_gbps is None and device == "cuda":
+        from opscope.hardware import gpu_peaks
+
+        gp = gpu_peaks(torch.cuda.get_device_name(0))
+        peak_gbps, origin = (gp.memory_bandwidth_gbps, "spec-table") if gp else (None, "unknown")
+    elif peak_gbps is None:
         from opscope.calibrate import cpu_peaks
 
         peaks, cached = cpu_peaks(progress=progress)
@@ -254,8 +266,8 @@ def run(names: list[str], repeats: int = 15, peak_gbps: float | None = None, com
         for case in m.bench:
             if progress:
                 progress(f"opscope: benchmarking {m.name} {case.name}")
-            results.append(bench_case(m, case, repeats, peak_gbps, compiled, scale, do_tune))
-    return {"machine": machine_info(torch.get_num_threads(), peak_gbps, origin),
+            results.append(bench_case(m, case, repeats, peak_gbps, compiled, scale, do_tune, device))
+    return {"machine": {**machine_info(torch.get_num_threads(), peak_gbps, origin), "device": device},
             "method": {"repeats": repeats, "warmup": WARMUP, "interleaved": True, "scale": scale,
                        "steady_allocator": steady_ok, "bytes": "inputs read once + output written once",
                        "ratio": "other median / kernel median (> 1: kernel faster)"},

@@ -88,3 +88,10 @@ def test_cli_bench_quick_writes_consistent_results(tmp_path: Path) -> None:
     rows = list(csv.DictReader((out / "kernels-bench.csv").open()))
     assert {row["candidate"] for row in rows} == {"kernel", "native", "eager"}
     assert all(row["torch"] == torch.__version__ for row in rows)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
+def test_cli_bench_on_cuda_without_a_gpu_says_so() -> None:
+    proc = run_cli("kernels", "swiglu", "--bench", "--device", "cuda", "--peak-bw", "20")
+    assert proc.returncode == 2
+    assert "no GPU is available here" in proc.stderr and "Traceback" not in proc.stderr

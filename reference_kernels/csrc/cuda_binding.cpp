@@ -24,6 +24,14 @@ void check_same_device(const at::Tensor& a, const at::Tensor& b, const char* op,
   TORCH_CHECK(a.device() == b.device(), op, ": ", na, " is on ", a.device(), " but ", nb, " is on ", b.device());
 }
 
+// The incoming gradient must match the tensor it is the gradient for (device, dtype, shape).
+void check_grad(const at::Tensor& grad, const at::Tensor& t, const char* op, const char* name) {
+  check_cuda(t, op, name);
+  check_same_device(t, grad, op, name, "grad");
+  check_same_dtype(grad, t, op, "grad", name);
+  check_same_shape(grad, t, op, "grad", name);
+}
+
 int code(const at::Tensor& t) {
   switch (t.scalar_type()) {
     case at::kFloat: return opscope_cuda::DT_F32;
@@ -98,10 +106,7 @@ at::Tensor bias_gelu_forward(const at::Tensor& x, const at::Tensor& bias, std::s
 std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& bias,
                                                       std::string approximate) {
   const char* op = "opscope::bias_gelu_backward";
-  check_cuda(x, op, "x");
-  check_same_device(x, grad, op, "x", "grad");
-  check_same_dtype(grad, x, op, "grad", "x");
-  check_same_shape(grad, x, op, "grad", "x");
+  check_grad(grad, x, op, "x");
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t n = x.size(-1);
   auto [xc, rows] = rows_view(x, n);
@@ -177,9 +182,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad, con
   const char* op = "opscope::rms_norm_backward";
   const int64_t n = check_norm(x, weight.sizes(), op);
   check_same_device(x, weight, op, "x", "weight");
-  check_same_device(x, grad, op, "x", "grad");
-  check_same_dtype(grad, x, op, "grad", "x");
-  check_same_shape(grad, x, op, "grad", "x");
+  check_grad(grad, x, op, "x");
   const c10::cuda::CUDAGuard guard(x.device());
   auto [xc, rows] = rows_view(x, n);
   const at::Tensor gc = grad.contiguous(), wc = param(weight, n, 1.0, x);
@@ -210,9 +213,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(const at::Ten
                                                                    const std::optional<at::Tensor>& bias, double eps) {
   const char* op = "opscope::layer_norm_backward";
   const int64_t n = check_norm(x, shape, op);
-  check_same_device(x, grad, op, "x", "grad");
-  check_same_dtype(grad, x, op, "grad", "x");
-  check_same_shape(grad, x, op, "grad", "x");
+  check_grad(grad, x, op, "x");
   const c10::cuda::CUDAGuard guard(x.device());
   auto [xc, rows] = rows_view(x, n);
   const at::Tensor gc = grad.contiguous(), wc = param(weight, n, 1.0, x);
@@ -266,10 +267,7 @@ at::Tensor softmax_forward(const at::Tensor& x, double scale, const std::optiona
 
 at::Tensor softmax_backward(const at::Tensor& grad, const at::Tensor& y, double scale) {
   const char* op = "opscope::softmax_backward";
-  check_cuda(y, op, "y");
-  check_same_device(y, grad, op, "y", "grad");
-  check_same_dtype(grad, y, op, "grad", "y");
-  check_same_shape(grad, y, op, "grad", "y");
+  check_grad(grad, y, op, "y");
   const c10::cuda::CUDAGuard guard(y.device());
   const int64_t n = y.size(-1);
   auto [yc, rows] = rows_view(y, n);
