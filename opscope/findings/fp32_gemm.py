@@ -13,11 +13,17 @@ import math
 import re
 from collections.abc import Iterator
 
-import numpy as np
-
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import events_by_ops_row, fmt_us, ideal_memory_us, per_step, severity, share
+from opscope.findings.common import (
+    events_by_ops_row,
+    fmt_us,
+    ideal_memory_us,
+    ops_rows,
+    per_step,
+    severity,
+    share,
+)
 
 TF32_KERNEL = re.compile(r"tf32|xf32|tensorop_s1688|s1688gemm", re.IGNORECASE)
 FAMILIES = ("matmul", "conv")
@@ -33,12 +39,10 @@ def fp32_gemm(ctx: Context) -> Iterator[Finding]:
         return
     p32 = ctx.peaks.flops_gflops.get("float32")
     ptf = ctx.peaks.flops_gflops.get("tfloat32")
-    ops = ctx.ops
-    wanted = set(np.flatnonzero((ops["family"].isin(FAMILIES) & (ops["dtype"] == "float32")).to_numpy()).tolist())
     for r in events_by_ops_row(ctx):
-        if r not in wanted:  # checked on whole columns first: one row lookup costs far more
+        row = ops_rows(ctx)[r]
+        if row["family"] not in FAMILIES or row["dtype"] != "float32":
             continue
-        row = ops.iloc[r]
         kernels = str(row.get("kernels", "") or "")
         time, calls = float(row["time_us_total"]), int(row["calls"])
         if not kernels or TF32_KERNEL.search(kernels) or time <= 0:

@@ -15,7 +15,16 @@ import math
 from collections.abc import Iterator
 
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import col, events_by_ops_row, fmt_us, per_step, severity, share, tensor
+from opscope.findings.common import (
+    col,
+    events_by_ops_row,
+    fmt_us,
+    ops_rows,
+    per_step,
+    severity,
+    share,
+    tensor,
+)
 
 ALIGN = 8
 HALF = ("float16", "bfloat16")
@@ -43,12 +52,11 @@ def gemm_alignment(ctx: Context) -> Iterator[Finding]:
     bwd = col(ctx, "bwd_root")
     aligned_rate: dict[str, list[float]] = {}
     candidates = []
-    names = ctx.ops["op"].tolist()
     for r, evs in events_by_ops_row(ctx).items():
-        if names[r] not in OPERANDS or bwd[evs[0]] >= 0:  # before the (costly) row lookup
-            continue
-        row = ctx.ops.iloc[r]
+        row = ops_rows(ctx)[r]
         name = row["op"]
+        if name not in OPERANDS or bwd[evs[0]] >= 0:
+            continue
         dims = gemm_dims(ctx, evs[0], name)
         if dims is None or dims[3] not in HALF:
             continue

@@ -29,6 +29,7 @@ from opscope.findings.common import (
     ideal_memory_us,
     inside_worker,
     layout_cause,
+    ops_rows,
     per_step,
     severity,
     share,
@@ -74,11 +75,10 @@ def low_bandwidth(ctx: Context) -> Iterator[Finding]:
     fused = fused_events(ctx)
     strided = strided_rows(ctx)
     bw = ctx.peaks.memory_bandwidth_gbps
-    bounds = ctx.ops["bound"].tolist()
     for r, evs in events_by_ops_row(ctx).items():
-        if bounds[r] != "memory" or r in strided or all(i in claimed for i in evs):
+        row = ops_rows(ctx)[r]
+        if row["bound"] != "memory" or r in strided or all(i in claimed for i in evs):
             continue
-        row = ctx.ops.iloc[r]
         if inside_worker(ctx, evs[0]):
             continue  # part of another op's implementation (e.g. addmm filling its output with the bias)
         pct = row["pct_peak_bandwidth"]
