@@ -116,8 +116,9 @@ def ncu_selection(run: Run, plan: pd.DataFrame, top: int) -> tuple[set[str], int
     step = first_step(plan)
     step = step[(step["kind"] == "kernel") & step["main_thread"] & (step["row"] >= 0)]
     rows: list[int] = []
+    launching = set(step["row"].tolist())
     for r in run.ops.index.tolist():  # ops.csv is sorted by time
-        if r in set(step["row"].tolist()) and run.ops.at[r, "op"] != UNATTRIBUTED:
+        if r in launching and run.ops.at[r, "op"] != UNATTRIBUTED:
             rows.append(int(r))
         if len(rows) >= top:
             break
@@ -210,8 +211,9 @@ def attach_ncu(run: Run, plan: pd.DataFrame, table: NcuTable, bases: set[str] | 
             values["measured_flops_ratio"] = values["measured_flops_per_call"] / modeled_flops
         for col, v in values.items():
             ops.at[r, col] = v
-        per_kernel = group.assign(_b=group.get(DRAM_READ, 0.0).fillna(0) + group.get(DRAM_WRITE, 0.0).fillna(0))
-        order = per_kernel.groupby("kernel")["_b"].sum().sort_values(ascending=False, kind="stable")
+        traffic = sum((group[c].fillna(0.0) for c in (DRAM_READ, DRAM_WRITE) if c in group.columns),
+                      pd.Series(0.0, index=group.index))
+        order = traffic.groupby(group["kernel"]).sum().sort_values(ascending=False, kind="stable")
         ops.at[r, "measured_kernels"] = ";".join(order.index.tolist())
     return {"kernels_profiled": int(len(meas)), "kernels_matched": int(sum(m >= 0 for m in match)),
             "rows_measured": measured_rows}
