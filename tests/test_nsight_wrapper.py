@@ -185,3 +185,93 @@ def test_profile_with_ncu_and_nothing_to_measure_leaves_nothing(tmp_path, model,
         profile_with_nsight(spec(model, out=str(out)), NsightRequest(ncu=True), {"ncu": str(ncu)}, Listener(),
                             out=out, reports=tmp_path / "reports", stem="model")
     assert not out.exists() and not (tmp_path / "reports").exists() and leftovers(private_tmp) == []
+
+
+# ncu's command line, understood well enough to run the program and leave its table in --log-file:
+# FAKE_NCU=ok (the BERT fixture), perm (counters refused, exit 1), none (nothing matched the filters).
+FAKE_NCU = """#!{python}
+import os, shutil, subprocess, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_RECORD"], "w") as f:
+    f.write("\\n".join(sys.argv))
+log = args[args.index("--log-file") + 1]
+status = subprocess.run(args[args.index(sys.executable):]).returncode
+mode = os.environ["FAKE_NCU"]
+if mode == "ok":
+    shutil.copyfile(os.environ["FAKE_REPORT"], log)
+elif mode == "perm":
+    open(log, "w").write("==PROF== Connected to process 1 (python)\\n==ERROR== ERR_NVGPUCTRPERM - The user does not "
+                         "have permission to access NVIDIA GPU Performance Counters on the target device 0.\\n")
+    sys.exit(1)
+else:
+    open(log, "w").write("==PROF== Connected to process 1 (python)\\n==PROF== Disconnected from process 1\\n"
+                         "==WARNING== No kernels were profiled.\\n")
+sys.exit(status)
+"""
+
+
+@pytest.mark.parametrize("mode", ["ok", "perm", "none"])
+def test_the_ncu_pass_with_a_stand_in_ncu(tmp_path, model, monkeypatch, mode):
+    from test_nsight_attach import BERT, RAW, VOCAB
+
+    from opscope.analysis.pipeline import analyze
+    from opscope.analysis.trace_file import trace_device, trace_meta, trace_peaks
+    from opscope.nsight.measured import kernel_plan
+    from opscope.nsight.session import _ncu_pass
+    from opscope.trace import load_trace
+
+    trace = load_trace(BERT)
+    device = trace_device(trace)
+    peaks = trace_peaks(trace, device, None, None, lambda m: None)
+    run = analyze(trace, peaks=peaks, meta=trace_meta(BERT, trace, device, peaks), source="trace")
+    ncu = script(tmp_path, "ncu", FAKE_NCU)
+    monkeypatch.setenv("FAKE_NCU", mode)
+    monkeypatch.setenv("FAKE_REPORT", str(RAW))
+    monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "argv.txt"))
+    private = tmp_path / "private"
+    private.mkdir()
+    extra: dict[str, Path] = {}
+    measure = spec(model, **{"pass": "measure", "tool": "ncu"})
+    if mode == "perm":
+        with pytest.raises(NsightError, match="ERR_NVGPUCTRPERM.*NVreg_RestrictProfilingToAdminUsers=0"):
+            _ncu_pass(run, kernel_plan(run), NsightRequest(ncu=True, ncu_top=3), str(ncu), measure, Listener(),
+                      private, extra)
+        return
+    if mode == "none":
+        with pytest.raises(NsightError, match=r"ncu profiled no kernels: its filters matched nothing \(NVTX range "
+                                              r"opscope_step/, kernels regex:.*Kernel2\|flash_fwd_kernel.*-c 26\)"):
+            _ncu_pass(run, kernel_plan(run), NsightRequest(ncu=True, ncu_top=3), str(ncu), measure, Listener(),
+                      private, extra)
+        return
+    _ncu_pass(run, kernel_plan(run), NsightRequest(ncu=True, ncu_top=3), str(ncu), measure, Listener(), private, extra)
+    argv = (tmp_path / "argv.txt").read_text().splitlines()
+    assert argv[1:8] == ["--target-processes", "all", "--nvtx", "--nvtx-include", "opscope_step/", "-k",
+                         "regex:^(?:.*::)?(?:Kernel2|flash_fwd_kernel)$"]
+    assert argv[8:10] == ["-c", "26"] and argv[-4] == sys.executable
+    assert run.summary["ncu"] == {"csv": "ncu.csv", "rows_selected": 3, "kernels_requested": 26,
+                                  "kernels_profiled": 26, "kernels_matched": 26, "rows_measured": 6}
+    assert sorted(extra) == ["ncu.csv", "ncu_kernels.csv"]
+    vocab = run.ops[run.ops["source_location"] == VOCAB].iloc[0]
+    assert vocab["measured_bytes_ratio"] == pytest.approx(3.09, rel=1e-5)
+
+
+def test_nsys_failures_are_one_line(tmp_path, model, monkeypatch):
+    from opscope.nsight.session import _nsys_pass
+
+    run = None  # the failures come before the run is touched
+    measure = spec(model, **{"pass": "measure", "tool": "nsys"})
+    broken = script(tmp_path, "nsys", "#!/bin/sh\necho \"unrecognised option '--bogus'\" >&2\nexit 1\n")
+    private = tmp_path / "private"
+    private.mkdir()
+    with pytest.raises(NsightError, match=r"^nsys exited with code 1 before the model's code \(under nsys\) started "
+                                          r"\(unrecognised option '--bogus'\)$"):
+        _nsys_pass(run, pd.DataFrame(), NsightRequest(nsys=True, nsys_args=["--bogus"]), str(broken), measure,
+                   Listener(), private, {})
+    # a report without GPU work (the capture range never saw a kernel)
+    empty = build_nsys_sqlite(tmp_path / "empty.sqlite", {"StringIds": []}, drop_tables=("CUPTI_ACTIVITY_KIND_KERNEL",))
+    nsys = script(tmp_path, "nsys2", FAKE_NSYS)
+    monkeypatch.setenv("FAKE_REPORT", str(empty))
+    monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "argv.txt"))
+    with pytest.raises(NsightError, match="nsys recorded no GPU work; with --capture-range=nvtx .*REGISTER_ONLY=0"):
+        _nsys_pass(run, pd.DataFrame(), NsightRequest(nsys=True, nsys_args=["--capture-range=nvtx"]), str(nsys),
+                   measure, Listener(), private, {})

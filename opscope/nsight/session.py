@@ -175,8 +175,12 @@ def _ncu_pass(run: Run, plan: pd.DataFrame, req: NsightRequest, ncu: str, spec: 
     except ToolFailed as exc:
         raise _tool_failure("ncu", exc, _read(csv_log) + "\n" + _read(out_log), filters) from exc
     text = _read(csv_log)
-    why = diagnose("ncu", text + "\n" + _read(out_log), filters)
-    if why and "ERR_NVGPUCTRPERM" in text + _read(out_log):
+    if '"Kernel Name"' not in text:  # an ncu that ignored --log-file printed the table with the model's output
+        text = f"{text}\n{_read(out_log)}"
+        csv_log.write_text(text)
+    output = f"{text}\n{_read(out_log)}"
+    why = diagnose("ncu", output, filters)
+    if why and ("ERR_NVGPUCTRPERM" in output or '"Kernel Name"' not in text):
         raise NsightError(why)
     table = parse_ncu_csv(text, "ncu's output")
     for line in table.warnings:
