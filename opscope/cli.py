@@ -196,6 +196,10 @@ def analyze(
     top: int = typer.Option(15, "--top", min=1, help="Rows of the op table to print."),
     max_trace_gb: float | None = typer.Option(
         None, "--max-trace-gb", metavar="GB", help="Refuse traces whose (decompressed) JSON is larger (default 4)."),
+    capture: Path | None = typer.Option(
+        None, "--capture", metavar="CAPTURE",
+        help="A trace recorded while the replayed CUDA/HIP graphs were captured: maps replayed kernels to the ops "
+             "and shapes that launched them."),
     nsys: Path | None = typer.Option(None, "--nsys", metavar="FILE",
                                      help="Attach an Nsight Systems report (.nsys-rep or SQLite) of the same model."),
     ncu: Path | None = typer.Option(None, "--ncu", metavar="FILE",
@@ -213,8 +217,8 @@ def analyze(
     )
 
     if nsight_kind(trace) is not None:
-        if nsys is not None or ncu is not None:
-            raise OpscopeError(f"--nsys/--ncu attach measurements to a torch.profiler trace; {trace} is itself an "
+        if nsys is not None or ncu is not None or capture is not None:
+            raise OpscopeError(f"--nsys/--ncu/--capture go with a torch.profiler trace; {trace} is itself an "
                                "Nsight file (analyze each on its own)")
         run = analyze_nsight_file(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []), warn=_warn)
         _emit(run, json_out, top)
@@ -225,7 +229,7 @@ def analyze(
     with tempfile.TemporaryDirectory(prefix="opscope-nsight-") as tmp:
         measure = measurement_hook(nsys, ncu, Path(tmp), _warn) if nsys is not None or ncu is not None else None
         run = analyze_trace_file(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
-                                 warn=_warn, max_trace_gb=max_trace_gb, measure=measure)
+                                 warn=_warn, max_trace_gb=max_trace_gb, capture=capture, measure=measure)
     _emit(run, json_out, top)
 
 
@@ -327,9 +331,53 @@ def calibrate(
     stderr.print(f"cached in {path}")
 
 
+@app.command()
+def kernels(
+    name: str | None = typer.Argument(None, help="With --bench: only this kernel."),
+    bench: bool = typer.Option(False, "--bench", help="Time the kernels against aten, eager and torch.compile."),
+    tune: bool = typer.Option(False, "--tune", help="With --bench: pick each CPU kernel's grain size by "
+                                                     "measurement first and cache it."),
+    repeats: int = typer.Option(15, "--repeats", min=3, help="Interleaved timed rounds per case."),
+    quick: bool = typer.Option(False, "--quick", help="Shapes scaled down 16x per dim, no torch.compile (a smoke run)."),
+    no_compile: bool = typer.Option(False, "--no-compile", help="Leave torch.compile out of the comparison."),
+    device: Device = typer.Option(Device.cpu, "--device", help="With --bench: where to time (cuda needs a GPU)."),
+    peak_bw: float | None = PEAK_BW,
+    out: Path | None = typer.Option(None, "--out", help="Folder for kernels-bench.json/.csv "
+                                                        "(default reports/kernels-bench-<time>)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the listing (or the benchmark) as JSON."),
+    debug: bool = DEBUG,
+) -> None:
+    """List the bundled reference kernels (CPU C++, Triton, CUDA) and the backends usable here; --bench times them."""
+    _state["debug"] = debug
+    from opscope import kernels as ks
+
+    if name is not None:
+        ks.find(name)
+    if not bench:
+        doc = ks.listing()
+        if json_out:
+            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+            return
+        ks.render_listing(doc, Console(highlight=False))
+        return
+    import datetime as dt
+
+    from opscope import kernels_bench as kb
+
+    result = kb.run([name] if name else [], repeats=repeats, peak_gbps=peak_bw, compiled=not (quick or no_compile),
+                    scale=1 / 16 if quick else 1.0, do_tune=tune, progress=lambda m: _warn(m),
+                    device="cuda" if device == Device.cuda else "cpu")
+    folder = out or Path("reports") / f"kernels-bench-{dt.datetime.now():%Y%m%d-%H%M%S}"
+    jpath, _ = kb.save(result, folder)
+    if json_out:
+        sys.stdout.write(json.dumps(result, indent=1) + "\n")
+    else:
+        kb.render(result, Console(highlight=False))
+    stderr.print(f"results: {jpath} (and .csv)")
+
+
 _LATER = {
     "swap": "drops a bundled optimized kernel into your model, checks correctness and measures the speedup",
-    "kernels": "lists the bundled CPU/Triton/CUDA kernels",
 }
 
 

@@ -351,6 +351,42 @@ def match_gpu(device_name: str) -> GpuSpec | None:
     return best_spec
 
 
+# A GPU whose trace records no name is recognised by what deviceProperties still says: (runtime,
+# compute capability / gfx major.minor, SMs or CUs, memory in GiB as totalGlobalMem reports it, name in
+# the spec table). Memory matches within 12 % (the driver reserves some; the SKUs differ by far more).
+GPU_BY_PROPERTIES: tuple[tuple[str, int, int, int, float, str], ...] = (
+    ("cuda", 8, 0, 108, 39.4, "NVIDIA A100-SXM4-40GB"),
+    ("cuda", 8, 0, 108, 79.2, "NVIDIA A100-SXM4-80GB"),
+    ("cuda", 8, 6, 72, 22.1, "NVIDIA A10"),
+    ("cuda", 8, 6, 80, 22.1, "NVIDIA A10G"),
+    ("cuda", 8, 9, 58, 22.1, "NVIDIA L4"),
+    ("cuda", 8, 9, 142, 44.4, "NVIDIA L40S"),
+    ("cuda", 9, 0, 132, 79.1, "NVIDIA H100 80GB HBM3"),
+    ("cuda", 9, 0, 114, 79.1, "NVIDIA H100 PCIe"),
+    ("cuda", 9, 0, 132, 139.8, "NVIDIA H200"),
+    ("cuda", 10, 0, 148, 178.4, "NVIDIA B200"),
+    ("rocm", 9, 0, 110, 64.0, "AMD Instinct MI250X"),
+    ("rocm", 9, 4, 304, 192.0, "AMD Instinct MI300X"),
+    ("rocm", 9, 4, 304, 256.0, "AMD Instinct MI325X"),
+)
+
+
+def gpu_from_properties(props: dict[str, Any], runtime: str | None) -> tuple[str, str] | None:
+    """(device name, what it was recognised by) from a deviceProperties entry without a name, or None.
+    Needs the compute capability, the SM/CU count and the memory size."""
+    try:
+        major, minor = int(props["computeMajor"]), int(props["computeMinor"])
+        sms = int(props["numSms"])
+        gib = float(props["totalGlobalMem"]) / 2**30
+    except (KeyError, TypeError, ValueError):
+        return None
+    for rt, ma, mi, n, mem, name in GPU_BY_PROPERTIES:
+        if (runtime in (None, rt) and (ma, mi, n) == (major, minor, sms) and abs(gib - mem) <= 0.12 * mem):
+            units = "CUs" if rt == "rocm" else "SMs"
+            return name, f"compute capability {major}.{minor}, {sms} {units}, {gib:.0f} GiB"
+    return None
+
+
 def gpu_peaks(device_name: str) -> Peaks | None:
     """Peaks of a known GPU (origin "spec-table"), or None when the name is not in the table."""
     spec = match_gpu(device_name)

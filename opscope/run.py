@@ -391,6 +391,41 @@ def _check_summary(path: Path, summary: dict[str, Any]) -> None:
     shares = summary.get("bound_time_share", {})
     _check(path, isinstance(shares, dict) and all(v is None or _is_num(v) for v in shares.values()),
            "'bound_time_share' must map bound classes to numbers")
+    _check_gpu_summary(path, summary)
+
+
+def _opt_num(v: Any) -> bool:
+    return v is None or _is_num(v)
+
+
+def _records(v: Any, numbers: tuple[str, ...], texts: tuple[str, ...]) -> bool:
+    """A list of objects whose `numbers` keys are numbers (or null) and `texts` keys text (or null)."""
+    return isinstance(v, list) and all(
+        isinstance(r, dict) and all(_opt_num(r.get(k)) for k in numbers)
+        and all(r.get(k) is None or isinstance(r.get(k), str) for k in texts) for r in v)
+
+
+def _check_gpu_summary(path: Path, summary: dict[str, Any]) -> None:
+    """The GPU timeline keys (opscope.analysis.gpu_timeline) the console reads."""
+    for key in ("unattributed_time_share", "kernel_families_cover_share", "comm_compute_overlap_share"):
+        _check(path, _opt_num(summary.get(key)), f"{key!r} must be a number or null")
+    families = summary.get("kernel_family_time_share")
+    _check(path, families is None or (isinstance(families, dict) and all(_opt_num(v) for v in families.values())),
+           "'kernel_family_time_share' must map kernel families to numbers")
+    graph = summary.get("graph_replay")
+    launchers = graph.get("launchers") if isinstance(graph, dict) else None
+    _check(path, graph is None or (
+        isinstance(graph, dict)
+        and all(_opt_num(graph.get(k)) for k in ("launches", "kernels", "kernel_time_share", "captured_time_share"))
+        and (launchers is None or (isinstance(launchers, list) and all(isinstance(x, str) for x in launchers)))),
+        "'graph_replay' must be an object of counts, shares and launcher names")
+    streams = summary.get("streams")
+    _check(path, streams is None or _records(streams, ("stream", "busy_us", "busy_share", "kernels"), ()),
+           "'streams' must be a list of objects with numbers")
+    gaps = summary.get("idle_gaps")
+    _check(path, gaps is None or _records(gaps, ("start_us", "duration_us"),
+                                          ("kernel_before", "kernel_after", "cpu_op", "cpu_source_location")),
+           "'idle_gaps' must be a list of objects (times as numbers, names as text)")
 
 
 def _check_findings(path: Path, findings: list[Any]) -> None:
@@ -405,7 +440,8 @@ def _check_findings(path: Path, findings: list[Any]) -> None:
 
 
 TEXT_COLUMNS = ("op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location",
-                "bound", "kernels", "family", "dtype", "ceiling", "note", "measured_kernels")
+                "bound", "kernels", "family", "dtype", "ceiling", "note", "kernel_family", "launcher",
+                "measured_kernels")
 # The columns the renderers read as numbers; anything else in them makes the file damaged.
 NUMBER_COLUMNS = ("calls", "time_us_total", "time_share", "flops_per_call", "bytes_per_call",
                   "arithmetic_intensity", "achieved_gflops", "achieved_gbps", "pct_peak_flops",

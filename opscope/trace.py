@@ -53,6 +53,9 @@ class _Args(msgspec.Struct):
     # inductor's kernel launch records: "triton" for its Triton kernels; its own cost estimates when
     # compiled with config.benchmark_kernel / profile_bandwidth
     kernel_backend: str | None = None
+    # ROCm's launch records name the kernel they launch (roctracer); checked by hand, not typed, so an
+    # odd value costs only the name
+    kernel: Any = None
     kernel_flop: float | None = None
     kernel_num_gb: float | None = None
 
@@ -99,6 +102,7 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 # Event times beyond these are not a profiler's: a duration of more than 30 days, or a timestamp that
 # is not a finite number.
 MAX_DURATION_US = 30 * 86_400 * 1e6
+_ANNOTATION_COLUMNS = ("name", "pid", "tid", "ts", "dur")
 # A tensor of more elements than this (2**50, a petabyte of bytes) is not a real recorded shape.
 MAX_NUMEL = 1 << 50
 
@@ -113,6 +117,11 @@ class TraceData:
     launches: pd.DataFrame
     steps: pd.DataFrame
     python: pd.DataFrame  # user (and harness) frames only; "name" holds their 'file:line' location
+    # record_function ranges (user_annotation) other than ProfilerStep#N and compiled graphs: name, pid,
+    # tid, ts, dur. Not ops; they name the code that launched kernels no op encloses (a CUDA graph
+    # replay inside an inference server's `step[DECODE bs=32]`).
+    annotations: pd.DataFrame = field(
+        default_factory=lambda: _frame(dict.fromkeys(_ANNOTATION_COLUMNS, ()), floats=("ts", "dur")))
     # ops: besides cpu_op events, torch.compile's `## Call CompiledFxGraph <key> ##` ranges; columns
     # kernel_backend / kernel_flop / kernel_num_gb carry inductor's launch args ("" / NaN elsewhere)
     device_properties: list[dict[str, Any]] = field(default_factory=list)
@@ -127,6 +136,11 @@ class TraceData:
     @property
     def has_gpu(self) -> bool:
         return len(self.kernels) > 0
+
+    @property
+    def gpu_only(self) -> bool:
+        """A trace of GPU activity only (no cpu_op events): its report is kernel-level."""
+        return self.ops.empty and self.has_gpu
 
 
 class _Rejects:
@@ -388,8 +402,9 @@ def _load(path: str, data: bytes | bytearray, with_python: bool) -> TraceData:
     trace = _columnize(path, doc, with_python=with_python, rejects=rejects)
     del doc, data
     trace.warnings = [f"{path}: skipped {line}" for line in rejects.lines()]
-    if trace.ops.empty:
-        raise TraceError(f"{path} has no operator (cpu_op) events: record it with torch.profiler's CPU activity")
+    if trace.ops.empty and not trace.has_gpu:
+        raise TraceError(f"{path} has no operator (cpu_op) events and no GPU kernels: nothing to analyze "
+                         "(record it with torch.profiler's CPU and/or CUDA activity)")
     return trace
 
 
@@ -448,7 +463,8 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
         "name", "pid", "tid", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "call_stack")}
     ops.update(ts=array("d"), dur=array("d"), ext_id=array("q"), seq=array("q"), fwd_tid=array("q"))
     kern: dict[str, list] = {k: [] for k in ("cat", "name", "ts", "dur", "correlation", "ext_id", "stream", "device")}
-    launch: dict[str, list] = {k: [] for k in ("name", "pid", "tid", "ts", "dur", "correlation", "ext_id")}
+    launch: dict[str, list] = {k: [] for k in ("name", "pid", "tid", "ts", "dur", "correlation", "ext_id", "kernel")}
+    ann: dict[str, list] = {k: [] for k in _ANNOTATION_COLUMNS}
     steps: dict[str, list] = {k: [] for k in ("step", "pid", "tid", "ts", "dur")}
     py: dict[str, Any] = {"name": [], "pid": [], "tid": [], "ts": array("d"), "dur": array("d")}
     dims_text = _TextCache(rejects, "Input Dims", check_sizes=True).text
@@ -488,6 +504,9 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
                     steps["dur"].append(e.dur)
                     continue
                 if not COMPILED_GRAPH_RE.match(e.name):
+                    for k, v in (("name", intern(e.name, e.name)), ("pid", e.pid), ("tid", e.tid), ("ts", e.ts),
+                                 ("dur", e.dur)):
+                        ann[k].append(v)
                     continue
                 cat = "cpu_op"  # a compiled graph's range: an op event
             if cat == "cpu_op":
@@ -550,6 +569,7 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
                 launch["dur"].append(e.dur)
                 launch["correlation"].append(a.correlation)
                 launch["ext_id"].append(_int64(a.external_id, rejects))
+                launch["kernel"].append(intern(a.kernel, a.kernel) if isinstance(a.kernel, str) else "")
         del batch
     if doc.hip_runtime_version is not None or doc.roctracer_version is not None:
         gpu_runtime = "rocm"
@@ -578,6 +598,7 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
         launches=_frame(launch, floats=("ts", "dur"), ints=("correlation", "ext_id")),
         steps=steps_df,
         python=_frame(py, floats=("ts", "dur")),
+        annotations=_frame(ann, floats=("ts", "dur")),
         device_properties=_device_properties(doc.deviceProperties, rejects),
         torch_version=_text_field(doc.torch_version) or _text_field(doc.pytorch_version),
         gpu_runtime=gpu_runtime,

@@ -19,6 +19,11 @@ EXAMPLES = REPO / "examples"
 TRACES = REPO / "tests" / "fixtures" / "traces"  # copies of ../shared/traces (MIT, see README there)
 PEAKS = ["--peak-bw", "20", "--peak-flops", "100"]
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # as the CLI does: no kineto line per profiler start/stop
+# Without a GPU, the Triton kernels are tested under Triton's interpreter (tests/test_kernels_triton.py).
+# It must be on before triton is first imported (triton.language's own helpers are decorated then), and
+# other test modules can import triton indirectly, so it is set here, once, for the whole session.
+if not os.path.exists("/dev/nvidia0") and not os.path.exists("/dev/kfd"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True)
@@ -31,6 +36,18 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300) -> subproce
     env.setdefault("COLUMNS", "160")
     return subprocess.run([sys.executable, "-m", "opscope", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def union_us(spans: list[tuple[float, float]]) -> float:
+    """Total length of the union of (start, end) intervals: an independent check of busy times."""
+    spans = sorted(spans)
+    busy, cur_s, cur_e = 0.0, *spans[0]
+    for s, e in spans[1:]:
+        if s > cur_e:
+            busy, cur_s, cur_e = busy + cur_e - cur_s, s, e
+        else:
+            cur_e = max(cur_e, e)
+    return busy + cur_e - cur_s
 
 
 def write_model(folder: Path, source: str, name: str = "model.py") -> Path:

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from opscope.analysis.events import SourceOverride, build_events
+from opscope.analysis.gpu_timeline import gpu_summary
 from opscope.analysis.ops_table import BOUNDS, JSON_TEXT_COLUMNS, build_ops_table, event_costs
 from opscope.findings import Context, run_rules
 from opscope.findings.base import DtypeProbe, LayoutProbe
@@ -39,11 +40,13 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
     ops = build_ops_table(ev, gpu=gpu, peaks=peaks, kernels=trace.kernels)
     steps, step_time_us = step_stats(trace, ev)
     busy = device_busy_share(trace, steps, step_time_us) if gpu else None
+    timeline = gpu_summary(trace, ev, steps=steps, step_time_us=step_time_us) if gpu else None
     ctx = Context(ops=ops, events=ev, peaks=peaks, gpu=gpu, source=source, steps=steps,
                   step_time_us=step_time_us, device_busy_share=busy, meta=meta, layout_probe=layout_probe,
-                  dtype_probe=dtype_probe)
+                  gpu_timeline=timeline, dtype_probe=dtype_probe)
     findings = run_rules(ctx)
-    summary = summarize(ops, steps=steps, step_time_us=step_time_us, n_findings=len(findings), busy=busy)
+    summary = summarize(ops, steps=steps, step_time_us=step_time_us, n_findings=len(findings), busy=busy,
+                        gpu_keys=timeline)
     return Run(meta=meta, ops=ops, findings=findings, summary=summary, events=ev, kernels=trace.kernels)
 
 
@@ -52,8 +55,10 @@ def step_stats(trace: TraceData, ev: pd.DataFrame) -> tuple[int, float]:
     spanning every op and kernel."""
     if len(trace.steps):
         return len(trace.steps), float(trace.steps["dur"].mean())
-    starts = [ev["ts"].min()]
-    ends = [ev["end"].max()]
+    if "captured" in ev.columns:  # copies of a graph capture's ops did not run in this trace
+        ev = ev[~ev["captured"].to_numpy(dtype=bool)]
+    starts = [ev["ts"].min()] if len(ev) else []  # a GPU-only trace has no CPU events
+    ends = [ev["end"].max()] if len(ev) else []
     if len(trace.kernels):
         starts.append(trace.kernels["ts"].min())
         ends.append((trace.kernels["ts"] + trace.kernels["dur"]).max())
@@ -87,7 +92,7 @@ def union_length(start: np.ndarray, end: np.ndarray) -> float:
 
 
 def summarize(ops: pd.DataFrame, *, steps: int, step_time_us: float, n_findings: int,
-              busy: float | None) -> dict[str, Any]:
+              busy: float | None, gpu_keys: dict[str, Any] | None = None) -> dict[str, Any]:
     total = float(ops["time_us_total"].sum())
     covered = ops["flops_per_call"].notna() & ops["bytes_per_call"].notna()
     bound_share = {b: 0.0 for b in BOUNDS}
@@ -105,6 +110,7 @@ def summarize(ops: pd.DataFrame, *, steps: int, step_time_us: float, n_findings:
     }
     if busy is not None:
         summary["device_busy_share"] = busy
+    summary.update(gpu_keys or {})  # opscope.analysis.gpu_timeline: kernel families, graph replay, streams, gaps
     return summary
 
 

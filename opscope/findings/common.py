@@ -57,6 +57,12 @@ def col(ctx: Context, column: str) -> list[Any]:
     return cached(ctx, f"col:{column}", lambda: ctx.events[column].tolist())
 
 
+def ops_rows(ctx: Context) -> list[dict[str, Any]]:
+    """ops.csv rows as dicts, built once: rules read rows one by one, and a DataFrame row lookup
+    (`.iloc[r]`, iterrows) costs tens of µs each, which made the findings most of a small analysis."""
+    return cached(ctx, "ops_rows", lambda: ctx.ops.to_dict("records"))
+
+
 def subtree_sum(ctx: Context, column: str) -> np.ndarray:
     """Per event: `column` summed over the event and everything nested in it (NaN counts as 0)."""
     def build() -> np.ndarray:

@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterator
 
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import fmt_bytes, fmt_us, per_step, severity, share, short
+from opscope.findings.common import fmt_bytes, fmt_us, ops_rows, per_step, severity, share, short
 
 EXCESS_RATIO = 2.0
 MIN_EXCESS_BYTES = 1 << 20  # per call: a few hundred KB of sector overfetch is not worth a finding
@@ -43,10 +43,9 @@ def _num(value: object) -> float:
 
 @rule("excess-traffic")
 def excess_traffic(ctx: Context) -> Iterator[Finding]:
-    ops = ctx.ops
-    if "measured_dram_bytes_per_call" not in ops.columns:
+    if "measured_dram_bytes_per_call" not in ctx.ops.columns:
         return
-    for _, row in ops.iterrows():
+    for row in ops_rows(ctx):
         measured = _num(row.get("measured_dram_bytes_per_call"))
         modeled = _num(row.get("bytes_per_call"))
         if not (modeled > 0 and measured > EXCESS_RATIO * modeled and measured - modeled >= MIN_EXCESS_BYTES):
@@ -57,7 +56,8 @@ def excess_traffic(ctx: Context) -> Iterator[Finding]:
         saving = time * (1.0 - modeled / measured) if dram_pct >= DRAM_BOUND_PCT and time > 0 else None
         kernels = [k for k in str(row.get("measured_kernels") or "").split(";") if k]
         kernel = kernels[0] if kernels else "its kernels"
-        where = row["source_location"] or "an unknown line"
+        location = row["source_location"] if isinstance(row.get("source_location"), str) else ""
+        where = location or "an unknown line"
         sol = f" at {dram_pct:.0f}% of DRAM peak" if math.isfinite(dram_pct) else ""
         why = ("DRAM-bound, so moving only the minimum would save about "
                f"{fmt_us(saving)}" if saving is not None else
@@ -67,6 +67,6 @@ def excess_traffic(ctx: Context) -> Iterator[Finding]:
                    f"{fmt_bytes(modeled)} ({per_step(calls, ctx):g} calls per step, {fmt_us(time)} in all, "
                    f"{share(time, ctx):.0%} of op time); {why}.")
         yield Finding(rule="excess-traffic", severity=severity(saving, ctx), op=row["op"],
-                      source_location=row["source_location"] if isinstance(row["source_location"], str) else "",
+                      source_location=location,
                       message=message, suggestion=SUGGESTION, est_savings_us=saving)
 

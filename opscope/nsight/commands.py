@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opscope.analysis.kernels import demangle
 from opscope.errors import NsightError
 
 # NVTX ranges of the measured passes (and of `opscope profile --nvtx`): one push/pop range per step, with
@@ -253,7 +254,7 @@ def kernel_key(name: str) -> str:
     'void at::native::f<4, G<float> >(int)' -> 'at::native::f<4,G<float>>'. Profilers agree on this part
     more often than on the rest (ncu prints 'char *' and '>>' where torch.profiler prints 'char*' and '> >');
     memcpy/memset activities keep their kind ('Memcpy HtoD')."""
-    s = name.strip()
+    s = demangle(name.strip())  # a raw mangled name (nsys' mangledName): its qualified function name
     if s.startswith(("Memcpy", "Memset")):
         return s.split(" (", 1)[0]
     s = _without_parameters(s).strip()

@@ -23,7 +23,14 @@ import numpy as np
 import pandas as pd
 
 from opscope import __version__
-from opscope.analysis.ops_table import CONTRACT_COLUMNS, EXTRA_COLUMNS, GPU_COLUMNS, add_roofline
+from opscope.analysis.kernels import kernel_family
+from opscope.analysis.ops_table import (
+    CONTRACT_COLUMNS,
+    EXTRA_COLUMNS,
+    GPU_COLUMNS,
+    GPU_EXTRA_COLUMNS,
+    add_roofline,
+)
 from opscope.analysis.pipeline import analyze, summarize
 from opscope.analysis.trace_file import trace_device, trace_meta, trace_peaks
 from opscope.errors import NsightError
@@ -159,11 +166,12 @@ def _ncu_run(path: Path, table: NcuTable, folder: Path, peak_bw: float | None, p
         "calls": [int((meas["kernel"] == n).sum()) for n in names],
         "time_us_total": [float(np.nansum(time_us[(meas["kernel"] == n).to_numpy()])) for n in names],
         "cpu_time_us_total": np.nan, "kernels": names, "flops_per_call": np.nan, "bytes_per_call": np.nan,
-        "family": "", "dtype": "", "note": NCU_ROW_NOTE, "compiled_graph": ""})
+        "family": "", "dtype": "", "note": NCU_ROW_NOTE, "compiled_graph": "",
+        "kernel_family": [kernel_family(n) for n in names], "launcher": ""})
     total = float(ops["time_us_total"].sum())
     ops["time_share"] = ops["time_us_total"] / total if total > 0 else 0.0
     ops = add_roofline(ops, peaks, gpu=True)
-    ops = ops[CONTRACT_COLUMNS + GPU_COLUMNS + EXTRA_COLUMNS]
+    ops = ops[CONTRACT_COLUMNS + GPU_COLUMNS + EXTRA_COLUMNS + GPU_EXTRA_COLUMNS]
     order = ops.sort_values("time_us_total", ascending=False, kind="stable").index
     ops = ops.loc[order].reset_index(drop=True)
     new_row = {old: new for new, old in enumerate(order.tolist())}

@@ -8,6 +8,8 @@ import re
 from dataclasses import replace
 from typing import Any
 
+from pandas.api.types import is_string_dtype
+
 from opscope.run import Run
 
 # C0 controls (ESC, BEL, backspace, CR, ...), DEL and C1 controls (CSI, OSC, ... as single code
@@ -38,6 +40,7 @@ def cleaned_run(run: Run) -> Run:
     """A copy of `run` whose strings (meta, summary, findings, the ops table's text cells) are clean."""
     ops = run.ops.copy()
     for col in ops.columns:
-        if ops[col].dtype == object:
+        # text columns are `object` or, with pandas >= 3 (or read back from ops.csv), a string dtype
+        if ops[col].dtype == object or is_string_dtype(ops[col].dtype):
             ops[col] = ops[col].map(lambda v: clean(v) if isinstance(v, str) else v)
     return replace(run, meta=_deep(run.meta), summary=_deep(run.summary), findings=_deep(run.findings), ops=ops)
