@@ -62,7 +62,7 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
     if memory is not None:
         summary["memory"] = memory.summary
     summary["step_source"] = "annotations" if len(trace.steps) else "whole trace"
-    return Run(meta=meta, ops=ops, findings=findings, summary=summary, events=ev,
+    return Run(meta=meta, ops=ops, findings=findings, summary=summary, events=ev, kernels=trace.kernels,
                modules=module_table(ops, findings, module_classes or trace.module_classes))
 
 
@@ -87,7 +87,14 @@ def device_busy_share(trace: TraceData, steps: int, step_time_us: float) -> floa
     if not len(k) or step_time_us <= 0:
         return None
     start = k["ts"].to_numpy()
-    end = start + k["dur"].to_numpy()
+    busy = union_length(start, start + k["dur"].to_numpy())
+    return float(min(busy / (steps * step_time_us), 1.0))
+
+
+def union_length(start: np.ndarray, end: np.ndarray) -> float:
+    """Total length of the union of the intervals [start, end)."""
+    if not len(start):
+        return 0.0
     order = np.argsort(start, kind="stable")
     start, end = start[order], end[order]
     busy, cur_s, cur_e = 0.0, start[0], end[0]
@@ -97,8 +104,7 @@ def device_busy_share(trace: TraceData, steps: int, step_time_us: float) -> floa
             cur_s, cur_e = s, e
         elif e > cur_e:
             cur_e = e
-    busy += cur_e - cur_s
-    return float(min(busy / (steps * step_time_us), 1.0))
+    return float(busy + cur_e - cur_s)
 
 
 def summarize(ops: pd.DataFrame, *, steps: int, step_time_us: float, n_findings: int,
