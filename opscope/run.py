@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -26,6 +27,7 @@ from opscope.errors import OpscopeError, OutputError
 
 FORMAT_VERSION = 1
 RUN_FILES = ("meta.json", "ops.csv", "findings.json", "summary.json", "trace.json.gz")
+RANKS_FILE = "ranks.csv"  # merged runs of multi-process jobs only (opscope.analysis.ranks)
 DEFAULT_REPORTS_DIR = Path("reports")
 STAGING_PREFIX = ".opscope-run-"  # + pid + "-": a run being written, renamed into place when complete
 # The working directory when opscope started: a model's code may change it, and paths are shown
@@ -52,6 +54,9 @@ class Run:
     summary: dict[str, Any]
     path: Path | None = None
     events: pd.DataFrame | None = field(default=None, repr=False)  # in-memory only; not written
+    # A run merged from the ranks of a multi-process job (opscope.analysis.ranks): ranks.csv, one row per
+    # rank; None for a one-process run.
+    ranks: pd.DataFrame | None = None
 
 
 def check_out_dir(out: Path | None, base: Path | None = None) -> None:
@@ -228,11 +233,13 @@ def _gzip_bytes(data: bytes | bytearray, dst: Path) -> None:
 
 
 def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
-              compressor: TraceCompressor | None = None, base: Path | None = None) -> Path:
+              compressor: TraceCompressor | None = None, base: Path | None = None,
+              extra: Callable[[Path], None] | None = None) -> Path:
     """Writes the run directory atomically and returns its path. `trace_file` is copied (gzipped if it
     is not already) as trace.json.gz; a `compressor` already gzipping it takes its place. Without `out`
-    the run gets a fresh default name under `base` (default: ./reports). Any OSError (disk full,
-    read-only file system, ...) is one OutputError line, with nothing left under the final name."""
+    the run gets a fresh default name under `base` (default: ./reports). `extra(folder)` adds files to
+    the run while it is still hidden (a merged run's ranks/). Any OSError (disk full, read-only file
+    system, ...) is one OutputError line, with nothing left under the final name."""
     base = base if base is not None else DEFAULT_REPORTS_DIR
     if out is not None and out.is_symlink() and out.exists():
         out = out.resolve()  # a symlink to an empty directory: the run goes where it points
@@ -248,6 +255,8 @@ def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
         run.ops.to_csv(tmp / "ops.csv", index=False)
         (tmp / "findings.json").write_text(dumps(run.findings) + "\n")
         (tmp / "summary.json").write_text(dumps(run.summary) + "\n")
+        if run.ranks is not None:
+            run.ranks.to_csv(tmp / RANKS_FILE, index=False)
         if compressor is not None:
             src, movable = compressor.result()
             if movable:
@@ -256,6 +265,8 @@ def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
                 _copy_trace(src, tmp / "trace.json.gz")
         elif trace_file is not None:
             _copy_trace(trace_file, tmp / "trace.json.gz")
+        if extra is not None:
+            extra(tmp)
         if out is not None:
             target = out
         else:
@@ -326,7 +337,8 @@ def read_run(path: Path) -> Run:
     _check_summary(path / "summary.json", summary)
     _check_findings(path / "findings.json", findings)
     ops = read_ops_csv(path / "ops.csv")
-    return Run(meta=meta, ops=ops, findings=findings, summary=summary, path=path)
+    ranks = read_ranks_csv(path / RANKS_FILE) if (path / RANKS_FILE).is_file() else None
+    return Run(meta=meta, ops=ops, findings=findings, summary=summary, path=path, ranks=ranks)
 
 
 def _read_json(path: Path, kind: type) -> Any:
@@ -460,4 +472,28 @@ def read_ops_csv(path: Path) -> pd.DataFrame:
             df[col] = values.astype(float)
     calls = df["calls"].to_numpy()
     _check(path, bool(np.isfinite(calls).all() and (calls >= 0).all()), "column 'calls' must hold counts")
+    return df
+
+
+# ranks.csv: text columns, and the columns the renderers read as numbers (README, "Run directory format").
+RANKS_TEXT_COLUMNS = ("device", "run")
+RANKS_NUMBER_COLUMNS = ("rank", "steps", "step_time_us", "op_time_us", "collective_time_us", "compute_time_us",
+                        "idle_time_us", "comm_compute_overlap_share", "straggler")
+
+
+def read_ranks_csv(path: Path) -> pd.DataFrame:
+    """ranks.csv of a merged run, checked like ops.csv: damaged is one OpscopeError naming the file."""
+    try:
+        df = pd.read_csv(path, dtype={c: str for c in RANKS_TEXT_COLUMNS}, keep_default_na=False,
+                         na_values={c: [""] for c in RANKS_NUMBER_COLUMNS})
+    except (OSError, UnicodeDecodeError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise OpscopeError(f"{path} is damaged: {_reason(exc)}") from exc
+    _check(path, "rank" in df.columns, "missing column 'rank'")
+    for col in RANKS_NUMBER_COLUMNS:
+        if col in df.columns:
+            values = pd.to_numeric(df[col], errors="coerce")
+            bad = values.isna() & df[col].notna()
+            _check(path, not bad.any(), f"column {col!r} holds non-numbers (row {int(bad.to_numpy().argmax()) + 1})")
+            df[col] = values.astype(float)
+    _check(path, bool(df["rank"].notna().all()), "column 'rank' must hold rank numbers")
     return df

@@ -80,9 +80,11 @@ def trace_peaks(trace: TraceData, device: dict[str, str], peak_bw: float | None,
 
 def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | None = None,
                        peak_flops: list[str] | None = None, warn: Callable[[str], None] = lambda m: None,
-                       max_trace_gb: float | None = None, capture: Path | None = None) -> Run:
+                       max_trace_gb: float | None = None, capture: Path | None = None,
+                       finish: Callable[[Run, TraceData], None] | None = None) -> Run:
     """Analyzes a trace file into a run directory. `capture`: a trace recorded while the replayed CUDA/HIP
-    graphs were captured (opscope.analysis.capture_merge)."""
+    graphs were captured (opscope.analysis.capture_merge). `finish(run, trace)` runs before the run is
+    written (a rank of a multi-process job adds its numbers: opscope.analysis.ranks)."""
     base = DEFAULT_REPORTS_DIR.absolute()
     out = out.absolute() if out is not None else None
     check_out_dir(out, base)
@@ -105,7 +107,7 @@ def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | 
             for line in report.warnings:
                 warn(line)
             merged = {"trace": str(capture), **report.to_json()}
-        return _analyze_file(path, trace, out, base, stem, compressor, peak_bw, peak_flops, warn, merged)
+        return _analyze_file(path, trace, out, base, stem, compressor, peak_bw, peak_flops, warn, merged, finish)
     finally:
         if compressor is not None:
             compressor.discard()
@@ -114,7 +116,8 @@ def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | 
 def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, stem: str,
                   compressor: TraceCompressor,
                   peak_bw: float | None, peak_flops: list[str] | None, warn: Callable[[str], None],
-                  capture: dict[str, Any] | None = None) -> Run:
+                  capture: dict[str, Any] | None = None,
+                  finish: Callable[[Run, TraceData], None] | None = None) -> Run:
     device = trace_device(trace)
     peaks = trace_peaks(trace, device, peak_bw, peak_flops, warn)
     meta: dict[str, Any] = {
@@ -134,5 +137,7 @@ def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, st
         meta["capture"] = capture
     run = analyze(trace, peaks=peaks, meta=meta, source="trace")
     meta["steps"] = run.summary["steps"]
+    if finish is not None:
+        finish(run, trace)
     write_run(run, out, stem, path, compressor=compressor, base=base)
     return run

@@ -160,9 +160,17 @@ def _signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, tuple]:
 
 def record_lines(step: Any) -> list[LineRecord]:
     """Runs `step()` once under a dispatch mode and returns one record per aten op, in order."""
+    records: list[LineRecord] = []
+    with line_mode(records):
+        step()
+    return records
+
+
+def line_mode(records: list[LineRecord]) -> Any:
+    """A TorchDispatchMode that appends one LineRecord per aten op to `records`, in order. Entered and
+    left around one step (script mode enters it at one step boundary and leaves it at the next)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    records: list[LineRecord] = []
     lock = threading.Lock()
 
     class _LineMode(TorchDispatchMode):
@@ -174,9 +182,7 @@ def record_lines(step: Any) -> list[LineRecord]:
                 records.append(rec)
             return func(*args, **kwargs)
 
-    with _LineMode():
-        step()
-    return records
+    return _LineMode()
 
 
 def _trace_signature(dims_text: str) -> tuple:

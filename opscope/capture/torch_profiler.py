@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from opscope.errors import OpscopeError
 from opscope.hardware import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
 from opscope.run import DEFAULT_REPORTS_DIR, Run, check_out_dir, write_run
 from opscope.target import load_target
-from opscope.trace import load_trace
+from opscope.trace import TraceData, load_trace
 
 
 @dataclass
@@ -118,7 +119,12 @@ def timed_pass(harness: Harness, steps: int, activities: list) -> tuple[torch.pr
     return prof, time.perf_counter() - t0
 
 
-def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tuple[Run, ProfileTimings]:
+def profile_target(opts: ProfileOptions, progress: Progress | None = None, *, device: torch.device | None = None,
+                   prepare: Callable[[Harness], None] | None = None, peaks: Peaks | None = None,
+                   finish: Callable[[Run, TraceData], None] | None = None) -> tuple[Run, ProfileTimings]:
+    """Profiles a model file. A rank of a multi-process job (opscope.capture.distributed) passes its
+    `device`, `prepare` (wraps the model in DistributedDataParallel), the ceilings its launcher measured
+    once for all ranks (`peaks`) and `finish` (adds the rank's numbers before the run is written)."""
     progress = progress or Progress()
     _validate(opts)
     # Absolute before the model is loaded: its code may change the working directory.
@@ -128,17 +134,19 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tu
     timings = ProfileTimings()
     if opts.threads:
         torch.set_num_threads(opts.threads)
-    device = resolve_device(opts.device)
+    device = device if device is not None else resolve_device(opts.device)
 
     t0 = time.perf_counter()
     progress.phase("loading model")
     with module_origins(), process_state_kept(keep_additions=True):
         target = load_target(opts.target, opts.entry)
     harness = Harness(target, mode=opts.mode, device=device, dtype=opts.dtype)
+    if prepare is not None:
+        prepare(harness)
     timings.load = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    peaks = machine_peaks(opts, device, progress)
+    peaks = peaks if peaks is not None else machine_peaks(opts, device, progress)
     timings.calibration = time.perf_counter() - t0
 
     progress.phase("warmup", total=opts.warmup)
@@ -173,6 +181,8 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tu
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",
                       source_override=lambda ev: join_lines(records, ev), layout_probe=probe,
                       dtype_probe=float32_probe(device))
+        if finish is not None:
+            finish(run, trace)
         write_run(run, out, target.stem, trace_path, base=reports)
         timings.analysis = time.perf_counter() - t0
     return run, timings

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from opscope.errors import OpscopeError
-from opscope.supervise import Control, child_setup, target_error_message
+from opscope.supervise import Control, Stopped, child_setup, target_error_message
 
 
 class _PipeProgress:
@@ -41,15 +41,32 @@ def main() -> None:
     control = Control()
     spec = json.loads(Path(sys.argv[1]).read_text())
     debug = bool(spec.pop("debug", False))
+    script = spec.pop("script", None)  # opscope.jobs.ScriptSpec as JSON: script mode
+    launch = spec.pop("launch", None)  # opscope.jobs.LaunchSpec as JSON: several processes via torchrun
     try:
-        from opscope.capture.torch_profiler import profile_target
+        progress = _PipeProgress(control)
+        if launch is not None:
+            from opscope.capture.distributed import launch_ranks
+            from opscope.jobs import LaunchSpec, ScriptSpec
 
-        run, _ = profile_target(options_from_spec(spec), _PipeProgress(control))
+            run = launch_ranks(options_from_spec(spec), ScriptSpec(**script) if script else None,
+                               LaunchSpec(**launch), progress, debug=debug)
+        elif script is not None:
+            from opscope.capture.script import profile_script
+            from opscope.jobs import ScriptSpec
+
+            run = profile_script(options_from_spec(spec), ScriptSpec(**script), progress)
+        else:
+            from opscope.capture.torch_profiler import profile_target
+
+            run, _ = profile_target(options_from_spec(spec), progress)
         control.send(type="done", result={"run_dir": str(run.path)})
     except OpscopeError as exc:
         if debug:
             traceback.print_exc()
         control.send(type="error", message=str(exc), exit_code=exc.exit_code)
+    except Stopped:
+        pass
     except BaseException as exc:  # noqa: BLE001 (the user's code may raise anything, exit included)
         message = target_error_message(exc)
         if message is not None:

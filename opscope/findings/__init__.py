@@ -18,5 +18,6 @@ from opscope.findings import (  # noqa: E402, F401  (importing a rule module reg
     launch_bound,
     low_bandwidth,
     overhead,
+    straggler,
     strided_reduction,
 )
