@@ -30,6 +30,7 @@ class ScriptSpec:
     args: list[str] = field(default_factory=list)
     step_fn: str | None = None  # "module:func" or "module:Class.method"
     stop_after: bool = False  # stop the script once the window (and the line step) are done
+    auto: bool = False  # a script because the file has no model-file shape (nothing asked for script mode)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,7 +90,7 @@ def script_spec(target: Path, *, script: bool, entry: str | None, args: list[str
     if step_fn is not None and not STEP_FN_RE.match(step_fn):
         raise TargetError(f"--step-fn must be MODULE:FUNC (e.g. train:train_step or mypkg.loop:Trainer.step), "
                           f"not {step_fn!r}")
-    return ScriptSpec(args=list(args), step_fn=step_fn, stop_after=stop_after)
+    return ScriptSpec(args=list(args), step_fn=step_fn, stop_after=stop_after, auto=not wanted)
 
 
 def launch_spec(nproc_per_node: int | None, nnodes: int, node_rank: int, master_addr: str | None,

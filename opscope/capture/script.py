@@ -52,7 +52,7 @@ from opscope.errors import OpscopeError, TargetError
 from opscope.hardware import Peaks
 from opscope.jobs import STEP_FN_RE, ScriptSpec
 from opscope.run import DEFAULT_REPORTS_DIR, Run, check_out_dir, write_run
-from opscope.target import add_model_folder, check_target_file, describe_exception, user_frame_of
+from opscope.target import ACCEPTED, add_model_folder, check_target_file, describe_exception, user_frame_of
 from opscope.trace import TraceData, load_trace
 
 
@@ -125,10 +125,13 @@ class StepWindow:
         """Leaves whatever is still active (the script ended or failed inside the window)."""
         self.finish_lines()
         if not self.recorded:
+            self._incomplete = True  # stopping mid-window must not export a partial window
             with contextlib.suppress(Exception):
                 self.prof.stop()
 
     def _ready(self, prof: torch.profiler.profile) -> None:
+        if getattr(self, "_incomplete", False):
+            return
         prof.export_chrome_trace(str(self.trace_path))
         self.recorded = True
 
@@ -309,7 +312,7 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
         if target is not None and not target.installed:
             raise TargetError(f"--step-fn {script.step_fn}: the script never defined {target.path[0]}")
         if not window.recorded:
-            raise TargetError(_too_few_steps(window, script))
+            raise TargetError(_too_few_steps(window, script, path.name))
         if window.records is None or not window.done:
             progress.warn("source lines: no step followed the profiled window before the script ended, so the "
                           "ops have no source line (give the script one more step than --skip-steps + --steps)")
@@ -350,12 +353,15 @@ def _run_script(path: Path, args: list[str], namespace: dict[str, Any] | None = 
                           + "; opscope stopped and wrote nothing") from exc
 
 
-def _too_few_steps(window: StepWindow, script: ScriptSpec) -> str:
+def _too_few_steps(window: StepWindow, script: ScriptSpec, name: str) -> str:
     need = window.skip + window.steps
     what = f"calls of --step-fn {script.step_fn}" if script.step_fn else "optimizer steps"
     if window.boundaries == 0:
         how = ("--step-fn names a function the script never called" if script.step_fn else
                "the script never called optimizer.step() (name the step function with --step-fn MODULE:FUNC)")
+        if script.auto:
+            return (f"{name} is not a model file (looked for {ACCEPTED}), so it ran as a script, and {how}; "
+                    "nothing was profiled")
         return f"no step seen: {how}; nothing was profiled"
     return (f"the script ended after {window.boundaries} {what}, before the profiled window was complete "
             f"(--skip-steps {window.skip} + --steps {window.steps} = {need}); lower them")
