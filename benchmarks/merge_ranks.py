@@ -6,7 +6,9 @@ and its own distributedInfo (rank, world size); one rank (3 by default) is slowe
 (relative to the trace's first) and duration x 1.25, so its kernels and CPU ops take 25 % longer. The
 merge runs in a fresh process (`python -m opscope analyze FOLDER`), so its wall time and peak RSS are
 the whole process's: imports, each rank's full analysis (read, ops table, costs, findings, its run
-directory), the merge and the merged run directory.
+directory), the merge and the merged run directory. "runs" merges the result's ranks/ again: run
+directories that carry their rank numbers, as `opscope profile --nproc-per-node` merges them (each rank
+analyzed itself, in parallel): read, merge, copy, write.
 
     python benchmarks/merge_ranks.py [--ranks 8] [--slowed 3] [--factor 1.25] [--large]
 
@@ -59,11 +61,17 @@ def synthetic_ranks(source: Path, folder: Path, ranks: int = 8, slowed: int = 3,
 
 def merge_in_fresh_process(folder: Path, out: Path) -> tuple[float, float, str]:
     """(wall seconds, peak RSS MiB, stderr) of `opscope analyze FOLDER --out OUT` in a fresh process."""
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, so a child forked from this (large) process
+    # would report this process's memory.
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c",
-                           "import resource, sys; from opscope.cli import main; sys.argv[0]='opscope';"
+                           "import sys; from opscope.cli import main; sys.argv[0]='opscope';"
                            "\ntry:\n    main()\nfinally:\n"
-                           "    print('maxrss', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)",
+                           "    import resource\n"
+                           "    try:\n        hwm = next(int(ln.split()[1]) for ln in open('/proc/self/status') "
+                           "if ln.startswith('VmHWM'))\n"
+                           "    except OSError:\n        hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+                           "    print('maxrss', hwm, file=sys.stderr)",
                            "analyze", str(folder), "--out", str(out), "--json"],
                           capture_output=True, text=True, env={**os.environ, "COLUMNS": "120"})
     wall = time.perf_counter() - t0
@@ -86,8 +94,10 @@ def measure(label: str, source: Path, args: argparse.Namespace, tmp: Path) -> No
     with open(out / "ranks.csv") as f:
         marked = [int(float(r["rank"])) for r in csv.DictReader(f) if float(r["straggler"]) == 1]
     found = summary["straggler_rank"]
-    print(f"{label:<28} {args.ranks:>5} {events:>9,} {size / 2**10:>11,.0f} {wall:>7.2f} {rss:>9.0f} "
-          f"{found:>9} {summary['straggler_excess_share'] * 100:>9.1f}% "
+    # The ranks' run directories again (what `profile`'s launcher merges: each rank analyzed itself)
+    wall_runs, rss_runs, _ = merge_in_fresh_process(out / "ranks", tmp / f"{folder.name}-again")
+    print(f"{label:<24} {args.ranks:>5} {events:>9,} {size / 2**10:>9,.0f} {wall:>7.2f} {rss:>9.0f} "
+          f"{wall_runs:>10.2f} {rss_runs:>9.0f} {found:>9} {summary['straggler_excess_share'] * 100:>7.1f}% "
           f"{'yes' if found == args.slowed and marked == [args.slowed] else 'NO':>6}")
 
 
@@ -109,8 +119,8 @@ def main() -> None:
             replicate(32_000, large)
         cases.append(("synthetic ~132k events", large))
     print(f"slowed rank {args.slowed}, x{args.factor}\n")
-    print(f"{'per-rank trace':<28} {'ranks':>5} {'events':>9} {'KiB/rank':>11} {'wall s':>7} {'peak MiB':>9} "
-          f"{'straggler':>9} {'excess':>10} {'found':>6}")
+    print(f"{'per-rank trace':<24} {'ranks':>5} {'events':>9} {'KiB/rank':>9} {'wall s':>7} {'peak MiB':>9} "
+          f"{'runs: s':>10} {'peak MiB':>9} {'straggler':>9} {'excess':>8} {'found':>6}")
     with tempfile.TemporaryDirectory(prefix="opscope-merge-bench-") as tmp:
         for label, source in cases:
             measure(label, source, args, Path(tmp))

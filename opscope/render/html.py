@@ -26,7 +26,14 @@ from opscope import __version__
 from opscope.compare import APPEARED, FASTER, SAME, SLOWER, VANISHED, Comparison
 from opscope.errors import OpscopeError, OutputError
 from opscope.render.console import binding_pct, fmt_pct, fmt_us, op_name, op_shapes, si
-from opscope.render.ranks import STRAGGLER_MARK, collectives_line, header_line, rank_rows, straggler_line
+from opscope.render.ranks import (
+    STRAGGLER_MARK,
+    SUMS_NOTE,
+    collectives_line,
+    header_line,
+    rank_rows,
+    straggler_line,
+)
 from opscope.render.report_data import (
     BOUNDS,
     breakdown,
@@ -458,7 +465,8 @@ def _ranks(run: Run) -> str:
     line = straggler_line(run)
     return (f'<section id="ranks"><h2>{esc(header_line(run))}</h2><div class="table-wrap"><table id="ranks-table">'
             f'<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
-            + (f'<p class="verdict">{esc(line)}</p>' if line else "") + f"<p>{esc(collectives_line(run))}</p></section>")
+            + (f'<p class="verdict">{esc(line)}</p>' if line else "") + f"<p>{esc(collectives_line(run))}</p>"
+            f'<p class="muted">{esc(SUMS_NOTE)}</p></section>')
 
 
 def _csp(scripts: list[str]) -> str:

@@ -100,8 +100,11 @@ def header_line(run: Run) -> str:
     of = f" of {world}" if world and n and world != n else ""
     per_rank = d.get("steps_per_rank")
     steps = f" × {per_rank} profiled step{'' if per_rank == 1 else 's'}" if isinstance(per_rank, int) else ""
-    return (f"Ranks ({n}{of}{steps}{backend}; times per step. Above, the ops table sums all ranks and its steps "
-            "are rank-steps: per step is the mean rank's)")
+    return f"Ranks ({n}{of}{steps}{backend}; times per step)"
+
+
+SUMS_NOTE = ("the ops table and findings sum all ranks; their steps are rank-steps, so \"per step\" there is the "
+             "mean rank's")
 
 
 def ranks_group(run: Run) -> Group | None:
@@ -121,4 +124,5 @@ def ranks_group(run: Run) -> Group | None:
     if line:
         parts.append(Text(line, style="bold"))
     parts.append(Text(collectives_line(run)))
+    parts.append(Text(SUMS_NOTE, style="dim"))
     return Group(*parts)
