@@ -464,12 +464,7 @@ def read_ops_csv(path: Path) -> pd.DataFrame:
         raise OpscopeError(f"{path} is damaged: {_reason(exc)}") from exc
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
     _check(path, not missing, f"missing column(s) {', '.join(missing)}")
-    for col in NUMBER_COLUMNS:
-        if col in df.columns:
-            values = pd.to_numeric(df[col], errors="coerce")
-            bad = values.isna() & df[col].notna()
-            _check(path, not bad.any(), f"column {col!r} holds non-numbers (row {int(bad.to_numpy().argmax()) + 1})")
-            df[col] = values.astype(float)
+    _numbers(path, df, NUMBER_COLUMNS)
     calls = df["calls"].to_numpy()
     _check(path, bool(np.isfinite(calls).all() and (calls >= 0).all()), "column 'calls' must hold counts")
     return df
@@ -489,11 +484,16 @@ def read_ranks_csv(path: Path) -> pd.DataFrame:
     except (OSError, UnicodeDecodeError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise OpscopeError(f"{path} is damaged: {_reason(exc)}") from exc
     _check(path, "rank" in df.columns, "missing column 'rank'")
-    for col in RANKS_NUMBER_COLUMNS:
+    _numbers(path, df, RANKS_NUMBER_COLUMNS)
+    _check(path, bool(df["rank"].notna().all()), "column 'rank' must hold rank numbers")
+    return df
+
+
+def _numbers(path: Path, df: pd.DataFrame, columns: tuple[str, ...]) -> None:
+    """Converts `columns` (those present) to floats in place; anything else in them makes the file damaged."""
+    for col in columns:
         if col in df.columns:
             values = pd.to_numeric(df[col], errors="coerce")
             bad = values.isna() & df[col].notna()
             _check(path, not bad.any(), f"column {col!r} holds non-numbers (row {int(bad.to_numpy().argmax()) + 1})")
             df[col] = values.astype(float)
-    _check(path, bool(df["rank"].notna().all()), "column 'rank' must hold rank numbers")
-    return df
