@@ -192,3 +192,27 @@ def test_damaged_ranks_csv_is_one_error(tmp_path):
     with pytest.raises(OpscopeError, match="ranks.csv is damaged: column 'step_time_us' holds non-numbers"):
         read_run(out)
     assert_clean_error(run_cli("report", str(out)), "ranks.csv is damaged")
+
+
+def test_straggler_rule_fires_from_ten_percent_and_the_line_says_so():
+    from opscope.findings import Context, run_rules
+    from opscope.render.ranks import straggler_line
+    from opscope.run import Run
+
+    def findings(compute: list[float]) -> list[dict]:
+        ranks = pd.DataFrame({"rank": range(len(compute)), "compute_time_us": compute,
+                              "collective_time_us": [5.0] * len(compute)})
+        ops = pd.DataFrame({"op": ["aten::mm"], "time_us_total": [1000.0]})
+        ctx = Context(ops=ops, events=pd.DataFrame(), peaks=Peaks(None), gpu=False, source="trace", steps=8,
+                      step_time_us=100.0, ranks=ranks)
+        return run_rules(ctx, only=["straggler"])
+
+    assert findings([100.0, 100.0, 100.0, 109.0]) == []
+    [f] = findings([100.0, 100.0, 100.0, 110.0])
+    assert f["message"].startswith("rank 3 computes 110 µs per step, 10% more than the median rank (100 µs")
+    assert f["est_savings_us"] == pytest.approx(10.0 * 8)  # the excess, in each of the 8 rank-steps
+    quiet = Run(meta={}, ops=pd.DataFrame(), findings=[], summary={"distributed": {
+        "straggler_rank": 1, "straggler_compute_time_us": 101.0, "compute_time_us_median": 100.5,
+        "straggler_excess_share": 0.005, "straggler_beyond_noise": False}})
+    assert straggler_line(quiet) == ("straggler: rank 1, compute 101.0 µs per step, +0% over the median rank "
+                                     "(100.5 µs): the slowest, but within noise (no straggler finding)")

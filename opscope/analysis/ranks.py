@@ -44,6 +44,7 @@ from opscope.analysis.ops_table import CONTRACT_COLUMNS, KEY, add_roofline, firs
 from opscope.analysis.pipeline import summarize
 from opscope.errors import OpscopeError, TraceError
 from opscope.findings import Context, run_rules
+from opscope.findings.straggler import MIN_EXCESS
 from opscope.hardware import Peaks
 from opscope.run import DEFAULT_REPORTS_DIR, STAGING_PREFIX, Run, check_out_dir, read_run, write_run
 from opscope.trace import TraceData, load_trace, max_trace_bytes
@@ -318,6 +319,8 @@ def distributed_summary(rank_runs: list[RankRun], ranks: pd.DataFrame) -> dict[s
         "straggler_compute_time_us": float(compute.iloc[slow]) if median is not None else None,
         "compute_time_us_median": median,
         "straggler_excess_share": (float(compute.iloc[slow]) - median) / median if median else None,
+        # beyond run-to-run noise: what the straggler finding fires on (opscope.findings.straggler)
+        "straggler_beyond_noise": bool(median and (float(compute.iloc[slow]) - median) / median >= MIN_EXCESS),
         "compute_spread_share": _spread(compute),
         "step_time_us_min": float(step.min()) if step.notna().any() else None,
         "step_time_us_max": float(step.max()) if step.notna().any() else None,

@@ -32,7 +32,7 @@ import sys
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opscope.analysis.ranks import RankRun, merge_ranks, rank_stats, staging_folder, valid_stats, write_merged
 from opscope.errors import OpscopeError
@@ -40,6 +40,9 @@ from opscope.jobs import LaunchSpec, ScriptSpec
 from opscope.run import DEFAULT_REPORTS_DIR, Run, check_out_dir, read_run
 from opscope.supervise import Stopped, boot_command, child_setup, death_by_signal, target_error_message
 from opscope.target import check_target_file
+
+if TYPE_CHECKING:  # torch-importing modules: only the ranks and the launcher load them
+    from opscope.capture.torch_profiler import ProfileOptions, Progress
 
 SEED_STRIDE = 1_000_003  # rank r's torch.manual_seed(s) becomes s + r * SEED_STRIDE while the file loads
 STATUS = ".status-{rank}.json"
@@ -55,7 +58,7 @@ class RankFailed(OpscopeError):
 # --- the launcher (in opscope profile's supervised child) -------------------------------------------------
 
 
-def launch_ranks(opts: Any, script: ScriptSpec | None, launch: LaunchSpec, progress: Any, *,
+def launch_ranks(opts: ProfileOptions, script: ScriptSpec | None, launch: LaunchSpec, progress: Progress, *,
                  debug: bool = False) -> Run:
     """Runs the job's ranks through torchrun and merges their runs into one run directory."""
     import torch

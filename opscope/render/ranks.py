@@ -59,15 +59,13 @@ def straggler_line(run: Run) -> str:
     rank = d.get("straggler_rank")
     if rank is None:
         return ""
-    from opscope.findings.straggler import MIN_EXCESS
-
     excess, spread = num(d.get("straggler_excess_share")), num(d.get("compute_spread_share"))
     line = f"straggler: rank {clean(rank)}, compute {fmt_us(d.get('straggler_compute_time_us'))} per step"
     if excess is not None:
         line += (f", {'+' if excess >= 0 else '−'}{abs(excess) * 100:.0f}% over the median rank "
                  f"({fmt_us(d.get('compute_time_us_median'))})")
-        if excess < MIN_EXCESS:
-            line += f": the slowest, but within noise (under {MIN_EXCESS:.0%})"
+        if d.get("straggler_beyond_noise") is False:
+            line += ": the slowest, but within noise (no straggler finding)"
     if spread is not None:
         line += f"; compute spread across ranks {spread * 100:.0f}%"
     lo, hi, step_spread = num(d.get("step_time_us_min")), num(d.get("step_time_us_max")), num(d.get("step_time_spread_share"))
