@@ -29,8 +29,8 @@ browser:
 	fi
 
 test: install browser
-	$(BIN)/ruff check opscope tests benchmarks examples
+	$(BIN)/ruff check opscope reference_kernels tests benchmarks examples
 	$(BIN)/python -m pytest -n 2 -q
 
 lint: install
-	$(BIN)/ruff check opscope tests benchmarks examples
+	$(BIN)/ruff check opscope reference_kernels tests benchmarks examples

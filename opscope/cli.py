@@ -314,9 +314,53 @@ def calibrate(
     stderr.print(f"cached in {path}")
 
 
+@app.command()
+def kernels(
+    name: str | None = typer.Argument(None, help="With --bench: only this kernel."),
+    bench: bool = typer.Option(False, "--bench", help="Time the kernels against aten, eager and torch.compile."),
+    tune: bool = typer.Option(False, "--tune", help="With --bench: pick each CPU kernel's grain size by "
+                                                     "measurement first and cache it."),
+    repeats: int = typer.Option(15, "--repeats", min=3, help="Interleaved timed rounds per case."),
+    quick: bool = typer.Option(False, "--quick", help="Shapes scaled down 16x per dim, no torch.compile (a smoke run)."),
+    no_compile: bool = typer.Option(False, "--no-compile", help="Leave torch.compile out of the comparison."),
+    device: Device = typer.Option(Device.cpu, "--device", help="With --bench: where to time (cuda needs a GPU)."),
+    peak_bw: float | None = PEAK_BW,
+    out: Path | None = typer.Option(None, "--out", help="Folder for kernels-bench.json/.csv "
+                                                        "(default reports/kernels-bench-<time>)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the listing (or the benchmark) as JSON."),
+    debug: bool = DEBUG,
+) -> None:
+    """List the bundled reference kernels (CPU C++, Triton, CUDA) and the backends usable here; --bench times them."""
+    _state["debug"] = debug
+    from opscope import kernels as ks
+
+    if name is not None:
+        ks.find(name)
+    if not bench:
+        doc = ks.listing()
+        if json_out:
+            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+            return
+        ks.render_listing(doc, Console(highlight=False))
+        return
+    import datetime as dt
+
+    from opscope import kernels_bench as kb
+
+    result = kb.run([name] if name else [], repeats=repeats, peak_gbps=peak_bw, compiled=not (quick or no_compile),
+                    scale=1 / 16 if quick else 1.0, do_tune=tune, progress=lambda m: _warn(m),
+                    device="cuda" if device == Device.cuda else "cpu")
+    folder = out or Path("reports") / f"kernels-bench-{dt.datetime.now():%Y%m%d-%H%M%S}"
+    jpath, _ = kb.save(result, folder)
+    if json_out:
+        sys.stdout.write(json.dumps(result, indent=1) + "\n")
+    else:
+        kb.render(result, Console(highlight=False))
+    stderr.print(f"results: {jpath} (and .csv)")
+
+
 _LATER = {
     "swap": "drops a bundled optimized kernel into your model, checks correctness and measures the speedup",
-    "kernels": "lists the bundled CPU/Triton/CUDA kernels",
 }
 
 
