@@ -183,6 +183,9 @@ def test_bad_rank_folders_are_one_line(tmp_path):
     assert not (tmp_path / "o").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".opscope")]
     assert_clean_error(run_cli("analyze", str(twice), "--capture", str(twice / "a.json.gz"), *PEAKS),
                        "--capture applies to one trace")
+    one = tmp_path / "one"
+    assert run_cli("analyze", str(twice / "a.json.gz"), "--out", str(one), *PEAKS).returncode == 0
+    assert_clean_error(run_cli("analyze", str(one), *PEAKS), "is the run directory of one process")
 
 
 def test_damaged_ranks_csv_is_one_error(tmp_path):

@@ -407,7 +407,10 @@ def rank_entries(folder: Path) -> list[Path]:
     (*.json, *.json.gz, e.g. torch's *.pt.trace.json); a merged run's folder stands for its ranks/."""
     if not folder.is_dir():
         raise TraceError(f"{folder} is not a folder")
-    if is_run_dir(folder) and (folder / "ranks").is_dir():
+    if is_run_dir(folder):
+        if not (folder / "ranks").is_dir():
+            raise TraceError(f"{folder} is the run directory of one process: analyze its trace.json.gz, or give a "
+                             "folder of several ranks' traces or runs")
         folder = folder / "ranks"
     try:
         children = sorted(p for p in folder.iterdir() if not p.name.startswith("."))

@@ -27,7 +27,6 @@ import importlib
 import inspect
 import sys
 import tempfile
-import time
 import types
 import weakref
 from collections.abc import Callable
@@ -78,8 +77,7 @@ class StepWindow:
         self.records: list[LineRecord] | None = None
         self._mode: Any = None
         self.done = False
-        self.window_s = 0.0
-        self._window_t0: float | None = None
+        self._incomplete = False  # set when the script ends mid-window: no partial window is exported
 
     def start(self) -> None:
         import warnings
@@ -87,8 +85,6 @@ class StepWindow:
         with warnings.catch_warnings():  # skip 0: torch warns that there is no profiler warmup
             warnings.simplefilter("ignore")
             self.prof.start()
-        if self.skip == 0:
-            self._window_t0 = time.perf_counter()
 
     def boundary(self) -> None:
         """The script finished a step."""
@@ -96,11 +92,8 @@ class StepWindow:
             return
         self.boundaries += 1
         if not self.recorded:
-            if self.boundaries == self.skip:
-                self._window_t0 = time.perf_counter()
             self.prof.step()  # at the window's last step this exports the trace (_ready)
             if self.recorded:
-                self.window_s = time.perf_counter() - (self._window_t0 or time.perf_counter())
                 self.prof.stop()
                 self.progress.phase("recording source lines (the next step, untimed)")
                 self.records = []
@@ -125,12 +118,12 @@ class StepWindow:
         """Leaves whatever is still active (the script ended or failed inside the window)."""
         self.finish_lines()
         if not self.recorded:
-            self._incomplete = True  # stopping mid-window must not export a partial window
+            self._incomplete = True
             with contextlib.suppress(Exception):
                 self.prof.stop()
 
     def _ready(self, prof: torch.profiler.profile) -> None:
-        if getattr(self, "_incomplete", False):
+        if self._incomplete:
             return
         prof.export_chrome_trace(str(self.trace_path))
         self.recorded = True
