@@ -134,6 +134,18 @@ def profile(
     peak_flops: list[str] | None = PEAK_FLOPS,
     out: Path | None = OUT,
     top: int = typer.Option(15, "--top", min=1, help="Rows of the op table to print."),
+    nvtx: bool = typer.Option(False, "--nvtx", help="NVTX ranges around each profiled step and each top-level "
+                              "module's forward, for Nsight tools (implied by --nsys/--ncu)."),
+    nsys: bool = typer.Option(False, "--nsys", help="Also run the steps under Nsight Systems (nsys): measured "
+                              "kernel timeline per op, module and step; keeps nsys.nsys-rep in the run."),
+    nsys_args: str | None = typer.Option(None, "--nsys-args", metavar="ARGS",
+                                         help="Extra `nsys profile` arguments, quoted as one string."),
+    nvtx_ops: bool = typer.Option(False, "--nvtx-ops", help="With --nsys: every aten op an NVTX range "
+                                  "(torch.autograd.profiler.emit_nvtx(record_shapes=True)); adds CPU time per op."),
+    ncu: bool = typer.Option(False, "--ncu", help="Also measure the kernels of the heaviest op rows with Nsight "
+                             "Compute (ncu): DRAM bytes, FLOPs and % of speed of light next to the modeled ones."),
+    ncu_top: int = typer.Option(10, "--ncu-top", min=1, max=10_000, metavar="N",
+                                help="With --ncu: measure the kernels of the N op rows with the most GPU time."),
     json_out: bool = JSON_OUT,
     debug: bool = DEBUG,
     script_args: list[str] | None = typer.Argument(
@@ -155,7 +167,9 @@ def profile(
     directory."""
     _state["debug"] = debug
     from opscope.hardware import apply_overrides
-    from opscope.jobs import launch_spec, script_spec
+    from opscope.jobs import check_tool_options, launch_spec, script_spec
+    from opscope.nsight.commands import split_tool_args
+    from opscope.nsight.session import NsightRequest, check_request
     from opscope.run import DEFAULT_REPORTS_DIR, check_out_dir, discard_staging, read_run
     from opscope.supervise import Listener, run_worker
     from opscope.target import check_target_file
@@ -165,26 +179,40 @@ def profile(
     job_script = script_spec(target, script=script, entry=entry, args=list(script_args or []), step_fn=step_fn,
                              stop_after=stop_after, dtype=dtype.value if dtype else None, mode=mode.value)
     job_launch = launch_spec(nproc_per_node, nnodes, node_rank, master_addr, master_port)
+    check_tool_options(job_script, job_launch, nsys=nsys, ncu=ncu, nvtx=nvtx)
     check_out_dir(out.absolute() if out else None, DEFAULT_REPORTS_DIR.absolute())
     apply_overrides(None, peak_bw, list(peak_flops or []))  # a bad --peak-* is one line now, not later
+    if nsys_args is not None and not nsys:
+        raise OpscopeError("--nsys-args passes arguments to nsys: use it with --nsys")
+    nsight = NsightRequest(nsys=nsys, nsys_args=split_tool_args(nsys_args, "--nsys-args"), ncu=ncu,
+                           ncu_top=ncu_top, nvtx_ops=nvtx_ops)
+    tools = check_request(nsight, device.value)  # GPU, tools on PATH, flags: before anything runs
     spec = {"target": str(target.absolute()), "entry": entry, "device": device.value,
             "dtype": dtype.value if dtype else None, "mode": mode.value, "warmup": warmup, "steps": steps,
             "threads": threads, "peak_bw": peak_bw, "peak_flops": list(peak_flops or []),
-            "out": str(out.absolute()) if out else None, "debug": debug,
+            "out": str(out.absolute()) if out else None, "debug": debug, "nvtx": nvtx or nsight.wanted,
             "script": job_script.to_json() if job_script else None,
             "launch": job_launch.to_json() if job_launch else None}
     folders = [out.absolute().parent if out else DEFAULT_REPORTS_DIR.absolute()]
     with _RichProgress(stderr) as progress:
         listener = Listener(phase=progress.phase, advance=progress.advance, warn=progress.warn)
-        result = run_worker("opscope.capture.worker", spec, listener,
-                            on_abort=lambda pid: discard_staging(folders, pid))
-    _emit(read_run(Path(result["run_dir"])), json_out, top)
+        if nsight.wanted:
+            from opscope.nsight.session import profile_with_nsight
+
+            run_dir = profile_with_nsight(spec, nsight, tools, listener, out=out.absolute() if out else None,
+                                          reports=DEFAULT_REPORTS_DIR.absolute(), stem=target.stem,
+                                          on_abort=lambda pid: discard_staging(folders, pid))
+        else:
+            run_dir = Path(run_worker("opscope.capture.worker", spec, listener,
+                                      on_abort=lambda pid: discard_staging(folders, pid))["run_dir"])
+    _emit(read_run(run_dir), json_out, top)
 
 
 @app.command()
 def analyze(
-    trace: Path = typer.Argument(..., help="torch.profiler Chrome trace (.json or .json.gz), or a folder of "
-                                           "per-rank traces or run directories to merge."),
+    trace: Path = typer.Argument(..., help="torch.profiler Chrome trace (.json or .json.gz), an Nsight file "
+                                 "(.nsys-rep / nsys SQLite export, .ncu-rep / ncu CSV), or a folder of per-rank "
+                                 "traces or run directories to merge."),
     out: Path | None = OUT,
     json_out: bool = JSON_OUT,
     peak_bw: float | None = PEAK_BW,
@@ -196,23 +224,47 @@ def analyze(
         None, "--capture", metavar="CAPTURE",
         help="A trace recorded while the replayed CUDA/HIP graphs were captured: maps replayed kernels to the ops "
              "and shapes that launched them."),
+    nsys: Path | None = typer.Option(None, "--nsys", metavar="FILE",
+                                     help="Attach an Nsight Systems report (.nsys-rep or SQLite) of the same model."),
+    ncu: Path | None = typer.Option(None, "--ncu", metavar="FILE",
+                                    help="Attach Nsight Compute measurements (.ncu-rep or CSV) of the same model."),
     debug: bool = DEBUG,
 ) -> None:
-    """Analyze an existing torch.profiler trace (CPU, CUDA or ROCm) into a run directory; a folder of
-    per-rank traces (or a run's ranks/) into one merged run of the job."""
+    """Analyze an existing torch.profiler trace (CPU, CUDA or ROCm), or Nsight results, into a run directory;
+    a folder of per-rank traces (or a run's ranks/) into one merged run of the job."""
     _state["debug"] = debug
     if trace.is_dir():
         from opscope.analysis.ranks import analyze_rank_folder
 
-        if capture is not None:
-            raise OpscopeError("--capture applies to one trace, not to a folder of ranks")
+        if capture is not None or nsys is not None or ncu is not None:
+            given = "/".join(f for f, v in (("--capture", capture), ("--nsys", nsys), ("--ncu", ncu)) if v is not None)
+            raise OpscopeError(f"{given} appl{'ies' if '/' not in given else 'y'} to one trace, not to a folder "
+                               "of ranks")
         _emit(analyze_rank_folder(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []), warn=_warn,
                                   max_trace_gb=max_trace_gb), json_out, top)
         return
     from opscope.analysis.trace_file import analyze_trace_file
+    from opscope.nsight.imports import (
+        analyze_nsight_file,
+        check_measurement_files,
+        measurement_hook,
+        nsight_kind,
+    )
 
-    run = analyze_trace_file(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
-                             warn=_warn, max_trace_gb=max_trace_gb, capture=capture)
+    if nsight_kind(trace) is not None:
+        if nsys is not None or ncu is not None or capture is not None:
+            raise OpscopeError(f"--nsys/--ncu/--capture go with a torch.profiler trace; {trace} is itself an "
+                               "Nsight file (analyze each on its own)")
+        run = analyze_nsight_file(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []), warn=_warn)
+        _emit(run, json_out, top)
+        return
+    check_measurement_files(nsys, ncu)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="opscope-nsight-") as tmp:
+        measure = measurement_hook(nsys, ncu, Path(tmp), _warn) if nsys is not None or ncu is not None else None
+        run = analyze_trace_file(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
+                                 warn=_warn, max_trace_gb=max_trace_gb, capture=capture, measure=measure)
     _emit(run, json_out, top)
 
 

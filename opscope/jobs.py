@@ -113,3 +113,21 @@ def launch_spec(nproc_per_node: int | None, nnodes: int, node_rank: int, master_
     if nnodes > 1 and master_addr is None:
         raise OpscopeError("--nnodes above 1 needs --master-addr (the host of node 0) so that the nodes meet")
     return LaunchSpec(nproc_per_node, nnodes, node_rank, master_addr, master_port)
+
+
+def check_tool_options(script: ScriptSpec | None, launch: LaunchSpec | None, *, nsys: bool, ncu: bool,
+                       nvtx: bool) -> None:
+    """--nsys/--ncu run a model file's steps again under the tool, in one process, and --nvtx marks a
+    model file's steps and modules: a script has neither to mark nor re-run, and the Nsight passes
+    launch one process, not torchrun's ranks."""
+    tools = [flag for flag, on in (("--nsys", nsys), ("--ncu", ncu)) if on]
+    marked = [*tools, *(["--nvtx"] if nvtx else [])]
+    if script is not None and marked:
+        raise OpscopeError(f"{'/'.join(marked)} appl{'y' if len(marked) > 1 else 'ies'} to a model file "
+                           "(get_model/Model + get_inputs), not to a script (script mode): opscope cannot re-run "
+                           "or mark a script's steps")
+    if launch is not None and tools:
+        one = len(tools) == 1
+        raise OpscopeError(f"{'/'.join(tools)} measure{'s' if one else ''} one process and do{'es' if one else ''} "
+                           "not apply to --nproc-per-node; profile the model in one process with "
+                           f"{'it' if one else 'them'} (--nvtx does apply to the ranks)")

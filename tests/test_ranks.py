@@ -183,6 +183,8 @@ def test_bad_rank_folders_are_one_line(tmp_path):
     assert not (tmp_path / "o").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".opscope")]
     assert_clean_error(run_cli("analyze", str(twice), "--capture", str(twice / "a.json.gz"), *PEAKS),
                        "--capture applies to one trace")
+    assert_clean_error(run_cli("analyze", str(twice), "--nsys", str(twice / "a.json.gz"), "--ncu", str(twice / "b.json.gz"),
+                               *PEAKS), "--nsys/--ncu apply to one trace, not to a folder of ranks")
     one = tmp_path / "one"
     assert run_cli("analyze", str(twice / "a.json.gz"), "--out", str(one), *PEAKS).returncode == 0
     assert_clean_error(run_cli("analyze", str(one), *PEAKS), "is the run directory of one process")

@@ -137,8 +137,14 @@ def test_script_options_are_checked_before_anything_runs(tmp_path):
         (["--nproc-per-node", "2", "--nnodes", "2"], "--nnodes above 1 needs --master-addr"),
         (["--nproc-per-node", "0"], "--nproc-per-node must be between 1"),
         (["--nproc-per-node", "2", "--node-rank", "1"], "--node-rank must be between 0 and --nnodes - 1 (0)"),
+        (["--nsys"], "--nsys applies to a model file"),
+        (["--ncu", "--nvtx"], "--ncu/--nvtx apply to a model file"),
     ):
         assert_clean_error(run_cli("profile", str(script), *args, cwd=tmp_path), needle)
+    # the Nsight passes launch one process: not torchrun's ranks (checked before the GPU and the tools are)
+    proc = run_cli("profile", str(EXAMPLES / "mlp.py"), "--nproc-per-node", "2", "--nsys", "--ncu", cwd=tmp_path)
+    assert_clean_error(proc, "--nsys/--ncu measure one process and do not apply to --nproc-per-node")
+    assert [p.name for p in tmp_path.iterdir()] == ["model.py"]
 
 
 def test_which_files_are_scripts():

@@ -23,6 +23,7 @@ from opscope.capture.dtype_probe import float32_probe
 from opscope.capture.harness import Harness, process_state_kept, resolve_device
 from opscope.capture.layout_probe import conv_layout_probe
 from opscope.capture.lines import join_lines, module_origins, record_lines
+from opscope.capture.nvtx_ranges import module_ranges, step_range
 from opscope.errors import OpscopeError
 from opscope.hardware import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
 from opscope.run import DEFAULT_REPORTS_DIR, Run, check_out_dir, write_run
@@ -43,6 +44,7 @@ class ProfileOptions:
     peak_bw: float | None = None
     peak_flops: list[str] = field(default_factory=list)
     out: Path | None = None
+    nvtx: bool = False  # NVTX ranges around the timed steps and top-level module forwards (for Nsight)
 
 
 @dataclass
@@ -107,24 +109,30 @@ def profiler_activities(device: torch.device) -> list:
     return activities
 
 
-def timed_pass(harness: Harness, steps: int, activities: list) -> tuple[torch.profiler.profile, float]:
-    """The only timed part of a profile: shapes recorded, nothing else. Returns (profiler, seconds)."""
+def timed_pass(harness: Harness, steps: int, activities: list,
+               nvtx: bool = False) -> tuple[torch.profiler.profile, float]:
+    """The only timed part of a profile: shapes recorded, nothing else. Returns (profiler, seconds).
+    With `nvtx`, each step is also an NVTX range and each top-level module forward one (--nvtx)."""
     t0 = time.perf_counter()
-    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+    with module_ranges(harness.model, nvtx), torch.profiler.profile(activities=activities,
+                                                                    record_shapes=True) as prof:
         for i in range(steps):
             # The same step annotation torch.profiler's schedule would add, without a schedule.
-            with torch.profiler.record_function(f"ProfilerStep#{i}"):
+            with step_range(nvtx), torch.profiler.record_function(f"ProfilerStep#{i}"):
                 harness.step()
                 harness.synchronize()
     return prof, time.perf_counter() - t0
 
 
-def profile_target(opts: ProfileOptions, progress: Progress | None = None, *, device: torch.device | None = None,
+def profile_target(opts: ProfileOptions, progress: Progress | None = None,
+                   sink: Callable[[Run, Path], None] | None = None, *, device: torch.device | None = None,
                    prepare: Callable[[Harness], None] | None = None, peaks: Peaks | None = None,
                    finish: Callable[[Run, TraceData], None] | None = None) -> tuple[Run, ProfileTimings]:
-    """Profiles a model file. A rank of a multi-process job (opscope.capture.distributed) passes its
-    `device`, `prepare` (wraps the model in DistributedDataParallel), the ceilings its launcher measured
-    once for all ranks (`peaks`) and `finish` (adds the rank's numbers before the run is written)."""
+    """Profiles and analyzes, then writes the run directory, or with `sink` hands the run and its
+    trace file to sink(run, trace_path) instead (`profile --nsys/--ncu` adds measurements first).
+    A rank of a multi-process job (opscope.capture.distributed) passes its `device`, `prepare` (wraps
+    the model in DistributedDataParallel), the ceilings its launcher measured once for all ranks
+    (`peaks`) and `finish` (adds the rank's numbers before the run is written)."""
     progress = progress or Progress()
     _validate(opts)
     # Absolute before the model is loaded: its code may change the working directory.
@@ -161,7 +169,7 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None, *, de
     activities = profiler_activities(device)
     with tempfile.TemporaryDirectory(prefix="opscope-") as tmp:
         trace_path = Path(tmp) / "trace.json"
-        prof, timings.timed = timed_pass(harness, opts.steps, activities)
+        prof, timings.timed = timed_pass(harness, opts.steps, activities, nvtx=opts.nvtx)
         timings.timed_step_s = timings.timed / opts.steps
         t0 = time.perf_counter()
         prof.export_chrome_trace(str(trace_path))
@@ -183,7 +191,10 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None, *, de
                       dtype_probe=float32_probe(device))
         if finish is not None:
             finish(run, trace)
-        write_run(run, out, target.stem, trace_path, base=reports)
+        if sink is not None:
+            sink(run, trace_path)
+        else:
+            write_run(run, out, target.stem, trace_path, base=reports)
         timings.analysis = time.perf_counter() - t0
     return run, timings
 

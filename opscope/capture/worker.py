@@ -36,6 +36,25 @@ def options_from_spec(spec: dict[str, Any]) -> Any:
     return ProfileOptions(**spec)
 
 
+def hold_run(folder: Path):  # noqa: ANN201
+    """A profile_target sink for `profile --nsys/--ncu`: instead of writing the run directory, leaves the
+    analyzed run (without its event tables), its kernel plan and its trace in `folder` for the parent,
+    which adds the Nsight measurements and writes the run (opscope.nsight.session)."""
+    def sink(run: Any, trace_path: Path) -> None:
+        import dataclasses
+        import shutil
+
+        import pandas as pd
+
+        from opscope.nsight.measured import kernel_plan
+
+        plan = kernel_plan(run)
+        pd.to_pickle({"run": dataclasses.replace(run, events=None, kernels=None), "plan": plan},
+                     folder / "held.pkl")
+        shutil.copyfile(trace_path, folder / "trace.json")
+    return sink
+
+
 def main() -> None:
     child_setup()
     control = Control()
@@ -43,24 +62,36 @@ def main() -> None:
     debug = bool(spec.pop("debug", False))
     script = spec.pop("script", None)  # opscope.jobs.ScriptSpec as JSON: script mode
     launch = spec.pop("launch", None)  # opscope.jobs.LaunchSpec as JSON: several processes via torchrun
+    kind = spec.pop("pass", "profile")
+    hold = spec.pop("hold", None)
+    nvtx_ops = bool(spec.pop("nvtx_ops", False))
+    tool = str(spec.pop("tool", ""))
     try:
         progress = _PipeProgress(control)
-        if launch is not None:
+        if kind == "measure":  # the process nsys / ncu launch (opscope.nsight.session)
+            from opscope.capture.nvtx_ranges import measured_pass
+
+            result = measured_pass(options_from_spec(spec), nvtx_ops, progress, tool)
+        elif launch is not None:
             from opscope.capture.distributed import launch_ranks
             from opscope.jobs import LaunchSpec, ScriptSpec
 
             run = launch_ranks(options_from_spec(spec), ScriptSpec(**script) if script else None,
                                LaunchSpec(**launch), progress, debug=debug)
+            result = {"run_dir": str(run.path)}
         elif script is not None:
             from opscope.capture.script import profile_script
             from opscope.jobs import ScriptSpec
 
             run = profile_script(options_from_spec(spec), ScriptSpec(**script), progress)
+            result = {"run_dir": str(run.path)}
         else:
             from opscope.capture.torch_profiler import profile_target
 
-            run, _ = profile_target(options_from_spec(spec), progress)
-        control.send(type="done", result={"run_dir": str(run.path)})
+            sink = hold_run(Path(hold)) if hold else None
+            run, _ = profile_target(options_from_spec(spec), progress, sink=sink)
+            result = {"held": hold} if hold else {"run_dir": str(run.path)}
+        control.send(type="done", result=result)
     except OpscopeError as exc:
         if debug:
             traceback.print_exc()
