@@ -125,7 +125,8 @@ def profile(
     device: Device = typer.Option(Device.auto, "--device", help="auto = cuda when available, else cpu."),
     dtype: DType | None = typer.Option(None, "--dtype", help="Cast model and floating inputs (default: the model's own)."),
     mode: Mode = typer.Option(Mode.inference, "--mode", help="inference: forward only; train: + loss, backward, SGD step."),
-    warmup: int = typer.Option(2, "--warmup", min=0, max=MAX_STEPS, help="Untimed steps before profiling."),
+    warmup: int = typer.Option(2, "--warmup", "--skip-steps", min=0, max=MAX_STEPS,
+                               help="Untimed steps before profiling (a script's first steps are skipped)."),
     steps: int = typer.Option(5, "--steps", min=1, max=MAX_STEPS, help="Profiled steps."),
     threads: int | None = typer.Option(None, "--threads", min=1, max=MAX_THREADS,
                                        help="torch.set_num_threads for the run."),
@@ -147,10 +148,26 @@ def profile(
                                 help="With --ncu: measure the kernels of the N op rows with the most GPU time."),
     json_out: bool = JSON_OUT,
     debug: bool = DEBUG,
+    script_args: list[str] | None = typer.Argument(
+        None, metavar="[-- ARGS...]", help="Arguments for a script (script mode), after `--`."),
+    script: bool = typer.Option(False, "--script", help="Run TARGET as a script even if it defines get_model/Model."),
+    step_fn: str | None = typer.Option(
+        None, "--step-fn", metavar="MODULE:FUNC",
+        help="Script mode: a step is one call of this function (default: one optimizer step)."),
+    stop_after: bool = typer.Option(False, "--stop-after", help="Script mode: stop the script after the window."),
+    nproc_per_node: int | None = typer.Option(
+        None, "--nproc-per-node", metavar="N", help="Run N processes (ranks) through torchrun; one run merges them."),
+    nnodes: int = typer.Option(1, "--nnodes", metavar="M", help="Nodes of the job (torchrun)."),
+    node_rank: int = typer.Option(0, "--node-rank", metavar="R", help="This node's rank (torchrun)."),
+    master_addr: str | None = typer.Option(None, "--master-addr", metavar="A", help="Host of node 0 (torchrun)."),
+    master_port: int | None = typer.Option(None, "--master-port", metavar="P", help="Port on node 0 (torchrun)."),
 ) -> None:
-    """Profile a model file: per-op FLOPs, bytes, roofline and findings; writes a run directory."""
+    """Profile a model file, or an unmodified training script (`opscope profile train.py -- ARGS`), in one
+    process or several (--nproc-per-node): per-op FLOPs, bytes, roofline and findings; writes a run
+    directory."""
     _state["debug"] = debug
     from opscope.hardware import apply_overrides
+    from opscope.jobs import check_tool_options, launch_spec, script_spec
     from opscope.nsight.commands import split_tool_args
     from opscope.nsight.session import NsightRequest, check_request
     from opscope.run import DEFAULT_REPORTS_DIR, check_out_dir, discard_staging, read_run
@@ -159,6 +176,10 @@ def profile(
 
     # Everything that needs no torch is checked here, before the child starts (and imports torch).
     check_target_file(target)
+    job_script = script_spec(target, script=script, entry=entry, args=list(script_args or []), step_fn=step_fn,
+                             stop_after=stop_after, dtype=dtype.value if dtype else None, mode=mode.value)
+    job_launch = launch_spec(nproc_per_node, nnodes, node_rank, master_addr, master_port)
+    check_tool_options(job_script, job_launch, nsys=nsys, ncu=ncu, nvtx=nvtx)
     check_out_dir(out.absolute() if out else None, DEFAULT_REPORTS_DIR.absolute())
     apply_overrides(None, peak_bw, list(peak_flops or []))  # a bad --peak-* is one line now, not later
     if nsys_args is not None and not nsys:
@@ -169,7 +190,9 @@ def profile(
     spec = {"target": str(target.absolute()), "entry": entry, "device": device.value,
             "dtype": dtype.value if dtype else None, "mode": mode.value, "warmup": warmup, "steps": steps,
             "threads": threads, "peak_bw": peak_bw, "peak_flops": list(peak_flops or []),
-            "out": str(out.absolute()) if out else None, "debug": debug, "nvtx": nvtx or nsight.wanted}
+            "out": str(out.absolute()) if out else None, "debug": debug, "nvtx": nvtx or nsight.wanted,
+            "script": job_script.to_json() if job_script else None,
+            "launch": job_launch.to_json() if job_launch else None}
     folders = [out.absolute().parent if out else DEFAULT_REPORTS_DIR.absolute()]
     with _RichProgress(stderr) as progress:
         listener = Listener(phase=progress.phase, advance=progress.advance, warn=progress.warn)
@@ -187,8 +210,9 @@ def profile(
 
 @app.command()
 def analyze(
-    trace: Path = typer.Argument(..., help="torch.profiler Chrome trace (.json or .json.gz), or an Nsight file: "
-                                 ".nsys-rep / nsys SQLite export, .ncu-rep / ncu CSV."),
+    trace: Path = typer.Argument(..., help="torch.profiler Chrome trace (.json or .json.gz), an Nsight file "
+                                 "(.nsys-rep / nsys SQLite export, .ncu-rep / ncu CSV), or a folder of per-rank "
+                                 "traces or run directories to merge."),
     out: Path | None = OUT,
     json_out: bool = JSON_OUT,
     peak_bw: float | None = PEAK_BW,
@@ -206,8 +230,19 @@ def analyze(
                                     help="Attach Nsight Compute measurements (.ncu-rep or CSV) of the same model."),
     debug: bool = DEBUG,
 ) -> None:
-    """Analyze an existing torch.profiler trace (CPU, CUDA or ROCm), or Nsight results, into a run directory."""
+    """Analyze an existing torch.profiler trace (CPU, CUDA or ROCm), or Nsight results, into a run directory;
+    a folder of per-rank traces (or a run's ranks/) into one merged run of the job."""
     _state["debug"] = debug
+    if trace.is_dir():
+        from opscope.analysis.ranks import analyze_rank_folder
+
+        if capture is not None or nsys is not None or ncu is not None:
+            given = "/".join(f for f, v in (("--capture", capture), ("--nsys", nsys), ("--ncu", ncu)) if v is not None)
+            raise OpscopeError(f"{given} appl{'ies' if '/' not in given else 'y'} to one trace, not to a folder "
+                               "of ranks")
+        _emit(analyze_rank_folder(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []), warn=_warn,
+                                  max_trace_gb=max_trace_gb), json_out, top)
+        return
     from opscope.analysis.trace_file import analyze_trace_file
     from opscope.nsight.imports import (
         analyze_nsight_file,

@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +28,7 @@ from opscope.errors import OpscopeError, OutputError
 
 FORMAT_VERSION = 1
 RUN_FILES = ("meta.json", "ops.csv", "findings.json", "summary.json", "trace.json.gz")
+RANKS_FILE = "ranks.csv"  # merged runs of multi-process jobs only (opscope.analysis.ranks)
 DEFAULT_REPORTS_DIR = Path("reports")
 STAGING_PREFIX = ".opscope-run-"  # + pid + "-": a run being written, renamed into place when complete
 # The working directory when opscope started: a model's code may change it, and paths are shown
@@ -54,6 +56,9 @@ class Run:
     path: Path | None = None
     events: pd.DataFrame | None = field(default=None, repr=False)  # in-memory only; not written
     modules: pd.DataFrame | None = None  # modules.csv (analysis.modules); None when the run has no modules
+    # A run merged from the ranks of a multi-process job (opscope.analysis.ranks): ranks.csv, one row per
+    # rank; None for a one-process run.
+    ranks: pd.DataFrame | None = None
     # in-memory only: the trace's kernels/memcpy/memset with the event that launched each ("op")
     kernels: pd.DataFrame | None = field(default=None, repr=False)
 
@@ -236,12 +241,13 @@ def _gzip_bytes(data: bytes | bytearray, dst: Path) -> None:
 
 def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
               compressor: TraceCompressor | None = None, base: Path | None = None,
-              extra_files: dict[str, Path] | None = None) -> Path:
+              extra_files: dict[str, Path] | None = None, extra: Callable[[Path], None] | None = None) -> Path:
     """Writes the run directory atomically and returns its path. `trace_file` is copied (gzipped if it
     is not already) as trace.json.gz; a `compressor` already gzipping it takes its place. `extra_files`
-    ({name in the run: source file}) are copied in too. Without `out` the run gets a fresh default name
-    under `base` (default: ./reports). Any OSError (disk full, read-only file system, ...) is one
-    OutputError line, with nothing left under the final name."""
+    ({name in the run: source file}) are copied in too, and `extra(folder)` adds files to the run while
+    it is still hidden (a merged run's ranks/). Without `out` the run gets a fresh default name under
+    `base` (default: ./reports). Any OSError (disk full, read-only file system, ...) is one OutputError
+    line, with nothing left under the final name."""
     base = base if base is not None else DEFAULT_REPORTS_DIR
     if out is not None and out.is_symlink() and out.exists():
         out = out.resolve()  # a symlink to an empty directory: the run goes where it points
@@ -259,6 +265,8 @@ def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
             run.modules.to_csv(tmp / "modules.csv", index=False)
         (tmp / "findings.json").write_text(dumps(run.findings) + "\n")
         (tmp / "summary.json").write_text(dumps(run.summary) + "\n")
+        if run.ranks is not None:
+            run.ranks.to_csv(tmp / RANKS_FILE, index=False)
         if compressor is not None:
             src, movable = compressor.result()
             if movable:
@@ -269,6 +277,8 @@ def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
             _copy_trace(trace_file, tmp / "trace.json.gz")
         for name, src in (extra_files or {}).items():
             shutil.copyfile(src, tmp / name)
+        if extra is not None:
+            extra(tmp)
         if out is not None:
             target = out
         else:
@@ -340,7 +350,8 @@ def read_run(path: Path) -> Run:
     _check_findings(path / "findings.json", findings)
     ops = read_ops_csv(path / "ops.csv")
     modules = read_modules_csv(path / "modules.csv")
-    return Run(meta=meta, ops=ops, findings=findings, summary=summary, path=path, modules=modules)
+    ranks = read_ranks_csv(path / RANKS_FILE) if (path / RANKS_FILE).is_file() else None
+    return Run(meta=meta, ops=ops, findings=findings, summary=summary, path=path, modules=modules, ranks=ranks)
 
 
 def _read_json(path: Path, kind: type) -> Any:
@@ -468,15 +479,39 @@ def read_ops_csv(path: Path) -> pd.DataFrame:
         raise OpscopeError(f"{path} is damaged: {_reason(exc)}") from exc
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
     _check(path, not missing, f"missing column(s) {', '.join(missing)}")
-    for col in NUMBER_COLUMNS:
+    _numbers(path, df, NUMBER_COLUMNS)
+    calls = df["calls"].to_numpy()
+    _check(path, bool(np.isfinite(calls).all() and (calls >= 0).all()), "column 'calls' must hold counts")
+    return df
+
+
+# ranks.csv: text columns, and the columns the renderers read as numbers (README, "Run directory format").
+RANKS_TEXT_COLUMNS = ("device", "run")
+RANKS_NUMBER_COLUMNS = ("rank", "steps", "step_time_us", "op_time_us", "collective_time_us", "compute_time_us",
+                        "idle_time_us", "comm_compute_overlap_share", "straggler")
+
+
+def read_ranks_csv(path: Path) -> pd.DataFrame:
+    """ranks.csv of a merged run, checked like ops.csv: damaged is one OpscopeError naming the file."""
+    try:
+        df = pd.read_csv(path, dtype={c: str for c in RANKS_TEXT_COLUMNS}, keep_default_na=False,
+                         na_values={c: [""] for c in RANKS_NUMBER_COLUMNS})
+    except (OSError, UnicodeDecodeError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise OpscopeError(f"{path} is damaged: {_reason(exc)}") from exc
+    _check(path, "rank" in df.columns, "missing column 'rank'")
+    _numbers(path, df, RANKS_NUMBER_COLUMNS)
+    _check(path, bool(df["rank"].notna().all()), "column 'rank' must hold rank numbers")
+    return df
+
+
+def _numbers(path: Path, df: pd.DataFrame, columns: tuple[str, ...]) -> None:
+    """Converts `columns` (those present) to floats in place; anything else in them makes the file damaged."""
+    for col in columns:
         if col in df.columns:
             values = pd.to_numeric(df[col], errors="coerce")
             bad = values.isna() & df[col].notna()
             _check(path, not bad.any(), f"column {col!r} holds non-numbers (row {int(bad.to_numpy().argmax()) + 1})")
             df[col] = values.astype(float)
-    calls = df["calls"].to_numpy()
-    _check(path, bool(np.isfinite(calls).all() and (calls >= 0).all()), "column 'calls' must hold counts")
-    return df
 
 
 MODULE_TEXT_COLUMNS = ("module", "module_class", "bound")

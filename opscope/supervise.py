@@ -60,6 +60,11 @@ class WorkerCrashed(OpscopeError):
     """The child ended without a result: an exit, a signal or a crash in the user's code."""
 
 
+class Stopped(BaseException):
+    """The child was stopped by a signal it handles itself (torchrun's launcher does); the parent has
+    already reported the signal, so the child ends quietly."""
+
+
 class InternalError(OpscopeError):
     """A bug in opscope's own code in the child (its traceback is on stderr)."""
 
@@ -107,7 +112,7 @@ def run_worker(module: str, spec: dict[str, Any], listener: Listener | None = No
         env.pop(CONTROL_FD_ENV, None)
     _keep_compile_caches(env)
     proc: subprocess.Popen | None = None
-    command = [sys.executable, "-c", _BOOT.format(root=_OPSCOPE_ROOT, module=module), str(spec_path)]
+    command = [*boot_command(module), str(spec_path)]
     try:
         if wrapper is None:
             proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
@@ -219,16 +224,26 @@ def _parse(line: str) -> dict[str, Any]:
     return msg if isinstance(msg, dict) else {}
 
 
+def boot_command(module: str) -> list[str]:
+    """The command line that runs `module.main()` the way run_worker's children start: sys.path[0] is
+    opscope's own folder, not the working directory. torchrun starts each rank with it."""
+    return [sys.executable, "-c", _BOOT.format(root=_OPSCOPE_ROOT, module=module)]
+
+
+def death_by_signal(code: int) -> str:
+    """'crashed with a segmentation fault (SIGSEGV)' or 'was killed by SIGTERM', for an exit code -N."""
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    crash = {"SIGSEGV": "a segmentation fault", "SIGBUS": "a bus error", "SIGABRT": "an abort",
+             "SIGILL": "an illegal instruction", "SIGFPE": "a floating-point exception"}.get(name)
+    return f"crashed with {crash} ({name})" if crash else f"was killed by {name}"
+
+
 def _ended_early(code: int, phase: str, what: str) -> str:
     if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        crash = {"SIGSEGV": "a segmentation fault", "SIGBUS": "a bus error", "SIGABRT": "an abort",
-                 "SIGILL": "an illegal instruction", "SIGFPE": "a floating-point exception"}.get(name)
-        how = f"crashed with {crash} ({name})" if crash else f"was killed by {name}"
-        return f"{what} {how} during {phase}; opscope wrote nothing"
+        return f"{what} {death_by_signal(code)} during {phase}; opscope wrote nothing"
     return (f"{what} ended the process (exit code {code}) during {phase}, before opscope finished "
             "(os._exit(), or a C library calling exit()); opscope wrote nothing")
 
@@ -270,8 +285,11 @@ class Control:
             self._file = open(os.environ[CONTROL_FILE_ENV], "a", encoding="utf-8", buffering=1)  # noqa: SIM115
 
     def send(self, **msg: Any) -> None:
-        self._file.write(json.dumps(msg, default=str) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(msg, default=str) + "\n")
+            self._file.flush()
+        except BrokenPipeError:  # the parent is gone or stopping: nobody is left to tell
+            pass
 
 
 def child_setup() -> None:
@@ -311,5 +329,5 @@ def target_error_message(exc: BaseException) -> str | None:
     return f"the model's code raised {describe_exception(exc)} at {where}; opscope stopped and wrote nothing"
 
 
-__all__ = ["Control", "InternalError", "Listener", "TargetError", "ToolFailed", "WorkerCrashed", "child_setup",
-           "run_worker", "target_error_message"]
+__all__ = ["Control", "InternalError", "Listener", "Stopped", "TargetError", "ToolFailed", "WorkerCrashed",
+           "boot_command", "child_setup", "death_by_signal", "run_worker", "target_error_message"]

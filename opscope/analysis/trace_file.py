@@ -97,11 +97,13 @@ def _embedded(trace: TraceData, warn: Callable[[str], None]) -> tuple | None:
 def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | None = None,
                        peak_flops: list[str] | None = None, warn: Callable[[str], None] = lambda m: None,
                        max_trace_gb: float | None = None, capture: Path | None = None,
-                       measure: Callable[[Run], dict[str, Path]] | None = None) -> Run:
+                       measure: Callable[[Run], dict[str, Path]] | None = None,
+                       finish: Callable[[Run, TraceData], None] | None = None) -> Run:
     """Analyzes a trace file into a run directory. `capture`: a trace recorded while the replayed CUDA/HIP
     graphs were captured (opscope.analysis.capture_merge). `measure(run)` (opscope analyze --nsys/--ncu)
     attaches measurements to the analyzed run before it is written and returns the extra files to put in
-    the run directory."""
+    the run directory. `finish(run, trace)` runs last before the run is written (a rank of a
+    multi-process job adds its numbers: opscope.analysis.ranks)."""
     base = DEFAULT_REPORTS_DIR.absolute()
     out = out.absolute() if out is not None else None
     check_out_dir(out, base)
@@ -125,7 +127,7 @@ def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | 
                 warn(line)
             merged = {"trace": str(capture), **report.to_json()}
         return _analyze_file(path, trace, out, base, stem, compressor, peak_bw, peak_flops, warn, merged,
-                             measure)
+                             measure, finish)
     finally:
         if compressor is not None:
             compressor.discard()
@@ -135,7 +137,8 @@ def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, st
                   compressor: TraceCompressor,
                   peak_bw: float | None, peak_flops: list[str] | None, warn: Callable[[str], None],
                   capture: dict[str, Any] | None = None,
-                  measure: Callable[[Run], dict[str, Path]] | None = None) -> Run:
+                  measure: Callable[[Run], dict[str, Path]] | None = None,
+                  finish: Callable[[Run, TraceData], None] | None = None) -> Run:
     device = trace_device(trace)
     peaks = trace_peaks(trace, device, peak_bw, peak_flops, warn)
     meta = trace_meta(path, trace, device, peaks)
@@ -154,6 +157,8 @@ def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, st
              f"(\"ProfilerStep#N\") around each step), so opscope counts it as one step: from its first op to its "
              f"last op or kernel ({fmt_us(run.summary['step_time_us'])}); per-step numbers are for the whole trace")
     extra = measure(run) if measure is not None else None
+    if finish is not None:
+        finish(run, trace)
     write_run(run, out, stem, path, compressor=compressor, base=base, extra_files=extra)
     return run
 

@@ -215,29 +215,39 @@ def module_stack(model: Any) -> Iterator[Callable[[], tuple[str, str]]]:
         after.remove()
 
 
+def _outside_modules() -> tuple[str, str]:
+    return ("", "")
+
+
 def record_lines(step: Any, model: Any = None) -> list[LineRecord]:
     """Runs `step()` once under a dispatch mode and returns one record per aten op, in order, with
     the module of `model` running it."""
+    records: list[LineRecord] = []
+    with module_stack(model) as current_module, line_mode(records, current_module):
+        step()
+    return records
+
+
+def line_mode(records: list[LineRecord],
+              current_module: Callable[[], tuple[str, str]] = _outside_modules) -> Any:
+    """A TorchDispatchMode that appends one LineRecord per aten op to `records`, in order, with the module
+    `current_module()` names. Entered and left around one step (script mode enters it at one step
+    boundary and leaves it at the next)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    records: list[LineRecord] = []
     lock = threading.Lock()
 
-    with module_stack(model) as current_module:
+    class _LineMode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+            kwargs = kwargs or {}
+            shapes, lists = _signature(func, args, kwargs)
+            module, cls = current_module()
+            rec = LineRecord(func._schema.name, shapes, caller_location(2), lists, module, cls)
+            with lock:
+                records.append(rec)
+            return func(*args, **kwargs)
 
-        class _LineMode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-                kwargs = kwargs or {}
-                shapes, lists = _signature(func, args, kwargs)
-                module, cls = current_module()
-                rec = LineRecord(func._schema.name, shapes, caller_location(2), lists, module, cls)
-                with lock:
-                    records.append(rec)
-                return func(*args, **kwargs)
-
-        with _LineMode():
-            step()
-    return records
+    return _LineMode()
 
 
 def _trace_signature(dims_text: str) -> tuple:

@@ -38,10 +38,13 @@ def step_range(enabled: bool = True) -> Iterator[None]:
 
 @contextlib.contextmanager
 def module_ranges(model: torch.nn.Module, enabled: bool = True) -> Iterator[None]:
-    """A range around every forward of each of the model's direct children (hooks removed on exit)."""
+    """A range around every forward of each of the model's direct children (hooks removed on exit); a
+    rank's model wrapped in DistributedDataParallel (--nproc-per-node) is marked by its wrapped module's."""
     if not enabled:
         yield
         return
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module
     handles = []
     for name, child in model.named_children():
         label = f"{MODULE_RANGE_PREFIX}{name} ({type(child).__name__})"

@@ -31,7 +31,7 @@ from opscope.errors import OpscopeError
 from opscope.hardware import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
 from opscope.run import DEFAULT_REPORTS_DIR, Run, check_out_dir, write_run
 from opscope.target import load_target
-from opscope.trace import load_trace
+from opscope.trace import TraceData, load_trace
 
 
 @dataclass
@@ -163,9 +163,14 @@ def memory_of(path: Path, records: list, cuda_peaks: list[int]) -> MemoryProfile
 
 
 def profile_target(opts: ProfileOptions, progress: Progress | None = None,
-                   sink: Callable[[Run, Path], None] | None = None) -> tuple[Run, ProfileTimings]:
+                   sink: Callable[[Run, Path], None] | None = None, *, device: torch.device | None = None,
+                   prepare: Callable[[Harness], None] | None = None, peaks: Peaks | None = None,
+                   finish: Callable[[Run, TraceData], None] | None = None) -> tuple[Run, ProfileTimings]:
     """Profiles and analyzes, then writes the run directory, or with `sink` hands the run and its
-    trace file to sink(run, trace_path) instead (`profile --nsys/--ncu` adds measurements first)."""
+    trace file to sink(run, trace_path) instead (`profile --nsys/--ncu` adds measurements first).
+    A rank of a multi-process job (opscope.capture.distributed) passes its `device`, `prepare` (wraps
+    the model in DistributedDataParallel), the ceilings its launcher measured once for all ranks
+    (`peaks`) and `finish` (adds the rank's numbers before the run is written)."""
     progress = progress or Progress()
     _validate(opts)
     # Absolute before the model is loaded: its code may change the working directory.
@@ -175,17 +180,19 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
     timings = ProfileTimings()
     if opts.threads:
         torch.set_num_threads(opts.threads)
-    device = resolve_device(opts.device)
+    device = device if device is not None else resolve_device(opts.device)
 
     t0 = time.perf_counter()
     progress.phase("loading model")
     with module_origins(), process_state_kept(keep_additions=True):
         target = load_target(opts.target, opts.entry)
     harness = Harness(target, mode=opts.mode, device=device, dtype=opts.dtype)
+    if prepare is not None:
+        prepare(harness)
     timings.load = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    peaks = machine_peaks(opts, device, progress)
+    peaks = peaks if peaks is not None else machine_peaks(opts, device, progress)
     timings.calibration = time.perf_counter() - t0
 
     progress.phase("warmup", total=opts.warmup)
@@ -230,6 +237,8 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
                       dtype_probe=float32_probe(device), module_classes=classes, memory=memory)
         # `opscope analyze RUN/trace.json.gz` reproduces this run's table from what is embedded here
         embed(trace_path, make_block(run.events, classes, memory))
+        if finish is not None:
+            finish(run, trace)
         if sink is not None:
             sink(run, trace_path)
         else:

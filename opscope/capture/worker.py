@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from opscope.errors import OpscopeError
-from opscope.supervise import Control, child_setup, target_error_message
+from opscope.supervise import Control, Stopped, child_setup, target_error_message
 
 
 class _PipeProgress:
@@ -60,26 +60,44 @@ def main() -> None:
     control = Control()
     spec = json.loads(Path(sys.argv[1]).read_text())
     debug = bool(spec.pop("debug", False))
+    script = spec.pop("script", None)  # opscope.jobs.ScriptSpec as JSON: script mode
+    launch = spec.pop("launch", None)  # opscope.jobs.LaunchSpec as JSON: several processes via torchrun
     kind = spec.pop("pass", "profile")
     hold = spec.pop("hold", None)
     nvtx_ops = bool(spec.pop("nvtx_ops", False))
     tool = str(spec.pop("tool", ""))
     try:
+        progress = _PipeProgress(control)
         if kind == "measure":  # the process nsys / ncu launch (opscope.nsight.session)
             from opscope.capture.nvtx_ranges import measured_pass
 
-            result = measured_pass(options_from_spec(spec), nvtx_ops, _PipeProgress(control), tool)
-            control.send(type="done", result=result)
+            result = measured_pass(options_from_spec(spec), nvtx_ops, progress, tool)
+        elif launch is not None:
+            from opscope.capture.distributed import launch_ranks
+            from opscope.jobs import LaunchSpec, ScriptSpec
+
+            run = launch_ranks(options_from_spec(spec), ScriptSpec(**script) if script else None,
+                               LaunchSpec(**launch), progress, debug=debug)
+            result = {"run_dir": str(run.path)}
+        elif script is not None:
+            from opscope.capture.script import profile_script
+            from opscope.jobs import ScriptSpec
+
+            run = profile_script(options_from_spec(spec), ScriptSpec(**script), progress)
+            result = {"run_dir": str(run.path)}
         else:
             from opscope.capture.torch_profiler import profile_target
 
             sink = hold_run(Path(hold)) if hold else None
-            run, _ = profile_target(options_from_spec(spec), _PipeProgress(control), sink=sink)
-            control.send(type="done", result={"held": hold} if hold else {"run_dir": str(run.path)})
+            run, _ = profile_target(options_from_spec(spec), progress, sink=sink)
+            result = {"held": hold} if hold else {"run_dir": str(run.path)}
+        control.send(type="done", result=result)
     except OpscopeError as exc:
         if debug:
             traceback.print_exc()
         control.send(type="error", message=str(exc), exit_code=exc.exit_code)
+    except Stopped:
+        pass
     except BaseException as exc:  # noqa: BLE001 (the user's code may raise anything, exit included)
         message = target_error_message(exc)
         if message is not None:

@@ -20,5 +20,6 @@ from opscope.findings import (  # noqa: E402, F401  (importing a rule module reg
     low_bandwidth,
     memory_growth,
     overhead,
+    straggler,
     strided_reduction,
 )

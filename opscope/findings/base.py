@@ -62,6 +62,8 @@ class Context:
     # GPU runs: opscope.analysis.gpu_timeline's summary keys (graph_replay, idle_gaps, streams, ...)
     gpu_timeline: dict[str, Any] | None = None
     memory: Any = None  # analysis.memory.MemoryProfile when the run recorded memory events
+    # A merged run of a multi-process job: ranks.csv (opscope.analysis.ranks); None for one process.
+    ranks: pd.DataFrame | None = None
     # Derived tables shared between rules (call tree, subtree times, copy classification, ...), filled
     # lazily by opscope.findings.common; never written anywhere.
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)

@@ -411,10 +411,13 @@ def ceiling_warnings(run: Run) -> list[str]:
 def render_run(run: Run, console: Console, top: int = 15, findings: int = 5) -> None:
     """Prints the run. Every string from the run is cleaned of control characters first and is printed
     as text, never as markup."""
+    from opscope.render.ranks import ranks_group
+
     run = cleaned_run(run)
     gaps = gaps_table(run, console.width)
+    ranks = ranks_group(run)  # merged runs of multi-process jobs
     console.print(Group(summary_panel(run), ops_table(run, top, console.width), *([gaps] if gaps else []),
-                        findings_list(run, findings)))
+                        *([ranks] if ranks else []), findings_list(run, findings)))
     for warning in ceiling_warnings(run):
         console.print(Text("note: ", style="bold yellow") + Text(warning))
     from opscope.nsight.measured import console_notes

@@ -24,6 +24,7 @@ from opscope.render.console import (
     si,
     summary_panel,
 )
+from opscope.render.ranks import ranks_group
 from opscope.render.report_data import (
     breakdown,
     kernels_by_op,
@@ -233,6 +234,9 @@ def render_report(run: Run, console: Console, top: int = 15, findings: int = 10,
         console.print(Text("step    ", style="bold") + Text(spread))
     console.print(Text("verdict ", style="bold") + Text(verdict_line(run), style="bold"))
     console.print(ops_table(run, top, console.width))
+    ranks = ranks_group(run)
+    if ranks is not None:
+        console.print(ranks)
     console.print(breakdown_group(run))
     console.print(findings_list(run, findings))
     for section in (kernels_group(run, min(top, 10)), memory_group(run), swap_group(run)):

@@ -36,6 +36,14 @@ from opscope.render.console import (
     op_shapes,
     si,
 )
+from opscope.render.ranks import (
+    STRAGGLER_MARK,
+    SUMS_NOTE,
+    collectives_line,
+    header_line,
+    rank_rows,
+    straggler_line,
+)
 from opscope.render.report_data import (
     BOUNDS,
     breakdown,
@@ -494,6 +502,22 @@ def _comparison(c: Comparison | None, limit: int = 40) -> str:
             f'{table}{"".join(finding_parts)}</section>')
 
 
+def _ranks(run: Run) -> str:
+    """Merged runs of multi-process jobs: the per-rank table, straggler marked (opscope.render.ranks)."""
+    headers, rows = rank_rows(run)
+    if not rows:
+        return ""
+    head = "".join(f'<th class="num">{esc(h)}</th>' for h in headers) + "<th></th>"
+    body = "".join(
+        f'<tr class="{"straggler bad" if slow else ""}">' + "".join(f'<td class="num">{esc(c)}</td>' for c in cells)
+        + f'<td>{esc(STRAGGLER_MARK) if slow else ""}</td></tr>' for cells, slow in rows)
+    line = straggler_line(run)
+    return (f'<section id="ranks"><h2>{esc(header_line(run))}</h2><div class="table-wrap"><table id="ranks-table">'
+            f'<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+            + (f'<p class="verdict">{esc(line)}</p>' if line else "") + f"<p>{esc(collectives_line(run))}</p>"
+            f'<p class="muted">{esc(SUMS_NOTE)}</p></section>')
+
+
 def _csp(scripts: list[str]) -> str:
     hashes = " ".join("'sha256-" + base64.b64encode(hashlib.sha256(s.encode("utf-8")).digest()).decode() + "'"
                       for s in scripts)
@@ -519,7 +543,7 @@ def render_html(run: Run, comparison: Comparison | None = None) -> str:
         raise AssertionError("report.js must not contain </script or <!--")
     target = clean(run.meta.get("target"))
     nav = [("roofline", "Roofline"), ("ops", "Ops"), ("breakdown", "Breakdown"), ("findings", "Findings")]
-    sections = {"kernels": _kernels(run), "memory": _memory(run), "swap": _swap(run),
+    sections = {"ranks": _ranks(run), "kernels": _kernels(run), "memory": _memory(run), "swap": _swap(run),
                 "comparison": _comparison(comparison)}
     nav += [(k, k.capitalize()) for k, v in sections.items() if v]
     bound_options = "".join(f'<option value="{b}">{b}</option>' for b in BOUNDS)

@@ -1,0 +1,360 @@
+"""Script mode: `opscope profile train.py -- ARGS...` runs an unmodified training script as `__main__`
+(as `python train.py ARGS...` would: sys.argv set, its folder importable) under torch.profiler, in the
+supervised child.
+
+Steps. A step ends at each optimizer step: a global post-hook
+(torch.optim.optimizer.register_optimizer_step_post_hook) on the first optimizer that steps (a GAN's
+second optimizer does not double the count); or, with `--step-fn MODULE:FUNC`, at each return of that
+function (outermost call only). torch.profiler's schedule turns boundaries into a window:
+`--skip-steps K` steps unprofiled (the last of them the profiler's warmup, so the first profiled step
+does not pay the profiler's start), then `--steps N` profiled with shapes only, as in the model-file mode.
+After the window the profiler is stopped; the script keeps running, unprofiled, to its end, or is stopped
+after the line step with `--stop-after`.
+
+Source lines. A script's step cannot be re-run, so the untimed line pass of the model-file mode records
+the next step instead: the step right after the window runs under the same dispatch mode
+(opscope.capture.lines.line_mode), which reads each aten op's exact line, and the records are joined to
+every profiled step (the steps of a training loop run the same code). When the script ends before a step
+follows the window, the rows have no source line, and a warning says why.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import functools
+import importlib
+import inspect
+import sys
+import tempfile
+import types
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from opscope.analysis.pipeline import analyze, dominant_dtype, trace_mode
+from opscope.capture.dtype_probe import float32_probe
+from opscope.capture.harness import process_state_kept, resolve_device
+from opscope.capture.layout_probe import conv_layout_probe
+from opscope.capture.lines import LineRecord, join_lines, line_mode
+from opscope.capture.torch_profiler import (
+    ProfileOptions,
+    Progress,
+    machine_peaks,
+    profile_meta,
+    profiler_activities,
+)
+from opscope.errors import OpscopeError, TargetError
+from opscope.hardware import Peaks
+from opscope.jobs import STEP_FN_RE, ScriptSpec
+from opscope.run import DEFAULT_REPORTS_DIR, Run, check_out_dir, write_run
+from opscope.target import ACCEPTED, add_model_folder, check_target_file, describe_exception, user_frame_of
+from opscope.trace import TraceData, load_trace
+
+
+class StopScript(BaseException):
+    """Raised at a step boundary to end the script once the window is recorded (--stop-after). A
+    BaseException, so the script's `except Exception` does not swallow it; its `finally` blocks run."""
+
+
+class StepWindow:
+    """Turns the script's step boundaries into torch.profiler schedule steps, then records one more step
+    under the line-recording dispatch mode."""
+
+    def __init__(self, skip: int, steps: int, activities: list, trace_path: Path, stop_after: bool,
+                 progress: Progress) -> None:
+        self.skip, self.steps, self.stop_after, self.progress = skip, steps, stop_after, progress
+        self.trace_path = trace_path
+        warmup = 1 if skip >= 1 else 0  # the profiler's own warmup is the last skipped step
+        self.prof = torch.profiler.profile(
+            activities=activities, record_shapes=True, on_trace_ready=self._ready,
+            schedule=torch.profiler.schedule(wait=skip - warmup, warmup=warmup, active=steps, repeat=1))
+        self.boundaries = 0  # steps the script completed
+        self.recorded = False  # the window's trace is exported
+        self.records: list[LineRecord] | None = None
+        self._mode: Any = None
+        self.done = False
+        self._incomplete = False  # set when the script ends mid-window: no partial window is exported
+
+    def start(self) -> None:
+        import warnings
+
+        with warnings.catch_warnings():  # skip 0: torch warns that there is no profiler warmup
+            warnings.simplefilter("ignore")
+            self.prof.start()
+
+    def boundary(self) -> None:
+        """The script finished a step."""
+        if self.done:
+            return
+        self.boundaries += 1
+        if not self.recorded:
+            self.prof.step()  # at the window's last step this exports the trace (_ready)
+            if self.recorded:
+                self.prof.stop()
+                self.progress.phase("recording source lines (the next step, untimed)")
+                self.records = []
+                self._mode = line_mode(self.records)
+                self._mode.__enter__()
+            elif self.boundaries == self.skip:
+                self.progress.phase(f"profiling {self.steps} steps")
+            return
+        self.finish_lines()
+        self.done = True
+        if self.stop_after:
+            self.progress.phase("stopping the script (--stop-after)")
+            raise StopScript
+        self.progress.phase("the script continues (not profiled)")
+
+    def finish_lines(self) -> None:
+        if self._mode is not None:
+            mode, self._mode = self._mode, None
+            mode.__exit__(None, None, None)
+
+    def close(self) -> None:
+        """Leaves whatever is still active (the script ended or failed inside the window)."""
+        self.finish_lines()
+        if not self.recorded:
+            self._incomplete = True
+            with contextlib.suppress(Exception):
+                self.prof.stop()
+
+    def _ready(self, prof: torch.profiler.profile) -> None:
+        if self._incomplete:
+            return
+        prof.export_chrome_trace(str(self.trace_path))
+        self.recorded = True
+
+
+class _StepOfOptimizer:
+    """Step boundaries at the first stepping optimizer's steps (global post-step hook)."""
+
+    def __init__(self, on_step: Callable[[], None]) -> None:
+        self.on_step = on_step
+        self.first: weakref.ref | None = None
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self.handle = register_optimizer_step_post_hook(self._hook)
+
+    def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.first is None:
+            self.first = weakref.ref(optimizer)
+        if self.first() is optimizer:
+            self.on_step()
+
+    def remove(self) -> None:
+        self.handle.remove()
+
+
+def _counting(fn: Callable[..., Any], on_return: Callable[[], None]) -> Callable[..., Any]:
+    """`fn`, calling on_return() after each outermost call that returns (not one that raises)."""
+    depth = [0]
+
+    @functools.wraps(fn)
+    def step_fn(*args: Any, **kwargs: Any) -> Any:
+        depth[0] += 1
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+        if depth[0] == 0:
+            on_return()
+        return result
+
+    return step_fn
+
+
+def _wrap_attribute(owner: Any, name: str, on_return: Callable[[], None]) -> None:
+    raw = inspect.getattr_static(owner, name)
+    if isinstance(raw, (staticmethod, classmethod)):
+        setattr(owner, name, type(raw)(_counting(raw.__func__, on_return)))
+    elif callable(raw):
+        setattr(owner, name, _counting(raw, on_return))
+    else:
+        raise TargetError(f"--step-fn: {name} of {owner!r} is not a function")
+
+
+def _install(value: Any, path: list[str], on_return: Callable[[], None]) -> Any:
+    """`value` (named path[0]) with path[-1] wrapped: the value itself for a function, else its
+    attribute (Class.method)."""
+    if len(path) == 1:
+        if not callable(value):
+            raise TargetError(f"--step-fn: {path[0]} is not a function")
+        return _counting(value, on_return)
+    owner = value
+    for part in path[1:-1]:
+        owner = getattr(owner, part)
+    _wrap_attribute(owner, path[-1], on_return)
+    return value
+
+
+class _MainNamespace(dict):
+    """The script's globals when --step-fn names a function the script itself defines: the function is
+    wrapped as the script's top-level code binds its name (CPython stores module-level names of a dict
+    subclass through __setitem__), so the script stays unmodified."""
+
+    def __init__(self, path: list[str], on_return: Callable[[], None]) -> None:
+        super().__init__()
+        self.path, self.on_return, self.installed = path, on_return, False
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key == self.path[0]:
+            value = _install(value, self.path, self.on_return)
+            self.installed = True
+        super().__setitem__(key, value)
+
+
+def _step_fn_target(step_fn: str, script: Path) -> tuple[str | None, list[str]]:
+    """(module to patch, or None for the script itself; attribute path)."""
+    m = STEP_FN_RE.match(step_fn)
+    if m is None:
+        raise TargetError(f"--step-fn must be MODULE:FUNC, not {step_fn!r}")
+    module = m.group("module")
+    return (None if module in ("__main__", script.stem) else module), m.group("func").split(".")
+
+
+def _patch_module(module: str, path: list[str], on_return: Callable[[], None], step_fn: str) -> None:
+    try:
+        mod = importlib.import_module(module)
+    except Exception as exc:  # the user's module failed to import: one line with its message
+        raise TargetError(f"--step-fn {step_fn}: cannot import {module}: {describe_exception(exc)}") from exc
+    owner: Any = mod
+    for part in path[:-1]:
+        owner = getattr(owner, part, None)
+        if owner is None:
+            raise TargetError(f"--step-fn {step_fn}: {module} has no {'.'.join(path[:-1])}")
+    if not hasattr(owner, path[-1]):
+        raise TargetError(f"--step-fn {step_fn}: {module} has no {'.'.join(path)}")
+    _wrap_attribute(owner, path[-1], on_return)
+
+
+def run_as_main(path: Path, args: list[str], namespace: dict[str, Any] | None = None) -> None:
+    """Runs the file as `python path args...` would: as __main__ (what runpy.run_path does), with
+    sys.argv set and the file's folder importable; `namespace` (a dict subclass) as its globals."""
+    code = compile(path.read_bytes(), str(path), "exec")
+    module = types.ModuleType("__main__")
+    ns = namespace if namespace is not None else module.__dict__
+    ns.update(__name__="__main__", __file__=str(path), __cached__=None, __doc__=None, __loader__=None,
+              __package__=None, __spec__=None, __builtins__=builtins)
+    if namespace is not None:  # `import __main__; __main__.x` (pickle, multiprocessing) finds the names
+        def module_getattr(name: str) -> Any:
+            try:
+                return namespace[name]
+            except KeyError:
+                raise AttributeError(name) from None
+
+        module.__dict__["__getattr__"] = module_getattr
+    add_model_folder(str(path.resolve().parent))
+    saved_main, saved_argv = sys.modules.get("__main__"), sys.argv
+    sys.modules["__main__"] = module
+    sys.argv = [str(path), *args]
+    try:
+        exec(code, ns)  # noqa: S102 (running the user's script is the point)
+    finally:
+        sys.argv = saved_argv
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
+
+
+def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress | None = None, *,
+                   peaks: Peaks | None = None,
+                   finish: Callable[[Run, TraceData], None] | None = None) -> Run:
+    """Profiles the window of an unmodified script (module docstring) and writes its run directory.
+    `opts.warmup` is --skip-steps, `opts.steps` --steps."""
+    progress = progress or Progress()
+    check_target_file(opts.target)
+    if opts.steps < 1 or opts.warmup < 0:
+        raise OpscopeError("--steps must be at least 1 and --skip-steps 0 or more")
+    reports = DEFAULT_REPORTS_DIR.absolute()
+    out = opts.out.absolute() if opts.out is not None else None
+    check_out_dir(out, reports)
+    path = opts.target.absolute()
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    device = resolve_device(opts.device)
+    if peaks is None:
+        peaks = machine_peaks(opts, device, progress)
+    with tempfile.TemporaryDirectory(prefix="opscope-") as tmp:
+        trace_path = Path(tmp) / "trace.json"
+        window = StepWindow(opts.warmup, opts.steps, profiler_activities(device), trace_path,
+                            script.stop_after, progress)
+        namespace, clock = None, None
+        target = None
+        if script.step_fn is not None:
+            module, attr_path = _step_fn_target(script.step_fn, path)
+            if module is None:
+                namespace = target = _MainNamespace(attr_path, window.boundary)
+            else:
+                with process_state_kept(keep_additions=True):
+                    add_model_folder(str(path.parent))
+                    _patch_module(module, attr_path, window.boundary, script.step_fn)
+        else:
+            clock = _StepOfOptimizer(window.boundary)
+        progress.phase(f"running {path.name} (skipping {opts.warmup} steps)")
+        try:
+            with process_state_kept(keep_additions=True):
+                window.start()
+                _run_script(path, script.args, namespace)
+        finally:
+            window.close()
+            if clock is not None:
+                clock.remove()
+        if target is not None and not target.installed:
+            raise TargetError(f"--step-fn {script.step_fn}: the script never defined {target.path[0]}")
+        if not window.recorded:
+            raise TargetError(_too_few_steps(window, script, path.name))
+        if window.records is None or not window.done:
+            progress.warn("source lines: no step followed the profiled window before the script ended, so the "
+                          "ops have no source line (give the script one more step than --skip-steps + --steps)")
+            window.records = None
+        progress.phase("analyzing")
+        trace = load_trace(trace_path, with_python=False)
+        meta = profile_meta(opts, device, types.SimpleNamespace(dtype_name=None), peaks)
+        meta["mode"] = "unknown"
+        records = window.records
+        run = analyze(trace, peaks=peaks, meta=meta, source="profile",
+                      source_override=(lambda ev: join_lines(records, ev)) if records else None,
+                      layout_probe=conv_layout_probe(device), dtype_probe=float32_probe(device))
+        meta["dtype"] = dominant_dtype(run.events)
+        meta["mode"] = trace_mode(run.events)
+        meta["script"] = {"args": list(script.args), "steps_from": script.step_fn or "optimizer step",
+                          "skip_steps": opts.warmup, "stopped_after_window": bool(script.stop_after and window.done),
+                          "source_lines": "next step" if records else "none"}
+        if finish is not None:
+            finish(run, trace)
+        write_run(run, out, path.stem, trace_path, base=reports)
+    return run
+
+
+def _run_script(path: Path, args: list[str], namespace: dict[str, Any] | None = None) -> None:
+    try:
+        run_as_main(path, args, namespace)
+    except StopScript:
+        return
+    except SystemExit as exc:
+        if exc.code in (None, 0):
+            return  # the script ended itself successfully
+        where = user_frame_of(exc)
+        raise TargetError(f"the script exited with sys.exit({exc.code!r})" + (f" at {where}" if where else "")
+                          + "; opscope stopped and wrote nothing") from exc
+    except Exception as exc:  # the script failed: one line naming its own frame
+        where = user_frame_of(exc)
+        raise TargetError(f"the script raised {describe_exception(exc)}" + (f" at {where}" if where else "")
+                          + "; opscope stopped and wrote nothing") from exc
+
+
+def _too_few_steps(window: StepWindow, script: ScriptSpec, name: str) -> str:
+    need = window.skip + window.steps
+    what = f"calls of --step-fn {script.step_fn}" if script.step_fn else "optimizer steps"
+    if window.boundaries == 0:
+        how = ("--step-fn names a function the script never called" if script.step_fn else
+               "the script never called optimizer.step() (name the step function with --step-fn MODULE:FUNC)")
+        if script.auto:
+            return (f"{name} is not a model file (looked for {ACCEPTED}), so it ran as a script, and {how}; "
+                    "nothing was profiled")
+        return f"no step seen: {how}; nothing was profiled"
+    return (f"the script ended after {window.boundaries} {what}, before the profiled window was complete "
+            f"(--skip-steps {window.skip} + --steps {window.steps} = {need}); lower them")

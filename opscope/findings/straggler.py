@@ -1,0 +1,55 @@
+"""straggler (merged runs of multi-process jobs): one rank computes longer per step than the others. In a
+synchronous job (DDP, FSDP, tensor parallelism) every other rank then waits for it inside collectives
+each step, so the whole job runs at the slowest rank's pace.
+
+Reads the merged run's ranks.csv (Context.ranks; None for a one-process run, where this never fires).
+Fires when the slowest rank's compute time per step (compute_time_us, opscope.analysis.ranks) is at
+least MIN_EXCESS above the median rank's. Saving, an upper bound: the excess over the median, in every
+step of every rank (each waits that long for the straggler); a merged run counts rank-steps, so that is
+steps x (slowest - median), and per step the excess itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pandas as pd
+
+from opscope.findings.base import Context, Finding, rule
+from opscope.findings.common import fmt_us, severity
+
+MIN_EXCESS = 0.10  # below this, two ranks' compute times differ by run-to-run noise
+
+SUGGESTION = ("Find what differs on that rank: compare its ops with another rank's (`opscope compare RUN/ranks/0 "
+              "RUN/ranks/N`). Usual causes: uneven work (sequence lengths or batch sizes that differ per rank: "
+              "bucket or balance the samples), a slower or throttled device (clocks, temperature, a shared GPU), "
+              "other processes on its CPU cores, or work only that rank does (logging, evaluation, checkpoints "
+              "on rank 0: move them off the step or spread them).")
+
+
+@rule("straggler")
+def straggler(ctx: Context) -> Iterator[Finding]:
+    ranks = ctx.ranks
+    if ranks is None or len(ranks) < 2 or "compute_time_us" not in ranks.columns:
+        return
+    compute = pd.to_numeric(ranks["compute_time_us"], errors="coerce")
+    if compute.notna().sum() < 2:
+        return
+    median = float(compute.median())
+    i = compute.idxmax()
+    slowest = float(compute[i])
+    if median <= 0 or (slowest - median) / median < MIN_EXCESS:
+        return
+    rank = int(ranks.loc[i, "rank"])
+    excess = slowest - median
+    others = ranks.drop(index=i)
+    waits = pd.to_numeric(others.get("collective_time_us", pd.Series(dtype=float)), errors="coerce")
+    wait_text = (f"; the others spend {fmt_us(float(waits.min()))} to {fmt_us(float(waits.max()))} per step in "
+                 "collectives" if waits.notna().any() and waits.max() > 0 else "")
+    saving = excess * max(ctx.steps, 1)
+    message = (f"rank {rank} computes {fmt_us(slowest)} per step, {excess / median:.0%} more than the median rank "
+               f"({fmt_us(median)}; fastest {fmt_us(float(compute.min()))}): in a synchronous job the other "
+               f"{len(ranks) - 1} rank(s) wait for it every step{wait_text}. As fast as the median, every rank's "
+               f"step would be up to {fmt_us(excess)} shorter (an upper bound).")
+    yield Finding(rule="straggler", severity=severity(saving, ctx), op="", source_location="", message=message,
+                  suggestion=SUGGESTION, est_savings_us=saving)
