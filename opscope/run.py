@@ -228,9 +228,11 @@ def _gzip_bytes(data: bytes | bytearray, dst: Path) -> None:
 
 
 def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
-              compressor: TraceCompressor | None = None, base: Path | None = None) -> Path:
+              compressor: TraceCompressor | None = None, base: Path | None = None,
+              extra_files: dict[str, str] | None = None) -> Path:
     """Writes the run directory atomically and returns its path. `trace_file` is copied (gzipped if it
-    is not already) as trace.json.gz; a `compressor` already gzipping it takes its place. Without `out`
+    is not already) as trace.json.gz; a `compressor` already gzipping it takes its place; `extra_files`
+    ({name: text}, e.g. swap.json) are written beside the standard files. Without `out`
     the run gets a fresh default name under `base` (default: ./reports). Any OSError (disk full,
     read-only file system, ...) is one OutputError line, with nothing left under the final name."""
     base = base if base is not None else DEFAULT_REPORTS_DIR
@@ -248,6 +250,8 @@ def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
         run.ops.to_csv(tmp / "ops.csv", index=False)
         (tmp / "findings.json").write_text(dumps(run.findings) + "\n")
         (tmp / "summary.json").write_text(dumps(run.summary) + "\n")
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
         if compressor is not None:
             src, movable = compressor.result()
             if movable:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,10 @@ def timed_pass(harness: Harness, steps: int, activities: list) -> tuple[torch.pr
     return prof, time.perf_counter() - t0
 
 
-def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tuple[Run, ProfileTimings]:
+def profile_target(opts: ProfileOptions, progress: Progress | None = None,
+                   extra: Callable[[Harness, Run], dict[str, str]] | None = None) -> tuple[Run, ProfileTimings]:
+    """Profiles the target and writes its run directory. `extra(harness, run)`, when given, runs after
+    the analysis with the loaded model (opscope swap) and returns more files for the run directory."""
     progress = progress or Progress()
     _validate(opts)
     # Absolute before the model is loaded: its code may change the working directory.
@@ -173,7 +177,8 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tu
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",
                       source_override=lambda ev: join_lines(records, ev), layout_probe=probe,
                       dtype_probe=float32_probe(device))
-        write_run(run, out, target.stem, trace_path, base=reports)
+        files = extra(harness, run) if extra is not None else None
+        write_run(run, out, target.stem, trace_path, base=reports, extra_files=files)
         timings.analysis = time.perf_counter() - t0
     return run, timings
 

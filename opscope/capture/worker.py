@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +37,16 @@ def options_from_spec(spec: dict[str, Any]) -> Any:
     return ProfileOptions(**spec)
 
 
-def main() -> None:
+def serve(task: Callable[[dict[str, Any], _PipeProgress], dict[str, Any]], what: str = "profiling") -> None:
+    """The body of every supervised child: read the spec, run `task(spec, progress)`, report its result
+    (or the error, as one line) on the control pipe."""
     child_setup()
     control = Control()
     spec = json.loads(Path(sys.argv[1]).read_text())
     debug = bool(spec.pop("debug", False))
     try:
-        from opscope.capture.torch_profiler import profile_target
-
-        run, _ = profile_target(options_from_spec(spec), _PipeProgress(control))
-        control.send(type="done", result={"run_dir": str(run.path)})
+        result = task(spec, _PipeProgress(control))
+        control.send(type="done", result=result)
     except OpscopeError as exc:
         if debug:
             traceback.print_exc()
@@ -59,10 +60,21 @@ def main() -> None:
         else:
             traceback.print_exc()
             control.send(type="error", exit_code=1,
-                         message=f"internal error in opscope's profiling process ({type(exc).__name__}: "
+                         message=f"internal error in opscope's {what} process ({type(exc).__name__}: "
                                  f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); the traceback is above")
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+def _profile(spec: dict[str, Any], progress: _PipeProgress) -> dict[str, Any]:
+    from opscope.capture.torch_profiler import profile_target
+
+    run, _ = profile_target(options_from_spec(spec), progress)
+    return {"run_dir": str(run.path)}
+
+
+def main() -> None:
+    serve(_profile)
 
 
 if __name__ == "__main__":

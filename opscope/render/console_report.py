@@ -19,6 +19,7 @@ from opscope.render.console import (
     op_shapes,
     ops_table,
     summary_panel,
+    swap_candidates,
 )
 from opscope.render.report_data import (
     breakdown,
@@ -28,6 +29,9 @@ from opscope.render.report_data import (
     short_location,
     step_spread,
     steps_of,
+    swap_check_table,
+    swap_notes,
+    swap_op_table,
     swap_table,
     verdict_line,
 )
@@ -99,17 +103,33 @@ def memory_group(run: Run) -> Group | None:
     return Group(Text("Memory", style="bold"), grid)
 
 
-def swap_group(run: Run) -> Table | None:
+def _text_table(title: str, columns: list[str], rows: list[list[str]], fold: tuple[str, ...] = ()) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title=title, title_justify="left")
+    for c in columns:
+        table.add_column(c, overflow="fold", ratio=3 if c in fold else None)
+    for r in rows:
+        table.add_row(*(Text(c, style="bold red" if c == "FAIL" else "") for c in r))
+    return table
+
+
+def swap_group(run: Run) -> Group | None:
+    """The swap results (swap.json): one row per swap, the op-level rows, and the verification table of
+    the swaps that failed it."""
     swap = swap_table(run)
     if swap is None:
         return None
-    columns, rows = swap
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Swap results (swap.json)", title_justify="left")
-    for c in columns:
-        table.add_column(c, overflow="fold")
-    for r in rows:
-        table.add_row(*(Text(c) for c in r))
-    return table
+    parts: list = [_text_table("Swap results (swap.json)", *swap)]
+    for label, note in swap_notes(run):
+        parts.append(Text(f"  {label}: ", style="bold") + Text(note))
+    ops = swap_op_table(run)
+    if ops is not None:
+        parts.append(_text_table("Op level: the original vs the kernel on the model's own calls", *ops,
+                                 fold=("call",)))
+    checks = swap_check_table(run)
+    if checks is not None:
+        parts.append(_text_table("Verification of the swaps that failed (comparisons and failed checks)", *checks,
+                                 fold=("detail",)))
+    return Group(*parts)
 
 
 def comparison_group(c: Comparison, top: int = 15, width: int = 160) -> Group:
@@ -185,6 +205,9 @@ def render_report(run: Run, console: Console, top: int = 15, findings: int = 10,
         console.print(Text("step    ", style="bold") + Text(spread))
     console.print(Text("verdict ", style="bold") + Text(verdict_line(run), style="bold"))
     console.print(ops_table(run, top, console.width))
+    candidates = swap_candidates(run, top)
+    if candidates is not None:
+        console.print(candidates)
     console.print(breakdown_group(run))
     console.print(findings_list(run, findings, full=True))
     for section in (kernels_group(run, min(top, 10)), memory_group(run), swap_group(run)):
