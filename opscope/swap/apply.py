@@ -68,7 +68,9 @@ class Expr:
             self.code = compile(text, where, "eval")
         except SyntaxError as exc:
             raise SwapError(f"{where}: cannot parse {text!r}: {exc.msg}") from exc
-        self.names = [n.id for n in ast.walk(ast.parse(text, mode="eval")) if isinstance(n, ast.Name)]
+        # the names the expression reads from the call (not builtins, not torch)
+        self.names = [n.id for n in ast.walk(ast.parse(text, mode="eval"))
+                      if isinstance(n, ast.Name) and n.id not in _SAFE_BUILTINS and n.id != "torch"]
 
     def __call__(self, ns: dict[str, Any]) -> Any:
         return eval(self.code, {"__builtins__": _SAFE_BUILTINS, "torch": torch}, ns)  # noqa: S307 (bundled manifests)
@@ -567,6 +569,7 @@ class Builder:
                 mech = self._entry(kernel, entry, swap)
                 if mech is not None:
                     swap.mechanisms.append(mech)
+        self._prune(swap)
         if not swap.sites:
             targets = "; ".join(f"{e.kind} {e.target}" for k in kernels for e in k.manifest.replaces)
             notes = f"; {'; '.join(swap.notes)}" if swap.notes else ""
@@ -635,11 +638,24 @@ class Builder:
             return None
         return InstanceForward("module", forwards, sites, f"module {entry.target}")
 
+    def _prune(self, swap: Swap) -> None:
+        """Drops the function-level mechanisms that a later entry made unreachable (a pattern now calls
+        the kernel where torch.softmax was called): one step with everything applied."""
+        if not any(m.kind in ("functional", "method", "aten") for m in swap.mechanisms):
+            return
+        swap.reset_counts()
+        with swap.applied(), torch.random.fork_rng():
+            self.probe_step()
+        swap.mechanisms = [m for m in swap.mechanisms if m.kind in ("module", "pattern")
+                           or any(s.swapped + s.fallback for s in m.sites)]
+        swap.reset_counts()
+
     def _if_reached(self, mech: Mechanism, swap: Swap) -> Mechanism | None:
-        """Keeps `mech` if one probe step, with the swap's mechanisms so far applied, reaches its site."""
+        """Keeps `mech` if one probe step, with the swap's mechanisms so far applied (their kernels run),
+        reaches its sites (which only count, running the original)."""
         trial = Swap(label=swap.label, mechanisms=[*swap.mechanisms, mech])
-        trial.reset_counts()
-        with trial.probing(), trial.applied(), torch.random.fork_rng():
+        new = Swap(label=swap.label, mechanisms=[mech])
+        with new.probing(), trial.applied(), torch.random.fork_rng():
             self.probe_step()
         reached = sum(s.swapped + s.fallback for s in mech.sites)
         trial.reset_counts()

@@ -297,12 +297,12 @@ def pattern_mechanism(model: torch.nn.Module, kernel: Any, entry: Any, glue: Any
             previous.mechanism.forwards = [(m, gm.forward if m is module else f) for m, f in previous.mechanism.forwards]
         else:
             forwards.append((module, gm.forward))
+    note = f"pattern {entry.target}: torch.fx could not trace {', '.join(untraceable[:5])}" if untraceable else ""
     if not sites:
-        return None, ""
+        return None, note
     mech = InstanceForward("pattern", forwards, sites, f"pattern {entry.target}")
     for module, _ in forwards:
         rewritten[id(module)] = Rewritten(module, _graph_of(module, forwards), mech)
-    note = f"pattern {entry.target}: torch.fx could not trace {', '.join(untraceable[:5])}" if untraceable else ""
     return mech, note
 
 
