@@ -5,6 +5,9 @@ signatures, at most CALLS_PER_SITE per site), the original computation against t
 only, under no_grad, on the same arguments. End to end: one full model step (opscope profile's step:
 forward, or forward + loss + backward + SGD step) with the swap off and on.
 
+End to end, the model's parameters and buffers are put back before every step (untimed), so both sides
+train from the same values and the model is left as verification saw it.
+
 Method (both levels): warm up (kernels_bench.WARMUP calls each; torch.compile's compilation happens in
 an extra first call, timed on its own as compile_s), then interleaved A/B rounds (the order alternates
 each round, so load on the machine hits both alike); op-level samples time enough back-to-back calls to
@@ -231,7 +234,10 @@ class EndToEnd:
 
 
 def end_to_end(swap: Swap, step: Callable[[], None], device: torch.device, repeats: int,
+               restore: Callable[[], None] = lambda: None,
                progress: Callable[[str], None] = lambda m: None) -> EndToEnd:
+    """`restore` runs before every step, untimed: training steps change the parameters, and each side
+    must do the same work on the same values (a diverging model would end in NaNs)."""
     sync = _sync(device)
 
     def swapped() -> None:
@@ -241,17 +247,21 @@ def end_to_end(swap: Swap, step: Callable[[], None], device: torch.device, repea
     compile_s = None
     if any(m.kind == "compile" for m in swap.mechanisms):
         progress("compiling")
+        restore()
         sync()
         t0 = time.perf_counter()
         swapped()
         sync()
         compile_s = time.perf_counter() - t0
     progress("end to end")
+    restore()
     sync()
     t0 = time.perf_counter()
     step()
+    restore()
     swapped()
     sync()
     n = _repeats(time.perf_counter() - t0, E2E_BUDGET_S, repeats)
-    timings = interleaved({"original": step, "swapped": swapped}, n, sync)
+    timings = interleaved({"original": step, "swapped": swapped}, n, sync, setup=restore)
+    restore()
     return EndToEnd(timings["original"], timings["swapped"], n, compile_s)

@@ -3,10 +3,13 @@
 CALLS_PER_SITE per site). Each trap calls the site's kernel path directly (a manifest's call mapping
 included) on fresh copies of those arguments, and is one row of the verification table:
 
-1. device / dtype: the first tensor argument on another device (another GPU or the CPU on a GPU machine,
-   else the meta device) must raise, not compute; the first floating tensor in another dtype (float64,
+1. device / dtype: the first tensor argument on another device (the CPU for CUDA tensors, else CUDA when
+   present, else the meta device) must raise, not compute (unless the original computes too: torch runs a
+   meta input against CPU weights, giving a meta result); the first floating tensor in another dtype (float64,
    or float32 for float64) must raise or give what the original gives for those same arguments (dtype
-   and values), so a kernel that ignores its inputs' dtype fails.
+   and values); where the original refuses the mix and the kernel converts explicitly, its result must be
+   in that argument's dtype and equal its result on the unconverted arguments. A kernel that ignores its
+   inputs' dtype (answers in float32, reads float64 memory as float32) fails.
 2. memory reuse: a result must not change when its inputs are freed and their memory reused (the inputs
    dropped, the kernel run again on other data, buffers of the same sizes allocated and filled).
 3. autograd (train mode, where the kernel is under autograd: not an aten route, which keeps the original
@@ -162,14 +165,24 @@ def trap_device_dtype(call: RecordedCall, tol_of: Callable[[torch.dtype], Tol], 
     if tensors:
         first = tensors[0]
         other = _other_device(first.device)
-        args, kwargs = _fresh(call, lambda t: t.detach().to(other) if t is first else t.detach().clone())
+
+        def moved() -> tuple[tuple, dict]:
+            return _fresh(call, lambda t: t.detach().to(other) if t is first else t.detach().clone())
+
         try:
-            _run(call, args, kwargs)
-            problems.append(f"computed with argument 0 on {other} and the rest on {first.device} instead of raising")
-        except _Declined:
-            pass
-        except Exception:  # noqa: BLE001 (raising is the expected behaviour)
-            pass
+            got = _run(call, *moved())
+        except Exception:  # noqa: BLE001 (raising, or declining, is the expected behaviour)
+            got = None
+        if got is not None:
+            try:  # computing is fine only where torch itself does (a meta input gives a meta result)
+                want = call.site.original(*moved()[0], **moved()[1])
+            except Exception:  # noqa: BLE001
+                want = None
+            same = want is not None and [(t.device, t.shape) for t in _tensors(got)] == \
+                [(t.device, t.shape) for t in _tensors(want)]
+            if not same:
+                problems.append(f"computed with argument 0 on {other} and the rest on {first.device} where the "
+                                "original raises (or gives another result): mismatched devices must raise")
     floating = [t for t in tensors if t.is_floating_point()]
     if floating:
         first = floating[0]
@@ -188,15 +201,27 @@ def trap_device_dtype(call: RecordedCall, tol_of: Callable[[torch.dtype], Tol], 
         args, kwargs = _fresh(call, convert)
         try:
             want = call.site.original(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001
-            problems.append(f"computed with the first floating argument in {str(to).removeprefix('torch.')} where the "
-                            f"original raises ({describe_exception(exc)})")
-            return "; ".join(problems)
+        except Exception:  # noqa: BLE001 (torch refuses the mix; the kernel converts explicitly)
+            # Then the kernel must have read the converted argument as what it is: its result in that
+            # argument's dtype, equal (at the original dtype's tolerance) to its result on the original
+            # arguments. A kernel reading float64 memory as float32, or answering in float32, fails.
+            base = _run(call, *_fresh(call))
+            want = _map(base, lambda t: t.to(to) if t.is_floating_point() else t)
+            tol_of = _at_least(tol_of, first.dtype)
         differs = _results_match(got, want, tol_of)
         if differs:
             problems.append(f"with the first floating argument in {str(to).removeprefix('torch.')} (the rest "
                             f"{str(first.dtype).removeprefix('torch.')}): {differs} (ignores its inputs' dtype?)")
     return "; ".join(problems)
+
+
+def _at_least(tol_of: Callable[[torch.dtype], Tol], dtype: torch.dtype) -> Callable[[torch.dtype], Tol]:
+    """Tolerances no tighter than `dtype`'s (a float32 computation checked in float64)."""
+    def tol(d: torch.dtype) -> Tol:
+        a, b = tol_of(d), tol_of(dtype)
+        return Tol(max(a.rtol, b.rtol), max(a.atol, b.atol))
+
+    return tol
 
 
 def trap_memory_reuse(call: RecordedCall, **_: Any) -> str:

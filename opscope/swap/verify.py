@@ -19,9 +19,10 @@ The tolerance per dtype is the larger of MODEL_TOLERANCE (two valid float comput
 differ in rounding) and, for bundled kernels, the manifest's `[tolerance.<dtype>]`.
 
 Also: the swapped run must leave the model's inputs bitwise as the original run leaves them (unchanged,
-unless the model itself writes to them) and its parameters unmodified (their version counters), and the swap must revert cleanly (opscope.swap.apply.differences). Then the five traps
-run on the kernel itself (opscope.swap.traps). A check that fails makes the verification fail; then no
-speed is measured.
+unless the model itself writes to them) and its parameters unmodified (their version counters), and the swap must revert cleanly (opscope.swap.apply.differences). An original whose
+outputs or gradients hold NaN/Inf fails the verification (there is nothing to compare with). Then the
+five traps run on the kernel itself (opscope.swap.traps), also after a failed comparison (they often say
+why). A check that fails makes the verification fail; then no speed is measured.
 """
 
 from __future__ import annotations
@@ -151,11 +152,13 @@ def compare_group(name: str, seed: int | None, got: dict[str, Any], want: dict[s
     check = Check(check=name, passed=True, seed=seed)
     worst_score = -1.0
     total_out = total_n = 0
+    problems: list[str] = []
     for key in dict.fromkeys([*want, *got]):
         if key not in want:
             if got[key] is not None:
                 check.passed = False
-                check.worst, check.detail = key, f"{key}: the swapped model has it, the original does not"
+                check.worst = check.worst or key
+                problems.append(f"{key}: the swapped model has it, the original does not")
             continue
         check.tensors += 1
         d = compare_tensor(got.get(key), want[key], tol_of(want[key].dtype))
@@ -165,12 +168,14 @@ def compare_group(name: str, seed: int | None, got: dict[str, Any], want: dict[s
         if d.problem or d.out:
             if check.passed:  # the first failing tensor names the row
                 check.worst = key
-                check.detail = f"{key}: {d.problem}" if d.problem else \
-                    f"{key}: {d.out} of {d.n} elements out of tolerance"
+            problems.append(f"{key}: {d.problem}" if d.problem else f"{key}: {d.out} of {d.n} elements out of tolerance")
             check.passed = False
         elif check.passed and d.max_rel > worst_score:
             worst_score, check.worst = d.max_rel, key
     check.out_of_tolerance = total_out / total_n if total_n else 0.0
+    if problems:
+        more = f"; {len(problems) - 3} more" if len(problems) > 3 else ""
+        check.detail = "; ".join(problems[:3]) + more
     return check
 
 
@@ -327,6 +332,11 @@ def verify(swap: Swap, runner: Runner, *, seeds: int = SEEDS, traps: bool = True
             checks.append(Check("swapped model runs", False, seed, detail=f"the swapped model raised "
                                 f"{describe_exception(exc)}"))
             break
+        broken = [k for group in (want.outputs, want.input_grads, want.param_grads) for k, v in group.items()
+                  if v is not None and v.is_floating_point() and not bool(torch.isfinite(v).all())]
+        if broken:
+            checks.append(Check("original is finite", False, seed, worst=broken[0], detail=(
+                f"the original model's {', '.join(broken[:3])} hold NaN or Inf: nothing to verify against")))
         for name, g, w in (("outputs", got.outputs, want.outputs),
                            ("input gradients", got.input_grads, want.input_grads),
                            ("parameter gradients", got.param_grads, want.param_grads)):
@@ -347,9 +357,11 @@ def verify(swap: Swap, runner: Runner, *, seeds: int = SEEDS, traps: bool = True
     diffs = differences(before, snapshot(model))
     checks.append(Check("swap reverted cleanly", not diffs, detail="; ".join(diffs)))
     result.recorded = recorded
-    if traps and all(c.passed for c in checks):
+    used = [c for c in recorded if c.used]
+    if traps and used and not any(c.check == "swapped model runs" for c in checks):
         from opscope.swap.traps import run_traps
 
-        checks.extend(run_traps([c for c in recorded if c.used], train=runner.train, tol_of=tol_of, progress=progress))
+        # also when a comparison failed: the traps often say why (no autograd, a dtype ignored)
+        checks.extend(run_traps(used, train=runner.train, tol_of=tol_of, progress=progress))
     result.passed = all(c.passed for c in checks)
     return result

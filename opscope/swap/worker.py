@@ -53,8 +53,18 @@ class SwapSession:
         explicit = self.requests is not None
         requests = self.requests if explicit else [
             SwapRequest(label=c["kernel"], kernels=[c["kernel"]]) for c in run.summary.get("swap_candidates") or []]
+        state = {k: v.detach().clone() for k, v in harness.model.state_dict().items()}
+
+        def restore() -> None:
+            import torch
+
+            with torch.no_grad():
+                for k, v in harness.model.state_dict().items():
+                    v.copy_(state[k])
+
         for request in requests:
-            self.results.append(self.one(request, harness, run))
+            restore()  # every swap starts from the profiled model's state
+            self.results.append(self.one(request, harness, run, restore))
         if explicit and requests and all(r["status"] in ("not-applicable", "error") for r in self.results):
             raise NothingToSwap("; ".join(f"{r['label']}: {r['message']}" for r in self.results))
         from opscope.kernels_bench import WARMUP
@@ -69,7 +79,7 @@ class SwapSession:
     def phase(self, label: str, what: str) -> None:
         self.progress.phase(f"{PHASE_PREFIX}{label}: {what}")
 
-    def one(self, request: Any, harness: Any, run: Any) -> dict[str, Any]:
+    def one(self, request: Any, harness: Any, run: Any, restore: Any) -> dict[str, Any]:
         from opscope.hardware import Peaks
         from opscope.swap import benchmark, result
         from opscope.swap.apply import Builder, BundledKernel, SwapError
@@ -107,7 +117,8 @@ class SwapSession:
         device = harness.device
         rows = benchmark.op_level(verification.recorded, peaks, device, self.repeats,
                                   progress=lambda m: self.phase(label, m))
-        e2e = benchmark.end_to_end(swap, harness.step, device, self.repeats, progress=lambda m: self.phase(label, m))
+        e2e = benchmark.end_to_end(swap, harness.step, device, self.repeats, restore=restore,
+                                   progress=lambda m: self.phase(label, m))
         _reset_compile(request)
         notes = list(swap.notes)
         suspicious = [r for r in rows if r.to_json()["suspicious"]] or ([e2e] if e2e.to_json()["suspicious"] else [])
