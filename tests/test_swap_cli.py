@@ -191,3 +191,21 @@ def test_swap_without_kernel_tries_the_candidates_and_json_is_swap_json(tmp_path
     assert doc == swap_doc(out)
     assert {r["label"] for r in doc["results"]} == {"swiglu", "broadcast_add"}
     assert doc["format_version"] == 1 and doc["mode"] == "inference" and doc["method"]["seeds"] == 3
+
+
+@pytest.mark.slow
+def test_profile_lists_the_swap_candidates_of_its_top_ops(tmp_path):
+    proc = run_cli("profile", str(MODEL), *PROFILE_QUICK, "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert {c["kernel"] for c in summary["swap_candidates"]} == {"swiglu", "broadcast_add"}
+    assert "Swap candidates" in proc.stdout and "→ swiglu" in proc.stdout and "→ broadcast_add" in proc.stdout
+    assert not (tmp_path / "run" / "swap.json").exists()  # candidates only; --try-swaps runs them
+
+
+@pytest.mark.slow
+def test_a_kernel_that_matches_nothing_is_bad_input(tmp_path):
+    proc = run_cli("swap", str(MODEL), "--kernel", "layer_norm", *QUICK, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "nothing in the model matches layer_norm" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "reports").exists() or not any((tmp_path / "reports").iterdir())

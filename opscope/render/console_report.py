@@ -105,8 +105,11 @@ def memory_group(run: Run) -> Group | None:
 
 def _text_table(title: str, columns: list[str], rows: list[list[str]], fold: tuple[str, ...] = ()) -> Table:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title=title, title_justify="left")
-    for c in columns:
-        table.add_column(c, overflow="fold", ratio=3 if c in fold else None)
+    for c in columns:  # the text columns in `fold` share the room left and wrap; the others wrap only if they must
+        if c in fold:
+            table.add_column(c, overflow="fold", ratio=1, min_width=10)
+        else:
+            table.add_column(c, overflow="fold")
     for r in rows:
         table.add_row(*(Text(c, style="bold red" if c == "FAIL" else "") for c in r))
     return table
@@ -118,17 +121,17 @@ def swap_group(run: Run) -> Group | None:
     swap = swap_table(run)
     if swap is None:
         return None
-    parts: list = [_text_table("Swap results (swap.json)", *swap)]
+    parts: list = [_text_table("Swap results (swap.json)", *swap, fold=("replaces",))]
     for label, note in swap_notes(run):
         parts.append(Text(f"  {label}: ", style="bold") + Text(note))
     ops = swap_op_table(run)
     if ops is not None:
         parts.append(_text_table("Op level: the original vs the kernel on the model's own calls", *ops,
-                                 fold=("call",)))
+                                 fold=("site", "call")))
     checks = swap_check_table(run)
     if checks is not None:
         parts.append(_text_table("Verification of the swaps that failed (comparisons and failed checks)", *checks,
-                                 fold=("detail",)))
+                                 fold=("detail", "tensor / call")))
     return Group(*parts)
 
 

@@ -246,14 +246,35 @@ def _err(value: Any) -> str:
 
 
 def _ms(timing: Any) -> str:
-    """'1.20 ms (1.10 ms–1.40 ms)': median (p20–p80) of a swap.json timing."""
+    """'250 ms (232–260)': median (p20–p80) of a swap.json timing, in the median's unit, 3 digits."""
     if not isinstance(timing, dict):
         return "—"
     med, lo, hi = (num(timing.get(k)) for k in ("median_ms", "p20_ms", "p80_ms"))
     if med is None:
         return "—"
-    spread = f" ({fmt_us(lo * 1e3)}–{fmt_us(hi * 1e3)})" if lo is not None and hi is not None else ""
-    return fmt_us(med * 1e3) + spread
+    unit, scale = ("s", 1e-3) if med >= 1e3 else ("ms", 1.0) if med >= 1.0 else ("µs", 1e3)
+
+    def digits(v: float) -> str:
+        v *= scale
+        return f"{v:.3g}" if v < 1000 else f"{v:.0f}"
+
+    spread = f" ({digits(lo)}–{digits(hi)})" if lo is not None and hi is not None else ""
+    return f"{digits(med)} {unit}{spread}"
+
+
+def _speedup(ratio: Any, original: Any, swapped: Any, suspicious: Any) -> str:
+    """'1.07x', with '(noise)' when the two p20–p80 ranges overlap and '(suspicious)' above 10x."""
+    out = _x(ratio)
+    if out == "—":
+        return out
+    if suspicious is True:
+        return out + " (suspicious)"
+    ranges = [(num(t.get("p20_ms")), num(t.get("p80_ms"))) if isinstance(t, dict) else (None, None)
+              for t in (original, swapped)]
+    (a_lo, a_hi), (b_lo, b_hi) = ranges
+    if None not in (a_lo, a_hi, b_lo, b_hi) and not (a_lo > b_hi or b_lo > a_hi):
+        out += " (noise)"
+    return out
 
 
 def _share(value: Any) -> str:
@@ -288,8 +309,8 @@ def _ways(result: dict[str, Any]) -> str:
     return "; ".join(parts) or "—"
 
 
-SWAP_COLUMNS = ["swap", "status", "replaces", "calls swapped/fallback", "max abs err", "max rel err",
-                "out of tol", "op speedup", "step original", "step swapped", "step speedup"]
+SWAP_COLUMNS = ["swap", "status", "replaces", "calls kernel/orig", "max abs err", "max rel err", "out of tol",
+                "op speedup", "step original", "step swapped", "step speedup"]
 
 
 def swap_table(run: Run) -> tuple[list[str], list[list[str]]] | None:
@@ -304,7 +325,7 @@ def swap_table(run: Run) -> tuple[list[str], list[list[str]]] | None:
         calls = r.get("calls") if isinstance(r.get("calls"), dict) else {}
         e2e = r.get("end_to_end") if isinstance(r.get("end_to_end"), dict) else {}
         share = r.get("out_of_tolerance")
-        step = _x(e2e.get("speedup")) + (" (suspicious)" if e2e.get("suspicious") is True else "")
+        step = _speedup(e2e.get("speedup"), e2e.get("original"), e2e.get("swapped"), e2e.get("suspicious"))
         rows.append([text(r.get("label")), text(r.get("status")), _ways(r),
                      f"{calls.get('swapped', '—')}/{calls.get('fallback', '—')}" if calls else "—",
                      _err(r.get("max_abs_err")), _err(r.get("max_rel_err")),
@@ -326,8 +347,7 @@ def swap_notes(run: Run) -> list[tuple[str, str]]:
     return out
 
 
-SWAP_OP_COLUMNS = ["swap", "site", "call", "calls/step", "original", "kernel", "speedup", "% peak before → after",
-                   "bound"]
+SWAP_OP_COLUMNS = ["swap", "site", "call", "calls/step", "original", "kernel", "speedup", "% of peak", "bound"]
 
 
 def swap_op_table(run: Run) -> tuple[list[str], list[list[str]]] | None:
@@ -337,10 +357,10 @@ def swap_op_table(run: Run) -> tuple[list[str], list[list[str]]] | None:
     for r in (doc or {}).get("results", []):
         for op in _records(r.get("op_level")):
             before, after = num(op.get("pct_peak_before")), num(op.get("pct_peak_after"))
-            pct = f"{fmt_pct(before, 1)} → {fmt_pct(after, 1)}" if before is not None and after is not None else "—"
+            pct = f"{before:.0f}% → {after:.0f}%" if before is not None and after is not None else "—"
             rows.append([text(r.get("label")), text(op.get("site")), text(op.get("call")),
                          str(op.get("calls_per_step", "—")), _ms(op.get("original")), _ms(op.get("swapped")),
-                         _x(op.get("speedup")) + (" (suspicious)" if op.get("suspicious") is True else ""), pct,
+                         _speedup(op.get("speedup"), op.get("original"), op.get("swapped"), op.get("suspicious")), pct,
                          text(op.get("bound")) or "—"])
     return (SWAP_OP_COLUMNS, rows) if rows else None
 

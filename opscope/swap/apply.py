@@ -704,7 +704,7 @@ class Builder:
         site = Site(kind="compile", target="torch.compile", where="(the model)", kernel="compile",
                     original=original, replacement=fn)
         return Swap(label="compile", mechanisms=[InstanceForward("compile", [(model, fn)], [site],
-                                                                 "torch.compile(model.forward)")])
+                                                                 "torch.compile of the model")])
 
 
 def _user_module_matches(qualname: str, module: torch.nn.Module, pattern: str) -> bool:

@@ -12,7 +12,8 @@ Method (both levels): warm up (kernels_bench.WARMUP calls each; torch.compile's 
 an extra first call, timed on its own as compile_s), then interleaved A/B rounds (the order alternates
 each round, so load on the machine hits both alike); op-level samples time enough back-to-back calls to
 last about SAMPLE_S and divide. Median with p20/p80 per side; speedup = original median / swapped
-median (> 1: faster); a speedup over SUSPICIOUS is flagged. The number of rounds fits a time budget
+median (> 1: faster); a speedup over SUSPICIOUS is flagged, and one whose two p20–p80 ranges overlap is
+marked within noise. The number of rounds fits a time budget
 (at least MIN_REPEATS, at most --repeats).
 
 Op-level roofline: the FLOPs are the original's, counted by opscope's cost model on the aten ops it
@@ -38,7 +39,7 @@ from opscope.costmodel import OpCall, estimate
 from opscope.hardware import Peaks, ceiling_key
 from opscope.kernels_bench import Timing, interleaved, summarize
 from opscope.swap.apply import RecordedCall, Swap
-from opscope.swap.traps import _fresh, _tensors, select_calls
+from opscope.swap.traps import fresh_args, select_calls, tensors_of
 
 SUSPICIOUS = 10.0
 MIN_REPEATS = 5
@@ -61,6 +62,11 @@ def timing_json(t: Timing) -> dict[str, float]:
 
 def speedup(original: Timing, swapped: Timing) -> float | None:
     return original.median_ms / swapped.median_ms if swapped.median_ms > 0 else None
+
+
+def within_noise(original: Timing, swapped: Timing) -> bool:
+    """The two sides' p20–p80 ranges overlap: the difference is inside the run-to-run spread."""
+    return not (original.p20_ms > swapped.p80_ms or swapped.p20_ms > original.p80_ms)
 
 
 # --- counting the work --------------------------------------------------------------------------------
@@ -111,14 +117,14 @@ def count_flops(fn: Callable[[], Any]) -> tuple[float | None, set[str]]:
 def min_bytes(call: RecordedCall, out: Any) -> int:
     """Every distinct tensor the work reads (arguments, a module's parameters) once, outputs written once."""
     seen: dict[tuple[int, int], int] = {}
-    for t in [*_tensors((call.args, call.kwargs)), *call.site.params, *_tensors(out)]:
+    for t in [*tensors_of((call.args, call.kwargs)), *call.site.params, *tensors_of(out)]:
         key = (t.untyped_storage().data_ptr(), t.storage_offset()) if t.numel() else (id(t), 0)
         seen[key] = max(seen.get(key, 0), t.numel() * t.element_size())
     return sum(seen.values())
 
 
 def _dtype_of(call: RecordedCall) -> torch.dtype | None:
-    floating = [t for t in _tensors((call.args, call.kwargs)) if t.is_floating_point()]
+    floating = [t for t in tensors_of((call.args, call.kwargs)) if t.is_floating_point()]
     return floating[0].dtype if floating else None
 
 
@@ -186,7 +192,7 @@ class OpRow:
         return {"site": self.site, "kernel": self.kernel, "call": self.call, "calls_per_step": self.calls_per_step,
                 "original": timing_json(self.original), "swapped": timing_json(self.kernel_timing),
                 "speedup": ratio, "suspicious": bool(ratio is not None and ratio > SUSPICIOUS),
-                "flops": self.flops, "bytes": self.bytes, "bound": self.before["bound"],
+                "within_noise": within_noise(self.original, self.kernel_timing), "flops": self.flops, "bytes": self.bytes, "bound": self.before["bound"],
                 "pct_peak_before": self.before["pct_peak"], "pct_peak_after": self.after["pct_peak"]}
 
 
@@ -196,7 +202,7 @@ def op_level(calls: list[RecordedCall], peaks: Peaks, device: torch.device, repe
     sync = _sync(device)
     for call in select_calls([c for c in calls if c.used])[:MAX_OP_CALLS]:
         progress(f"op level: {call.site.where}")
-        args, kwargs = _fresh(call)
+        args, kwargs = fresh_args(call)
         with torch.no_grad():
             orig, k = _batched(lambda a=args, kw=kwargs, c=call: c.site.original(*a, **kw), sync)
             new, k2 = _batched(lambda a=args, kw=kwargs, c=call: c.site.replacement(*a, **kw), sync)
@@ -229,7 +235,8 @@ class EndToEnd:
     def to_json(self) -> dict[str, Any]:
         ratio = speedup(self.original, self.swapped)
         return {"original": timing_json(self.original), "swapped": timing_json(self.swapped), "speedup": ratio,
-                "suspicious": bool(ratio is not None and ratio > SUSPICIOUS), "repeats": self.repeats,
+                "suspicious": bool(ratio is not None and ratio > SUSPICIOUS),
+                "within_noise": within_noise(self.original, self.swapped), "repeats": self.repeats,
                 "compile_s": self.compile_s}
 
 

@@ -25,8 +25,9 @@ def result_doc(*, label: str, source: str, kernels: list[str], status: str, mess
     if verification is not None:
         checks = [c.to_json() for c in verification.checks]
         compared = [c for c in checks if c["max_abs_err"] is not None]
-        doc["calls"] = {"swapped": verification.swapped_calls, "fallback": verification.fallback_calls}
-        doc["sites"] = verification.sites
+        if source != "compile":  # compile has no call sites: it replaces the whole forward
+            doc["calls"] = {"swapped": verification.swapped_calls, "fallback": verification.fallback_calls}
+            doc["sites"] = verification.sites
         doc["verification"] = {"passed": verification.passed, "tolerance": verification.tolerance, "checks": checks}
         if compared:
             doc["max_abs_err"] = max(c["max_abs_err"] for c in compared)

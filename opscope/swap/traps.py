@@ -54,13 +54,13 @@ class _Declined(Exception):
     """The kernel returned NotImplemented for this call (a user kernel declining it)."""
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
+def tensors_of(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
+        return [t for v in value for t in tensors_of(v)]
     if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
+        return [t for v in value.values() for t in tensors_of(v)]
     return []
 
 
@@ -74,7 +74,7 @@ def _map(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     return value
 
 
-def _fresh(call: RecordedCall, fn: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[tuple, dict]:
+def fresh_args(call: RecordedCall, fn: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[tuple, dict]:
     """New copies of the recorded arguments (through `fn`, else clones)."""
     f = fn or (lambda t: t.detach().clone())
     return _map(call.args, f), _map(call.kwargs, f)
@@ -118,7 +118,7 @@ def _mib(n: float) -> str:
 
 def _results_match(got: Any, want: Any, tol_of: Callable[[torch.dtype], Tol]) -> str:
     """'' when every tensor of `got` matches `want` within tolerance, else what differs."""
-    g, w = _tensors(got), _tensors(want)
+    g, w = tensors_of(got), tensors_of(want)
     if len(g) != len(w):
         return f"{len(g)} output tensor(s), expected {len(w)}"
     for i, (a, b) in enumerate(zip(g, w, strict=True)):
@@ -130,7 +130,7 @@ def _results_match(got: Any, want: Any, tol_of: Callable[[torch.dtype], Tol]) ->
 
 
 def _bitwise(got: Any, want: Any) -> bool:
-    g, w = _tensors(got), _tensors(want)
+    g, w = tensors_of(got), tensors_of(want)
     return len(g) == len(w) and all(same_bits(a.detach(), b.detach()) for a, b in zip(g, w, strict=True))
 
 
@@ -138,11 +138,11 @@ def _bitwise(got: Any, want: Any) -> bool:
 
 
 def trap_arguments_unchanged(call: RecordedCall, **_: Any) -> str:
-    args, kwargs = _fresh(call)
-    keep = _fresh(call)
+    args, kwargs = fresh_args(call)
+    keep = fresh_args(call)
     versions = [p._version for p in call.site.params]
     _run(call, args, kwargs)
-    changed = [i for i, (a, b) in enumerate(zip(_tensors((args, kwargs)), _tensors(keep), strict=True))
+    changed = [i for i, (a, b) in enumerate(zip(tensors_of((args, kwargs)), tensors_of(keep), strict=True))
                if not same_bits(a.detach(), b)]
     if changed:
         return f"the kernel wrote to its argument(s) {', '.join(str(i) for i in changed)} in place"
@@ -161,13 +161,13 @@ def _other_device(device: torch.device) -> torch.device:
 
 def trap_device_dtype(call: RecordedCall, tol_of: Callable[[torch.dtype], Tol], **_: Any) -> str:
     problems = []
-    tensors = _tensors((call.args, call.kwargs))
+    tensors = tensors_of((call.args, call.kwargs))
     if tensors:
         first = tensors[0]
         other = _other_device(first.device)
 
         def moved() -> tuple[tuple, dict]:
-            return _fresh(call, lambda t: t.detach().to(other) if t is first else t.detach().clone())
+            return fresh_args(call, lambda t: t.detach().to(other) if t is first else t.detach().clone())
 
         try:
             got = _run(call, *moved())
@@ -178,8 +178,8 @@ def trap_device_dtype(call: RecordedCall, tol_of: Callable[[torch.dtype], Tol], 
                 want = call.site.original(*moved()[0], **moved()[1])
             except Exception:  # noqa: BLE001
                 want = None
-            same = want is not None and [(t.device, t.shape) for t in _tensors(got)] == \
-                [(t.device, t.shape) for t in _tensors(want)]
+            same = want is not None and [(t.device, t.shape) for t in tensors_of(got)] == \
+                [(t.device, t.shape) for t in tensors_of(want)]
             if not same:
                 problems.append(f"computed with argument 0 on {other} and the rest on {first.device} where the "
                                 "original raises (or gives another result): mismatched devices must raise")
@@ -191,21 +191,21 @@ def trap_device_dtype(call: RecordedCall, tol_of: Callable[[torch.dtype], Tol], 
         def convert(t: torch.Tensor) -> torch.Tensor:
             return t.detach().to(to) if t is first else t.detach().clone()
 
-        args, kwargs = _fresh(call, convert)
+        args, kwargs = fresh_args(call, convert)
         try:
             got = _run(call, args, kwargs)
         except _Declined:
             return "; ".join(problems)
         except Exception:  # noqa: BLE001 (refusing mixed dtypes is fine)
             return "; ".join(problems)
-        args, kwargs = _fresh(call, convert)
+        args, kwargs = fresh_args(call, convert)
         try:
             want = call.site.original(*args, **kwargs)
         except Exception:  # noqa: BLE001 (torch refuses the mix; the kernel converts explicitly)
             # Then the kernel must have read the converted argument as what it is: its result in that
             # argument's dtype, equal (at the original dtype's tolerance) to its result on the original
             # arguments. A kernel reading float64 memory as float32, or answering in float32, fails.
-            base = _run(call, *_fresh(call))
+            base = _run(call, *fresh_args(call))
             want = _map(base, lambda t: t.to(to) if t.is_floating_point() else t)
             tol_of = _at_least(tol_of, first.dtype)
         differs = _results_match(got, want, tol_of)
@@ -225,18 +225,18 @@ def _at_least(tol_of: Callable[[torch.dtype], Tol], dtype: torch.dtype) -> Calla
 
 
 def trap_memory_reuse(call: RecordedCall, **_: Any) -> str:
-    args, kwargs = _fresh(call)
+    args, kwargs = fresh_args(call)
     out = _run(call, args, kwargs)
-    snap = [t.detach().clone() for t in _tensors(out)]
-    sizes = [(t.shape, t.dtype, t.device) for t in _tensors((args, kwargs))]
+    snap = [t.detach().clone() for t in tensors_of(out)]
+    sizes = [(t.shape, t.dtype, t.device) for t in tensors_of((args, kwargs))]
     del args, kwargs
     gc.collect()
     junk = []
     for k in range(2):
-        other = _fresh(call, lambda t: (torch.randn_like(t) * 3 + 1 if t.is_floating_point() else t.detach().clone()))
+        other = fresh_args(call, lambda t: (torch.randn_like(t) * 3 + 1 if t.is_floating_point() else t.detach().clone()))
         _run(call, *other)
         junk.extend(torch.full(s, 7.0 + k, dtype=d, device=dev) for s, d, dev in sizes)
-    changed = [i for i, (a, b) in enumerate(zip(_tensors(out), snap, strict=True)) if not same_bits(a.detach(), b)]
+    changed = [i for i, (a, b) in enumerate(zip(tensors_of(out), snap, strict=True)) if not same_bits(a.detach(), b)]
     del junk
     if changed:
         return ("the result changed after its inputs were freed and the kernel ran again on other data: it points "
@@ -250,14 +250,14 @@ def trap_autograd(call: RecordedCall, tol_of: Callable[[torch.dtype], Tol], trai
                              "aten route: the kernel runs below autograd, the original op's derivative is used")
 
     def leaves() -> tuple[tuple, dict, list[torch.Tensor]]:
-        args, kwargs = _fresh(call, lambda t: t.detach().clone().requires_grad_(t.is_floating_point()))
-        return args, kwargs, [t for t in _tensors((args, kwargs)) if t.requires_grad]
+        args, kwargs = fresh_args(call, lambda t: t.detach().clone().requires_grad_(t.is_floating_point()))
+        return args, kwargs, [t for t in tensors_of((args, kwargs)) if t.requires_grad]
 
     args, kwargs, xs = leaves()
     if not xs and not call.site.params:
         raise _NotApplicable("no floating arguments")
     out = _run(call, args, kwargs)
-    outs = [t for t in _tensors(out) if t.is_floating_point()]
+    outs = [t for t in tensors_of(out) if t.is_floating_point()]
     if not outs or not all(t.requires_grad for t in outs):
         return "no autograd: the kernel's output does not require grad (no grad_fn); the model cannot train through it"
     gen = torch.Generator().manual_seed(7)
@@ -268,7 +268,7 @@ def trap_autograd(call: RecordedCall, tol_of: Callable[[torch.dtype], Tol], trai
     except Exception as exc:  # noqa: BLE001
         return f"backward raised {describe_exception(exc)}"
     args, kwargs, xs2 = leaves()
-    ref_out = [t for t in _tensors(call.site.original(*args, **kwargs)) if t.is_floating_point()]
+    ref_out = [t for t in tensors_of(call.site.original(*args, **kwargs)) if t.is_floating_point()]
     want = torch.autograd.grad(ref_out, [*xs2, *call.site.params], seeds, allow_unused=True)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         what = f"argument {i}" if i < len(xs) else f"parameter {i - len(xs)}"
@@ -290,14 +290,14 @@ def trap_memory_growth(call: RecordedCall, train: bool, **_: Any) -> str:
     grad = train and call.site.in_autograd
 
     def once() -> None:
-        args, kwargs = _fresh(call, lambda t: t.detach().clone().requires_grad_(grad and t.is_floating_point()))
+        args, kwargs = fresh_args(call, lambda t: t.detach().clone().requires_grad_(grad and t.is_floating_point()))
         out = _run(call, args, kwargs)
-        outs = [t for t in _tensors(out) if t.requires_grad]
+        outs = [t for t in tensors_of(out) if t.requires_grad]
         if outs:
             torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
 
-    args, kwargs = _fresh(call)
-    out_bytes = sum(t.numel() * t.element_size() for t in _tensors(_run(call, args, kwargs))) or 1
+    args, kwargs = fresh_args(call)
+    out_bytes = sum(t.numel() * t.element_size() for t in tensors_of(_run(call, args, kwargs))) or 1
     del args, kwargs
     calls = max(MIN_CALLS, min(MAX_CALLS, math.ceil(GROWTH_BYTES / out_bytes)))
     cuda = torch.cuda.is_available()
@@ -326,19 +326,19 @@ def trap_memory_growth(call: RecordedCall, train: bool, **_: Any) -> str:
 
 
 def trap_determinism(call: RecordedCall, tol_of: Callable[[torch.dtype], Tol], **_: Any) -> str:
-    base = _run(call, *_fresh(call))
+    base = _run(call, *fresh_args(call))
     problems = []
     bitwise = True
-    again = _run(call, *_fresh(call))
+    again = _run(call, *fresh_args(call))
     if d := _results_match(again, base, tol_of):
         problems.append(f"a repeated call differs: {d}")
     bitwise &= _bitwise(again, base)
     n = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = _run(call, *_fresh(call))
+        one = _run(call, *fresh_args(call))
         torch.set_num_threads(max(2, n))
-        many = _run(call, *_fresh(call))
+        many = _run(call, *fresh_args(call))
     finally:
         torch.set_num_threads(n)
     if d := _results_match(one, many, tol_of):
