@@ -10,6 +10,7 @@ import sys
 import traceback
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -18,6 +19,9 @@ from rich.text import Text
 from opscope import __version__
 from opscope.errors import OpscopeError
 from opscope.hardware import DTYPE_KEYS
+
+if TYPE_CHECKING:
+    from opscope.nsight.session import NsightRequest
 
 app = typer.Typer(
     add_completion=False,
@@ -136,16 +140,45 @@ def profile(
     top: int = typer.Option(15, "--top", min=1, help="Rows of the op table to print."),
     try_swaps: bool = typer.Option(False, "--try-swaps", help="Also run `opscope swap` for every swap candidate "
                                                                "(bundled kernel matching an op) and add the results."),
+    nvtx: bool = typer.Option(False, "--nvtx", help="NVTX ranges around each profiled step and each top-level "
+                              "module's forward, for Nsight tools (implied by --nsys/--ncu)."),
+    nsys: bool = typer.Option(False, "--nsys", help="Also run the steps under Nsight Systems (nsys): measured "
+                              "kernel timeline per op, module and step; keeps nsys.nsys-rep in the run."),
+    nsys_args: str | None = typer.Option(None, "--nsys-args", metavar="ARGS",
+                                         help="Extra `nsys profile` arguments, quoted as one string."),
+    nvtx_ops: bool = typer.Option(False, "--nvtx-ops", help="With --nsys: every aten op an NVTX range "
+                                  "(torch.autograd.profiler.emit_nvtx(record_shapes=True)); adds CPU time per op."),
+    ncu: bool = typer.Option(False, "--ncu", help="Also measure the kernels of the heaviest op rows with Nsight "
+                             "Compute (ncu): DRAM bytes, FLOPs and % of speed of light next to the modeled ones."),
+    ncu_top: int = typer.Option(10, "--ncu-top", min=1, max=10_000, metavar="N",
+                                help="With --ncu: measure the kernels of the N op rows with the most GPU time."),
     json_out: bool = JSON_OUT,
     debug: bool = DEBUG,
 ) -> None:
     """Profile a model file: per-op FLOPs, bytes, roofline and findings; writes a run directory."""
     _state["debug"] = debug
+    from opscope.nsight.commands import split_tool_args
+    from opscope.nsight.session import NsightRequest, check_request
+
     spec = _model_spec(target, entry, device, dtype, mode, warmup, steps, threads, peak_bw, peak_flops, out, debug)
-    if try_swaps:
-        spec["swap"] = {"requests": None, "repeats": 15}
-    result = _supervised("opscope.swap.worker" if try_swaps else "opscope.capture.worker", spec, out)
-    run = read_run_dir(result)
+    if nsys_args is not None and not nsys:
+        raise OpscopeError("--nsys-args passes arguments to nsys: use it with --nsys")
+    nsight = NsightRequest(nsys=nsys, nsys_args=split_tool_args(nsys_args, "--nsys-args"), ncu=ncu,
+                           ncu_top=ncu_top, nvtx_ops=nvtx_ops)
+    if try_swaps and nsight.wanted:
+        raise OpscopeError("--try-swaps cannot be combined with --nsys/--ncu yet: run them as two profiles")
+    tools = check_request(nsight, device.value)  # GPU, tools on PATH, flags: before anything runs
+    spec["nvtx"] = nvtx or nsight.wanted
+    if nsight.wanted:
+        run_dir = _with_nsight(spec, nsight, tools, target, out)
+    else:
+        if try_swaps:
+            spec["swap"] = {"requests": None, "repeats": 15}
+        run_dir = Path(_supervised("opscope.swap.worker" if try_swaps else "opscope.capture.worker", spec,
+                                   out)["run_dir"])
+    from opscope.run import read_run
+
+    run = read_run(run_dir)
     _emit(run, json_out, top)
     if try_swaps and not json_out:
         from opscope.render.console_report import swap_group
@@ -172,7 +205,21 @@ def _model_spec(target: Path, entry: str | None, device: Device, dtype: DType | 
     return {"target": str(target.absolute()), "entry": entry, "device": device.value,
             "dtype": dtype.value if dtype else None, "mode": mode.value, "warmup": warmup, "steps": steps,
             "threads": threads, "peak_bw": peak_bw, "peak_flops": list(peak_flops or []),
-            "out": str(out.absolute()) if out else None, "debug": debug}
+            "out": str(out.absolute()) if out else None, "debug": debug, "nvtx": False}
+
+
+def _with_nsight(spec: dict, nsight: NsightRequest, tools: dict[str, str], target: Path, out: Path | None) -> Path:
+    """`profile --nsys/--ncu` (opscope.nsight.session), with the progress bar; the run directory."""
+    from opscope.nsight.session import profile_with_nsight
+    from opscope.run import DEFAULT_REPORTS_DIR, discard_staging
+    from opscope.supervise import Listener
+
+    folders = [out.absolute().parent if out else DEFAULT_REPORTS_DIR.absolute()]
+    with _RichProgress(stderr) as progress:
+        listener = Listener(phase=progress.phase, advance=progress.advance, warn=progress.warn)
+        return profile_with_nsight(spec, nsight, tools, listener, out=out.absolute() if out else None,
+                                   reports=DEFAULT_REPORTS_DIR.absolute(), stem=target.stem,
+                                   on_abort=lambda pid: discard_staging(folders, pid))
 
 
 def _supervised(module: str, spec: dict, out: Path | None) -> dict:
@@ -207,7 +254,8 @@ def read_run_dir(result: dict):  # noqa: ANN201
 
 @app.command()
 def analyze(
-    trace: Path = typer.Argument(..., help="torch.profiler Chrome trace (.json or .json.gz)."),
+    trace: Path = typer.Argument(..., help="torch.profiler Chrome trace (.json or .json.gz), or an Nsight file: "
+                                 ".nsys-rep / nsys SQLite export, .ncu-rep / ncu CSV."),
     out: Path | None = OUT,
     json_out: bool = JSON_OUT,
     peak_bw: float | None = PEAK_BW,
@@ -219,14 +267,36 @@ def analyze(
         None, "--capture", metavar="CAPTURE",
         help="A trace recorded while the replayed CUDA/HIP graphs were captured: maps replayed kernels to the ops "
              "and shapes that launched them."),
+    nsys: Path | None = typer.Option(None, "--nsys", metavar="FILE",
+                                     help="Attach an Nsight Systems report (.nsys-rep or SQLite) of the same model."),
+    ncu: Path | None = typer.Option(None, "--ncu", metavar="FILE",
+                                    help="Attach Nsight Compute measurements (.ncu-rep or CSV) of the same model."),
     debug: bool = DEBUG,
 ) -> None:
-    """Analyze an existing torch.profiler trace (CPU, CUDA or ROCm) into a run directory."""
+    """Analyze an existing torch.profiler trace (CPU, CUDA or ROCm), or Nsight results, into a run directory."""
     _state["debug"] = debug
     from opscope.analysis.trace_file import analyze_trace_file
+    from opscope.nsight.imports import (
+        analyze_nsight_file,
+        check_measurement_files,
+        measurement_hook,
+        nsight_kind,
+    )
 
-    run = analyze_trace_file(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
-                             warn=_warn, max_trace_gb=max_trace_gb, capture=capture)
+    if nsight_kind(trace) is not None:
+        if nsys is not None or ncu is not None or capture is not None:
+            raise OpscopeError(f"--nsys/--ncu/--capture go with a torch.profiler trace; {trace} is itself an "
+                               "Nsight file (analyze each on its own)")
+        run = analyze_nsight_file(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []), warn=_warn)
+        _emit(run, json_out, top)
+        return
+    check_measurement_files(nsys, ncu)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="opscope-nsight-") as tmp:
+        measure = measurement_hook(nsys, ncu, Path(tmp), _warn) if nsys is not None or ncu is not None else None
+        run = analyze_trace_file(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
+                                 warn=_warn, max_trace_gb=max_trace_gb, capture=capture, measure=measure)
     _emit(run, json_out, top)
 
 

@@ -47,7 +47,7 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
     findings = run_rules(ctx)
     summary = summarize(ops, steps=steps, step_time_us=step_time_us, n_findings=len(findings), busy=busy,
                         gpu_keys=timeline)
-    return Run(meta=meta, ops=ops, findings=findings, summary=summary, events=ev)
+    return Run(meta=meta, ops=ops, findings=findings, summary=summary, events=ev, kernels=trace.kernels)
 
 
 def step_stats(trace: TraceData, ev: pd.DataFrame) -> tuple[int, float]:
@@ -71,7 +71,14 @@ def device_busy_share(trace: TraceData, steps: int, step_time_us: float) -> floa
     if not len(k) or step_time_us <= 0:
         return None
     start = k["ts"].to_numpy()
-    end = start + k["dur"].to_numpy()
+    busy = union_length(start, start + k["dur"].to_numpy())
+    return float(min(busy / (steps * step_time_us), 1.0))
+
+
+def union_length(start: np.ndarray, end: np.ndarray) -> float:
+    """Total length of the union of the intervals [start, end)."""
+    if not len(start):
+        return 0.0
     order = np.argsort(start, kind="stable")
     start, end = start[order], end[order]
     busy, cur_s, cur_e = 0.0, start[0], end[0]
@@ -81,8 +88,7 @@ def device_busy_share(trace: TraceData, steps: int, step_time_us: float) -> floa
             cur_s, cur_e = s, e
         elif e > cur_e:
             cur_e = e
-    busy += cur_e - cur_s
-    return float(min(busy / (steps * step_time_us), 1.0))
+    return float(busy + cur_e - cur_s)
 
 
 def summarize(ops: pd.DataFrame, *, steps: int, step_time_us: float, n_findings: int,

@@ -23,6 +23,7 @@ from opscope.capture.dtype_probe import float32_probe
 from opscope.capture.harness import Harness, process_state_kept, resolve_device
 from opscope.capture.layout_probe import conv_layout_probe
 from opscope.capture.lines import join_lines, module_origins, record_lines
+from opscope.capture.nvtx_ranges import module_ranges, step_range
 from opscope.errors import OpscopeError
 from opscope.hardware import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
 from opscope.run import DEFAULT_REPORTS_DIR, Run, check_out_dir, write_run
@@ -43,6 +44,7 @@ class ProfileOptions:
     peak_bw: float | None = None
     peak_flops: list[str] = field(default_factory=list)
     out: Path | None = None
+    nvtx: bool = False  # NVTX ranges around the timed steps and top-level module forwards (for Nsight)
 
 
 @dataclass
@@ -107,22 +109,30 @@ def profiler_activities(device: torch.device) -> list:
     return activities
 
 
-def timed_pass(harness: Harness, steps: int, activities: list) -> tuple[torch.profiler.profile, float]:
-    """The only timed part of a profile: shapes recorded, nothing else. Returns (profiler, seconds)."""
+def timed_pass(harness: Harness, steps: int, activities: list,
+               nvtx: bool = False) -> tuple[torch.profiler.profile, float]:
+    """The only timed part of a profile: shapes recorded, nothing else. Returns (profiler, seconds).
+    With `nvtx`, each step is also an NVTX range and each top-level module forward one (--nvtx)."""
     t0 = time.perf_counter()
-    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+    with module_ranges(harness.model, nvtx), torch.profiler.profile(activities=activities,
+                                                                    record_shapes=True) as prof:
         for i in range(steps):
             # The same step annotation torch.profiler's schedule would add, without a schedule.
-            with torch.profiler.record_function(f"ProfilerStep#{i}"):
+            with step_range(nvtx), torch.profiler.record_function(f"ProfilerStep#{i}"):
                 harness.step()
                 harness.synchronize()
     return prof, time.perf_counter() - t0
 
 
 def profile_target(opts: ProfileOptions, progress: Progress | None = None,
-                   extra: Callable[[Harness, Run], dict[str, str]] | None = None) -> tuple[Run, ProfileTimings]:
-    """Profiles the target and writes its run directory. `extra(harness, run)`, when given, runs after
-    the analysis with the loaded model (opscope swap) and returns more files for the run directory."""
+                   extra: Callable[[Harness, Run], dict[str, str]] | None = None,
+                   sink: Callable[[Run, Path], None] | None = None) -> tuple[Run, ProfileTimings]:
+    """Profiles and analyzes, then writes the run directory, or with `sink` hands the run and its
+    trace file to sink(run, trace_path) instead (`profile --nsys/--ncu` adds measurements first).
+    `extra(harness, run)`, when given, runs after the analysis with the loaded model (opscope swap) and
+    returns more files ({name: text}) for the run directory; it cannot be combined with `sink`."""
+    if extra is not None and sink is not None:
+        raise ValueError("profile_target: extra files and a sink cannot be combined")
     progress = progress or Progress()
     _validate(opts)
     # Absolute before the model is loaded: its code may change the working directory.
@@ -157,7 +167,7 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
     activities = profiler_activities(device)
     with tempfile.TemporaryDirectory(prefix="opscope-") as tmp:
         trace_path = Path(tmp) / "trace.json"
-        prof, timings.timed = timed_pass(harness, opts.steps, activities)
+        prof, timings.timed = timed_pass(harness, opts.steps, activities, nvtx=opts.nvtx)
         timings.timed_step_s = timings.timed / opts.steps
         t0 = time.perf_counter()
         prof.export_chrome_trace(str(trace_path))
@@ -177,8 +187,11 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",
                       source_override=lambda ev: join_lines(records, ev), layout_probe=probe,
                       dtype_probe=float32_probe(device))
-        files = extra(harness, run) if extra is not None else None
-        write_run(run, out, target.stem, trace_path, base=reports, extra_files=files)
+        if sink is not None:
+            sink(run, trace_path)
+        else:
+            files = extra(harness, run) if extra is not None else None
+            write_run(run, out, target.stem, trace_path, base=reports, extra_texts=files)
         timings.analysis = time.perf_counter() - t0
     return run, timings
 

@@ -37,6 +37,25 @@ def options_from_spec(spec: dict[str, Any]) -> Any:
     return ProfileOptions(**spec)
 
 
+def hold_run(folder: Path):  # noqa: ANN201
+    """A profile_target sink for `profile --nsys/--ncu`: instead of writing the run directory, leaves the
+    analyzed run (without its event tables), its kernel plan and its trace in `folder` for the parent,
+    which adds the Nsight measurements and writes the run (opscope.nsight.session)."""
+    def sink(run: Any, trace_path: Path) -> None:
+        import dataclasses
+        import shutil
+
+        import pandas as pd
+
+        from opscope.nsight.measured import kernel_plan
+
+        plan = kernel_plan(run)
+        pd.to_pickle({"run": dataclasses.replace(run, events=None, kernels=None), "plan": plan},
+                     folder / "held.pkl")
+        shutil.copyfile(trace_path, folder / "trace.json")
+    return sink
+
+
 def serve(task: Callable[[dict[str, Any], _PipeProgress], dict[str, Any]], what: str = "profiling") -> None:
     """The body of every supervised child: read the spec, run `task(spec, progress)`, report its result
     (or the error, as one line) on the control pipe."""
@@ -67,10 +86,19 @@ def serve(task: Callable[[dict[str, Any], _PipeProgress], dict[str, Any]], what:
 
 
 def _profile(spec: dict[str, Any], progress: _PipeProgress) -> dict[str, Any]:
+    kind = spec.pop("pass", "profile")
+    hold = spec.pop("hold", None)
+    nvtx_ops = bool(spec.pop("nvtx_ops", False))
+    tool = str(spec.pop("tool", ""))
+    if kind == "measure":  # the process nsys / ncu launch (opscope.nsight.session)
+        from opscope.capture.nvtx_ranges import measured_pass
+
+        return measured_pass(options_from_spec(spec), nvtx_ops, progress, tool)
     from opscope.capture.torch_profiler import profile_target
 
-    run, _ = profile_target(options_from_spec(spec), progress)
-    return {"run_dir": str(run.path)}
+    sink = hold_run(Path(hold)) if hold else None
+    run, _ = profile_target(options_from_spec(spec), progress, sink=sink)
+    return {"held": hold} if hold else {"run_dir": str(run.path)}
 
 
 def main() -> None:

@@ -166,19 +166,21 @@ def row_ancestors(ctx: Context, i: int) -> list[int]:
 
 def ops_row_of_events(ctx: Context) -> np.ndarray:
     """Per event: index of its ops.csv row in ctx.ops (-1 for non-row events)."""
-    def build() -> np.ndarray:
-        key_cols = ["op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location"]
-        lookup = {tuple(r): k for k, r in enumerate(ctx.ops[key_cols].itertuples(index=False, name=None))}
-        ev = ctx.events
-        out = np.full(len(ev), -1, dtype=np.int64)
-        cols = zip(ev["name"].tolist(), ev["input_dims"].tolist(), ev["input_dtypes"].tolist(),
-                   ev["input_strides"].tolist(), ev["concrete_inputs"].tolist(),
-                   ev["source_location"].tolist(), ev["is_row"].tolist(), strict=True)
-        for i, (*key, is_row) in enumerate(cols):
-            if is_row:
-                out[i] = lookup.get(tuple(key), -1)
-        return out
-    return cached(ctx, "ops_row", build)
+    return cached(ctx, "ops_row", lambda: ops_rows_for_events(ctx.ops, ctx.events))
+
+
+def ops_rows_for_events(ops: pd.DataFrame, ev: pd.DataFrame) -> np.ndarray:
+    """Per event of the event table `ev`: index of its row in the ops table `ops` (-1 for non-row events)."""
+    key_cols = ["op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location"]
+    lookup = {tuple(r): k for k, r in enumerate(ops[key_cols].itertuples(index=False, name=None))}
+    out = np.full(len(ev), -1, dtype=np.int64)
+    cols = zip(ev["name"].tolist(), ev["input_dims"].tolist(), ev["input_dtypes"].tolist(),
+               ev["input_strides"].tolist(), ev["concrete_inputs"].tolist(),
+               ev["source_location"].tolist(), ev["is_row"].tolist(), strict=True)
+    for i, (*key, is_row) in enumerate(cols):
+        if is_row:
+            out[i] = lookup.get(tuple(key), -1)
+    return out
 
 
 def event_bound(ctx: Context) -> list[str]:
