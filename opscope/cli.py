@@ -509,7 +509,7 @@ def swap(
     failed = [r for r in (doc or {}).get("results", []) if r.get("status") == "failed"]
     if failed:
         stderr.print(Text(f"opscope: verification failed for {', '.join(clean(r['label']) for r in failed)}: no speedup "
-                          "reported for it"), highlight=False, soft_wrap=True)
+                          f"reported for {'it' if len(failed) == 1 else 'them'}"), highlight=False, soft_wrap=True)
         sys.exit(1)
 
 

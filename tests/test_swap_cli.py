@@ -209,3 +209,11 @@ def test_a_kernel_that_matches_nothing_is_bad_input(tmp_path):
     assert proc.returncode == 2
     assert "nothing in the model matches layer_norm" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "reports").exists() or not any((tmp_path / "reports").iterdir())
+
+
+def test_try_swaps_with_nsight_is_one_line(tmp_path):
+    proc = run_cli("profile", str(MODEL), "--try-swaps", "--nsys", *PROFILE_QUICK, cwd=tmp_path)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--try-swaps cannot be combined with --nsys/--ncu" in lines[0], proc.stderr
+    assert not (tmp_path / "reports").exists()
