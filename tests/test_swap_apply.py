@@ -365,3 +365,25 @@ def test_snapshot_differences_name_what_a_swap_left_behind():
     assert "forward of a changed" in diffs
     assert any("state_dict['b.weight']" in d for d in diffs)
     assert any(d.startswith("torch.Tensor: __add__") for d in diffs)
+
+
+def test_profile_target_hands_swaps_the_weights_as_loaded_in_train_mode(tmp_path):
+    """The profile's SGD steps (warmup, timed, line and memory passes) change the weights; the swaps
+    start from the model as loaded, not from however far those steps drifted it."""
+    import tiny_model
+
+    from opscope.capture.torch_profiler import ProfileOptions, profile_target
+
+    seen: dict[str, dict[str, torch.Tensor]] = {}
+
+    def extra(harness, run) -> dict[str, str]:  # noqa: ANN001
+        seen["extra"] = state(harness.model)
+        return {}
+
+    opts = ProfileOptions(target=FIXTURES / "tiny_model.py", mode="train", steps=1, warmup=1, peak_bw=20.0,
+                          peak_flops=["100"], threads=1, out=tmp_path / "run")
+    profile_target(opts, extra=extra)
+    loaded = state(tiny_model.get_model())
+    assert seen["extra"].keys() == loaded.keys()
+    for k, v in loaded.items():
+        assert torch.equal(seen["extra"][k], v), k

@@ -61,6 +61,7 @@ class Context:
     dtype_probe: DtypeProbe | None = None
     # GPU runs: opscope.analysis.gpu_timeline's summary keys (graph_replay, idle_gaps, streams, ...)
     gpu_timeline: dict[str, Any] | None = None
+    memory: Any = None  # analysis.memory.MemoryProfile when the run recorded memory events
     # Derived tables shared between rules (call tree, subtree times, copy classification, ...), filled
     # lazily by opscope.findings.common; never written anywhere.
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)

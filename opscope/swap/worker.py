@@ -53,17 +53,15 @@ class SwapSession:
         explicit = self.requests is not None
         requests = self.requests if explicit else [
             SwapRequest(label=c["kernel"], kernels=[c["kernel"]]) for c in run.summary.get("swap_candidates") or []]
+        from opscope.capture.torch_profiler import restore_weights
+
         state = {k: v.detach().clone() for k, v in harness.model.state_dict().items()}
 
         def restore() -> None:
-            import torch
-
-            with torch.no_grad():
-                for k, v in harness.model.state_dict().items():
-                    v.copy_(state[k])
+            restore_weights(harness.model, state)
 
         for request in requests:
-            restore()  # every swap starts from the profiled model's state
+            restore()  # every swap starts from the same weights (as loaded: profile_target undid train steps)
             self.results.append(self.one(request, harness, run, restore))
         if explicit and requests and all(r["status"] in ("not-applicable", "error") for r in self.results):
             raise NothingToSwap("; ".join(f"{r['label']}: {r['message']}" for r in self.results))
