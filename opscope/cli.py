@@ -10,13 +10,18 @@ import sys
 import traceback
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from opscope import __version__
-from opscope.errors import NotAvailableError, OpscopeError
+from opscope.errors import OpscopeError
 from opscope.hardware import dtype_names
+
+if TYPE_CHECKING:
+    from opscope.nsight.session import NsightRequest
 
 app = typer.Typer(
     add_completion=False,
@@ -134,6 +139,8 @@ def profile(
     peak_flops: list[str] | None = PEAK_FLOPS,
     out: Path | None = OUT,
     top: int = typer.Option(15, "--top", min=1, help="Rows of the op table to print."),
+    try_swaps: bool = typer.Option(False, "--try-swaps", help="Also run `opscope swap` for every swap candidate "
+                                                               "(bundled kernel matching an op) and add the results."),
     nvtx: bool = typer.Option(False, "--nvtx", help="NVTX ranges around each profiled step and each top-level "
                               "module's forward, for Nsight tools (implied by --nsys/--ncu)."),
     nsys: bool = typer.Option(False, "--nsys", help="Also run the steps under Nsight Systems (nsys): measured "
@@ -166,46 +173,111 @@ def profile(
     process or several (--nproc-per-node): per-op FLOPs, bytes, roofline and findings; writes a run
     directory."""
     _state["debug"] = debug
-    from opscope.hardware import apply_overrides
     from opscope.jobs import check_tool_options, launch_spec, script_spec
     from opscope.nsight.commands import split_tool_args
     from opscope.nsight.session import NsightRequest, check_request
-    from opscope.run import DEFAULT_REPORTS_DIR, check_out_dir, discard_staging, read_run
-    from opscope.supervise import Listener, run_worker
-    from opscope.target import check_target_file
 
-    # Everything that needs no torch is checked here, before the child starts (and imports torch).
-    check_target_file(target)
+    spec = _model_spec(target, entry, device, dtype, mode, warmup, steps, threads, peak_bw, peak_flops, out, debug)
     job_script = script_spec(target, script=script, entry=entry, args=list(script_args or []), step_fn=step_fn,
                              stop_after=stop_after, dtype=dtype.value if dtype else None, mode=mode.value)
     job_launch = launch_spec(nproc_per_node, nnodes, node_rank, master_addr, master_port)
     check_tool_options(job_script, job_launch, nsys=nsys, ncu=ncu, nvtx=nvtx)
-    check_out_dir(out.absolute() if out else None, DEFAULT_REPORTS_DIR.absolute())
-    apply_overrides(None, peak_bw, list(peak_flops or []))  # a bad --peak-* is one line now, not later
+    if try_swaps and (job_script or job_launch):
+        raise OpscopeError("--try-swaps works on a model file in one process: run `opscope swap` on the model "
+                           "file" + (" instead of the script" if job_script else ", without --nproc-per-node"))
+    if job_script:
+        spec["script"] = job_script.to_json()
+    if job_launch:
+        spec["launch"] = job_launch.to_json()
     if nsys_args is not None and not nsys:
         raise OpscopeError("--nsys-args passes arguments to nsys: use it with --nsys")
     nsight = NsightRequest(nsys=nsys, nsys_args=split_tool_args(nsys_args, "--nsys-args"), ncu=ncu,
                            ncu_top=ncu_top, nvtx_ops=nvtx_ops)
+    if try_swaps and nsight.wanted:
+        raise OpscopeError("--try-swaps cannot be combined with --nsys/--ncu yet: run them as two profiles")
     tools = check_request(nsight, device.value)  # GPU, tools on PATH, flags: before anything runs
-    spec = {"target": str(target.absolute()), "entry": entry, "device": device.value,
+    spec["nvtx"] = nvtx or nsight.wanted
+    if nsight.wanted:
+        run_dir = _with_nsight(spec, nsight, tools, target, out)
+    else:
+        if try_swaps:
+            spec["swap"] = {"requests": None, "repeats": 15}
+        run_dir = Path(_supervised("opscope.swap.worker" if try_swaps else "opscope.capture.worker", spec,
+                                   out)["run_dir"])
+    from opscope.run import read_run
+
+    run = read_run(run_dir)
+    _emit(run, json_out, top)
+    if try_swaps and not json_out:
+        from opscope.render.console_report import swap_group
+        from opscope.render.text import cleaned_run
+
+        section = swap_group(cleaned_run(run))
+        console = Console(highlight=False)
+        console.print(section if section is not None else Text("no swap candidates: no bundled kernel matches an op "
+                                                               "of this model"))
+
+
+def _model_spec(target: Path, entry: str | None, device: Device, dtype: DType | None, mode: Mode, warmup: int,
+                steps: int, threads: int | None, peak_bw: float | None, peak_flops: list[str] | None,
+                out: Path | None, debug: bool) -> dict:
+    """The child's spec for profiling a model file, after every check that needs no torch (so that
+    they are one line before the child starts and imports torch)."""
+    from opscope.hardware import apply_overrides
+    from opscope.run import DEFAULT_REPORTS_DIR, check_out_dir
+    from opscope.target import check_target_file
+
+    check_target_file(target)
+    check_out_dir(out.absolute() if out else None, DEFAULT_REPORTS_DIR.absolute())
+    apply_overrides(None, peak_bw, list(peak_flops or []))  # a bad --peak-* is one line now, not later
+    return {"target": str(target.absolute()), "entry": entry, "device": device.value,
             "dtype": dtype.value if dtype else None, "mode": mode.value, "warmup": warmup, "steps": steps,
             "threads": threads, "peak_bw": peak_bw, "peak_flops": list(peak_flops or []),
-            "out": str(out.absolute()) if out else None, "debug": debug, "nvtx": nvtx or nsight.wanted,
-            "script": job_script.to_json() if job_script else None,
-            "launch": job_launch.to_json() if job_launch else None}
+            "out": str(out.absolute()) if out else None, "debug": debug, "nvtx": False}
+
+
+def _with_nsight(spec: dict, nsight: NsightRequest, tools: dict[str, str], target: Path, out: Path | None) -> Path:
+    """`profile --nsys/--ncu` (opscope.nsight.session), with the progress bar; the run directory."""
+    from opscope.nsight.session import profile_with_nsight
+    from opscope.run import DEFAULT_REPORTS_DIR, discard_staging
+    from opscope.supervise import Listener
+
     folders = [out.absolute().parent if out else DEFAULT_REPORTS_DIR.absolute()]
     with _RichProgress(stderr) as progress:
         listener = Listener(phase=progress.phase, advance=progress.advance, warn=progress.warn)
-        if nsight.wanted:
-            from opscope.nsight.session import profile_with_nsight
+        return profile_with_nsight(spec, nsight, tools, listener, out=out.absolute() if out else None,
+                                   reports=DEFAULT_REPORTS_DIR.absolute(), stem=target.stem,
+                                   on_abort=lambda pid: discard_staging(folders, pid))
 
-            run_dir = profile_with_nsight(spec, nsight, tools, listener, out=out.absolute() if out else None,
-                                          reports=DEFAULT_REPORTS_DIR.absolute(), stem=target.stem,
-                                          on_abort=lambda pid: discard_staging(folders, pid))
-        else:
-            run_dir = Path(run_worker("opscope.capture.worker", spec, listener,
-                                      on_abort=lambda pid: discard_staging(folders, pid))["run_dir"])
-    _emit(read_run(run_dir), json_out, top)
+
+def _supervised(module: str, spec: dict, out: Path | None) -> dict:
+    """Runs the child `module` with `spec` under supervision, with the progress bar; its result."""
+    from opscope.run import DEFAULT_REPORTS_DIR, discard_staging
+    from opscope.supervise import Listener, WorkerCrashed, run_worker
+
+    folders = [out.absolute().parent if out else DEFAULT_REPORTS_DIR.absolute()]
+    phases: list[str] = []
+    with _RichProgress(stderr) as progress:
+        def phase(name: str, total: int | None) -> None:
+            phases.append(name)
+            progress.phase(name, total)
+
+        listener = Listener(phase=phase, advance=progress.advance, warn=progress.warn)
+        try:
+            return run_worker(module, spec, listener, what="the code under test" if "swap" in spec else "the model's code",
+                              on_abort=lambda pid: discard_staging(folders, pid))
+        except WorkerCrashed as exc:
+            from opscope.swap.worker import PHASE_PREFIX
+
+            if phases and phases[-1].startswith(PHASE_PREFIX):  # a swapped kernel crashed: a failed check
+                exc.exit_code = 1
+            raise
+
+
+def read_run_dir(result: dict):  # noqa: ANN201
+    from opscope.run import read_run
+
+    return read_run(Path(result["run_dir"]))
 
 
 @app.command()
@@ -419,21 +491,74 @@ def kernels(
     stderr.print(f"results: {jpath} (and .csv)")
 
 
-_LATER = {
-    "swap": "drops a bundled optimized kernel into your model, checks correctness and measures the speedup",
-}
+@app.command()
+def swap(
+    target: Path = typer.Argument(..., help="Python file with the model (as for `opscope profile`)."),
+    kernel: list[str] | None = typer.Option(
+        None, "--kernel", metavar="NAME|FILE.py:FUNC",
+        help="A bundled kernel (see `opscope kernels`; a+b applies two together), `compile` (torch.compile of the "
+             "whole model), or a user kernel FILE.py:FUNC with --op or --module. Repeatable. Without it: every "
+             "bundled kernel that matches an op of the model's profile."),
+    op: str | None = typer.Option(None, "--op", metavar="ATEN_OP",
+                                  help="What a user kernel replaces: an aten op (aten::add.Tensor; aten::add for every "
+                                       "overload) or torch.nn.functional.NAME."),
+    module: str | None = typer.Option(None, "--module", metavar="CLASS_OR_NAME",
+                                      help="What a user kernel replaces: modules by class name or qualified name "
+                                           "(globs allowed); the kernel is called as FUNC(module, *args)."),
+    entry: str | None = typer.Option(None, "--entry", metavar="FUNC", help="Function returning (model, inputs)."),
+    device: Device = typer.Option(Device.auto, "--device", help="auto = cuda when available, else cpu."),
+    dtype: DType | None = typer.Option(None, "--dtype", help="Cast model and floating inputs (default: the model's own)."),
+    mode: Mode = typer.Option(Mode.inference, "--mode", help="inference: forward only; train: + loss, backward, SGD step "
+                                                             "(verification compares the gradients too)."),
+    warmup: int = typer.Option(2, "--warmup", min=0, max=MAX_STEPS, help="Untimed steps before profiling."),
+    steps: int = typer.Option(5, "--steps", min=1, max=MAX_STEPS, help="Profiled steps."),
+    repeats: int = typer.Option(15, "--repeats", min=5, max=1000, help="Most interleaved A/B rounds per timing."),
+    threads: int | None = typer.Option(None, "--threads", min=1, max=MAX_THREADS,
+                                       help="torch.set_num_threads for the run."),
+    peak_bw: float | None = PEAK_BW,
+    peak_flops: list[str] | None = PEAK_FLOPS,
+    out: Path | None = OUT,
+    json_out: bool = typer.Option(False, "--json", help="Print swap.json as one JSON document on stdout."),
+    debug: bool = DEBUG,
+) -> None:
+    """Put a kernel in place of part of the model, verify the model is still right (outputs, gradients,
+    the five custom-op traps), then measure the op-level and end-to-end speedup. Exit 1 when a
+    verification fails or a kernel crashes."""
+    _state["debug"] = debug
+    from opscope.swap.catalog import parse_requests
 
+    requests = parse_requests(list(kernel or []), op, module) if kernel else None
+    if not kernel and (op is not None or module is not None):
+        raise OpscopeError("--op and --module say what a user kernel replaces: give it with --kernel FILE.py:FUNC")
+    spec = _model_spec(target, entry, device, dtype, mode, warmup, steps, threads, peak_bw, peak_flops, out, debug)
+    spec["swap"] = {"requests": [r.to_json() for r in requests] if requests is not None else None, "repeats": repeats}
+    run = read_run_dir(_supervised("opscope.swap.worker", spec, out))
+    from opscope.render.report_data import swap_results
+    from opscope.render.text import clean, cleaned_run
+    from opscope.run import dumps, shown_path
 
-def _not_yet(name: str):  # noqa: ANN202
-    def command(ctx: typer.Context) -> None:
-        raise NotAvailableError(f"`opscope {name}` is not available yet (it {_LATER[name]}); it arrives in a later release")
+    doc = swap_results(run)
+    if json_out:
+        from opscope.swap.result import read_swap
 
-    command.__doc__ = f"Not available yet: {_LATER[name]}."
-    return command
+        sys.stdout.write(dumps(read_swap(Path(run.path) / "swap.json") or {"results": []}) + "\n")
+        stderr.print(Text(f"run directory: {clean(shown_path(run.path))}"), highlight=False)
+    else:
+        from opscope.render.console import summary_panel
+        from opscope.render.console_report import swap_group
 
-
-for _name in _LATER:
-    app.command(_name, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(_not_yet(_name))
+        console = Console(highlight=False)
+        clean_run = cleaned_run(run)
+        console.print(summary_panel(clean_run))
+        section = swap_group(clean_run)
+        console.print(section if section is not None else
+                      Text("no swap candidates: no bundled kernel matches an op of this model (see `opscope kernels`)"))
+        console.print(Text("run directory: ") + Text(clean(shown_path(run.path)), style="bold"))
+    failed = [r for r in (doc or {}).get("results", []) if r.get("status") == "failed"]
+    if failed:
+        stderr.print(Text(f"opscope: verification failed for {', '.join(clean(r['label']) for r in failed)}: no speedup "
+                          f"reported for {'it' if len(failed) == 1 else 'them'}"), highlight=False, soft_wrap=True)
+        sys.exit(1)
 
 
 def _version(value: bool) -> None:

@@ -107,16 +107,19 @@ def summarize(samples_s: list[float]) -> Timing:
 
 
 def interleaved(candidates: dict[str, Callable[[], Any]], repeats: int,
-                sync: Callable[[], None] = lambda: None) -> dict[str, Timing]:
+                sync: Callable[[], None] = lambda: None, setup: Callable[[], None] = lambda: None) -> dict[str, Timing]:
     """Warm up every candidate, then `repeats` rounds timing each once, the order rotated per round.
-    `sync` (torch.cuda.synchronize on a GPU) runs before and after each timed call."""
+    `sync` (torch.cuda.synchronize on a GPU) runs before and after each timed call; `setup` before each
+    call, untimed (opscope swap puts the model's parameters back before every training step)."""
     names = list(candidates)
     for name in names:
         for _ in range(WARMUP):
+            setup()
             candidates[name]()
     samples: dict[str, list[float]] = {n: [] for n in names}
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
+            setup()
             sync()
             t0 = time.perf_counter()
             out = candidates[name]()

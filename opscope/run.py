@@ -241,13 +241,14 @@ def _gzip_bytes(data: bytes | bytearray, dst: Path) -> None:
 
 def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
               compressor: TraceCompressor | None = None, base: Path | None = None,
-              extra_files: dict[str, Path] | None = None, extra: Callable[[Path], None] | None = None) -> Path:
+              extra_files: dict[str, Path] | None = None, extra: Callable[[Path], None] | None = None,
+              extra_texts: dict[str, str] | None = None) -> Path:
     """Writes the run directory atomically and returns its path. `trace_file` is copied (gzipped if it
     is not already) as trace.json.gz; a `compressor` already gzipping it takes its place. `extra_files`
-    ({name in the run: source file}) are copied in too, and `extra(folder)` adds files to the run while
-    it is still hidden (a merged run's ranks/). Without `out` the run gets a fresh default name under
-    `base` (default: ./reports). Any OSError (disk full, read-only file system, ...) is one OutputError
-    line, with nothing left under the final name."""
+    ({name in the run: source file}) are copied in too, `extra_texts` ({name: text}, e.g. swap.json)
+    written, and `extra(folder)` adds files to the run while it is still hidden (a merged run's ranks/).
+    Without `out` the run gets a fresh default name under `base` (default: ./reports). Any OSError (disk
+    full, read-only file system, ...) is one OutputError line, with nothing left under the final name."""
     base = base if base is not None else DEFAULT_REPORTS_DIR
     if out is not None and out.is_symlink() and out.exists():
         out = out.resolve()  # a symlink to an empty directory: the run goes where it points
@@ -267,6 +268,8 @@ def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
         (tmp / "summary.json").write_text(dumps(run.summary) + "\n")
         if run.ranks is not None:
             run.ranks.to_csv(tmp / RANKS_FILE, index=False)
+        for name, text in (extra_texts or {}).items():
+            (tmp / name).write_text(text)
         if compressor is not None:
             src, movable = compressor.result()
             if movable:

@@ -118,10 +118,22 @@ def test_debug_shows_the_traceback(tmp_path):
     assert "Traceback" in proc.stderr
 
 
-@pytest.mark.parametrize("command", ["swap"])
-def test_later_commands_say_not_available(tmp_path, command):
-    proc = run_cli(command, "whatever", cwd=tmp_path)
-    assert_clean_error(proc, "not available yet")
+@pytest.mark.parametrize(("args", "message"), [
+    (["--kernel", "no_such_kernel"], "no bundled kernel named 'no_such_kernel'"),
+    (["--kernel", "k.py:fn"], "say what it replaces with --op"),
+    (["--kernel", "k.py:fn", "--op", "add"], "expected an aten op"),
+    (["--kernel", "k.py:fn", "--op", "aten::add", "--module", "M"], "give --op or --module, not both"),
+    (["--kernel", "rms_norm", "--op", "aten::add"], "bundled kernels know what they replace"),
+    (["--kernel", "missing.py:fn", "--op", "aten::add"], "no such file"),
+    (["--op", "aten::add"], "give it with --kernel FILE.py:FUNC"),
+])
+def test_swap_bad_requests_are_one_line(tmp_path, args, message):
+    """Checked before any child starts: one line, exit 2, nothing written."""
+    write_model(tmp_path, "def get_model(): pass\ndef get_inputs(): pass\n")
+    (tmp_path / "k.py").write_text("def fn(a, b, alpha=1):\n    return a\n")
+    proc = run_cli("swap", "model.py", *args, cwd=tmp_path)
+    assert_clean_error(proc, message)
+    assert not (tmp_path / "reports").exists()
 
 
 def test_help_lists_every_command(tmp_path):

@@ -62,8 +62,20 @@ def hostile_run(folder: Path) -> Path:
                    memory={"peak_allocated_bytes": 3 << 20, "peak_op": "aten::addmm",
                            "peak_source_location": f"{HOSTILE_PATH}:364", "peak_module": HOSTILE_MODULE})
     (out / "summary.json").write_text(json.dumps(summary))
-    (out / "swap.json").write_text(json.dumps({"results": [
-        {"kernel": HOSTILE_KERNEL, "op": "aten::addmm", "speedup": 1.7, "verified": True}]}))
+    timing = {"median_ms": 1.0, "p20_ms": 0.9, "p80_ms": 1.2}
+    (out / "swap.json").write_text(json.dumps({"format_version": 1, "results": [
+        {"label": HOSTILE_KERNEL, "source": "user", "kernels": [], "status": "passed", "message": "",
+         "mechanisms": [{"kind": "aten", "description": "aten aten::addmm", "sites": ["aten::addmm"]}],
+         "notes": [f"a note about {HOSTILE_PATH}"], "calls": {"swapped": 3, "fallback": 1}, "sites": [],
+         "verification": {"passed": True, "tolerance": {}, "checks": []}, "max_abs_err": 1e-6, "max_rel_err": 1e-7,
+         "out_of_tolerance": 0.0, "end_to_end": {"original": timing, "swapped": timing, "speedup": 1.0},
+         "op_level": [{"site": HOSTILE_MODULE, "kernel": HOSTILE_KERNEL, "call": "[4, 8] float32", "calls_per_step": 3,
+                       "original": timing, "swapped": timing, "speedup": 1.7, "suspicious": False,
+                       "pct_peak_before": 10.0, "pct_peak_after": 17.0, "bound": "memory"}]},
+        {"label": "failing", "source": "user", "kernels": [], "status": "failed", "message": "outputs (seed 0): bad",
+         "verification": {"passed": False, "checks": [
+             {"check": "outputs", "passed": False, "seed": 0, "max_abs_err": 0.5, "max_rel_err": 0.1,
+              "out_of_tolerance": 0.25, "worst": "output", "detail": HOSTILE_KERNEL}]}}]}))
     return out
 
 

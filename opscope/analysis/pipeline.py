@@ -126,8 +126,21 @@ def summarize(ops: pd.DataFrame, *, steps: int, step_time_us: float, n_findings:
     }
     if busy is not None:
         summary["device_busy_share"] = busy
+    summary["swap_candidates"] = swap_candidates(ops)
     summary.update(gpu_keys or {})  # opscope.analysis.gpu_timeline: kernel families, graph replay, streams, gaps
     return summary
+
+
+def swap_candidates(ops: pd.DataFrame) -> list[dict[str, Any]]:
+    """The bundled kernels that could replace ops of the run (opscope.swap.catalog.candidates); empty when
+    the manifests cannot be read (that is `opscope kernels`' error to report, not the analysis')."""
+    from opscope.errors import OpscopeError
+    from opscope.swap.catalog import candidates
+
+    try:
+        return candidates(ops)
+    except OpscopeError:
+        return []
 
 
 def top_ops(ops: pd.DataFrame, n: int) -> list[dict[str, Any]]:

@@ -165,12 +165,18 @@ def memory_of(path: Path, records: list, cuda_peaks: list[int]) -> MemoryProfile
 def profile_target(opts: ProfileOptions, progress: Progress | None = None,
                    sink: Callable[[Run, Path], None] | None = None, *, device: torch.device | None = None,
                    prepare: Callable[[Harness], None] | None = None, peaks: Peaks | None = None,
-                   finish: Callable[[Run, TraceData], None] | None = None) -> tuple[Run, ProfileTimings]:
+                   finish: Callable[[Run, TraceData], None] | None = None,
+                   extra: Callable[[Harness, Run], dict[str, str]] | None = None) -> tuple[Run, ProfileTimings]:
     """Profiles and analyzes, then writes the run directory, or with `sink` hands the run and its
     trace file to sink(run, trace_path) instead (`profile --nsys/--ncu` adds measurements first).
     A rank of a multi-process job (opscope.capture.distributed) passes its `device`, `prepare` (wraps
     the model in DistributedDataParallel), the ceilings its launcher measured once for all ranks
-    (`peaks`) and `finish` (adds the rank's numbers before the run is written)."""
+    (`peaks`) and `finish` (adds the rank's numbers before the run is written).
+    `extra(harness, run)`, when given, runs after the analysis with the loaded model, its weights as
+    loaded (train mode's steps undone; opscope swap), and returns more files ({name: text}) for the run
+    directory; it cannot be combined with `sink`."""
+    if extra is not None and sink is not None:
+        raise ValueError("profile_target: extra files and a sink cannot be combined")
     progress = progress or Progress()
     _validate(opts)
     # Absolute before the model is loaded: its code may change the working directory.
@@ -189,6 +195,9 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
     harness = Harness(target, mode=opts.mode, device=device, dtype=opts.dtype)
     if prepare is not None:
         prepare(harness)
+    # `extra` (opscope swap) starts from the weights as loaded: the profile's SGD steps (warmup, timed,
+    # line and memory passes) would otherwise leave it a model drifted by however many steps ran
+    loaded = weights_snapshot(harness.model) if extra is not None and opts.mode == "train" else None
     timings.load = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -242,9 +251,24 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
         if sink is not None:
             sink(run, trace_path)
         else:
-            write_run(run, out, target.stem, trace_path, base=reports)
+            if loaded is not None:
+                restore_weights(harness.model, loaded)
+            files = extra(harness, run) if extra is not None else None
+            write_run(run, out, target.stem, trace_path, base=reports, extra_texts=files)
         timings.analysis = time.perf_counter() - t0
     return run, timings
+
+
+def weights_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of the model's state_dict on the CPU (so that it costs no accelerator memory)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+def restore_weights(model: torch.nn.Module, snapshot: dict[str, torch.Tensor]) -> None:
+    """Copies a weights_snapshot back into the model's own tensors, in place."""
+    with torch.no_grad():
+        for k, v in model.state_dict().items():
+            v.copy_(snapshot[k])
 
 
 def profile_meta(opts: ProfileOptions, device: torch.device, harness: Harness, peaks: Peaks) -> dict[str, Any]:

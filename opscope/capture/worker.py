@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,42 +56,15 @@ def hold_run(folder: Path):  # noqa: ANN201
     return sink
 
 
-def main() -> None:
+def serve(task: Callable[[dict[str, Any], _PipeProgress, bool], dict[str, Any]], what: str = "profiling") -> None:
+    """The body of every supervised child: read the spec, run `task(spec, progress, debug)`, report its
+    result (or the error, as one line) on the control pipe."""
     child_setup()
     control = Control()
     spec = json.loads(Path(sys.argv[1]).read_text())
     debug = bool(spec.pop("debug", False))
-    script = spec.pop("script", None)  # opscope.jobs.ScriptSpec as JSON: script mode
-    launch = spec.pop("launch", None)  # opscope.jobs.LaunchSpec as JSON: several processes via torchrun
-    kind = spec.pop("pass", "profile")
-    hold = spec.pop("hold", None)
-    nvtx_ops = bool(spec.pop("nvtx_ops", False))
-    tool = str(spec.pop("tool", ""))
     try:
-        progress = _PipeProgress(control)
-        if kind == "measure":  # the process nsys / ncu launch (opscope.nsight.session)
-            from opscope.capture.nvtx_ranges import measured_pass
-
-            result = measured_pass(options_from_spec(spec), nvtx_ops, progress, tool)
-        elif launch is not None:
-            from opscope.capture.distributed import launch_ranks
-            from opscope.jobs import LaunchSpec, ScriptSpec
-
-            run = launch_ranks(options_from_spec(spec), ScriptSpec(**script) if script else None,
-                               LaunchSpec(**launch), progress, debug=debug)
-            result = {"run_dir": str(run.path)}
-        elif script is not None:
-            from opscope.capture.script import profile_script
-            from opscope.jobs import ScriptSpec
-
-            run = profile_script(options_from_spec(spec), ScriptSpec(**script), progress)
-            result = {"run_dir": str(run.path)}
-        else:
-            from opscope.capture.torch_profiler import profile_target
-
-            sink = hold_run(Path(hold)) if hold else None
-            run, _ = profile_target(options_from_spec(spec), progress, sink=sink)
-            result = {"held": hold} if hold else {"run_dir": str(run.path)}
+        result = task(spec, _PipeProgress(control), debug)
         control.send(type="done", result=result)
     except OpscopeError as exc:
         if debug:
@@ -107,10 +81,45 @@ def main() -> None:
         else:
             traceback.print_exc()
             control.send(type="error", exit_code=1,
-                         message=f"internal error in opscope's profiling process ({type(exc).__name__}: "
+                         message=f"internal error in opscope's {what} process ({type(exc).__name__}: "
                                  f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); the traceback is above")
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+def _profile(spec: dict[str, Any], progress: _PipeProgress, debug: bool = False) -> dict[str, Any]:
+    script = spec.pop("script", None)  # opscope.jobs.ScriptSpec as JSON: script mode
+    launch = spec.pop("launch", None)  # opscope.jobs.LaunchSpec as JSON: several processes via torchrun
+    kind = spec.pop("pass", "profile")
+    hold = spec.pop("hold", None)
+    nvtx_ops = bool(spec.pop("nvtx_ops", False))
+    tool = str(spec.pop("tool", ""))
+    if kind == "measure":  # the process nsys / ncu launch (opscope.nsight.session)
+        from opscope.capture.nvtx_ranges import measured_pass
+
+        return measured_pass(options_from_spec(spec), nvtx_ops, progress, tool)
+    if launch is not None:
+        from opscope.capture.distributed import launch_ranks
+        from opscope.jobs import LaunchSpec, ScriptSpec
+
+        run = launch_ranks(options_from_spec(spec), ScriptSpec(**script) if script else None,
+                           LaunchSpec(**launch), progress, debug=debug)
+        return {"run_dir": str(run.path)}
+    if script is not None:
+        from opscope.capture.script import profile_script
+        from opscope.jobs import ScriptSpec
+
+        run = profile_script(options_from_spec(spec), ScriptSpec(**script), progress)
+        return {"run_dir": str(run.path)}
+    from opscope.capture.torch_profiler import profile_target
+
+    sink = hold_run(Path(hold)) if hold else None
+    run, _ = profile_target(options_from_spec(spec), progress, sink=sink)
+    return {"held": hold} if hold else {"run_dir": str(run.path)}
+
+
+def main() -> None:
+    serve(_profile)
 
 
 if __name__ == "__main__":

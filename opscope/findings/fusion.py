@@ -70,6 +70,8 @@ PATTERNS: list[tuple[str, frozenset[str], str]] = [
      "Use torch.nn.functional.gelu(x) (one fused kernel)."),
     ("hand-written SiLU", frozenset({"sigmoid", "mul"}),
      "Use torch.nn.functional.silu(x) (one fused kernel)."),
+    ("SiLU gate (SwiGLU)", frozenset({"silu", "mul"}),
+     "silu(gate) * up in one pass: torch.compile fuses it."),
     ("bias + GELU", frozenset({"add", "gelu"}),
      "Let the matmul add the bias (nn.Linear / F.linear with bias, fused into addmm), and torch.compile to fuse "
      "the activation into it."),
@@ -78,12 +80,22 @@ PATTERNS: list[tuple[str, frozenset[str], str]] = [
 ]
 
 
+# Patterns one of opscope's bundled fused kernels (reference_kernels/) implements: the suggestion names it.
+FUSED_KERNELS = {"hand-written RMSNorm": "rms_norm", "SiLU gate (SwiGLU)": "swiglu", "bias + GELU": "bias_gelu"}
+
+
 def pattern_for(op_names: set[str]) -> tuple[str, str]:
-    """(labels of every pattern the run contains, their suggestions), or ("", DEFAULT_SUGGESTION)."""
+    """(labels of every pattern the run contains, their suggestions), or ("", DEFAULT_SUGGESTION). A
+    pattern with a bundled fused kernel also names it and the command that tries it in the model."""
     hits = [(label, suggestion) for label, need, suggestion in PATTERNS if need <= op_names]
     if not hits:
         return "", DEFAULT_SUGGESTION
-    return " + ".join(h[0] for h in hits), " ".join(h[1] for h in hits)
+    kernels = [FUSED_KERNELS[label] for label, _ in hits if label in FUSED_KERNELS]
+    bundled = (f"The bundled fused kernel{'s' if len(kernels) > 1 else ''} {', '.join(kernels)} "
+               f"{'do' if len(kernels) > 1 else 'does'} it in one pass: `opscope swap MODEL --kernel "
+               f"{'+'.join(kernels)}` puts {'them' if len(kernels) > 1 else 'it'} in the model, checks the results and "
+               "measures the speedup. ") if kernels else ""
+    return " + ".join(h[0] for h in hits), bundled + " ".join(h[1] for h in hits)
 
 
 @dataclass

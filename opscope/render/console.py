@@ -381,6 +381,27 @@ def findings_list(run: Run, top: int = 5) -> Group | Text:
     return Group(title, grid)
 
 
+def swap_candidates(run: Run, top: int = 15) -> Group | None:
+    """For each of the top ops that a bundled kernel could replace (summary.json `swap_candidates`), the
+    kernels: one line per op, with the command that tries them."""
+    from opscope.swap.catalog import kernels_for_rows
+
+    by_row = kernels_for_rows(run.summary.get("swap_candidates"), range(min(top, len(run.ops))))
+    if not by_row:
+        return None
+    rows = run.ops.to_dict("records")
+    grid = Table.grid(padding=(0, 2))
+    for i in sorted(by_row):
+        row = rows[i]
+        where = row.get("source_location") if isinstance(row.get("source_location"), str) else ""
+        grid.add_row(Text(f"{i + 1:>3}  {op_name(row)}"), Text(where, style="cyan"),
+                     Text("→ " + ", ".join(clean(k) for k in by_row[i]), style="green"))
+    title = Text("Swap candidates ", style="bold") + Text(
+        "(bundled kernels that could replace these top ops; try them: opscope swap TARGET --kernel NAME, or "
+        "opscope profile --try-swaps)", style="dim")
+    return Group(title, grid)
+
+
 CEILING_SLACK = 1.05  # timing noise aside, nothing runs faster than the machine's peak
 
 
@@ -416,8 +437,10 @@ def render_run(run: Run, console: Console, top: int = 15, findings: int = 5) -> 
     run = cleaned_run(run)
     gaps = gaps_table(run, console.width)
     ranks = ranks_group(run)  # merged runs of multi-process jobs
+    candidates = swap_candidates(run, top)
     console.print(Group(summary_panel(run), ops_table(run, top, console.width), *([gaps] if gaps else []),
-                        *([ranks] if ranks else []), findings_list(run, findings)))
+                        *([ranks] if ranks else []), *([candidates] if candidates else []),
+                        findings_list(run, findings)))
     for warning in ceiling_warnings(run):
         console.print(Text("note: ", style="bold yellow") + Text(warning))
     from opscope.nsight.measured import console_notes

@@ -23,6 +23,7 @@ from opscope.render.console import (
     ops_table,
     si,
     summary_panel,
+    swap_candidates,
 )
 from opscope.render.ranks import ranks_group
 from opscope.render.report_data import (
@@ -33,6 +34,9 @@ from opscope.render.report_data import (
     short_location,
     step_spread,
     steps_of,
+    swap_check_table,
+    swap_notes,
+    swap_op_table,
     swap_table,
     tree_lines,
     verdict_line,
@@ -148,17 +152,43 @@ def memory_group(run: Run) -> Group | None:
     return Group(Text("Memory", style="bold"), grid)
 
 
-def swap_group(run: Run) -> Table | None:
+def _text_table(title: str, columns: list[str], rows: list[list[str]], fold: tuple[str, ...] = (),
+                narrow: dict[str, int] | None = None) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title=title, title_justify="left")
+    for c in columns:  # the text columns in `fold` share the room left and wrap; the others wrap only if they
+        if c in fold:  # must, or past their `narrow` width (cells that read well on two lines)
+            table.add_column(c, overflow="fold", ratio=1, min_width=10)
+        else:
+            table.add_column(c, overflow="fold", max_width=(narrow or {}).get(c))
+    for r in rows:
+        table.add_row(*(Text(c, style="bold red" if c == "FAIL" else "") for c in r))
+    return table
+
+
+# Median (p20–p80), "1.23x (noise)" and header cells wrap at their space, so the swap labels keep their width.
+_TIMING_WIDTHS = {"replaces": 16, "calls kernel/orig": 11, "max abs err": 9, "max rel err": 9, "out of tol": 9,
+                  "op speedup": 9, "step original": 11, "step swapped": 11, "original": 11, "kernel": 11,
+                  "step speedup": 13, "speedup": 13, "% of peak": 9}
+
+
+def swap_group(run: Run) -> Group | None:
+    """The swap results (swap.json): one row per swap, the op-level rows, and the verification table of
+    the swaps that failed it."""
     swap = swap_table(run)
     if swap is None:
         return None
-    columns, rows = swap
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Swap results (swap.json)", title_justify="left")
-    for c in columns:
-        table.add_column(c, overflow="fold")
-    for r in rows:
-        table.add_row(*(Text(c) for c in r))
-    return table
+    parts: list = [_text_table("Swap results (swap.json)", *swap, narrow=_TIMING_WIDTHS)]
+    for label, note in swap_notes(run):
+        parts.append(Text(f"  {label}: ", style="bold") + Text(note))
+    ops = swap_op_table(run)
+    if ops is not None:
+        parts.append(_text_table("Op level: the original vs the kernel on the model's own calls", *ops,
+                                 fold=("site", "call"), narrow=_TIMING_WIDTHS))
+    checks = swap_check_table(run)
+    if checks is not None:
+        parts.append(_text_table("Verification of the swaps that failed (comparisons and failed checks)", *checks,
+                                 fold=("detail", "tensor / call")))
+    return Group(*parts)
 
 
 def comparison_group(c: Comparison, top: int = 15, width: int = 160) -> Group:
@@ -237,6 +267,9 @@ def render_report(run: Run, console: Console, top: int = 15, findings: int = 10,
     ranks = ranks_group(run)
     if ranks is not None:
         console.print(ranks)
+    candidates = swap_candidates(run, top)
+    if candidates is not None:
+        console.print(candidates)
     console.print(breakdown_group(run))
     console.print(findings_list(run, findings))
     for section in (kernels_group(run, min(top, 10)), memory_group(run), swap_group(run)):

@@ -57,6 +57,9 @@ from opscope.render.report_data import (
     short_location,
     step_line,
     steps_of,
+    swap_check_table,
+    swap_notes,
+    swap_op_table,
     swap_table,
     text,
     verdict_line,
@@ -447,15 +450,29 @@ def _memory(run: Run) -> str:
     return f'<section id="memory"><h2>Memory</h2><dl class="facts">{dl}</dl></section>'
 
 
+def _plain_table(columns: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{esc(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f'<td{" class=bad" if c == "FAIL" else ""}>{esc(c)}</td>' for c in r) + "</tr>"
+                   for r in rows)
+    return f'<div class="table-wrap"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
 def _swap(run: Run) -> str:
     swap = swap_table(run)
     if swap is None:
         return ""
-    columns, rows = swap
-    head = "".join(f"<th>{esc(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return (f'<section id="swap"><h2>Swap results</h2><div class="table-wrap"><table><thead><tr>{head}</tr>'
-            f'</thead><tbody>{body}</tbody></table></div></section>')
+    parts = [_plain_table(*swap)]
+    notes = swap_notes(run)
+    if notes:
+        parts.append('<ul class="swap-notes">' + "".join(f"<li><b>{esc(k)}</b>: {esc(n)}</li>" for k, n in notes) + "</ul>")
+    ops = swap_op_table(run)
+    if ops is not None:
+        parts.append("<h3>Op level: the original vs the kernel on the model's own calls</h3>" + _plain_table(*ops))
+    checks = swap_check_table(run)
+    if checks is not None:
+        parts.append("<h3>Verification of the swaps that failed (comparisons and failed checks)</h3>"
+                     + _plain_table(*checks))
+    return f'<section id="swap"><h2>Swap results</h2>{"".join(parts)}</section>'
 
 
 VERDICT_CLASS = {FASTER: "good", VANISHED: "good", SLOWER: "bad", APPEARED: "bad", SAME: "muted"}

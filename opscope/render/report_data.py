@@ -317,28 +317,170 @@ def _format_value(key: str, value: Any) -> str:
     return clean(value)
 
 
+def swap_results(run: Run) -> dict[str, Any] | None:
+    """The run's swap.json (opscope.swap.result.read_swap: only well-formed results), strings cleaned;
+    None when the run has none or it cannot be read (an optional file never breaks a report)."""
+    from opscope.render.text import _deep
+    from opscope.swap.result import read_swap
+
+    if run.path is None:
+        return None
+    doc = read_swap(Path(run.path) / "swap.json")
+    return _deep(doc) if doc is not None else None
+
+
+def _x(ratio: Any) -> str:
+    r = num(ratio)
+    return f"{r:.2f}x" if r is not None else "—"
+
+
+def _err(value: Any) -> str:
+    v = num(value)
+    return "—" if v is None else "0" if v == 0 else f"{v:.2e}"
+
+
+def _ms(timing: Any) -> str:
+    """'250 ms (232–260)': median (p20–p80) of a swap.json timing, in the median's unit, 3 digits."""
+    if not isinstance(timing, dict):
+        return "—"
+    med, lo, hi = (num(timing.get(k)) for k in ("median_ms", "p20_ms", "p80_ms"))
+    if med is None:
+        return "—"
+    unit, scale = ("s", 1e-3) if med >= 1e3 else ("ms", 1.0) if med >= 1.0 else ("µs", 1e3)
+
+    def digits(v: float) -> str:
+        v *= scale
+        return f"{v:.3g}" if v < 1000 else f"{v:.0f}"
+
+    spread = f" ({digits(lo)}–{digits(hi)})" if lo is not None and hi is not None else ""
+    return f"{digits(med)} {unit}{spread}"
+
+
+def _speedup(ratio: Any, original: Any, swapped: Any, suspicious: Any) -> str:
+    """'1.07x', with '(noise)' when the two p20–p80 ranges overlap and '(suspicious)' above 10x."""
+    out = _x(ratio)
+    if out == "—":
+        return out
+    if suspicious is True:
+        return out + " (suspicious)"
+    ranges = [(num(t.get("p20_ms")), num(t.get("p80_ms"))) if isinstance(t, dict) else (None, None)
+              for t in (original, swapped)]
+    (a_lo, a_hi), (b_lo, b_hi) = ranges
+    if None not in (a_lo, a_hi, b_lo, b_hi) and not (a_lo > b_hi or b_lo > a_hi):
+        out += " (noise)"
+    return out
+
+
+def _share(value: Any) -> str:
+    v = num(value)
+    return "—" if v is None else "0" if v == 0 else f"{v * 100:.3g}%"
+
+
+def _records(value: Any) -> list[dict[str, Any]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def op_time_speedup(result: dict[str, Any]) -> float | None:
+    """The replaced work's time per step before / after: each op-level row's median times its calls per
+    step, summed."""
+    before = after = 0.0
+    for row in _records(result.get("op_level")):
+        calls = num(row.get("calls_per_step")) or 0.0
+        o, k = (row.get("original") or {}), (row.get("swapped") or {})
+        if not isinstance(o, dict) or not isinstance(k, dict) or num(o.get("median_ms")) is None \
+                or num(k.get("median_ms")) is None:
+            continue
+        before += num(o["median_ms"]) * calls
+        after += num(k["median_ms"]) * calls
+    return before / after if after > 0 else None
+
+
+def _ways(result: dict[str, Any]) -> str:
+    parts = []
+    for m in _records(result.get("mechanisms")):
+        sites = m.get("sites") if isinstance(m.get("sites"), list) else []
+        parts.append(f"{text(m.get('description'))} ×{len(sites)}")
+    return "; ".join(parts) or "—"
+
+
+SWAP_COLUMNS = ["swap", "status", "replaces", "calls kernel/orig", "max abs err", "max rel err", "out of tol",
+                "op speedup", "step original", "step swapped", "step speedup"]
+
+
 def swap_table(run: Run) -> tuple[list[str], list[list[str]]] | None:
-    """swap.json's results as (columns, rows of text), or None when the run has none. Accepts a list of
-    objects or an object holding one (under "results" or "swaps")."""
-    path = Path(run.path) / "swap.json" if run.path is not None else None
-    if path is None or not path.is_file():
+    """One row per swap of swap.json: status, what it replaced, calls per step that ran the kernel and
+    that fell back, the largest errors, the op-level speedup (op_time_speedup), the end-to-end step
+    times and speedup; None when the run has no swap results."""
+    doc = swap_results(run)
+    if doc is None:
         return None
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-        return None
-    if isinstance(doc, dict):
-        doc = next((doc[k] for k in ("results", "swaps") if isinstance(doc.get(k), list)), [doc])
-    if not isinstance(doc, list):
-        return None
-    records = [r for r in doc if isinstance(r, dict)]
-    if not records:
-        return None
-    columns: list[str] = []
-    for r in records:
-        columns.extend(k for k in r if k not in columns)
-    rows = [[_format_value(c, r.get(c)) if r.get(c) is not None else "" for c in columns] for r in records]
-    return [clean(c) for c in columns], rows
+    rows = []
+    for r in doc["results"]:
+        calls = r.get("calls") if isinstance(r.get("calls"), dict) else {}
+        e2e = r.get("end_to_end") if isinstance(r.get("end_to_end"), dict) else {}
+        share = r.get("out_of_tolerance")
+        step = _speedup(e2e.get("speedup"), e2e.get("original"), e2e.get("swapped"), e2e.get("suspicious"))
+        rows.append([text(r.get("label")), text(r.get("status")), _ways(r),
+                     f"{calls.get('swapped', '—')}/{calls.get('fallback', '—')}" if calls else "—",
+                     _err(r.get("max_abs_err")), _err(r.get("max_rel_err")),
+                     _share(share), _x(op_time_speedup(r)),
+                     _ms(e2e.get("original")), _ms(e2e.get("swapped")), step])
+    return SWAP_COLUMNS, rows
+
+
+def swap_notes(run: Run) -> list[tuple[str, str]]:
+    """(swap, text) for each swap's message (why it failed or does not apply) and notes."""
+    doc = swap_results(run)
+    out = []
+    for r in (doc or {}).get("results", []):
+        e2e = r.get("end_to_end") if isinstance(r.get("end_to_end"), dict) else {}
+        notes = [text(r.get("message"))] + [text(n) for n in (r.get("notes") if isinstance(r.get("notes"), list) else [])]
+        if num(e2e.get("compile_s")) is not None:
+            notes.append(f"torch.compile took {e2e['compile_s']:.1f} s (the first step, not in the timings)")
+        out.extend((text(r.get("label")), n) for n in notes if n)
+    return out
+
+
+SWAP_OP_COLUMNS = ["swap", "site", "call", "calls/step", "original", "kernel", "speedup", "% of peak", "bound"]
+
+
+def swap_op_table(run: Run) -> tuple[list[str], list[list[str]]] | None:
+    """The op-level rows of every swap that has them: the original vs the kernel on a captured call."""
+    doc = swap_results(run)
+    rows = []
+    for r in (doc or {}).get("results", []):
+        for op in _records(r.get("op_level")):
+            before, after = num(op.get("pct_peak_before")), num(op.get("pct_peak_after"))
+            pct = f"{before:.0f}% → {after:.0f}%" if before is not None and after is not None else "—"
+            rows.append([text(r.get("label")), text(op.get("site")), text(op.get("call")),
+                         str(op.get("calls_per_step", "—")), _ms(op.get("original")), _ms(op.get("swapped")),
+                         _speedup(op.get("speedup"), op.get("original"), op.get("swapped"), op.get("suspicious")), pct,
+                         text(op.get("bound")) or "—"])
+    return (SWAP_OP_COLUMNS, rows) if rows else None
+
+
+SWAP_CHECK_COLUMNS = ["swap", "check", "seed", "result", "max abs err", "max rel err", "out of tol", "tensor / call",
+                      "detail"]
+
+
+def swap_check_table(run: Run, failed_only: bool = True) -> tuple[list[str], list[list[str]]] | None:
+    """The error table of the swaps that failed verification: every comparison (outputs, gradients: their
+    errors per seed) and every failed check; with failed_only=False, every check of every swap."""
+    doc = swap_results(run)
+    rows = []
+    for r in (doc or {}).get("results", []):
+        if failed_only and r.get("status") != "failed":
+            continue
+        v = r.get("verification") if isinstance(r.get("verification"), dict) else {}
+        for c in _records(v.get("checks")):
+            if failed_only and c.get("passed") is True and c.get("max_abs_err") is None:
+                continue
+            rows.append([text(r.get("label")), text(c.get("check")),
+                         str(c["seed"]) if isinstance(c.get("seed"), int) else "",
+                         "pass" if c.get("passed") is True else "FAIL", _err(c.get("max_abs_err")),
+                         _err(c.get("max_rel_err")), _share(c.get("out_of_tolerance")) if c.get("out_of_tolerance") is not None else "",
+                         text(c.get("worst")), text(c.get("detail"))])
+    return (SWAP_CHECK_COLUMNS, rows) if rows else None
 
 
 def measured_point(row: dict[str, Any]) -> tuple[float, float, bool] | None:

@@ -1,0 +1,196 @@
+"""The bundled kernels as `opscope swap` sees them, without importing torch: their manifests, what a
+`--kernel` argument asks for, and which kernels could replace the ops of a run (its swap candidates).
+
+`import reference_kernels` registers the custom ops and so imports torch; `opscope analyze` and the CLI's
+argument checks must not. The manifest schema module (reference_kernels/manifest.py) imports only the
+standard library, so it is loaded here on its own, from its file, when the package is not imported yet.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from opscope.errors import OpscopeError
+
+COMPILE = "compile"  # --kernel compile: torch.compile of the whole model, the built-in baseline
+HARNESS = "opscope:harness"
+_MODULE_NAME = "opscope_reference_kernels_manifest"
+
+
+class SwapRequestError(OpscopeError):
+    """A --kernel / --op / --module combination that cannot be swapped (exit 2)."""
+
+
+def manifest_module() -> ModuleType:
+    """reference_kernels.manifest, imported without the package's __init__ (which imports torch)."""
+    loaded = sys.modules.get("reference_kernels.manifest") or sys.modules.get(_MODULE_NAME)
+    if loaded is not None:
+        return loaded
+    spec = importlib.util.find_spec("reference_kernels")
+    if spec is None or not spec.submodule_search_locations:
+        raise SwapRequestError("the reference_kernels package (bundled with opscope) is not installed")
+    path = Path(list(spec.submodule_search_locations)[0]) / "manifest.py"
+    mod_spec = importlib.util.spec_from_file_location(_MODULE_NAME, path)
+    if mod_spec is None or mod_spec.loader is None:
+        raise SwapRequestError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.modules[_MODULE_NAME] = module  # dataclasses look their module up while the class is built
+    mod_spec.loader.exec_module(module)
+    return module
+
+
+def manifests() -> list[Any]:
+    """Every bundled kernel's KernelManifest, sorted by name. A malformed manifest is one error line."""
+    mod = manifest_module()
+    try:
+        return mod.load_manifests()
+    except mod.ManifestError as exc:
+        raise SwapRequestError(str(exc)) from exc
+
+
+def find(name: str) -> Any:
+    for m in manifests():
+        if m.name == name:
+            return m
+    names = ", ".join(m.name for m in manifests())
+    raise SwapRequestError(f"no bundled kernel named {name!r}; the kernels are: {names} (or `compile`, or "
+                           "FILE.py:FUNC with --op/--module)")
+
+
+@dataclass
+class SwapRequest:
+    """One swap to verify and benchmark: bundled kernels applied together (`rms_norm+swiglu`), the
+    compile baseline, or a user kernel (`FILE.py:FUNC` with `--op` or `--module`)."""
+
+    label: str
+    kernels: list[str] = field(default_factory=list)
+    compile: bool = False
+    user_file: str | None = None
+    user_func: str | None = None
+    op: str | None = None
+    module: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> SwapRequest:
+        return cls(**doc)
+
+    @property
+    def source(self) -> str:
+        return "compile" if self.compile else "user" if self.user_file else "bundled"
+
+
+def parse_requests(values: list[str], op: str | None = None, module: str | None = None) -> list[SwapRequest]:
+    """`--kernel` values (repeatable; `a+b` applies bundled kernels together) into requests, checked
+    without torch: bundled names exist, a user kernel is FILE.py:FUNC of a Python file that compiles and
+    comes with exactly one of --op / --module, which only a user kernel takes."""
+    from opscope.target import check_target_file
+
+    if op is not None and module is not None:
+        raise SwapRequestError("give --op or --module, not both: they say what the user kernel replaces")
+    requests = []
+    for value in values:
+        if ":" in value and value.split(":", 1)[0].endswith(".py"):
+            path, func = value.rsplit(":", 1)
+            if not func.isidentifier():
+                raise SwapRequestError(f"--kernel {value}: {func!r} is not a function name (FILE.py:FUNC)")
+            check_target_file(Path(path))
+            if op is None and module is None:
+                raise SwapRequestError(f"--kernel {value} is a user kernel: say what it replaces with --op ATEN_OP "
+                                       "(e.g. aten::add.Tensor) or --module CLASS_OR_NAME")
+            if op is not None:
+                check_op_name(op)
+            requests.append(SwapRequest(label=f"{Path(path).name}:{func}", user_file=str(Path(path).absolute()),
+                                        user_func=func, op=op, module=module))
+            continue
+        if value == COMPILE:
+            requests.append(SwapRequest(label=COMPILE, compile=True))
+            continue
+        names = [n.strip() for n in value.split("+")]
+        for name in names:
+            find(name)
+        if len(set(names)) != len(names):
+            raise SwapRequestError(f"--kernel {value} names a kernel twice")
+        requests.append(SwapRequest(label="+".join(names), kernels=names))
+    if (op is not None or module is not None) and not any(r.user_file for r in requests):
+        raise SwapRequestError("--op and --module say what a user kernel (--kernel FILE.py:FUNC) replaces; bundled "
+                               "kernels know what they replace from their manifest")
+    return requests
+
+
+def check_op_name(op: str) -> None:
+    """--op: an aten overload (`aten::add.Tensor`), an aten op (`aten::add`: every overload), or a
+    torch.nn.functional function (`torch.nn.functional.gelu`)."""
+    if op.startswith("aten::"):
+        name = op.removeprefix("aten::")
+        if all(part.isidentifier() for part in name.split(".")) and name.count(".") <= 1:
+            return
+    elif op.startswith("torch.nn.functional.") and op.removeprefix("torch.nn.functional.").isidentifier():
+        return
+    raise SwapRequestError(f"--op {op!r}: expected an aten op such as aten::add.Tensor (or aten::add for every "
+                           "overload), or torch.nn.functional.NAME")
+
+
+# --- swap candidates of a run ------------------------------------------------------------------------
+
+
+def candidates(ops: Any, manifest_list: list[Any] | None = None) -> list[dict[str, Any]]:
+    """The bundled kernels that could replace ops of a run (summary.json `swap_candidates`).
+
+    A manifest `[[replaces]]` entry matches at a source location when every op it lists (`ops`) ran
+    there (forward or backward rows with that `source_location`; the harness's own ops never match);
+    its rows are then the rows at that location whose op it lists. One entry per kernel with any match:
+    `{"kernel", "replaces": [{"kind", "target"}], "rows": [row indices into ops.csv], "time_us"}` (the
+    matched rows' total time), largest time first."""
+    if manifest_list is None:
+        manifest_list = manifests()
+    if "op" not in ops.columns or "source_location" not in ops.columns or not len(ops):
+        return []
+    by_location: dict[str, dict[str, list[int]]] = {}
+    for i, (op, loc) in enumerate(zip(ops["op"].tolist(), ops["source_location"].tolist(), strict=True)):
+        if not isinstance(loc, str) or not loc or loc == HARNESS or not isinstance(op, str):
+            continue
+        by_location.setdefault(loc, {}).setdefault(op, []).append(i)
+    times = [float(t) if t == t else 0.0 for t in ops["time_us_total"].tolist()] if "time_us_total" in ops.columns \
+        else [0.0] * len(ops)
+    out = []
+    for m in manifest_list:
+        rows: set[int] = set()
+        entries = []
+        for entry in m.replaces:
+            need = set(entry.ops)
+            if not need:
+                continue
+            hit = False
+            for ops_here in by_location.values():
+                if need <= ops_here.keys():
+                    hit = True
+                    for op in need:
+                        rows.update(ops_here[op])
+            if hit:
+                entries.append({"kind": entry.kind, "target": entry.target})
+        if rows:
+            out.append({"kernel": m.name, "replaces": entries, "rows": sorted(rows),
+                        "time_us": sum(times[i] for i in rows)})
+    return sorted(out, key=lambda c: -c["time_us"])
+
+
+def kernels_for_rows(swap_candidates: Any, rows: range) -> dict[int, list[str]]:
+    """{row index: candidate kernel names} for the given rows of a run's summary `swap_candidates`."""
+    out: dict[int, list[str]] = {}
+    if not isinstance(swap_candidates, list):
+        return out
+    for c in swap_candidates:
+        if not isinstance(c, dict) or not isinstance(c.get("kernel"), str) or not isinstance(c.get("rows"), list):
+            continue
+        for r in c["rows"]:
+            if isinstance(r, int) and r in rows:
+                out.setdefault(r, []).append(c["kernel"])
+    return out

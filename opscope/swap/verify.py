@@ -1,0 +1,367 @@
+"""Verification before any speed is reported: the original and the swapped model on the same inputs.
+
+For each seed (0: the model's own inputs; 1, 2, ...: every finite, non-constant floating input tensor
+redrawn with its own mean and standard deviation, integer and boolean inputs kept), both models run on
+fresh copies of the inputs with torch's RNG seeded alike (dropout masks match): a forward under
+inference_mode, or in train mode forward, loss and the gradients of the loss with respect to every
+floating input tensor and every trainable parameter (torch.autograd.grad: no optimizer step, nothing
+accumulates in .grad). Buffers are restored before each run (batch norm statistics do not drift).
+
+Each tensor the swapped model produces is compared with the original's:
+  - shape and dtype must be the same;
+  - a degenerate guard fails all zeros, NaN/Inf where the original is finite, and a constant where the
+    original varies (reference_kernels.testing.check_not_degenerate);
+  - elementwise |swapped - original| <= rtol * |original| + atol * rms(original): atol is relative to the
+    tensor's own scale, so a small gradient is not held to an absolute bound meant for activations;
+  - reported: the max abs error, the max rel error (max |swapped - original| / max |original|: normwise,
+    defined where elementwise ratios blow up near zero) and the share of elements out of tolerance.
+The tolerance per dtype is the larger of MODEL_TOLERANCE (two valid float computations of a whole model
+differ in rounding) and, for bundled kernels, the manifest's `[tolerance.<dtype>]`.
+
+Also: the swapped run must leave the model's inputs bitwise as the original run leaves them (unchanged,
+unless the model itself writes to them) and its parameters unmodified (their version counters), and the swap must revert cleanly (opscope.swap.apply.differences). An original whose
+outputs or gradients hold NaN/Inf fails the verification (there is nothing to compare with). Then the
+five traps run on the kernel itself (opscope.swap.traps), also after a failed comparison (they often say
+why). A check that fails makes the verification fail; then no speed is measured.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from opscope.capture.harness import Harness, first_tensor, process_state_kept
+from opscope.swap.apply import RecordedCall, Swap, differences, snapshot
+from opscope.target import describe_exception
+
+
+@dataclass(frozen=True)
+class Tol:
+    rtol: float
+    atol: float  # times the reference tensor's RMS
+
+
+MODEL_TOLERANCE = {
+    torch.float32: Tol(2e-4, 2e-5),
+    torch.float64: Tol(1e-9, 1e-10),
+    torch.bfloat16: Tol(3.2e-2, 2e-2),
+    torch.float16: Tol(4e-3, 2e-3),
+}
+SEEDS = 3
+
+
+def tolerance_for(dtype: torch.dtype, manifests: list[Any]) -> Tol:
+    base = MODEL_TOLERANCE.get(dtype, MODEL_TOLERANCE[torch.float32])
+    rtol, atol = base.rtol, base.atol
+    name = str(dtype).removeprefix("torch.")
+    for m in manifests:
+        t = m.tolerance.get(name)
+        if t is not None:
+            rtol, atol = max(rtol, t.rtol), max(atol, t.atol)
+    return Tol(rtol, atol)
+
+
+@dataclass
+class Check:
+    """One row of the verification table."""
+
+    check: str
+    passed: bool
+    seed: int | None = None
+    tensors: int = 0
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    out_of_tolerance: float | None = None  # share of compared elements
+    worst: str = ""   # the tensor (or kernel call) the numbers or the failure are about
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+@dataclass
+class Verification:
+    passed: bool
+    checks: list[Check]
+    tolerance: dict[str, dict[str, float]]  # dtype -> {"rtol", "atol"}
+    swapped_calls: int = 0   # per step
+    fallback_calls: int = 0
+    sites: list[dict[str, Any]] = field(default_factory=list)  # per site: where, swapped, fallback
+    recorded: list[RecordedCall] = field(default_factory=list)
+
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if not c.passed]
+
+
+# --- comparing tensors ---------------------------------------------------------------------------------
+
+
+@dataclass
+class TensorDiff:
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    out: int = 0
+    n: int = 0
+    problem: str = ""
+
+
+def compare_tensor(got: Any, want: torch.Tensor, tol: Tol) -> TensorDiff:
+    from reference_kernels.testing import check_not_degenerate
+
+    if not isinstance(got, torch.Tensor):
+        return TensorDiff(problem="missing (None)" if got is None else f"not a tensor ({type(got).__name__})")
+    if tuple(got.shape) != tuple(want.shape):
+        return TensorDiff(problem=f"shape {list(got.shape)}, the original's is {list(want.shape)}")
+    if got.dtype != want.dtype:
+        return TensorDiff(problem=f"dtype {str(got.dtype).removeprefix('torch.')}, the original's is "
+                                  f"{str(want.dtype).removeprefix('torch.')}")
+    if got.device != want.device:
+        return TensorDiff(problem=f"on {got.device}, the original's is on {want.device}")
+    g = got.detach().to(torch.float64)
+    w = want.detach().to(torch.float64)
+    n = w.numel()
+    if n == 0:
+        return TensorDiff()
+    both_nan = torch.isnan(g) & torch.isnan(w)
+    same_inf = torch.isinf(w) & (g == w)
+    finite_w = torch.isfinite(w)
+    rms = float(torch.sqrt(torch.mean(torch.where(finite_w, w, 0.0) ** 2)))
+    diff = torch.where(both_nan | same_inf, 0.0, (g - w).abs())
+    diff = torch.nan_to_num(diff, nan=math.inf)
+    bound = tol.rtol * w.abs() + tol.atol * (rms if rms > 0 else 1.0)
+    out = int((diff > torch.nan_to_num(bound, nan=0.0, posinf=math.inf)).sum())
+    max_abs = float(diff.max())
+    scale = float(w[finite_w].abs().max()) if bool(finite_w.any()) else 0.0
+    max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
+    try:
+        check_not_degenerate(g, w, "")
+    except AssertionError as exc:
+        return TensorDiff(max_abs=max_abs, max_rel=max_rel, n=n, out=n, problem=str(exc).removeprefix(": "))
+    return TensorDiff(max_abs=max_abs, max_rel=max_rel, out=out, n=n)
+
+
+def compare_group(name: str, seed: int | None, got: dict[str, Any], want: dict[str, torch.Tensor],
+                  tol_of: Callable[[torch.dtype], Tol]) -> Check | None:
+    """One check over a group of named tensors (outputs, input gradients, parameter gradients)."""
+    if not want and not got:
+        return None
+    check = Check(check=name, passed=True, seed=seed)
+    worst_score = -1.0
+    total_out = total_n = 0
+    problems: list[str] = []
+    for key in dict.fromkeys([*want, *got]):
+        if key not in want:
+            if got[key] is not None:
+                check.passed = False
+                check.worst = check.worst or key
+                problems.append(f"{key}: the swapped model has it, the original does not")
+            continue
+        check.tensors += 1
+        d = compare_tensor(got.get(key), want[key], tol_of(want[key].dtype))
+        total_out, total_n = total_out + d.out, total_n + d.n
+        check.max_abs_err = max(check.max_abs_err or 0.0, d.max_abs)
+        check.max_rel_err = max(check.max_rel_err or 0.0, d.max_rel)
+        if d.problem or d.out:
+            if check.passed:  # the first failing tensor names the row
+                check.worst = key
+            problems.append(f"{key}: {d.problem}" if d.problem else f"{key}: {d.out} of {d.n} elements out of tolerance")
+            check.passed = False
+        elif check.passed and d.max_rel > worst_score:
+            worst_score, check.worst = d.max_rel, key
+    check.out_of_tolerance = total_out / total_n if total_n else 0.0
+    if problems:
+        more = f"; {len(problems) - 3} more" if len(problems) > 3 else ""
+        check.detail = "; ".join(problems[:3]) + more
+    return check
+
+
+# --- running the model ---------------------------------------------------------------------------------
+
+
+def _named_tensors(value: Any, prefix: str = "output") -> dict[str, torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return {prefix: value}
+    out: dict[str, torch.Tensor] = {}
+    if isinstance(value, dict) or hasattr(value, "items") and callable(value.items):
+        for k, v in value.items():
+            out.update(_named_tensors(v, f"{prefix}.{k}"))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            out.update(_named_tensors(v, f"{prefix}[{i}]"))
+    return out
+
+
+def _map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_map_tensors(v, fn) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_tensors(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: _map_tensors(v, fn) for k, v in value.items()}
+    return value
+
+
+def copy_tree(value: Any) -> Any:
+    return _map_tensors(value, lambda t: t.detach().clone())
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+    return bool(torch.equal(a, b))
+
+
+@dataclass
+class Outputs:
+    outputs: dict[str, torch.Tensor]
+    input_grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    param_grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
+
+
+class Runner:
+    """Runs the loaded model (the profile's harness) for verification, without an optimizer step."""
+
+    def __init__(self, harness: Harness) -> None:
+        self.harness = harness
+        self.model = harness.model
+        self.train = harness.mode == "train"
+        self.buffers = {k: b.detach().clone() for k, b in self.model.named_buffers()}
+
+    def inputs(self, seed: int) -> tuple[tuple, dict[str, Any]]:
+        args, kwargs = copy_tree(self.harness.args), copy_tree(self.harness.kwargs)
+        if seed == 0:
+            return args, kwargs
+        gen = torch.Generator().manual_seed(seed)
+
+        def redraw(t: torch.Tensor) -> torch.Tensor:
+            if not t.is_floating_point() or t.numel() < 2 or not bool(torch.isfinite(t).all()):
+                return t
+            std, mean = t.float().std(), t.float().mean()
+            if float(std) == 0.0:
+                return t
+            noise = torch.randn(t.shape, generator=gen).to(device=t.device, dtype=torch.float32)
+            return (noise * std + mean).to(t.dtype)
+
+        return _map_tensors(args, redraw), _map_tensors(kwargs, redraw)
+
+    def _restore_buffers(self) -> None:
+        with torch.no_grad():
+            for k, b in self.model.named_buffers():
+                if k in self.buffers and b.shape == self.buffers[k].shape:
+                    b.copy_(self.buffers[k])
+
+    def run(self, args: tuple, kwargs: dict[str, Any], seed: int) -> Outputs:
+        self._restore_buffers()
+        torch.manual_seed(1000 + seed)
+        with process_state_kept():
+            if not self.train:
+                with torch.inference_mode():
+                    out = self.model(*args, **kwargs)
+                return Outputs(outputs=_named_tensors(out))
+            leaves = {n: t for n, t in input_tensors(args, kwargs).items() if t.is_floating_point()}
+            for t in leaves.values():
+                t.requires_grad_(True)
+            params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+            out = self.model(*args, **kwargs)
+            loss = self.harness._loss(out)
+            wrt = [*leaves.values(), *params.values()]
+            grads = torch.autograd.grad(loss, wrt, allow_unused=True) if wrt else ()
+        named = _named_tensors(out)
+        outputs = {k: v.detach() for k, v in named.items()}
+        if not named and first_tensor(out) is not None:
+            outputs = {"output": first_tensor(out).detach()}
+        k = len(leaves)
+        return Outputs(outputs=outputs,
+                       input_grads={f"grad {n}": g for n, g in zip(leaves, grads[:k], strict=True)},
+                       param_grads={f"grad {n}": g for n, g in zip(params, grads[k:], strict=True)})
+
+    def probe_step(self) -> None:
+        args, kwargs = self.inputs(0)
+        self.run(args, kwargs, 0)
+
+
+def input_tensors(args: tuple, kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The tensors among a call's arguments by name: input[0], input[1][2], input.mask, ..."""
+    return {**_named_tensors(tuple(args), "input"), **_named_tensors(dict(kwargs), "input")}
+
+
+def verify(swap: Swap, runner: Runner, *, seeds: int = SEEDS, traps: bool = True,
+           progress: Callable[[str], None] = lambda m: None) -> Verification:
+    model = runner.model
+    dtypes = {t.dtype for t in [*model.parameters(), *input_tensors(runner.harness.args, runner.harness.kwargs).values()]
+              if t.is_floating_point()} or {torch.get_default_dtype()}
+    tol_cache: dict[torch.dtype, Tol] = {}
+
+    def tol_of(dtype: torch.dtype) -> Tol:
+        if dtype not in tol_cache:
+            tol_cache[dtype] = tolerance_for(dtype, swap.tolerance_kernels)
+        return tol_cache[dtype]
+
+    checks: list[Check] = []
+    result = Verification(passed=False, checks=checks,
+                          tolerance={str(d).removeprefix("torch."): vars(tol_of(d)) for d in sorted(dtypes, key=str)})
+    before = snapshot(model)
+    recorded: list[RecordedCall] = []
+    for seed in range(seeds):
+        progress(f"seed {seed}")
+        args, kwargs = runner.inputs(seed)
+        want_args, want_kwargs = copy_tree(args), copy_tree(kwargs)
+        want = runner.run(want_args, want_kwargs, seed)
+        got_args, got_kwargs = copy_tree(args), copy_tree(kwargs)
+        versions = {n: p._version for n, p in model.named_parameters()}
+        try:
+            with swap.applied():
+                if seed == 0:
+                    swap.reset_counts()
+                    with swap.recording() as recorder:
+                        got = runner.run(got_args, got_kwargs, seed)
+                    recorded = sorted(recorder.calls.values(), key=lambda c: -c.calls)
+                    result.swapped_calls, result.fallback_calls = swap.counts()
+                    result.sites = [{**s.describe(), "swapped": s.swapped, "fallback": s.fallback} for s in swap.sites]
+                else:
+                    got = runner.run(got_args, got_kwargs, seed)
+        except Exception as exc:  # the kernel (or the rewritten model) raised: a failure, not a crash
+            checks.append(Check("swapped model runs", False, seed, detail=f"the swapped model raised "
+                                f"{describe_exception(exc)}"))
+            break
+        broken = [k for group in (want.outputs, want.input_grads, want.param_grads) for k, v in group.items()
+                  if v is not None and v.is_floating_point() and not bool(torch.isfinite(v).all())]
+        if broken:
+            checks.append(Check("original is finite", False, seed, worst=broken[0], detail=(
+                f"the original model's {', '.join(broken[:3])} hold NaN or Inf: nothing to verify against")))
+        for name, g, w in (("outputs", got.outputs, want.outputs),
+                           ("input gradients", got.input_grads, want.input_grads),
+                           ("parameter gradients", got.param_grads, want.param_grads)):
+            check = compare_group(name, seed, g, {k: v for k, v in w.items() if v is not None}, tol_of)
+            if check is not None:
+                checks.append(check)
+        # As the original run left them: unchanged, unless the model itself writes to its inputs.
+        originals, after = input_tensors(want_args, want_kwargs), input_tensors(got_args, got_kwargs)
+        changed = [n for n, t in originals.items() if n in after and not same_bits(t.detach(), after[n].detach())]
+        checks.append(Check("inputs unchanged", not changed, seed, tensors=len(originals),
+                            detail=f"the swapped model changed {', '.join(changed[:3])} in place" if changed else ""))
+        touched = [n for n, p in model.named_parameters() if p._version != versions[n]]
+        checks.append(Check("parameters unchanged", not touched, seed, tensors=len(versions),
+                            detail=f"the swapped model wrote to {', '.join(touched[:3])}" if touched else ""))
+        if seed == 0 and swap.sites and result.swapped_calls == 0 and swap.mechanisms[0].kind != "compile":
+            checks.append(Check("kernel ran", False, seed, detail=f"every one of the {result.fallback_calls} "
+                                "call(s) fell back to the original: the kernel never ran"))
+    diffs = differences(before, snapshot(model))
+    checks.append(Check("swap reverted cleanly", not diffs, detail="; ".join(diffs)))
+    result.recorded = recorded
+    used = [c for c in recorded if c.used]
+    if traps and used and not any(c.check == "swapped model runs" for c in checks):
+        from opscope.swap.traps import run_traps
+
+        # also when a comparison failed: the traps often say why (no autograd, a dtype ignored)
+        checks.extend(run_traps(used, train=runner.train, tol_of=tol_of, progress=progress))
+    result.passed = all(c.passed for c in checks)
+    return result
