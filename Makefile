@@ -17,9 +17,12 @@ install: $(BIN)/python
 demo: install
 	$(BIN)/opscope profile examples/mlp.py
 
+# Two phases: everything else 2-wide, then the `serial` tests (CPU hogs, quiet-machine checks) alone, so
+# they neither slow the others down nor read the other worker as noise.
 test: install
 	$(BIN)/ruff check opscope tests benchmarks examples
-	$(BIN)/python -m pytest -n 2 -q
+	$(BIN)/python -m pytest -n 2 -q -m "not serial"
+	$(BIN)/python -m pytest -q -m serial
 
 lint: install
 	$(BIN)/ruff check opscope tests benchmarks examples

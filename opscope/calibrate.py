@@ -10,16 +10,26 @@ What is measured (all with torch, on `threads` intra-op threads):
     the quick calibration only, at max(512 MiB, 1x LLC); see _QUICK), and backed by transparent huge
     pages where the kernel allows (fewer page faults and TLB misses).
   - GEMM  `torch.mm(a, b, out=c)` on n x n matrices, 2*n^3 FLOPs, for float32, bfloat16, float16 and
-    float64. n starts at 1024 and doubles (quick: up to 2048, full: up to 4096) while one GEMM takes less
-    than a minimum time, so fast dtypes (AMX bf16) are not measured on a matrix too small to saturate.
-    bfloat16/float16 are kept as ceilings only when they run at >= half the float32 rate (a native
-    path); an emulated, slower path is reported in `notes` and left out, so ops in that dtype are held
-    against the float32 ceiling the machine could reach by switching dtype.
+    float64. n is set by work, never by elapsed time (a busy machine makes every GEMM slow, and sizing by
+    time then stopped at too small a matrix): at least GEMM_MIN_N (2048), doubled until each thread gets
+    GEMM_MIN_GFLOP_PER_THREAD of work, and at least 4096 for a dtype the CPU runs on a matrix engine (AMX
+    bf16/fp16), whose tiles need bigger matrices to fill. bfloat16/float16 are first probed on a small
+    GEMM: a path under a quarter of the float32 rate is emulated and not measured further (an emulated
+    fp16 GEMM of 2048^3 can take seconds); a path under half the float32 rate at full size is not kept
+    either. Both are reported in `notes`, and ops in that dtype are held against the float32 ceiling the
+    machine could reach by switching dtype.
 
-Every figure is the median of the timed repeats (after one untimed warm-up); `samples` keeps them all.
-The memory-bandwidth ceiling is max(copy median, triad median): the best streaming rate this machine
-sustains is what a memory-bound op could at best reach, and which of the two patterns is faster varies
-by CPU. The float32 GEMM rate doubles as the vector (non-GEMM) ceiling.
+Every figure is the best of its timed repeats (after one untimed warm-up), as STREAM reports: a ceiling
+is what the machine can do, and a competing process only ever makes a repeat slower; `samples` keeps
+them all. The memory-bandwidth ceiling is max(copy, triad): the best streaming rate this machine sustains
+is what a memory-bound op could at best reach, and which of the two patterns is faster varies by CPU.
+The float32 GEMM rate doubles as the vector (non-GEMM) ceiling.
+
+While it measures, other processes' CPU use is read from /proc/stat (opscope.noise). Above
+noise.NOISY_SHARE of the cores (or when our threads plus theirs oversubscribe the cores) the result is
+marked `stable: false` with a note saying why, and it is not cached as this machine's ceilings: the next
+run measures again. Concurrent opscope processes calibrate one at a time (a lock file in the cache
+dir); one that waited reuses the result the other cached meanwhile.
 
 torch is imported lazily inside functions; importing this module is cheap.
 """
@@ -37,30 +47,39 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from opscope.errors import OpscopeError
 from opscope.hardware import Peaks
+from opscope.noise import CpuSampler, window_noise
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: best-of figures, GEMMs sized by work, only stable results cached
+LOCK_NAME = "calibration.lock"
 MIB = 1 << 20
 
-# Bandwidth repeats, GEMM repeats, largest GEMM n, the time one GEMM must take before n stops doubling,
-# and (quick only) a cap on each stream array. First-touching three 4x-LLC arrays alone can take seconds
+# Bandwidth repeats, GEMM repeats, and (quick only) a cap on each stream array. First-touching three 4x-LLC arrays alone can take seconds
 # (on this project's 2-vCPU VM, whose "LLC" is the host's 480 MiB L3, 3 x 1.9 GiB took 5-9 s cold), so
 # the quick run's arrays are max(512 MiB, 1x LLC): the copy working set is still >= 2x and the triad's
 # >= 3x the LLC. The note in the result says so; the full run (`opscope calibrate`) always uses >= 4x LLC
 # per array. On the VM, 256 MiB and 1.9 GiB arrays measured the same bandwidth (within 3%).
-_QUICK = {"bw_repeats": 3, "gemm_repeats": 5, "gemm_max_n": 2048, "gemm_min_s": 0.002,
-          "max_array_bytes": 512 * (1 << 20)}
-_FULL = {"bw_repeats": 7, "gemm_repeats": 7, "gemm_max_n": 4096, "gemm_min_s": 0.025,
-         "max_array_bytes": None}
+_QUICK = {"bw_repeats": 3, "gemm_repeats": 3, "max_array_bytes": 512 * (1 << 20)}
+_FULL = {"bw_repeats": 7, "gemm_repeats": 7, "max_array_bytes": None}
 _GEMM_DTYPES = ("float32", "bfloat16", "float16", "float64")
 _REDUCED = ("bfloat16", "float16")
 _REDUCED_MIN_RATIO = 0.5  # a reduced-precision GEMM slower than this x float32 is treated as emulated
+_PROBE_N = 512  # the first, small GEMM of a reduced dtype: cheap even when emulated
+_PROBE_MIN_RATIO = 0.25  # ... and below this x the float32 rate it is emulated: not measured at full size
+# GEMM sizes by work. 2048^3 is 17 GFLOP: on the project's 2-core VM a few hundred ms at fp32, and the
+# audit saw 2048^3 run 1.28x faster than 1024^3 there. Per thread at least 2 GFLOP (2048 up to 8 threads,
+# 4096 up to 68, 8192 beyond): each thread's share of the output must stay large next to packing.
+GEMM_MIN_N = 2048
+GEMM_MAX_N = 8192
+GEMM_MIN_GFLOP_PER_THREAD = 2.0
+GEMM_ENGINE_MIN_N = 4096
+_MATRIX_ENGINE_FLAGS = {"bfloat16": "amx_bf16", "float16": "amx_fp16"}
 _MIN_ARRAY_BYTES = 256 * MIB
 _MEMORY_SHARE = 0.5  # the three stream arrays together use at most this share of available memory
 _TRIAD_SCALAR = 3.0
@@ -70,10 +89,12 @@ _UNSTABLE_SPREAD = 1.3  # max/median of a series above this: the machine was pro
 @dataclass
 class CalibrationResult:
     """One calibration. Rates: copy_gbps/triad_gbps in GB/s (1e9 B/s), gemm_gflops {dtype: GFLOP/s} holding
-    only the dtypes usable as ceilings (see notes for the rest); all are medians of `samples` (every
+    only the dtypes usable as ceilings (see notes for the rest); each is the best of its `samples` (every
     timed repeat, same units); gemm_sizes {dtype: n}; array_bytes: bytes per stream array; llc_bytes: the
-    last-level cache that sized them. to_json() is what `opscope calibrate --json` prints and the cache
-    stores; it adds "memory_bandwidth_gbps" and "peaks" (the meta.json "peaks" object)."""
+    last-level cache that sized them; noise: opscope.noise.assess() of other processes' CPU use while it
+    measured; stable: quiet and repeats consistent (only stable results are cached). to_json() is what
+    `opscope calibrate --json` prints and the cache stores; it adds "memory_bandwidth_gbps" and "peaks"
+    (the meta.json "peaks" object)."""
 
     cpu_model: str
     threads: int
@@ -92,10 +113,11 @@ class CalibrationResult:
     cpu_capability: str = ""
     cpu_flags: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    noise: dict[str, Any] = field(default_factory=dict)
     created: str = ""
     wall_s: float = 0.0
-    median_rule: str = ("each figure is the median of its timed repeats, taken after one untimed warm-up; "
-                        "memory bandwidth = max(copy median, triad median)")
+    figure_rule: str = ("each figure is the best of its timed repeats, taken after one untimed warm-up; "
+                        "memory bandwidth = max(copy, triad)")
 
     @property
     def memory_bandwidth_gbps(self) -> float:
@@ -308,49 +330,69 @@ def _gemm(torch: Any, dtype: Any, n: int) -> tuple[Any, Any, Any]:
     return x, y, torch.empty(n, n, dtype=dtype)
 
 
-def _measure_gemm(torch: Any, dtype_name: str, settings: dict[str, Any],
-                  fp32_rate: float | None) -> tuple[list[float], int, str | None]:
-    """(GFLOP/s per repeat, n, reason it was abandoned or None)."""
-    dtype = getattr(torch, dtype_name)
-    n = 1024
-    while True:
-        x, y, out = _gemm(torch, dtype, n)
-        torch.mm(x, y, out=out)  # warm-up (kernel selection, JIT, first touch)
-        t0 = time.perf_counter()
-        torch.mm(x, y, out=out)
-        dt = time.perf_counter() - t0
-        rate = 2.0 * n**3 / dt / 1e9
-        if dtype_name in _REDUCED and fp32_rate and rate < _REDUCED_MIN_RATIO * fp32_rate:
-            return [rate], n, (f"{dtype_name} GEMM runs at {rate:,.0f} GFLOP/s, {rate / fp32_rate:.2f}x float32 "
-                               "(no fast native path): not used as a ceiling; "
-                               f"{dtype_name} ops are held against the float32 ceiling")
-        if dt >= settings["gemm_min_s"] or n >= settings["gemm_max_n"]:
-            break
+def gemm_size(dtype_name: str, threads: int, flags: set[str]) -> int:
+    """The GEMM n for a dtype, from the work alone: >= GEMM_MIN_N, doubled (up to GEMM_MAX_N) until each
+    of `threads` gets GEMM_MIN_GFLOP_PER_THREAD, and >= GEMM_ENGINE_MIN_N on a matrix engine."""
+    n = GEMM_MIN_N
+    while 2.0 * n**3 / max(threads, 1) < GEMM_MIN_GFLOP_PER_THREAD * 1e9 and n < GEMM_MAX_N:
         n *= 2
-    rates = []
-    for _ in range(settings["gemm_repeats"]):
-        t0 = time.perf_counter()
-        torch.mm(x, y, out=out)
-        rates.append(2.0 * n**3 / (time.perf_counter() - t0) / 1e9)
+    if _MATRIX_ENGINE_FLAGS.get(dtype_name) in flags:
+        n = max(n, GEMM_ENGINE_MIN_N)
+    return n
+
+
+def _time_gemm(torch: Any, x: Any, y: Any, out: Any) -> float:
+    t0 = time.perf_counter()
+    torch.mm(x, y, out=out)
+    return time.perf_counter() - t0
+
+
+def _measure_gemm(torch: Any, dtype_name: str, n: int, repeats: int,
+                  fp32_rate: float | None) -> tuple[list[float], int, str | None]:
+    """(GFLOP/s per repeat, n measured, reason it was abandoned or None). A reduced dtype is probed on a
+    _PROBE_N GEMM first; an emulated path stops there."""
+    dtype = getattr(torch, dtype_name)
+    if dtype_name in _REDUCED and fp32_rate:
+        x, y, out = _gemm(torch, dtype, _PROBE_N)
+        torch.mm(x, y, out=out)  # warm-up
+        rate = 2.0 * _PROBE_N**3 / _time_gemm(torch, x, y, out) / 1e9
+        if rate < _PROBE_MIN_RATIO * fp32_rate:
+            return [rate], _PROBE_N, _emulated(dtype_name, rate, fp32_rate, _PROBE_N)
+    x, y, out = _gemm(torch, dtype, n)
+    torch.mm(x, y, out=out)  # warm-up (kernel selection, JIT, first touch)
+    rates = [2.0 * n**3 / _time_gemm(torch, x, y, out) / 1e9 for _ in range(repeats)]
+    best = max(rates)
+    if dtype_name in _REDUCED and fp32_rate and best < _REDUCED_MIN_RATIO * fp32_rate:
+        return rates, n, _emulated(dtype_name, best, fp32_rate, n)
     return rates, n, None
 
 
-def measure_cpu(threads: int | None = None, quick: bool = False) -> CalibrationResult:
+def _emulated(dtype_name: str, rate: float, fp32_rate: float, n: int) -> str:
+    return (f"{dtype_name} GEMM runs at {rate:,.0f} GFLOP/s ({n}^3), {rate / fp32_rate:.2f}x float32 (no fast "
+            f"native path): not used as a ceiling; {dtype_name} ops are held against the float32 ceiling")
+
+
+def measure_cpu(threads: int | None = None, quick: bool = False,
+                sampler: CpuSampler | None = None) -> CalibrationResult:
     """Measures this CPU's ceilings on `threads` intra-op threads (default: torch's current setting,
-    restored afterwards). quick=True takes ~2-4 s (3 bandwidth repeats on smaller arrays, GEMMs up to
-    2048); the full run ~6-15 s (7 repeats on >= 4x LLC arrays, GEMMs up to 4096)."""
+    restored afterwards) and other processes' CPU use meanwhile (`sampler`, default /proc/stat).
+    quick=True: 3 bandwidth repeats on smaller arrays, 3 GEMM repeats (a few seconds); the full run: 7
+    repeats on >= 4x LLC arrays (~10-20 s)."""
     import torch
 
     if threads is not None and threads < 1:
         raise OpscopeError(f"--threads must be at least 1, got {threads}")
     settings = _QUICK if quick else _FULL
+    sampler = sampler or CpuSampler()
     start = time.perf_counter()
     previous = torch.get_num_threads()
     notes: list[str] = []
+    flags = _cpu_flags()
     try:
         if threads is not None:
             torch.set_num_threads(threads)
         n_threads = torch.get_num_threads()
+        before = sampler.sample()
         llc = llc_bytes()
         array_bytes = _stream_array_bytes(llc, _available_memory_bytes(), notes, settings["max_array_bytes"])
         copy, triad = _measure_bandwidth(torch, settings["bw_repeats"], array_bytes)
@@ -360,7 +402,8 @@ def measure_cpu(threads: int | None = None, quick: bool = False) -> CalibrationR
         sizes: dict[str, int] = {}
         for name in _GEMM_DTYPES:
             try:
-                rates, n, skipped = _measure_gemm(torch, name, settings, gemm.get("float32"))
+                rates, n, skipped = _measure_gemm(torch, name, gemm_size(name, n_threads, flags),
+                                                  settings["gemm_repeats"], gemm.get("float32"))
             except (RuntimeError, TypeError, AttributeError) as exc:
                 if name == "float32":
                     raise
@@ -371,24 +414,29 @@ def measure_cpu(threads: int | None = None, quick: bool = False) -> CalibrationR
             if skipped:
                 notes.append(skipped)
             else:
-                gemm[name] = statistics.median(rates)
+                gemm[name] = max(rates)
+        after = sampler.sample()
     finally:
         torch.set_num_threads(previous)
 
-    unstable = {key: max(vals) / statistics.median(vals) for key, vals in samples.items()
-                 if len(vals) >= 3 and max(vals) > _UNSTABLE_SPREAD * statistics.median(vals)}
-    if unstable:
-        worst = max(unstable.values())
-        notes.append(f"unstable: {', '.join(sorted(unstable))} varied up to {worst:.1f}x between repeats (the "
-                     "machine was probably busy), so these ceilings may read low; rerun `opscope calibrate` "
-                     "on an idle machine")
-    flags = _cpu_flags()
+    noise = window_noise(sampler, before, after, n_threads, during="while it measured")
+    if noise["verdict"] == "noisy":
+        notes.append(f"unstable: {noise['reason']}, so these ceilings may read low; they are not cached; rerun "
+                     "`opscope calibrate` on an idle machine")
+    spread = {key: max(vals) / statistics.median(vals) for key, vals in samples.items()
+              if len(vals) >= 3 and max(vals) > _UNSTABLE_SPREAD * statistics.median(vals)}
+    if spread:
+        notes.append(f"unstable: {', '.join(sorted(spread))} varied up to {max(spread.values()):.1f}x between "
+                     "repeats (the machine was probably busy), so these ceilings may read low; they are not "
+                     "cached; rerun `opscope calibrate` on an idle machine")
+    if noise["verdict"] == "unknown":
+        notes.append(f"{noise['reason']}; stability judged from the repeats alone")
     return CalibrationResult(
         cpu_model=cpu_model_name(),
         threads=n_threads,
         torch_version=str(torch.__version__),
-        copy_gbps=statistics.median(copy),
-        triad_gbps=statistics.median(triad),
+        copy_gbps=max(copy),
+        triad_gbps=max(triad),
         gemm_gflops=gemm,
         gemm_sizes=sizes,
         samples=samples,
@@ -397,12 +445,13 @@ def measure_cpu(threads: int | None = None, quick: bool = False) -> CalibrationR
         array_bytes=array_bytes,
         llc_bytes=llc,
         quick=quick,
-        stable=not unstable,
+        stable=noise["verdict"] != "noisy" and not spread,
         cpu_capability=_cpu_capability(torch),
         cpu_flags=sorted(f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16",
                                                    "amx_bf16", "amx_fp16", "amx_tile", "bf16", "asimd",
                                                    "sve", "sve2", "fphp")),
         notes=notes,
+        noise=noise,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         wall_s=round(time.perf_counter() - start, 3),
     )
@@ -459,7 +508,7 @@ def load(threads: int | None = None) -> CalibrationResult | None:
         result = CalibrationResult.from_json(doc["result"])
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
-    if (result.cpu_model, result.threads, result.torch_version) != (model, n, version):
+    if (result.cpu_model, result.threads, result.torch_version) != (model, n, version) or not result.stable:
         return None
     return result
 
@@ -482,29 +531,105 @@ def save(result: CalibrationResult) -> Path:
     return path
 
 
-def cpu_peaks(threads: int | None = None, *, refresh: bool = False,
-              progress: Callable[[str], None] | None = None) -> tuple[Peaks, bool]:
-    """This CPU's ceilings and whether they came from the cache. The first time for a (CPU model,
-    threads, torch version) a quick calibration (~2-4 s) runs and is cached; `opscope calibrate`
-    replaces it with a full one. `progress` receives one-line messages (e.g. print to stderr)."""
+@dataclass
+class Calibration:
+    """A calibration obtained for a run: `how` is "cached" (read from the cache), "reused" (another
+    opscope process measured it while this one waited) or "measured" (here, now); `path` is the cache
+    file it came from or was saved to, None when it was not cached (unstable, or the cache unwritable)."""
+
+    result: CalibrationResult
+    how: str
+    path: Path | None
+
+
+@contextlib.contextmanager
+def calibration_lock(on_wait: Callable[[], None] | None = None) -> Iterator[bool]:
+    """Holds an exclusive flock on <cache dir>/calibration.lock and yields whether it had to wait for
+    another process. Without fcntl or a writable cache dir it yields False without locking (the worst
+    case is the old behaviour: two measurements at once)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield False
+        return
+    try:
+        directory = cache_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        handle = open(directory / LOCK_NAME, "a")  # noqa: SIM115  (closed below, after unlocking)
+    except OSError:
+        yield False
+        return
+    with handle:
+        waited = False
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait:
+                on_wait()
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            waited = True
+        except OSError:  # a filesystem without locks
+            yield False
+            return
+        try:
+            yield waited
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _mtime_ns(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def obtain(threads: int | None = None, *, quick: bool = True, refresh: bool = False,
+           progress: Callable[[str], None] | None = None) -> Calibration:
+    """This CPU's calibration for `threads` (default: torch's current). Unless `refresh`, a cached one
+    is used. Otherwise it measures (quick or full) under calibration_lock(); a process that waited for
+    the lock first re-reads the cache and reuses a result written meanwhile (for a full calibration, only
+    a full one). Only stable results are saved; an unstable one is returned for this run only, with its
+    note sent to `progress`, and the next run measures again."""
     n, version = _resolve_threads(threads)
+    path = cache_file(cpu_model_name(), n, version)
     if not refresh:
         cached = load(n)
         if cached is not None:
-            return cached.peaks(), True
-    path = cache_file(cpu_model_name(), n, version)
-    if progress:
-        progress(f"opscope: measuring this CPU's memory bandwidth and GEMM FLOP/s ({n} threads, a few "
-                 f"seconds, once; cached in {path}; `opscope calibrate` runs a longer measurement)")
-    result = measure_cpu(n, quick=True)
-    if progress and not result.stable:
-        progress("opscope: " + next(note for note in result.notes if note.startswith("unstable")))
-    try:
-        save(result)
-    except OSError as exc:
-        if progress:
-            progress(f"opscope: could not cache the calibration ({exc}); it will be measured again next time")
-    return result.peaks(), False
+            return Calibration(cached, "cached", path)
+    say = progress or (lambda message: None)
+    before = _mtime_ns(path)
+    with calibration_lock(lambda: say("opscope: another opscope process is calibrating this CPU; waiting "
+                                      "for its result")) as waited:
+        if waited or not refresh:
+            meanwhile = load(n)
+            if meanwhile is not None and (not refresh or (_mtime_ns(path) != before and not
+                                                          (meanwhile.quick and not quick))):
+                return Calibration(meanwhile, "reused" if waited else "cached", path)
+        if quick:
+            say(f"opscope: measuring this CPU's memory bandwidth and GEMM FLOP/s ({n} threads, a few "
+                f"seconds, once; cached in {path}; `opscope calibrate` runs a longer measurement)")
+        result = measure_cpu(n, quick=quick)
+        if not result.stable:
+            for note in result.notes:
+                if note.startswith("unstable"):
+                    say("opscope: calibration " + note)
+            return Calibration(result, "measured", None)
+        try:
+            return Calibration(result, "measured", save(result))
+        except OSError as exc:
+            say(f"opscope: could not cache the calibration ({exc}); it will be measured again next time")
+            return Calibration(result, "measured", None)
+
+
+def cpu_peaks(threads: int | None = None, *, refresh: bool = False,
+              progress: Callable[[str], None] | None = None) -> tuple[Peaks, bool]:
+    """This CPU's ceilings and whether they came from the cache (or another process's measurement).
+    The first time for a (CPU model, threads, torch version) a quick calibration (a few seconds) runs
+    and, when stable, is cached; `opscope calibrate` replaces it with a full one. `progress` receives
+    one-line messages (e.g. print to stderr)."""
+    calibration = obtain(threads, quick=True, refresh=refresh, progress=progress)
+    return calibration.result.peaks(), calibration.how != "measured"
 
 
 def cached_cpu_peaks() -> Peaks | None:
@@ -520,7 +645,7 @@ def cached_cpu_peaks() -> Peaks | None:
             result = CalibrationResult.from_json(doc["result"])
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             continue
-        if result.cpu_model == model and (best is None or result.threads > best.threads):
+        if result.cpu_model == model and result.stable and (best is None or result.threads > best.threads):
             best = result
     return best.peaks() if best is not None else None
 
@@ -545,7 +670,7 @@ def format_report(result: CalibrationResult) -> str:
         f"  threads {result.threads}, torch {result.torch_version}"
         + (f", kernels {result.cpu_capability}" if result.cpu_capability else ""),
         "",
-        f"  {'ceiling':<20}{'median':>10} {'':<8}{'range over repeats':<22}how",
+        f"  {'ceiling':<20}{'best':>10} {'':<8}{'range over repeats':<22}how",
         row("memory bandwidth", result.memory_bandwidth_gbps, "GB/s", "", "max(copy, triad)"),
         row("  copy", result.copy_gbps, "GB/s", "copy_gbps", f"dst.copy_(src), 2 x {mib} per pass"),
         row("  triad", result.triad_gbps, "GB/s", "triad_gbps", f"a = b + s*c, 3 x {mib} per pass"),
@@ -560,8 +685,11 @@ def format_report(result: CalibrationResult) -> str:
         "",
         f"  last-level cache {llc}; {result.bandwidth_repeats} bandwidth repeats, {result.gemm_repeats} GEMM "
         "repeats",
-        f"  {result.median_rule}",
+        f"  {result.figure_rule}",
     ]
+    if result.noise.get("verdict") == "quiet":  # a noisy one has its "unstable" note below
+        lines.append(f"  machine quiet: {result.noise['reason']}")
     lines += [f"  note: {note}" for note in result.notes]
-    lines.append(f"  cache: {cache_file(result.cpu_model, result.threads, result.torch_version)}")
+    where = cache_file(result.cpu_model, result.threads, result.torch_version)
+    lines.append(f"  cache: {where}" if result.stable else "  not cached (unstable): the next run measures again")
     return "\n".join(lines)

@@ -14,20 +14,28 @@ from opscope.analysis.ops_table import BOUNDS, JSON_TEXT_COLUMNS, build_ops_tabl
 from opscope.findings import Context, run_rules
 from opscope.findings.base import LayoutProbe
 from opscope.hardware import Peaks
+from opscope.noise import step_spread, unknown
 from opscope.run import FORMAT_VERSION, Run
 from opscope.trace import TraceData, no_gc
+
+# A trace recorded elsewhere says nothing about what else ran on its machine.
+TRACE_NOISE_REASON = "a trace recorded elsewhere: other processes' CPU use on its machine is not known"
 
 
 def analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str,
             source_override: SourceOverride | None = None,
-            layout_probe: LayoutProbe | None = None) -> Run:
+            layout_probe: LayoutProbe | None = None, noise: dict[str, Any] | None = None,
+            step_us: list[float] | None = None) -> Run:
+    """`noise`: opscope.noise.assess() of the timed pass (profile), else "unknown"; `step_us`: each
+    step's measured wall time (profile), else the ProfilerStep annotations' durations are used."""
     with no_gc():
         return _analyze(trace, peaks=peaks, meta=meta, source=source, source_override=source_override,
-                        layout_probe=layout_probe)
+                        layout_probe=layout_probe, noise=noise or unknown(TRACE_NOISE_REASON), step_us=step_us)
 
 
 def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str,
-             source_override: SourceOverride | None, layout_probe: LayoutProbe | None) -> Run:
+             source_override: SourceOverride | None, layout_probe: LayoutProbe | None,
+             noise: dict[str, Any], step_us: list[float] | None) -> Run:
     ev = build_events(trace, source_override)
     gpu = trace.has_gpu
     ev = ev.join(event_costs(ev))
@@ -39,9 +47,13 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
     steps, step_time_us = step_stats(trace, ev)
     busy = device_busy_share(trace, steps, step_time_us) if gpu else None
     ctx = Context(ops=ops, events=ev, peaks=peaks, gpu=gpu, source=source, steps=steps,
-                  step_time_us=step_time_us, device_busy_share=busy, meta=meta, layout_probe=layout_probe)
+                  step_time_us=step_time_us, device_busy_share=busy, meta=meta, layout_probe=layout_probe,
+                  noise=noise)
     findings = run_rules(ctx)
-    summary = summarize(ops, steps=steps, step_time_us=step_time_us, n_findings=len(findings), busy=busy)
+    if step_us is None:
+        step_us = trace.steps["dur"].tolist() if len(trace.steps) else [step_time_us]
+    summary = summarize(ops, steps=steps, step_time_us=step_time_us, n_findings=len(findings), busy=busy,
+                        step_us=step_us, noise=noise)
     return Run(meta=meta, ops=ops, findings=findings, summary=summary, events=ev)
 
 
@@ -79,7 +91,7 @@ def device_busy_share(trace: TraceData, steps: int, step_time_us: float) -> floa
 
 
 def summarize(ops: pd.DataFrame, *, steps: int, step_time_us: float, n_findings: int,
-              busy: float | None) -> dict[str, Any]:
+              busy: float | None, step_us: list[float], noise: dict[str, Any]) -> dict[str, Any]:
     total = float(ops["time_us_total"].sum())
     covered = ops["flops_per_call"].notna() & ops["bytes_per_call"].notna()
     bound_share = {b: 0.0 for b in BOUNDS}
@@ -90,6 +102,8 @@ def summarize(ops: pd.DataFrame, *, steps: int, step_time_us: float, n_findings:
         "total_time_us": total,
         "steps": int(steps),
         "step_time_us": float(step_time_us),
+        **step_spread(step_us),
+        "noise": noise,
         "ops_covered_time_share": float(ops.loc[covered, "time_us_total"].sum()) / total if total > 0 else 0.0,
         "bound_time_share": bound_share,
         "findings": int(n_findings),

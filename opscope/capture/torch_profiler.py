@@ -23,6 +23,7 @@ from opscope.capture.layout_probe import conv_layout_probe
 from opscope.capture.lines import join_lines, module_origins, record_lines
 from opscope.errors import OpscopeError
 from opscope.hardware import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
+from opscope.noise import CpuSampler, window_noise
 from opscope.run import Run, check_out_dir, write_run
 from opscope.target import load_target
 from opscope.trace import load_trace
@@ -82,7 +83,10 @@ def cpu_name() -> str:
     return cpu_model_name()
 
 
-def machine_peaks(opts: ProfileOptions, device: torch.device, progress: Progress) -> Peaks:
+def machine_peaks(opts: ProfileOptions, device: torch.device,
+                  progress: Progress) -> tuple[Peaks, dict[str, Any] | None]:
+    """The ceilings, and for a measured CPU calibration meta.json's "calibration" entry."""
+    calibration = None
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         peaks = gpu_peaks(name)
@@ -92,10 +96,12 @@ def machine_peaks(opts: ProfileOptions, device: torch.device, progress: Progress
         if opts.peak_bw and opts.peak_flops:
             peaks = None  # fully overridden: no need to measure
         else:
-            from opscope.calibrate import cpu_peaks
+            from opscope.calibrate import obtain
 
-            peaks, cached = cpu_peaks(torch.get_num_threads(), progress=progress.warn)
-    return apply_overrides(peaks, opts.peak_bw, opts.peak_flops)
+            got = obtain(torch.get_num_threads(), quick=True, progress=progress.warn)
+            peaks = got.result.peaks()
+            calibration = {"stable": got.result.stable, "cached": got.path is not None, "quick": got.result.quick}
+    return apply_overrides(peaks, opts.peak_bw, opts.peak_flops), calibration
 
 
 def profiler_activities(device: torch.device) -> list:
@@ -105,16 +111,22 @@ def profiler_activities(device: torch.device) -> list:
     return activities
 
 
-def timed_pass(harness: Harness, steps: int, activities: list) -> tuple[torch.profiler.profile, float]:
-    """The only timed part of a profile: shapes recorded, nothing else. Returns (profiler, seconds)."""
-    t0 = time.perf_counter()
+def timed_pass(harness: Harness, steps: int,
+               activities: list) -> tuple[torch.profiler.profile, float, list[float]]:
+    """The only timed part of a profile: shapes recorded, nothing else. Returns (profiler, seconds,
+    each step's wall seconds including its synchronize)."""
+    step_s: list[float] = []
+    clock = time.perf_counter
+    t0 = clock()
     with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
         for i in range(steps):
+            start = clock()
             # The same step annotation torch.profiler's schedule would add, without a schedule.
             with torch.profiler.record_function(f"ProfilerStep#{i}"):
                 harness.step()
                 harness.synchronize()
-    return prof, time.perf_counter() - t0
+            step_s.append(clock() - start)
+    return prof, clock() - t0, step_s
 
 
 def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tuple[Run, ProfileTimings]:
@@ -134,7 +146,7 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tu
     timings.load = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    peaks = machine_peaks(opts, device, progress)
+    peaks, calibration = machine_peaks(opts, device, progress)
     timings.calibration = time.perf_counter() - t0
 
     progress.phase("warmup", total=opts.warmup)
@@ -149,7 +161,10 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tu
     activities = profiler_activities(device)
     with tempfile.TemporaryDirectory(prefix="opscope-") as tmp:
         trace_path = Path(tmp) / "trace.json"
-        prof, timings.timed = timed_pass(harness, opts.steps, activities)
+        sampler = CpuSampler()
+        before = sampler.sample()
+        prof, timings.timed, step_s = timed_pass(harness, opts.steps, activities)
+        after = sampler.sample()
         timings.timed_step_s = timings.timed / opts.steps
         t0 = time.perf_counter()
         prof.export_chrome_trace(str(trace_path))
@@ -160,14 +175,18 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tu
         records = record_lines(harness.step)
         harness.synchronize()
         timings.lines = time.perf_counter() - t0
+        noise = window_noise(sampler, before, after, torch.get_num_threads())
 
         progress.phase("analyzing")
         t0 = time.perf_counter()
         trace = load_trace(trace_path, with_python=False)
         meta = profile_meta(opts, device, harness, peaks)
+        if calibration is not None:
+            meta["calibration"] = calibration
         probe = conv_layout_probe(device) if opts.mode in ("inference", "train") else None
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",
-                      source_override=lambda ev: join_lines(records, ev), layout_probe=probe)
+                      source_override=lambda ev: join_lines(records, ev), layout_probe=probe,
+                      noise=noise, step_us=[t * 1e6 for t in step_s])
         write_run(run, opts.out, target.stem, trace_path)
         timings.analysis = time.perf_counter() - t0
     return run, timings

@@ -52,6 +52,9 @@ class Context:
     device_busy_share: float | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     layout_probe: LayoutProbe | None = None
+    # summary.json "noise": other processes' CPU use during the timed steps (opscope.noise.assess);
+    # verdict "unknown" for traces. Rules resting on achieved rates append noise.noise_caveat(ctx.noise).
+    noise: dict[str, Any] | None = None
     # Derived tables shared between rules (call tree, subtree times, copy classification, ...), filled
     # lazily by opscope.findings.common; never written anywhere.
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)

@@ -17,6 +17,7 @@ import numpy as np
 
 from opscope.findings.base import Context, Finding, rule
 from opscope.findings.common import fmt_us, ideal_row_us, per_step, severity, share, short, user_mask
+from opscope.noise import noise_caveat
 from opscope.sources import HARNESS
 
 MIN_SHARE = 0.25
@@ -58,6 +59,7 @@ def overhead(ctx: Context) -> Iterator[Finding]:
     message = (f"{share(time, ctx):.0%} of op time ({fmt_us(per_step(time, ctx))} per step) is in overhead-bound "
                f"ops, whose work would take under 1 µs at the peaks ({counts}). Most of it: {what}; lines: {where}. "
                f"Saving is an upper bound (all per-op cost removed).")
+    message += noise_caveat(ctx.noise)
     yield Finding(rule="overhead", severity=severity(saving, ctx), op=top_ops[0][0] if top_ops else "",
                   source_location=lines[0][0] if lines else "", message=message,
                   suggestion=GPU_SUGGESTION if ctx.gpu else CPU_SUGGESTION, est_savings_us=saving)

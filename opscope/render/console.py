@@ -14,6 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from opscope.noise import remedy
 from opscope.run import Run
 
 BOUND_STYLE = {"compute": "bold green", "memory": "bold cyan", "overhead": "bold yellow", "unknown": "dim"}
@@ -84,9 +85,15 @@ def summary_panel(run: Run) -> Panel:
     origin = peaks.get("origin", {})
     lines.append(f"peaks   {si((bw or float('nan')) * 1e9, 'B/s')} ({origin.get('memory_bandwidth', '?')}); "
                  f"{ceil or 'unknown'} ({origin.get('flops', '?')})\n")
+    if m.get("calibration", {}).get("stable") is False:
+        lines.append("        calibration unstable (the machine was busy): used for this run only, not cached\n",
+                     style="yellow")
     steps = s.get("steps", 1)
     lines.append(f"steps   {steps} × {fmt_us(s.get('step_time_us'))}   op time {fmt_us(s.get('total_time_us'))}   "
                  f"cost model covers {fmt_pct(s.get('ops_covered_time_share'), 100)} of it\n")
+    noise = noise_line(s)
+    if noise:
+        lines.append(noise + "\n", style="bold yellow")
     shares = s.get("bound_time_share", {})
     lines.append("bound   ")
     for b in ("compute", "memory", "overhead", "unknown"):
@@ -95,6 +102,19 @@ def summary_panel(run: Run) -> Panel:
         busy = s["device_busy_share"]
         lines.append(f"\nGPU busy {fmt_pct(busy, 100)} of the step", style="bold red" if busy < 0.5 else "")
     return Panel(lines, title="opscope", title_align="left", box=box.ROUNDED)
+
+
+def noise_line(summary: dict[str, Any]) -> str | None:
+    """The header line of a noisy run: why (summary "noise" reason), how much step times varied, and
+    what to do; None on quiet runs and traces."""
+    noise = summary.get("noise") or {}
+    if noise.get("verdict") != "noisy":
+        return None
+    text = f"noise   noisy: {noise.get('reason')}"
+    cv = _num(summary.get("step_time_cv"))
+    if cv is not None:
+        text += f"; step time varied {cv:.0%} (cv)"
+    return f"{text}; {remedy(noise)}"
 
 
 # (header, justify, minimum console width to show it). Narrow terminals keep the essentials.
