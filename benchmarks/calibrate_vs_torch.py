@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -59,22 +56,6 @@ def plain_mm_gflops(n: int, dtype: torch.dtype, iters: int) -> list[float]:
     return rates
 
 
-@contextmanager
-def busy_loops(n: int) -> Iterator[None]:
-    """n processes spinning in a busy loop (running before this yields)."""
-    procs = [subprocess.Popen([sys.executable, "-c", "print(1, flush=True)\nwhile True: pass"],
-                              stdout=subprocess.PIPE) for _ in range(n)]
-    try:
-        for p in procs:
-            p.stdout.readline()
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait()
-
-
 def phase(threads: int, args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     result = calibrate.measure_cpu(threads, quick=args.quick)
@@ -107,7 +88,7 @@ def main() -> int:
     cores = len(noise.affinity_cpus())
     try:
         quiet = phase(threads, args)
-        with busy_loops(cores):
+        with noise.busy_loops(cores):
             loaded = phase(threads, args)
     finally:
         torch.set_num_threads(previous)

@@ -589,8 +589,9 @@ def obtain(threads: int | None = None, *, quick: bool = True, refresh: bool = Fa
     """This CPU's calibration for `threads` (default: torch's current). Unless `refresh`, a cached one
     is used. Otherwise it measures (quick or full) under calibration_lock(); a process that waited for
     the lock first re-reads the cache and reuses a result written meanwhile (for a full calibration, only
-    a full one). Only stable results are saved; an unstable one is returned for this run only, with its
-    note sent to `progress`, and the next run measures again."""
+    a full one). Only stable results are saved; an unstable one is returned for this run only (a quick
+    one with its notes sent to `progress`; a full one's notes are in its report) and the next run
+    measures again."""
     n, version = _resolve_threads(threads)
     path = cache_file(cpu_model_name(), n, version)
     if not refresh:
@@ -611,9 +612,10 @@ def obtain(threads: int | None = None, *, quick: bool = True, refresh: bool = Fa
                 f"seconds, once; cached in {path}; `opscope calibrate` runs a longer measurement)")
         result = measure_cpu(n, quick=quick)
         if not result.stable:
-            for note in result.notes:
-                if note.startswith("unstable"):
-                    say("opscope: calibration " + note)
+            if quick:  # inside `profile` nobody sees a report: say it here
+                for note in result.notes:
+                    if note.startswith("unstable"):
+                        say("opscope: calibration " + note)
             return Calibration(result, "measured", None)
         try:
             return Calibration(result, "measured", save(result))

@@ -196,7 +196,8 @@ def calibrate(
     else:
         Console(highlight=False).print(cal.format_report(calibration.result), markup=False, soft_wrap=True)
     if calibration.path is None:
-        stderr.print("not cached: the cache keeps what it had; the next run measures again", markup=False)
+        stderr.print("not cached: unstable (the machine was busy; see the notes); the cache keeps what it had",
+                     markup=False)
     else:
         reused = "another opscope process measured it meanwhile; " if calibration.how == "reused" else ""
         stderr.print(f"{reused}cached in {calibration.path}", markup=False)

@@ -14,10 +14,13 @@ the share is None and the verdict "unknown".
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,3 +207,20 @@ def step_spread(step_us: list[float]) -> dict[str, float | None]:
         var = sum((v - mean) ** 2 for v in values) / (n - 1)
         cv = math.sqrt(var) / mean
     return {"step_time_us_p50": p50, "step_time_us_max": values[-1], "step_time_cv": cv}
+
+
+@contextlib.contextmanager
+def busy_loops(n: int) -> Iterator[None]:
+    """n processes spinning in a Python busy loop, all running before this yields: the competing load
+    the noise tests and the calibration benchmark measure under."""
+    procs = [subprocess.Popen([sys.executable, "-c", "print('spinning', flush=True)\nwhile True: pass"],
+                              stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    try:
+        for p in procs:
+            p.stdout.readline()
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()

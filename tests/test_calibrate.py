@@ -346,6 +346,7 @@ def _measurements(tmp_path: Path) -> int:
     return len(log.read_text().splitlines()) if log.exists() else 0
 
 
+@pytest.mark.slow  # subprocesses importing torch
 def test_concurrent_first_calibrations_measure_once(cache_dir: Path, tmp_path: Path) -> None:
     """Two processes needing this CPU's ceilings at once: one measures, the other waits and reuses it
     (or, if it came later, reads the cache)."""
@@ -364,19 +365,28 @@ def _wait_for_lock_message(proc: subprocess.Popen) -> None:
     pytest.fail(f"no waiting message; stdout {proc.stdout.read()!r}")
 
 
-def test_a_process_that_waited_reuses_what_was_cached_meanwhile(cache_dir: Path, tmp_path: Path) -> None:
-    """Deterministic: this test holds the lock, a quick and a full calibration wait for it; meanwhile a
-    quick result is cached. The quick one reuses it; the full one measures (a quick result does not
-    replace a full calibration)."""
+def _waits_then_finds(tmp_path: Path, kind: str, meanwhile: CalibrationResult) -> dict:
+    """Holds the lock while a `kind` calibration starts and waits for it; caches `meanwhile`; releases."""
     with calibrate.calibration_lock() as waited:
         assert not waited
-        quick = _obtainer(tmp_path, _fake_result(2, copy_gbps=1.0), 0.0, "quick")
-        full = _obtainer(tmp_path, _fake_result(2, copy_gbps=2.0, quick=False), 0.0, "full")
-        _wait_for_lock_message(quick)
-        _wait_for_lock_message(full)
-        calibrate.save(_fake_result(2, copy_gbps=42.0))
-    outs = {name: json.loads(p.communicate(timeout=120)[0]) for name, p in (("quick", quick), ("full", full))}
-    assert outs["quick"] == {"how": "reused", "copy_gbps": 42.0}
-    assert outs["full"] == {"how": "measured", "copy_gbps": 2.0}
+        proc = _obtainer(tmp_path, _fake_result(2, copy_gbps=2.0, quick=kind == "quick"), 0.0, kind)
+        _wait_for_lock_message(proc)
+        calibrate.save(meanwhile)
+    return json.loads(proc.communicate(timeout=120)[0])
+
+
+@pytest.mark.slow  # subprocesses importing torch
+def test_a_process_that_waited_reuses_what_was_cached_meanwhile(cache_dir: Path, tmp_path: Path) -> None:
+    """Deterministic: this test holds the lock while a calibration waits for it, and caches a result
+    meanwhile. A quick calibration reuses it; a full one reuses a full result but measures over a quick
+    one (a quick result does not stand in for `opscope calibrate`)."""
+    assert _waits_then_finds(tmp_path, "quick", _fake_result(2, copy_gbps=42.0)) == {"how": "reused",
+                                                                                      "copy_gbps": 42.0}
+    assert _measurements(tmp_path) == 0
+    assert _waits_then_finds(tmp_path, "full", _fake_result(2, copy_gbps=43.0, quick=False)) == {
+        "how": "reused", "copy_gbps": 43.0}
+    assert _measurements(tmp_path) == 0
+    assert _waits_then_finds(tmp_path, "full", _fake_result(2, copy_gbps=44.0)) == {"how": "measured",
+                                                                                     "copy_gbps": 2.0}
     assert _measurements(tmp_path) == 1
-    assert calibrate.load(threads=2).copy_gbps == 2.0  # the full one replaced it
+    assert calibrate.load(threads=2).copy_gbps == 2.0  # the full one replaced the quick one

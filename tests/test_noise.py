@@ -13,8 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -211,22 +209,6 @@ def test_profile_and_analyze_summaries(tmp_path: Path) -> None:
 # --- the real thing -----------------------------------------------------------------------------------
 
 
-@contextmanager
-def hogs(n: int) -> Iterator[None]:
-    """n processes spinning in a busy loop, each started before this yields."""
-    procs = [subprocess.Popen([sys.executable, "-c", "print('spinning', flush=True)\nwhile True: pass"],
-                              stdout=subprocess.PIPE, text=True) for _ in range(n)]
-    try:
-        for p in procs:
-            p.stdout.readline()
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait()
-
-
 HOGS = len(noise.affinity_cpus())  # one per core
 needs_proc_stat = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="no /proc/stat: noise is unknown")
 
@@ -236,7 +218,7 @@ needs_proc_stat = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="n
 @needs_proc_stat
 def test_profile_under_hogs_is_noisy(tmp_path: Path) -> None:
     path = write_model(tmp_path, TINY)
-    with hogs(HOGS):
+    with noise.busy_loops(HOGS):
         proc = run_cli("profile", str(path), "--steps", "3", "--warmup", "1", "--threads", "1",
                        *PEAKS, "--json", "--out", str(tmp_path / "run"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -261,7 +243,7 @@ def test_calibration_under_hogs_is_not_cached(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(calibrate, "_MIN_ARRAY_BYTES", 16 << 20)
     monkeypatch.setitem(calibrate._QUICK, "max_array_bytes", 16 << 20)
     messages: list[str] = []
-    with hogs(HOGS):
+    with noise.busy_loops(HOGS):
         got = calibrate.obtain(1, quick=True, progress=messages.append)
     assert not got.result.stable and got.result.noise["verdict"] == "noisy", got.result.noise
     assert got.path is None and calibrate.load(threads=1) is None
