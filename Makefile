@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint install
+.PHONY: demo test lint install browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,9 +17,20 @@ install: $(BIN)/python
 demo: install
 	$(BIN)/opscope profile examples/mlp.py
 
+# The browser tests (tests/test_browser.py) need Chromium (Debian's `chromium` package): installed here
+# when missing and this is root with apt-get; otherwise they are skipped, saying why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
+		echo "opscope: could not install chromium; the browser tests will be skipped"; \
+	else \
+		echo "opscope: chromium is not installed (installing needs root and apt-get); the browser tests will be skipped"; \
+	fi
+
 # Two phases: everything else 2-wide, then the `serial` tests (CPU hogs, quiet-machine checks) alone, so
 # they neither slow the others down nor read the other worker as noise.
-test: install
+test: install browser
 	$(BIN)/ruff check opscope tests benchmarks examples
 	$(BIN)/python -m pytest -n 2 -q -m "not serial"
 	$(BIN)/python -m pytest -q -m serial

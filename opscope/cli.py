@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import traceback
 from enum import Enum
@@ -15,6 +16,7 @@ from rich.console import Console
 
 from opscope import __version__
 from opscope.errors import NotAvailableError, OpscopeError
+from opscope.hardware import DTYPE_KEYS
 
 app = typer.Typer(
     add_completion=False,
@@ -47,17 +49,22 @@ class Mode(str, Enum):
 PEAK_BW = typer.Option(None, "--peak-bw", metavar="GBPS", help="Override the memory-bandwidth ceiling (GB/s).")
 PEAK_FLOPS = typer.Option(
     None, "--peak-flops", metavar="[DTYPE=]GFLOPS",
-    help="Override a FLOP/s ceiling (GFLOP/s); DTYPE one of float32, tfloat32, bfloat16, float16, float8. "
+    help="Override a FLOP/s ceiling (GFLOP/s); DTYPE one of " + ", ".join(DTYPE_KEYS) + ". "
          "Without DTYPE it applies to every dtype. Repeatable.")
 OUT = typer.Option(None, "--out", help="Run directory to create (must not exist or be empty).")
 JSON_OUT = typer.Option(False, "--json", help="Print the run summary as one JSON document on stdout.")
 DEBUG = typer.Option(False, "--debug", help="Show Python tracebacks for errors.")
+# Bounds on counts: far above any real use, far below what overflows torch's C++ ints.
+MAX_THREADS = 4096
+MAX_STEPS = 100_000
 
 
 def _warn(message: str, console: Console | None = None) -> None:
     from rich.text import Text
 
-    text = Text("opscope: ", style="yellow") + Text(message.removeprefix("opscope: "))
+    from opscope.render.text import clean
+
+    text = Text("opscope: ", style="yellow") + Text(clean(message.removeprefix("opscope: ")))
     (console or stderr).print(text, highlight=False, soft_wrap=True)
 
 
@@ -96,12 +103,15 @@ class _RichProgress:
 
 
 def _emit(run, json_out: bool, top: int) -> None:  # noqa: ANN001
-    from opscope.run import dumps
+    from rich.text import Text
+
+    from opscope.render.text import clean
+    from opscope.run import dumps, shown_path
 
     if json_out:
         sys.stdout.write(dumps(run.summary) + "\n")
         sys.stdout.flush()
-        stderr.print(f"run directory: {run.path}")
+        stderr.print(Text(f"run directory: {clean(shown_path(run.path))}"), highlight=False)
         return
     from opscope.render.console import render_run
 
@@ -115,9 +125,10 @@ def profile(
     device: Device = typer.Option(Device.auto, "--device", help="auto = cuda when available, else cpu."),
     dtype: DType | None = typer.Option(None, "--dtype", help="Cast model and floating inputs (default: the model's own)."),
     mode: Mode = typer.Option(Mode.inference, "--mode", help="inference: forward only; train: + loss, backward, SGD step."),
-    warmup: int = typer.Option(2, "--warmup", min=0, help="Untimed steps before profiling."),
-    steps: int = typer.Option(5, "--steps", min=1, help="Profiled steps."),
-    threads: int | None = typer.Option(None, "--threads", min=1, help="torch.set_num_threads for the run."),
+    warmup: int = typer.Option(2, "--warmup", min=0, max=MAX_STEPS, help="Untimed steps before profiling."),
+    steps: int = typer.Option(5, "--steps", min=1, max=MAX_STEPS, help="Profiled steps."),
+    threads: int | None = typer.Option(None, "--threads", min=1, max=MAX_THREADS,
+                                       help="torch.set_num_threads for the run."),
     peak_bw: float | None = PEAK_BW,
     peak_flops: list[str] | None = PEAK_FLOPS,
     out: Path | None = OUT,
@@ -127,14 +138,25 @@ def profile(
 ) -> None:
     """Profile a model file: per-op FLOPs, bytes, roofline and findings; writes a run directory."""
     _state["debug"] = debug
-    from opscope.capture.torch_profiler import ProfileOptions, profile_target
+    from opscope.hardware import apply_overrides
+    from opscope.run import DEFAULT_REPORTS_DIR, check_out_dir, discard_staging, read_run
+    from opscope.supervise import Listener, run_worker
+    from opscope.target import check_target_file
 
-    opts = ProfileOptions(target=target, entry=entry, device=device.value, dtype=dtype.value if dtype else None,
-                          mode=mode.value, warmup=warmup, steps=steps, threads=threads, peak_bw=peak_bw,
-                          peak_flops=list(peak_flops or []), out=out)
+    # Everything that needs no torch is checked here, before the child starts (and imports torch).
+    check_target_file(target)
+    check_out_dir(out.absolute() if out else None, DEFAULT_REPORTS_DIR.absolute())
+    apply_overrides(None, peak_bw, list(peak_flops or []))  # a bad --peak-* is one line now, not later
+    spec = {"target": str(target.absolute()), "entry": entry, "device": device.value,
+            "dtype": dtype.value if dtype else None, "mode": mode.value, "warmup": warmup, "steps": steps,
+            "threads": threads, "peak_bw": peak_bw, "peak_flops": list(peak_flops or []),
+            "out": str(out.absolute()) if out else None, "debug": debug}
+    folders = [out.absolute().parent if out else DEFAULT_REPORTS_DIR.absolute()]
     with _RichProgress(stderr) as progress:
-        run, _ = profile_target(opts, progress)
-    _emit(run, json_out, top)
+        listener = Listener(phase=progress.phase, advance=progress.advance, warn=progress.warn)
+        result = run_worker("opscope.capture.worker", spec, listener,
+                            on_abort=lambda pid: discard_staging(folders, pid))
+    _emit(read_run(Path(result["run_dir"])), json_out, top)
 
 
 @app.command()
@@ -145,6 +167,12 @@ def analyze(
     peak_bw: float | None = PEAK_BW,
     peak_flops: list[str] | None = PEAK_FLOPS,
     top: int = typer.Option(15, "--top", min=1, help="Rows of the op table to print."),
+    max_trace_gb: float | None = typer.Option(
+        None, "--max-trace-gb", metavar="GB", help="Refuse traces whose (decompressed) JSON is larger (default 4)."),
+    capture: Path | None = typer.Option(
+        None, "--capture", metavar="CAPTURE",
+        help="A trace recorded while the replayed CUDA/HIP graphs were captured: maps replayed kernels to the ops "
+             "and shapes that launched them."),
     debug: bool = DEBUG,
 ) -> None:
     """Analyze an existing torch.profiler trace (CPU, CUDA or ROCm) into a run directory."""
@@ -152,36 +180,91 @@ def analyze(
     from opscope.analysis.trace_file import analyze_trace_file
 
     run = analyze_trace_file(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
-                             warn=_warn)
+                             warn=_warn, max_trace_gb=max_trace_gb, capture=capture)
     _emit(run, json_out, top)
 
 
 @app.command()
 def report(
     run_dir: Path | None = typer.Argument(None, help="Run directory (default: the newest under reports/)."),
-    html: bool = typer.Option(False, "--html", help="Write a self-contained HTML report (not available yet)."),
+    html: bool = typer.Option(False, "--html", help="Write a self-contained HTML report (default RUN_DIR/report.html)."),
+    output: Path | None = typer.Option(None, "-o", "--output", metavar="FILE", help="Where --html writes the report."),
+    baseline: Path | None = typer.Option(None, "--baseline", metavar="RUN0",
+                                         help="Add the comparison with this earlier run directory."),
     top: int = typer.Option(15, "--top", min=1, help="Rows of the op table to print."),
     findings: int = typer.Option(10, "--findings", min=0, help="Findings to print."),
     json_out: bool = JSON_OUT,
     debug: bool = DEBUG,
 ) -> None:
-    """Print a saved run: summary, top ops and findings."""
+    """Print a saved run (summary, verdict, top ops, breakdowns, findings), or write it as one HTML file."""
     _state["debug"] = debug
-    if html:
-        raise NotAvailableError("`opscope report --html` is not available yet: the HTML report arrives in a later release")
-    from opscope.render.console import render_run
     from opscope.run import dumps, find_latest_run, read_run
 
+    if output is not None and not html:
+        raise OpscopeError("-o/--output names the HTML file: use it with --html")
     run = read_run(run_dir if run_dir is not None else find_latest_run())
-    if json_out:
-        sys.stdout.write(dumps(run.summary) + "\n")
+    comparison = None
+    if baseline is not None:
+        from opscope.compare import compare_runs
+
+        comparison = compare_runs(read_run(baseline), run)
+    if html:
+        from rich.text import Text
+
+        from opscope.render.html import default_html_path, write_html
+        from opscope.render.text import clean
+        from opscope.run import shown_path
+
+        path = write_html(run, output if output is not None else default_html_path(run.path), comparison)
+        Console(highlight=False).print(Text(f"report: {clean(shown_path(path))}"), soft_wrap=True)
         return
-    render_run(run, Console(highlight=False), top=top, findings=findings)
+    if json_out:
+        sys.stdout.write(dumps(run.summary if comparison is None else
+                               {**run.summary, "comparison": comparison.to_json()}) + "\n")
+        return
+    from opscope.render.console_report import render_report
+
+    render_report(run, Console(highlight=False), top=top, findings=findings, comparison=comparison)
+
+
+@app.command()
+def compare(
+    run_a: Path = typer.Argument(..., help="The baseline run directory (A)."),
+    run_b: Path = typer.Argument(..., help="The run to compare with it (B)."),
+    fail_above: float | None = typer.Option(
+        None, "--fail-above", metavar="RATIO",
+        help="Exit 1 when B's step time is more than RATIO x A's (a CI regression gate, e.g. 1.10)."),
+    top: int = typer.Option(15, "--top", min=1, help="Changed ops to print."),
+    json_out: bool = typer.Option(False, "--json", help="Print the comparison as one JSON document on stdout."),
+    debug: bool = DEBUG,
+) -> None:
+    """Compare two run directories op by op: time per op and in total, ops that appeared or vanished,
+    findings fixed and introduced; changes inside the runs' noise are marked as such."""
+    _state["debug"] = debug
+    from opscope.compare import compare_runs, regressed
+    from opscope.run import dumps, read_run
+
+    if fail_above is not None and not (fail_above > 0 and fail_above < float("inf")):
+        raise OpscopeError(f"--fail-above must be a positive ratio such as 1.10, not {fail_above:g}")
+    comparison = compare_runs(read_run(run_a), read_run(run_b))
+    if fail_above is not None and comparison.step_ratio is None:
+        raise OpscopeError("--fail-above needs the step time of both runs; one of them has none")
+    if json_out:
+        sys.stdout.write(dumps(comparison.to_json()) + "\n")
+    else:
+        from opscope.render.console_report import comparison_group
+
+        console = Console(highlight=False)
+        console.print(comparison_group(comparison, top, console.width))
+    if fail_above is not None and regressed(comparison, fail_above):
+        stderr.print(f"opscope: regression: B's step time is {comparison.step_ratio:.2f}x A's "
+                      f"(more than --fail-above {fail_above:g})", markup=False, highlight=False)
+        sys.exit(1)
 
 
 @app.command()
 def calibrate(
-    threads: int | None = typer.Option(None, "--threads", min=1, help="Thread count to measure at."),
+    threads: int | None = typer.Option(None, "--threads", min=1, max=MAX_THREADS, help="Thread count to measure at."),
     json_out: bool = typer.Option(False, "--json", help="Print the measurement as JSON."),
     debug: bool = DEBUG,
 ) -> None:
@@ -206,7 +289,6 @@ def calibrate(
 _LATER = {
     "swap": "drops a bundled optimized kernel into your model, checks correctness and measures the speedup",
     "kernels": "lists the bundled CPU/Triton/CUDA kernels",
-    "compare": "compares two run directories op by op",
 }
 
 
@@ -234,18 +316,71 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """Which PyTorch operators make your model slow, why, and what to do about it."""
 
 
+class Terminated(BaseException):
+    """SIGINT, SIGTERM or SIGHUP, raised in the main thread, so that every `finally` and cleanup runs
+    (temporary directories, half-written run directories, background gzip files). Not a
+    KeyboardInterrupt: typer would turn that into a silent exit code."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+
+
+def _cleanup_on_signals() -> None:
+    def stop(signum: int, frame: object) -> None:
+        raise Terminated(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None:
+            signal.signal(sig, stop)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    from rich.text import Text
+
+    from opscope.render.text import clean
+
+    stderr.print(Text(f"opscope: error: {clean(message)}"), highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
 def main() -> None:
+    """Entry point: every bad input (an OpscopeError, or a usage error such as a bad option value) is one
+    line on stderr and exit 2; --debug adds the traceback."""
+    # typer (>= 0.16) vendors click; older releases use click itself.
+    try:
+        from typer._click import exceptions as click_errors
+    except ImportError:
+        from click import exceptions as click_errors
+
     if "--debug" not in sys.argv:
         # libkineto prints "USDT: profiler_start/stop" lines on every profile; 6 silences them.
         os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    debug = "--debug" in sys.argv
+    _cleanup_on_signals()
     try:
-        app()
+        code = app(standalone_mode=False, prog_name="opscope")
     except OpscopeError as exc:
-        if _state["debug"] or "--debug" in sys.argv:
+        if _state["debug"] or debug:
             traceback.print_exc()
-        message = str(exc).replace("\n", " ")
-        stderr.print(f"opscope: error: {message}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
+        _fail(str(exc), exc.exit_code)
+    except click_errors.NoArgsIsHelpError as exc:  # `opscope` alone: the help text, as before
+        stderr.print(exc.ctx.get_help() if exc.ctx is not None else "", markup=False, highlight=False)
+        sys.exit(2)
+    except click_errors.UsageError as exc:
+        if debug:
+            traceback.print_exc()
+        where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+        _fail(f"{exc.format_message()}{where}", 2)
+    except Terminated as exc:
+        _fail(f"{'interrupted' if exc.signum == signal.SIGINT else 'stopped'} by {exc.name}; nothing was written",
+              128 + exc.signum)
+    except (typer.Abort, KeyboardInterrupt):
+        _fail("interrupted; nothing was written", 130)
+    except click_errors.ClickException as exc:
+        _fail(exc.format_message(), exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

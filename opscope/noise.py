@@ -179,10 +179,15 @@ def unknown(reason: str) -> dict[str, Any]:
 
 def remedy(noise: dict[str, Any]) -> str:
     """What to do about a noisy measurement: fewer threads than cores, more steps, an idle machine."""
-    cores = int(noise.get("cores") or 0)
-    share = noise.get("other_cpu_share") or 0.0
-    free = max(cores - math.ceil(share * cores - 1e-9), 1) if cores else 1
+    cores, share = noise.get("cores"), noise.get("other_cpu_share")
+    if not (_number(cores) and _number(share)):
+        return "rerun on an idle machine, with fewer --threads than cores, or with more --steps"
+    free = max(int(cores) - math.ceil(share * cores - 1e-9), 1)
     return f"rerun on an idle machine, with --threads {free}, or with more --steps"
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def noise_caveat(noise: dict[str, Any] | None) -> str:

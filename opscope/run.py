@@ -7,6 +7,7 @@ overwritten.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -18,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from opscope.errors import OpscopeError, OutputError
@@ -25,6 +27,21 @@ from opscope.errors import OpscopeError, OutputError
 FORMAT_VERSION = 1
 RUN_FILES = ("meta.json", "ops.csv", "findings.json", "summary.json", "trace.json.gz")
 DEFAULT_REPORTS_DIR = Path("reports")
+STAGING_PREFIX = ".opscope-run-"  # + pid + "-": a run being written, renamed into place when complete
+# The working directory when opscope started: a model's code may change it, and paths are shown
+# relative to where the user ran the command.
+_START_CWD = Path.cwd()
+
+
+def shown_path(path: Path) -> str:
+    """`path` as the user should see it: relative to the starting directory when inside it."""
+    path = Path(path)
+    if not path.is_absolute():
+        return str(path)
+    try:
+        return str(path.relative_to(_START_CWD))
+    except ValueError:
+        return str(path)
 
 
 @dataclass
@@ -37,30 +54,78 @@ class Run:
     events: pd.DataFrame | None = field(default=None, repr=False)  # in-memory only; not written
 
 
-def check_out_dir(out: Path | None) -> None:
-    """Fails early (before any profiling) if `out` can't receive a new run."""
+def check_out_dir(out: Path | None, base: Path | None = None) -> None:
+    """Fails early (before any profiling or analysis) if the run cannot be written: `out` (or, without
+    it, the reports folder `base`) must be creatable and writable, not inside a file, not a symlink
+    that points nowhere, and (for `out`) empty and not a mount point. One OutputError line each."""
     if out is None:
+        _check_writable_folder(base if base is not None else DEFAULT_REPORTS_DIR, "the reports folder")
         return
+    if out.is_symlink() and not out.exists():
+        raise OutputError(f"--out {out} is a symlink to nothing ({os.readlink(out)})")
     if out.exists():
         if not out.is_dir():
             raise OutputError(f"--out {out} exists and is not a directory")
-        if any(out.iterdir()):
+        try:
+            entries = any(out.iterdir())
+        except OSError as exc:
+            raise OutputError(f"--out {out} cannot be read: {exc.strerror or exc}") from exc
+        if entries:
             raise OutputError(f"--out {out} already exists and is not empty; opscope never overwrites a run")
-    parent = out.absolute().parent
-    if parent.exists() and not os.access(parent, os.W_OK):
-        raise OutputError(f"cannot write to {parent}")
+        if os.path.ismount(out):
+            raise OutputError(f"--out {out} is a mount point: opscope builds a run beside its final place and "
+                              "renames it in, which a mount point cannot take; give a directory inside it")
+    _check_writable_folder(out.absolute().parent, f"--out {out}: its parent folder")
+
+
+def _check_writable_folder(folder: Path, what: str) -> None:
+    """The nearest existing ancestor of `folder` must be a directory we can create entries in; checked by
+    creating (and removing) a probe directory, which also catches read-only file systems."""
+    folder = folder.absolute()
+    existing = folder
+    while not existing.exists():
+        if existing.is_symlink():
+            raise OutputError(f"{what} {folder} goes through a symlink to nothing ({existing})")
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OutputError(f"{what} {folder} cannot be created: {existing} is a file, not a folder")
+    try:
+        probe = tempfile.mkdtemp(prefix=".opscope-probe-", dir=existing)
+        os.rmdir(probe)
+    except OSError as exc:
+        raise OutputError(f"{what} {folder} is not writable: {exc.strerror or exc}") from exc
 
 
 def default_run_dir(stem: str, base: Path = DEFAULT_REPORTS_DIR, now: datetime | None = None) -> Path:
-    """reports/<YYYYmmdd-HHMMSS>-<stem>/, with -2, -3, ... appended if taken."""
+    """reports/<YYYYmmdd-HHMMSS>-<stem>/, with -2, -3, ... appended if taken. Only a suggestion: a
+    concurrent run may take it first; write_run reserves the final name atomically."""
+    return next(_run_dir_candidates(stem, base, now))
+
+
+def _run_dir_candidates(stem: str, base: Path, now: datetime | None = None):
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem) or "run"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem).lstrip(".") or "run"
     candidate = base / f"{stamp}-{safe}"
     k = 2
-    while candidate.exists():
+    while True:
+        if not candidate.exists() and not candidate.is_symlink():
+            yield candidate
         candidate = base / f"{stamp}-{safe}-{k}"
         k += 1
-    return candidate
+
+
+def _reserve(stem: str, base: Path) -> Path:
+    """Creates the first free default run directory (empty) and returns it. mkdir is atomic, so two
+    runs started in the same second get distinct names (-2, -3, ...)."""
+    for candidate in _run_dir_candidates(stem, base):
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise AssertionError("unreachable")
 
 
 def _clean(value: Any) -> Any:
@@ -82,27 +147,40 @@ def dumps(obj: Any) -> str:
 
 class TraceCompressor:
     """Gzips an uncompressed trace into `folder` on a background thread while analysis runs (zlib
-    releases the GIL, so on a multi-core machine this costs no wall time). Gzipped traces are copied
-    as they are by write_run."""
+    releases the GIL, so on a multi-core machine this costs no wall time). A gzipped regular file is
+    copied as it is by write_run. A trace that is not a regular file (a pipe, /dev/stdin) can be read
+    only once: pass its bytes as `data` and they are gzipped from memory."""
 
-    def __init__(self, src: Path, folder: Path) -> None:
+    def __init__(self, src: Path, folder: Path, data: bytes | bytearray | None = None) -> None:
         self.src = src
+        self.data = data
         self.path: Path | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        with open(src, "rb") as f:
-            if f.read(2) == b"\x1f\x8b":
-                return
+        self._made_folder: Path | None = None
+        if data is None:
+            with open(src, "rb") as f:
+                if f.read(2) == b"\x1f\x8b":
+                    return
+        if not folder.exists():
+            self._made_folder = folder  # removed again by discard() if the run never lands there
         folder.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=".trace-", suffix=".json.gz", dir=folder)
-        os.close(fd)
         self.path = Path(name)
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        try:
+            os.close(fd)
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        except BaseException:  # e.g. a signal right here: leave no temporary file
+            self.discard()
+            raise
 
     def _run(self) -> None:
         try:
-            _gzip_file(self.src, self.path)
+            if self.data is not None:
+                _gzip_bytes(self.data, self.path)
+            else:
+                _gzip_file(self.src, self.path)
         except BaseException as exc:  # re-raised in result()
             self._error = exc
 
@@ -116,10 +194,19 @@ class TraceCompressor:
         return self.path, True
 
     def discard(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-        if self.path is not None and self.path.exists():
-            self.path.unlink()
+        """Removes the temporary file (and the folder this created, if still empty). Safe to interrupt:
+        a signal during the join still removes the file (the thread may keep writing to the unlinked
+        file until it ends)."""
+        try:
+            if self._thread is not None:
+                self._thread.join()
+        finally:
+            if self.path is not None:
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
+            if self._made_folder is not None:
+                with contextlib.suppress(OSError):
+                    self._made_folder.rmdir()  # only if still empty: a failed run leaves no empty reports/
 
 
 def _gzip_file(src: Path, dst: Path) -> None:
@@ -130,15 +217,33 @@ def _gzip_file(src: Path, dst: Path) -> None:
         shutil.copyfileobj(fi, fo, 8 << 20)
 
 
+def _gzip_bytes(data: bytes | bytearray, dst: Path) -> None:
+    import gzip
+
+    level = 1 if len(data) > (64 << 20) else 6
+    with gzip.open(dst, "wb", compresslevel=level) as fo:
+        view = memoryview(data)
+        for i in range(0, len(view), 8 << 20):
+            fo.write(view[i:i + (8 << 20)])
+
+
 def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
-              compressor: TraceCompressor | None = None) -> Path:
+              compressor: TraceCompressor | None = None, base: Path | None = None) -> Path:
     """Writes the run directory atomically and returns its path. `trace_file` is copied (gzipped if it
-    is not already) as trace.json.gz; a `compressor` already gzipping it takes its place."""
-    target = out if out is not None else default_run_dir(stem)
-    check_out_dir(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    is not already) as trace.json.gz; a `compressor` already gzipping it takes its place. Without `out`
+    the run gets a fresh default name under `base` (default: ./reports). Any OSError (disk full,
+    read-only file system, ...) is one OutputError line, with nothing left under the final name."""
+    base = base if base is not None else DEFAULT_REPORTS_DIR
+    if out is not None and out.is_symlink() and out.exists():
+        out = out.resolve()  # a symlink to an empty directory: the run goes where it points
+    folder = (out.absolute().parent if out is not None else base.absolute())
+    tmp: Path | None = None
+    reserved: Path | None = None
     try:
+        if out is not None:
+            check_out_dir(out)
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=folder))
         (tmp / "meta.json").write_text(dumps(run.meta) + "\n")
         run.ops.to_csv(tmp / "ops.csv", index=False)
         (tmp / "findings.json").write_text(dumps(run.findings) + "\n")
@@ -151,14 +256,38 @@ def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
                 _copy_trace(src, tmp / "trace.json.gz")
         elif trace_file is not None:
             _copy_trace(trace_file, tmp / "trace.json.gz")
-        if target.exists():  # an empty directory: rename(2) replaces it atomically
-            target.rmdir()
+        if out is not None:
+            target = out
+        else:
+            target = reserved = _reserve(stem, folder)
+        # rename(2) over an empty directory replaces it atomically: the run appears whole or not at all.
         os.replace(tmp, target)
+        tmp = None
+    except OSError as exc:
+        _discard(tmp, reserved)
+        where = out if out is not None else folder
+        raise OutputError(f"cannot write the run directory under {where}: {exc.strerror or exc}") from exc
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _discard(tmp, reserved)
         raise
     run.path = target
     return target
+
+
+def discard_staging(folders: list[Path], pid: int) -> None:
+    """Removes what a killed process `pid` left while writing a run: its hidden staging directories."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            for path in folder.glob(f"{STAGING_PREFIX}{pid}-*"):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _discard(tmp: Path | None, reserved: Path | None) -> None:
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if reserved is not None:
+        with contextlib.suppress(OSError):
+            reserved.rmdir()
 
 
 def _copy_trace(src: Path, dst: Path) -> None:
@@ -171,34 +300,164 @@ def _copy_trace(src: Path, dst: Path) -> None:
 
 
 def find_latest_run(base: Path = DEFAULT_REPORTS_DIR) -> Path:
-    runs = [p for p in base.glob("*") if p.is_dir() and not p.name.startswith(".") and (p / "summary.json").exists()]
-    if not runs:
-        raise OpscopeError(f"no runs under {base}/; run `opscope profile` or `opscope analyze` first")
-    return max(runs, key=lambda p: (p / "summary.json").stat().st_mtime)
+    try:
+        runs = [p for p in base.glob("*") if p.is_dir() and not p.name.startswith(".") and (p / "summary.json").exists()]
+        if not runs:
+            raise OpscopeError(f"no runs under {base}/; run `opscope profile` or `opscope analyze` first")
+        return max(runs, key=lambda p: (p / "summary.json").stat().st_mtime)
+    except OSError as exc:
+        raise OpscopeError(f"cannot read {base}/: {exc.strerror or exc}") from exc
 
 
 def read_run(path: Path) -> Run:
+    """Reads a run directory back, checking what the renderers rely on; anything damaged or of the wrong
+    shape is one OpscopeError naming the file and what is wrong."""
     if not path.exists():
         raise OpscopeError(f"no such run directory: {path}")
-    missing = [f for f in RUN_FILES[:4] if not (path / f).exists()]
+    if not path.is_dir():
+        raise OpscopeError(f"{path} is not a directory")
+    missing = [f for f in RUN_FILES[:4] if not (path / f).is_file()]
     if missing:
         raise OpscopeError(f"{path} is not an opscope run directory (missing {', '.join(missing)})")
-    try:
-        meta = json.loads((path / "meta.json").read_text())
-        summary = json.loads((path / "summary.json").read_text())
-        findings = json.loads((path / "findings.json").read_text())
-    except json.JSONDecodeError as exc:
-        raise OpscopeError(f"{path} has a damaged JSON file ({exc})") from exc
+    meta = _read_json(path / "meta.json", dict)
+    summary = _read_json(path / "summary.json", dict)
+    findings = _read_json(path / "findings.json", list)
+    _check_meta(path / "meta.json", meta)
+    _check_summary(path / "summary.json", summary)
+    _check_findings(path / "findings.json", findings)
     ops = read_ops_csv(path / "ops.csv")
     return Run(meta=meta, ops=ops, findings=findings, summary=summary, path=path)
 
 
+def _read_json(path: Path, kind: type) -> Any:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise OpscopeError(f"{path} is damaged: {_reason(exc)}") from exc
+    if not isinstance(value, kind):
+        raise OpscopeError(f"{path} is damaged: expected a JSON {'object' if kind is dict else 'list'}, "
+                           f"got {type(value).__name__}")
+    return value
+
+
+def _reason(exc: BaseException) -> str:
+    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return text.splitlines()[0][:200]
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check(path: Path, ok: bool, what: str) -> None:
+    if not ok:
+        raise OpscopeError(f"{path} is damaged: {what}")
+
+
+def _check_meta(path: Path, meta: dict[str, Any]) -> None:
+    for key in ("target", "source"):
+        _check(path, isinstance(meta.get(key, ""), str), f"{key!r} must be text")
+    for key in ("mode", "dtype", "torch_version"):
+        _check(path, meta.get(key) is None or isinstance(meta.get(key), str), f"{key!r} must be text or null")
+    device = meta.get("device", {})
+    _check(path, isinstance(device, dict) and all(isinstance(device.get(k, ""), str) for k in ("type", "name")),
+           "'device' must be an object with text 'type' and 'name'")
+    peaks = meta.get("peaks", {})
+    _check(path, isinstance(peaks, dict), "'peaks' must be an object")
+    bw = peaks.get("memory_bandwidth_gbps")
+    _check(path, bw is None or (_is_num(bw) and bw > 0), "'peaks.memory_bandwidth_gbps' must be a positive number")
+    flops = peaks.get("flops_gflops", {})
+    _check(path, isinstance(flops, dict) and all(isinstance(k, str) and _is_num(v) and v > 0 for k, v in flops.items()),
+           "'peaks.flops_gflops' must map dtype names to positive numbers")
+    origin = peaks.get("origin", {})
+    _check(path, isinstance(origin, dict) and all(isinstance(v, str) for v in origin.values()),
+           "'peaks.origin' must map to text")
+
+
+def _check_summary(path: Path, summary: dict[str, Any]) -> None:
+    steps = summary.get("steps", 1)
+    _check(path, isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0, "'steps' must be a whole number")
+    for key in ("total_time_us", "step_time_us", "ops_covered_time_share"):
+        v = summary.get(key)
+        _check(path, v is None or _is_num(v), f"{key!r} must be a number")
+    busy = summary.get("device_busy_share")
+    _check(path, busy is None or _is_num(busy), "'device_busy_share' must be a number")
+    shares = summary.get("bound_time_share", {})
+    _check(path, isinstance(shares, dict) and all(v is None or _is_num(v) for v in shares.values()),
+           "'bound_time_share' must map bound classes to numbers")
+    _check_gpu_summary(path, summary)
+
+
+def _opt_num(v: Any) -> bool:
+    return v is None or _is_num(v)
+
+
+def _records(v: Any, numbers: tuple[str, ...], texts: tuple[str, ...]) -> bool:
+    """A list of objects whose `numbers` keys are numbers (or null) and `texts` keys text (or null)."""
+    return isinstance(v, list) and all(
+        isinstance(r, dict) and all(_opt_num(r.get(k)) for k in numbers)
+        and all(r.get(k) is None or isinstance(r.get(k), str) for k in texts) for r in v)
+
+
+def _check_gpu_summary(path: Path, summary: dict[str, Any]) -> None:
+    """The GPU timeline keys (opscope.analysis.gpu_timeline) the console reads."""
+    for key in ("unattributed_time_share", "kernel_families_cover_share", "comm_compute_overlap_share"):
+        _check(path, _opt_num(summary.get(key)), f"{key!r} must be a number or null")
+    families = summary.get("kernel_family_time_share")
+    _check(path, families is None or (isinstance(families, dict) and all(_opt_num(v) for v in families.values())),
+           "'kernel_family_time_share' must map kernel families to numbers")
+    graph = summary.get("graph_replay")
+    launchers = graph.get("launchers") if isinstance(graph, dict) else None
+    _check(path, graph is None or (
+        isinstance(graph, dict)
+        and all(_opt_num(graph.get(k)) for k in ("launches", "kernels", "kernel_time_share", "captured_time_share"))
+        and (launchers is None or (isinstance(launchers, list) and all(isinstance(x, str) for x in launchers)))),
+        "'graph_replay' must be an object of counts, shares and launcher names")
+    streams = summary.get("streams")
+    _check(path, streams is None or _records(streams, ("stream", "busy_us", "busy_share", "kernels"), ()),
+           "'streams' must be a list of objects with numbers")
+    gaps = summary.get("idle_gaps")
+    _check(path, gaps is None or _records(gaps, ("start_us", "duration_us"),
+                                          ("kernel_before", "kernel_after", "cpu_op", "cpu_source_location")),
+           "'idle_gaps' must be a list of objects (times as numbers, names as text)")
+
+
+def _check_findings(path: Path, findings: list[Any]) -> None:
+    for i, f in enumerate(findings):
+        _check(path, isinstance(f, dict), f"finding {i} is not an object")
+        for key in ("rule", "severity", "message", "suggestion"):
+            _check(path, isinstance(f.get(key), str), f"finding {i}: {key!r} must be text")
+        for key in ("op", "source_location"):
+            _check(path, f.get(key) is None or isinstance(f.get(key), str), f"finding {i}: {key!r} must be text")
+        saving = f.get("est_savings_us")
+        _check(path, saving is None or _is_num(saving), f"finding {i}: 'est_savings_us' must be a number or null")
+
+
 TEXT_COLUMNS = ("op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location",
-                "bound", "kernels", "family", "dtype", "ceiling", "note")
+                "bound", "kernels", "family", "dtype", "ceiling", "note", "kernel_family", "launcher")
+# The columns the renderers read as numbers; anything else in them makes the file damaged.
+NUMBER_COLUMNS = ("calls", "time_us_total", "time_share", "flops_per_call", "bytes_per_call",
+                  "arithmetic_intensity", "achieved_gflops", "achieved_gbps", "pct_peak_flops",
+                  "pct_peak_bandwidth", "cpu_time_us_total", "time_us_per_call")
+REQUIRED_COLUMNS = ("op", "calls", "time_us_total", "time_share")
 
 
 def read_ops_csv(path: Path) -> pd.DataFrame:
-    head = pd.read_csv(path, nrows=0).columns
-    dtypes = {c: str for c in TEXT_COLUMNS if c in head}
-    df = pd.read_csv(path, dtype=dtypes, keep_default_na=False, na_values={c: [""] for c in head if c not in dtypes})
+    try:
+        head = pd.read_csv(path, nrows=0).columns
+        dtypes = {c: str for c in TEXT_COLUMNS if c in head}
+        df = pd.read_csv(path, dtype=dtypes, keep_default_na=False,
+                         na_values={c: [""] for c in head if c not in dtypes})
+    except (OSError, UnicodeDecodeError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise OpscopeError(f"{path} is damaged: {_reason(exc)}") from exc
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    _check(path, not missing, f"missing column(s) {', '.join(missing)}")
+    for col in NUMBER_COLUMNS:
+        if col in df.columns:
+            values = pd.to_numeric(df[col], errors="coerce")
+            bad = values.isna() & df[col].notna()
+            _check(path, not bad.any(), f"column {col!r} holds non-numbers (row {int(bad.to_numpy().argmax()) + 1})")
+            df[col] = values.astype(float)
+    calls = df["calls"].to_numpy()
+    _check(path, bool(np.isfinite(calls).all() and (calls >= 0).all()), "column 'calls' must hold counts")
     return df

@@ -3,14 +3,17 @@
 1. `--entry FUNC`: FUNC() returns (model, inputs);
 2. KernelBench style: `class Model(nn.Module)`, `get_inputs()`, optional `get_init_inputs()`;
 3. `get_model()` and `get_inputs()`.
-Inputs are a list/tuple of tensors, or a dict of keyword arguments. An optional `loss_fn(output)` is
-used by `--mode train`.
+Inputs are a list/tuple of positional arguments, or a dict of keyword arguments: tensors, and beside them
+any other values (Python numbers, None, nested lists/dicts of tensors), which are passed through
+unchanged. An optional `loss_fn(output)` is used by `--mode train`.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+import sysconfig
 import traceback
 import uuid
 from collections.abc import Callable
@@ -65,27 +68,49 @@ def _call_user(fn: Callable[..., Any], what: str, *args: Any) -> Any:
         raise TargetError(f"{what} failed{at}: {describe_exception(exc)}") from exc
 
 
-def load_module(path: Path) -> ModuleType:
+def check_target_file(path: Path) -> None:
+    """The checks that need neither torch nor running the file: it exists, is a readable Python file and
+    compiles. TargetError (one line) otherwise."""
     if not path.exists():
         raise TargetError(f"no such file: {path}")
     if path.is_dir():
         raise TargetError(f"{path} is a directory; TARGET must be a Python file")
     try:
-        source = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TargetError(f"cannot read {path}: {exc}") from exc
+        source = path.read_bytes()
+    except OSError as exc:
+        raise TargetError(f"cannot read {path}: {exc.strerror or exc}") from exc
     try:
         compile(source, str(path), "exec")
     except SyntaxError as exc:
         raise TargetError(f"syntax error in {display_path(str(path.resolve()))} line {exc.lineno}: {exc.msg}") from exc
+    except ValueError as exc:  # e.g. null bytes
+        raise TargetError(f"{path} is not a Python source file ({exc})") from exc
+
+
+def add_model_folder(folder: str) -> None:
+    """Makes the model's neighbours importable: after the standard library's entries in sys.path, so a
+    neighbour named like a stdlib module (profile.py, inspect.py, ...) cannot shadow the module torch
+    imports lazily; before site-packages, as `python model.py` would."""
+    if folder in sys.path:
+        return
+    stdlib = {os.path.normcase(os.path.realpath(p)) for key in ("stdlib", "platstdlib")
+              if (p := sysconfig.get_paths().get(key))}
+    position = 0
+    for i, entry in enumerate(sys.path):
+        real = os.path.normcase(os.path.realpath(entry)) if entry else ""
+        if real in stdlib or any(real.startswith(s + os.sep) for s in stdlib) or entry.endswith(".zip"):
+            position = i + 1
+    sys.path.insert(position, folder)
+
+
+def load_module(path: Path) -> ModuleType:
+    check_target_file(path)
     name = f"opscope_target_{path.stem}_{uuid.uuid4().hex[:8]}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise TargetError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
-    folder = str(path.resolve().parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)  # so the model file can import its neighbours
+    add_model_folder(str(path.resolve().parent))
     sys.modules[name] = module
     _call_user(spec.loader.exec_module, f"importing {path.name}", module)
     return module
@@ -135,10 +160,6 @@ def _split_inputs(inputs: Any, source: str) -> tuple[tuple, dict[str, Any]]:
     if isinstance(inputs, torch.Tensor):
         return (inputs,), {}
     if not isinstance(inputs, (list, tuple)):
-        raise TargetError(f"{source} must return a list/tuple of tensors or a dict of keyword arguments; "
-                          f"got {type(inputs).__name__}")
-    for i, x in enumerate(inputs):
-        if not isinstance(x, torch.Tensor):
-            raise TargetError(f"{source} returned a non-tensor at position {i} ({type(x).__name__}); "
-                              "return tensors only, or a dict of keyword arguments")
-    return tuple(inputs), {}
+        raise TargetError(f"{source} must return a list/tuple of the model's arguments (tensors, numbers, ...) "
+                          f"or a dict of keyword arguments; got {type(inputs).__name__}")
+    return tuple(inputs), {}  # non-tensor arguments (e.g. KernelBench's scalar `s`) go to forward unchanged

@@ -9,9 +9,12 @@ fast. Decoding uses msgspec with typed structs, so only the fields opscope needs
 from __future__ import annotations
 
 import gc
-import gzip
+import io
 import json
+import math
+import os
 import re
+import stat
 import zlib
 from array import array
 from collections.abc import Iterator
@@ -29,7 +32,10 @@ from opscope.sources import trace_frame_location as frame_location_of
 
 DEVICE_ACTIVITY_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
-STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+STEP_RE = re.compile(r"^ProfilerStep#(\d{1,18})$")
+# torch.compile's call of one inductor graph: a record_function range (user_annotation) around the
+# graph's kernels and extern ops; kept as an op event so the graph's own time can be a row.
+COMPILED_GRAPH_RE = re.compile(r"^## Call CompiledFxGraph\b.*##$")
 
 
 class _Args(msgspec.Struct):
@@ -44,6 +50,14 @@ class _Args(msgspec.Struct):
     call_stack: str | None = msgspec.field(default=None, name="Call stack")
     stream: int | None = None
     device: int | None = None
+    # inductor's kernel launch records: "triton" for its Triton kernels; its own cost estimates when
+    # compiled with config.benchmark_kernel / profile_bandwidth
+    kernel_backend: str | None = None
+    # ROCm's launch records name the kernel they launch (roctracer); checked by hand, not typed, so an
+    # odd value costs only the name
+    kernel: Any = None
+    kernel_flop: float | None = None
+    kernel_num_gb: float | None = None
 
 
 class _Event(msgspec.Struct):
@@ -60,20 +74,37 @@ class _Event(msgspec.Struct):
 class _TraceFile(msgspec.Struct):
     # Events stay raw here and are decoded in batches (see _columnize): decoding millions of events in
     # one go costs several times more time and memory than batches that are dropped once tabulated.
+    # The metadata fields are Any and checked by hand: a wrong-typed field opscope can do without must
+    # not make the whole trace unreadable.
     traceEvents: list[msgspec.Raw] | None = None  # noqa: N815 (the trace's own key)
-    deviceProperties: list[dict[str, Any]] | None = None  # noqa: N815
-    distributedInfo: dict[str, Any] | None = None  # noqa: N815
-    torch_version: str | None = None
-    pytorch_version: str | None = None
-    cuda_runtime_version: int | str | None = None
-    hip_runtime_version: int | str | None = None
-    roctracer_version: int | str | float | None = None
-    cupti_version: int | str | None = None
+    deviceProperties: Any = None  # noqa: N815
+    distributedInfo: Any = None  # noqa: N815
+    torch_version: Any = None
+    pytorch_version: Any = None
+    hip_runtime_version: Any = None
+    roctracer_version: Any = None
 
 
 _DECODER = msgspec.json.Decoder(_TraceFile)
+_ARRAY_DECODER = msgspec.json.Decoder(list[msgspec.Raw])  # the Chrome "JSON Array Format": just the events
 _BATCH_DECODER = msgspec.json.Decoder(list[_Event])
+_EVENT_DECODER = msgspec.json.Decoder(_Event)
 BATCH = 20_000
+
+DEFAULT_MAX_TRACE_GB = 4.0  # decompressed size a trace may reach before it is refused (--max-trace-gb)
+_READ_CHUNK = 4 << 20  # bytes per read; also the most a gzip bomb can overshoot the limit by
+_SNIFF = 4096
+# torch's traces compress 10-30x with gzip (JSON with repeated keys); a file that expands far more is a
+# decompression bomb, refused once its output passes _RATIO_CHECK_AFTER.
+MAX_GZIP_RATIO = 500
+_RATIO_CHECK_AFTER = 256 << 20
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+# Event times beyond these are not a profiler's: a duration of more than 30 days, or a timestamp that
+# is not a finite number.
+MAX_DURATION_US = 30 * 86_400 * 1e6
+_ANNOTATION_COLUMNS = ("name", "pid", "tid", "ts", "dur")
+# A tensor of more elements than this (2**50, a petabyte of bytes) is not a real recorded shape.
+MAX_NUMEL = 1 << 50
 
 
 @dataclass
@@ -86,68 +117,256 @@ class TraceData:
     launches: pd.DataFrame
     steps: pd.DataFrame
     python: pd.DataFrame  # user (and harness) frames only; "name" holds their 'file:line' location
+    # record_function ranges (user_annotation) other than ProfilerStep#N and compiled graphs: name, pid,
+    # tid, ts, dur. Not ops; they name the code that launched kernels no op encloses (a CUDA graph
+    # replay inside an inference server's `step[DECODE bs=32]`).
+    annotations: pd.DataFrame = field(
+        default_factory=lambda: _frame(dict.fromkeys(_ANNOTATION_COLUMNS, ()), floats=("ts", "dur")))
+    # ops: besides cpu_op events, torch.compile's `## Call CompiledFxGraph <key> ##` ranges; columns
+    # kernel_backend / kernel_flop / kernel_num_gb carry inductor's launch args ("" / NaN elsewhere)
     device_properties: list[dict[str, Any]] = field(default_factory=list)
     torch_version: str | None = None
     gpu_runtime: str | None = None  # "cuda" | "rocm" | None
     distributed: dict[str, Any] | None = None
     n_events: int = 0
+    # One line each about what the reader skipped or excluded (malformed events, absurd durations or
+    # shapes); the CLI prints them as warnings.
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def has_gpu(self) -> bool:
         return len(self.kernels) > 0
 
+    @property
+    def gpu_only(self) -> bool:
+        """A trace of GPU activity only (no cpu_op events): its report is kernel-level."""
+        return self.ops.empty and self.has_gpu
+
+
+class _Rejects:
+    """Counts what the reader leaves out, with one example each, for the warnings."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.examples: dict[str, str] = {}
+
+    def add(self, kind: str, example: str = "") -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        if example and kind not in self.examples:
+            self.examples[kind] = example
+
+    def lines(self) -> list[str]:
+        out = []
+        for kind, n in self.counts.items():
+            example = self.examples.get(kind)
+            out.append(f"{n:,} {kind}" + (f" (first: {example})" if example else ""))
+        return out
+
 
 class _TextCache(dict):
     """Raw JSON bytes -> one shared str. Shapes repeat across steps and layers, so a million ops hold a
-    few thousand distinct strings."""
+    few thousand distinct strings. Each distinct text is checked once: anything that is not the JSON
+    list the profiler writes becomes "" (unknown), counted in `rejects`."""
+
+    def __init__(self, rejects: _Rejects, what: str, check_sizes: bool = False) -> None:
+        super().__init__()
+        self.rejects = rejects
+        self.what = what
+        self.check_sizes = check_sizes
 
     def text(self, raw: msgspec.Raw) -> str:
         key = bytes(raw)
         hit = self.get(key)
         if hit is None:
-            hit = self[key] = _normalise(key.decode())
+            hit = self[key] = self._checked(key)
+        if hit is _BAD:
+            self.rejects.add(f"events with an unusable \"{self.what}\" (ignored)", _excerpt(key))
+            return ""
         return hit
 
+    def _checked(self, key: bytes) -> str:
+        if not key or key == b"null":
+            return ""
+        try:
+            value = json.loads(key)
+        except (ValueError, RecursionError):
+            return _BAD
+        if not isinstance(value, list) or (self.check_sizes and not _plausible_dims(value)):
+            return _BAD
+        return _normalise(key.decode("utf-8", errors="replace"), value)
 
-def _normalise(text: str) -> str:
-    if not text or text == "null":
-        return ""
+
+_BAD = "\0bad"  # sentinel: a text that failed its check
+
+
+def _plausible_dims(dims: list) -> bool:
+    """"Input Dims": one entry per input, a shape (list of ints >= 0), [] or a list of shapes."""
+    for entry in dims:
+        if not isinstance(entry, list):
+            return False
+        shapes = entry if entry and isinstance(entry[0], list) else [entry]
+        for shape in shapes:
+            if not isinstance(shape, list):
+                return False
+            numel = 1
+            for d in shape:
+                if not isinstance(d, int) or isinstance(d, bool) or d < 0:
+                    return False
+                numel *= d
+            if numel > MAX_NUMEL:
+                return False
+    return True
+
+
+def _excerpt(raw: bytes | str, limit: int = 60) -> str:
+    text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _normalise(text: str, value: Any) -> str:
     if "\n" in text or ("," in text and ", " not in text):
         # another writer's layout: re-dump in the one-line form torch writes ("[[8, 16], [16]]")
-        text = json.dumps(json.loads(text))
+        text = json.dumps(value)
     return text
 
 
-def read_bytes(path: str | Path) -> bytes:
-    """File content, gunzipped when needed (by magic number, not by suffix)."""
+def max_trace_bytes(max_gb: float | None) -> int:
+    """--max-trace-gb as bytes (None: the default)."""
+    gb = DEFAULT_MAX_TRACE_GB if max_gb is None else max_gb
+    if not (isinstance(gb, (int, float)) and math.isfinite(gb) and gb > 0):
+        raise TraceError(f"--max-trace-gb must be a positive number of GB, got {max_gb!r}")
+    return int(gb * 1e9)
+
+
+def read_bytes(path: str | Path, max_bytes: int | None = None) -> bytes | bytearray:
+    """The trace's JSON text, gunzipped when needed (by magic number, not by suffix). Reads the file
+    once, in chunks (so pipes and /dev/stdin work), rejects what is not JSON from its first bytes, and
+    refuses a trace whose (decompressed) size passes `max_bytes` before spending that memory."""
     p = Path(path)
-    if not p.exists():
-        raise TraceError(f"no such trace file: {p}")
-    if p.is_dir():
+    limit = max_bytes if max_bytes is not None else max_trace_bytes(None)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise TraceError(f"no such trace file: {p}") from None
+    except OSError as exc:
+        raise TraceError(f"cannot read {p}: {exc.strerror or exc}") from exc
+    if stat.S_ISDIR(st.st_mode):
         raise TraceError(f"{p} is a directory, not a trace file")
     try:
-        data = p.read_bytes()
+        with open(p, "rb") as f:
+            head = _read_at_least(f, 2)
+            if head[:2] == b"\x1f\x8b":
+                return _read_gzip(p, head, f, limit)
+            regular = stat.S_ISREG(st.st_mode)
+            if regular and st.st_size > limit:
+                raise TraceError(_too_big(p, limit, st.st_size))
+            return _read_plain(p, head, f, limit)
     except OSError as exc:
-        raise TraceError(f"cannot read {p}: {exc.strerror}") from exc
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = _gunzip(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise TraceError(f"{p} is a damaged gzip file ({exc})") from exc
-    return data
+        raise TraceError(f"cannot read {p}: {exc.strerror or exc}") from exc
 
 
-def _gunzip(data: bytes) -> bytes:
+def _read_at_least(f: Any, n: int) -> bytes:
+    """Up to n bytes (fewer only at end of file): a pipe may return less per read."""
+    out = b""
+    while len(out) < n:
+        chunk = f.read(n - len(out))
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def _too_big(p: Path, limit: int, size: int | None = None) -> str:
+    what = f"is {size / 1e9:,.1f} GB" if size is not None else "decompresses to more than"
+    return (f"{p} {what} the {limit / 1e9:g} GB limit for traces; pass --max-trace-gb to raise it"
+            if size is None else f"{p} {what}, over the {limit / 1e9:g} GB limit for traces; "
+            "pass --max-trace-gb to raise it")
+
+
+def _sniff(p: Path, first: bytes) -> None:
+    """A Chrome trace is a JSON object (or array): reject anything else from its first bytes."""
+    text = first.lstrip(b" \t\r\n")
+    if text.startswith(b"\xef\xbb\xbf"):
+        text = text[3:].lstrip(b" \t\r\n")
+    if not text:
+        return  # empty or all whitespace so far: the decoder gives the right message
+    if text[:1] not in (b"{", b"["):
+        raise TraceError(f"{p} is not a readable trace: not JSON (it starts with {_excerpt(text[:16], 24)!r})")
+
+
+def _read_plain(p: Path, head: bytes, f: Any, limit: int) -> bytearray:
+    buf = bytearray(head)
+    buf += _read_at_least(f, _SNIFF)
+    _sniff(p, bytes(buf[:_SNIFF]))
+    while True:
+        chunk = f.read(_READ_CHUNK)
+        if not chunk:
+            return buf
+        buf += chunk
+        if len(buf) > limit:
+            raise TraceError(_too_big(p, limit))
+
+
+def _read_gzip(p: Path, head: bytes, f: Any, limit: int) -> bytearray:
     try:  # ISA-L's inflate is ~3x faster than zlib's on large traces; optional
-        from isal import igzip
+        from isal import igzip as gz
+        from isal.isal_zlib import error as inflate_error
     except ImportError:
-        return gzip.decompress(data)
-    return igzip.decompress(data)
+        import gzip as gz
+        from zlib import error as inflate_error
+    raw = _Prepend(head, f)
+    stream = gz.GzipFile(fileobj=io.BufferedReader(raw, _READ_CHUNK), mode="rb")
+    buf = bytearray()
+    try:
+        while True:
+            chunk = stream.read(_READ_CHUNK)  # at most this much output per read: bounded even for a bomb
+            if not chunk:
+                return buf
+            if not buf:
+                _sniff(p, chunk[:_SNIFF])
+            buf += chunk
+            if len(buf) > limit:
+                raise TraceError(_too_big(p, limit))
+            if len(buf) > _RATIO_CHECK_AFTER and len(buf) > MAX_GZIP_RATIO * raw.consumed:
+                raise TraceError(f"{p} expands more than {MAX_GZIP_RATIO}x when decompressed: not a profiler "
+                                 "trace (torch's compress about 10-30x); refused before it fills memory")
+    except (EOFError, gz.BadGzipFile, inflate_error, zlib.error) as exc:
+        raise TraceError(f"{p} is a damaged gzip file ({exc or type(exc).__name__})") from exc
 
 
-def load_trace(path: str | Path, *, with_python: bool = True) -> TraceData:
-    """Reads a torch.profiler Chrome trace. Raises TraceError (one clear line) on anything unusable."""
-    data = read_bytes(path)
+class _Prepend(io.RawIOBase):
+    """A read-only stream that first returns `head` (bytes already read while sniffing), then the rest
+    of `f`: works for pipes, which cannot seek back."""
+
+    def __init__(self, head: bytes, f: Any) -> None:
+        super().__init__()
+        self.head, self.f = head, f
+        self.consumed = 0  # bytes handed out so far
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        if self.head:
+            n = min(len(view), len(self.head))
+            view[:n] = self.head[:n]
+            self.head = self.head[n:]
+            self.consumed += n
+            return n
+        data = self.f.read(len(view))
+        view[: len(data)] = data
+        self.consumed += len(data)
+        return len(data)
+
+
+def load_trace(path: str | Path, *, with_python: bool = True, data: bytes | bytearray | None = None,
+               max_bytes: int | None = None) -> TraceData:
+    """Reads a torch.profiler Chrome trace (or decodes `data`, its bytes already read). Raises
+    TraceError (one clear line) on anything unusable; skips and counts malformed events."""
+    if data is None:
+        data = read_bytes(path, max_bytes)
     with no_gc():
         return _load(str(path), data, with_python)
 
@@ -165,39 +384,95 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _load(path: str, data: bytes, with_python: bool) -> TraceData:
+def _load(path: str, data: bytes | bytearray, with_python: bool) -> TraceData:
+    start = bytes(data[:_SNIFF]).lstrip(b" \t\r\n\xef\xbb\xbf")
     try:
-        doc = _DECODER.decode(data)
+        if start[:1] == b"[":
+            doc = _TraceFile(traceEvents=_ARRAY_DECODER.decode(data))
+        else:
+            doc = _DECODER.decode(data)
     except msgspec.ValidationError as exc:
         raise TraceError(f"{path} is not a torch.profiler trace ({exc})") from exc
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         kind = "truncated or invalid JSON" if data.strip() else "empty"
         raise TraceError(f"{path} is not a readable trace: {kind} ({exc})") from exc
     if doc.traceEvents is None:
         raise TraceError(f"{path} is JSON but has no 'traceEvents': not a Chrome trace")
-    trace = _columnize(path, doc, with_python=with_python)
+    rejects = _Rejects()
+    trace = _columnize(path, doc, with_python=with_python, rejects=rejects)
     del doc, data
-    if trace.ops.empty:
-        raise TraceError(f"{path} has no operator (cpu_op) events: record it with torch.profiler's CPU activity")
+    trace.warnings = [f"{path}: skipped {line}" for line in rejects.lines()]
+    if trace.ops.empty and not trace.has_gpu:
+        raise TraceError(f"{path} has no operator (cpu_op) events and no GPU kernels: nothing to analyze "
+                         "(record it with torch.profiler's CPU and/or CUDA activity)")
     return trace
 
 
-def _batches(raws: list[msgspec.Raw]):
+def _batches(raws: list[msgspec.Raw], rejects: _Rejects):
+    """Decoded events, BATCH at a time; a batch holding a malformed event is decoded event by event,
+    the malformed ones skipped and counted."""
     for i in range(0, len(raws), BATCH):
-        yield _BATCH_DECODER.decode(b"[" + b",".join(raws[i:i + BATCH]) + b"]")
+        chunk = raws[i:i + BATCH]
+        try:
+            yield _BATCH_DECODER.decode(b"[" + b",".join(chunk) + b"]")
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            good = []
+            for raw in chunk:
+                try:
+                    good.append(_EVENT_DECODER.decode(raw))
+                except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                    rejects.add("malformed events", str(exc))
+            yield good
 
 
-def _columnize(path: str, doc: _TraceFile, *, with_python: bool) -> TraceData:
+_BIG_ID = "events with an id out of the 64-bit range (id ignored)"
+
+
+def _int64(value: int | None, rejects: _Rejects, default: int = -1) -> int:
+    if value is None:
+        return default
+    if not _INT64[0] <= value <= _INT64[1]:
+        rejects.add(_BIG_ID, str(value))
+        return default
+    return value
+
+
+def _text_field(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _device_properties(value: Any, rejects: _Rejects) -> list[dict[str, Any]]:
+    """deviceProperties entries that are objects; a name that is not a string is dropped."""
+    if value is None:
+        return []
+    items = value if isinstance(value, list) else []
+    out = []
+    for item in items:
+        if isinstance(item, dict):
+            if "name" in item and not isinstance(item["name"], str):
+                item = {k: v for k, v in item.items() if k != "name"}
+            out.append(item)
+    if len(out) != (len(value) if isinstance(value, list) else 1):
+        rejects.add("malformed deviceProperties entries")
+    return out
+
+
+def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejects) -> TraceData:
     # Numbers go to typed arrays (8 bytes each instead of a Python object per value).
     ops: dict[str, Any] = {k: [] for k in (
         "name", "pid", "tid", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "call_stack")}
     ops.update(ts=array("d"), dur=array("d"), ext_id=array("q"), seq=array("q"), fwd_tid=array("q"))
     kern: dict[str, list] = {k: [] for k in ("cat", "name", "ts", "dur", "correlation", "ext_id", "stream", "device")}
-    launch: dict[str, list] = {k: [] for k in ("name", "pid", "tid", "ts", "dur", "correlation", "ext_id")}
+    launch: dict[str, list] = {k: [] for k in ("name", "pid", "tid", "ts", "dur", "correlation", "ext_id", "kernel")}
+    ann: dict[str, list] = {k: [] for k in _ANNOTATION_COLUMNS}
     steps: dict[str, list] = {k: [] for k in ("step", "pid", "tid", "ts", "dur")}
     py: dict[str, Any] = {"name": [], "pid": [], "tid": [], "ts": array("d"), "dur": array("d")}
-    texts = _TextCache()
+    dims_text = _TextCache(rejects, "Input Dims", check_sizes=True).text
+    types_text = _TextCache(rejects, "Input type").text
+    strides_text = _TextCache(rejects, "Input Strides").text
+    concrete_text = _TextCache(rejects, "Concrete Inputs").text
     names: dict[str, str] = {}
+    inductor: dict[int, tuple[str, float, float]] = {}  # op index -> inductor launch args (rare)
     gpu_runtime = None
     raws = doc.traceEvents or []
     n_events = len(raws)
@@ -207,15 +482,33 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool) -> TraceData:
     o_dims, o_types, o_strides, o_conc = (ops[k].append for k in (
         "input_dims", "input_dtypes", "input_strides", "concrete_inputs"))
     p_name, p_pid, p_tid, p_ts, p_dur = (py[k].append for k in ("name", "pid", "tid", "ts", "dur"))
-    text = texts.text
     intern = names.setdefault
     no_args = _Args()
-    for batch in _batches(raws):
+    lo, hi = _INT64
+    for batch in _batches(raws, rejects):
         for e in batch:
             if e.ph != "X":
                 continue
+            if not 0.0 <= e.dur <= MAX_DURATION_US:
+                rejects.add("events with a negative or absurd duration (excluded)", f"{e.name[:40]!r} dur {e.dur:g} µs")
+                continue
             cat = e.cat
             a = e.args
+            if cat == "user_annotation":
+                m = STEP_RE.match(e.name)
+                if m:
+                    steps["step"].append(int(m.group(1)))
+                    steps["pid"].append(e.pid)
+                    steps["tid"].append(e.tid)
+                    steps["ts"].append(e.ts)
+                    steps["dur"].append(e.dur)
+                    continue
+                if not COMPILED_GRAPH_RE.match(e.name):
+                    for k, v in (("name", intern(e.name, e.name)), ("pid", e.pid), ("tid", e.tid), ("ts", e.ts),
+                                 ("dur", e.dur)):
+                        ann[k].append(v)
+                    continue
+                cat = "cpu_op"  # a compiled graph's range: an op event
             if cat == "cpu_op":
                 if a is None:
                     a = no_args
@@ -224,14 +517,23 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool) -> TraceData:
                 o_tid(e.tid)
                 o_ts(e.ts)
                 o_dur(e.dur)
-                o_ext(a.external_id if a.external_id is not None else -1)
-                o_seq(a.seq if a.seq is not None else -1)
-                o_fwd(a.fwd_tid if a.fwd_tid is not None else -1)
-                o_dims(text(a.input_dims))
-                o_types(text(a.input_type))
-                o_strides(text(a.input_strides))
-                o_conc(text(a.concrete))
+                x, y, z = a.external_id, a.seq, a.fwd_tid
+                if (x is None or lo <= x <= hi) and (y is None or lo <= y <= hi) and (z is None or lo <= z <= hi):
+                    o_ext(-1 if x is None else x)
+                    o_seq(-1 if y is None else y)
+                    o_fwd(-1 if z is None else z)
+                else:
+                    o_ext(_int64(x, rejects))
+                    o_seq(_int64(y, rejects))
+                    o_fwd(_int64(z, rejects))
+                o_dims(dims_text(a.input_dims))
+                o_types(types_text(a.input_type))
+                o_strides(strides_text(a.input_strides))
+                o_conc(concrete_text(a.concrete))
                 o_stack(intern(a.call_stack, a.call_stack) if a.call_stack else "")
+                if a.kernel_backend is not None:
+                    inductor[len(ops["name"]) - 1] = (
+                        a.kernel_backend, _nan_if_none(a.kernel_flop), _nan_if_none(a.kernel_num_gb))
             elif cat == "python_function":
                 # Only frames that can be an op's source location are kept (user code, or opscope's
                 # harness): the innermost kept frame around an op is then its location, without walking
@@ -251,12 +553,12 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool) -> TraceData:
                 kern["name"].append(intern(e.name, e.name))
                 kern["ts"].append(e.ts)
                 kern["dur"].append(e.dur)
-                kern["correlation"].append(a.correlation if a.correlation is not None else -1)
-                kern["ext_id"].append(a.external_id if a.external_id is not None else -1)
-                kern["stream"].append(a.stream if a.stream is not None else -1)
-                kern["device"].append(a.device if a.device is not None else 0)
+                kern["correlation"].append(_int64(a.correlation, rejects))
+                kern["ext_id"].append(_int64(a.external_id, rejects))
+                kern["stream"].append(_int64(a.stream, rejects))
+                kern["device"].append(_int64(a.device, rejects, 0))
             elif cat in LAUNCH_CATS:
-                if a is None or a.correlation is None:
+                if a is None or _int64(a.correlation, rejects) < 0:
                     continue
                 if gpu_runtime is None:
                     gpu_runtime = "rocm" if e.name.startswith("hip") else "cuda"
@@ -266,15 +568,8 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool) -> TraceData:
                 launch["ts"].append(e.ts)
                 launch["dur"].append(e.dur)
                 launch["correlation"].append(a.correlation)
-                launch["ext_id"].append(a.external_id if a.external_id is not None else -1)
-            elif cat == "user_annotation":
-                m = STEP_RE.match(e.name)
-                if m:
-                    steps["step"].append(int(m.group(1)))
-                    steps["pid"].append(e.pid)
-                    steps["tid"].append(e.tid)
-                    steps["ts"].append(e.ts)
-                    steps["dur"].append(e.dur)
+                launch["ext_id"].append(_int64(a.external_id, rejects))
+                launch["kernel"].append(intern(a.kernel, a.kernel) if isinstance(a.kernel, str) else "")
         del batch
     if doc.hip_runtime_version is not None or doc.roctracer_version is not None:
         gpu_runtime = "rocm"
@@ -282,6 +577,7 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool) -> TraceData:
         gpu_runtime = "cuda"
 
     ops_df = _frame(ops, floats=("ts", "dur"), ints=("ext_id", "seq", "fwd_tid"))
+    _add_inductor_columns(ops_df, inductor)
     # ProfilerStep#N is recorded as a cpu_op by some torch versions: it is a step annotation, not an op.
     if not ops_df.empty:
         is_step = ops_df["name"].str.startswith("ProfilerStep#")
@@ -302,12 +598,29 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool) -> TraceData:
         launches=_frame(launch, floats=("ts", "dur"), ints=("correlation", "ext_id")),
         steps=steps_df,
         python=_frame(py, floats=("ts", "dur")),
-        device_properties=doc.deviceProperties or [],
-        torch_version=doc.torch_version or doc.pytorch_version,
+        annotations=_frame(ann, floats=("ts", "dur")),
+        device_properties=_device_properties(doc.deviceProperties, rejects),
+        torch_version=_text_field(doc.torch_version) or _text_field(doc.pytorch_version),
         gpu_runtime=gpu_runtime,
-        distributed=doc.distributedInfo,
+        distributed=doc.distributedInfo if isinstance(doc.distributedInfo, dict) else None,
         n_events=n_events,
     )
+
+
+def _nan_if_none(x: float | None) -> float:
+    return float("nan") if x is None else float(x)
+
+
+def _add_inductor_columns(ops: pd.DataFrame, inductor: dict[int, tuple[str, float, float]]) -> None:
+    n = len(ops)
+    backend = [""] * n
+    flop = np.full(n, np.nan)
+    num_gb = np.full(n, np.nan)
+    for i, (b, f, g) in inductor.items():
+        backend[i], flop[i], num_gb[i] = b, f, g
+    ops["kernel_backend"] = pd.Series(backend, dtype=object)
+    ops["kernel_flop"] = flop
+    ops["kernel_num_gb"] = num_gb
 
 
 def _frame(cols: dict[str, list], floats: tuple = (), ints: tuple = ()) -> pd.DataFrame:
@@ -321,7 +634,8 @@ def _frame(cols: dict[str, list], floats: tuple = (), ints: tuple = ()) -> pd.Da
             out[k] = np.asarray(v, dtype=np.int64)
         elif k in ("pid", "tid"):
             # pids/tids are ints in torch traces but strings in some synthetic rows; keep one type
-            out[k] = np.asarray([x if isinstance(x, int) else hash(x) for x in v], dtype=np.int64)
+            lo, hi = _INT64
+            out[k] = np.asarray([x if isinstance(x, int) and lo <= x <= hi else hash(x) for x in v], dtype=np.int64)
         else:
             out[k] = pd.Series(v, dtype=object)
     return pd.DataFrame(out)

@@ -33,6 +33,18 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300) -> subproce
                           text=True, timeout=timeout)
 
 
+def union_us(spans: list[tuple[float, float]]) -> float:
+    """Total length of the union of (start, end) intervals: an independent check of busy times."""
+    spans = sorted(spans)
+    busy, cur_s, cur_e = 0.0, *spans[0]
+    for s, e in spans[1:]:
+        if s > cur_e:
+            busy, cur_s, cur_e = busy + cur_e - cur_s, s, e
+        else:
+            cur_e = max(cur_e, e)
+    return busy + cur_e - cur_s
+
+
 def write_model(folder: Path, source: str, name: str = "model.py") -> Path:
     path = folder / name
     path.write_text(textwrap.dedent(source).lstrip())

@@ -101,7 +101,7 @@ def test_device_busy_share_and_step(bert):
 def test_meta_for_traces(bert):
     m = bert.meta
     assert m["source"] == "trace" and m["target"].endswith("h100_bert-small_bf16.json.gz")
-    assert m["device"] == {"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}
+    assert m["device"] == {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "name_source": "deviceProperties"}
     assert m["dtype"] == "bfloat16" and m["mode"] == "inference" and m["steps"] == 1
     assert m["torch_version"] is None  # not recorded in these traces
     assert m["peaks"]["origin"] == {"memory_bandwidth": "spec-table", "flops": "spec-table"}

@@ -264,11 +264,21 @@ def test_cat_over_tensor_list():
     # ViT: cat([cls.expand(4, 1, 768), patches], 1); the expanded cls token has stride 0 on dim 0
     dims = [[[4, 1, 768], [4, 196, 768]], []]
     strides = [[[0, 768, 1], [150528, 1, 196]], []]
-    c = cost("aten::cat", dims, ["TensorList", "Scalar"], strides, ["", "1"], list_dtype=BF16)
+    # element dtypes recorded (profile's dispatch pass fills them in): nothing assumed
+    c = cost("aten::cat", dims, [[BF16, BF16], "Scalar"], strides, ["", "1"])
     assert (c.flops, c.family, c.note) == (0, "copy", "")
     assert c.bytes == (768 + 4 * 196 * 768) * 2 + 4 * 197 * 768 * 2
+    # only "TensorList" (a trace): the caller's hint (the run's most common dtype), noted every time
+    hinted = cost("aten::cat", dims, ["TensorList", "Scalar"], strides, ["", "1"], list_dtype=BF16)
+    assert hinted.bytes == c.bytes
+    assert hinted.note == "TensorList dtype not recorded: assumed bfloat16 (the run's most common dtype)"
     guessed = cost("aten::cat", dims, ["TensorList", "Scalar"], strides, ["", "1"])
-    assert guessed.bytes == (768 + 4 * 196 * 768) * 4 + 4 * 197 * 768 * 4 and "float32" in guessed.note
+    assert guessed.bytes == (768 + 4 * 196 * 768) * 4 + 4 * 197 * 768 * 4
+    assert guessed.note == "TensorList dtype not recorded: assumed float32 (default)"
+    # mixed element dtypes: each read in its own, the result (promoted) ... written per element as read
+    mixed = cost("aten::cat", [[[128, 16], [128, 16]], []], [[I64, I64], "Scalar"], [[[16, 1], [16, 1]], []],
+                 ["", "0"])
+    assert (mixed.bytes, mixed.note) == (2 * 128 * 16 * 8 * 2, "")
 
 
 def test_memory_ops():
@@ -327,8 +337,9 @@ def test_nll_and_mse_losses():
     b = cost("aten::nll_loss_backward", [[], [4, 5], [4], [], [], [], []], [F32, F32, I64, "", "Scalar", "Scalar", F32],
              [[], [5, 1], [1], [], [], [], []], ["", "", "", "", "1", "-100", ""])
     assert (b.flops, b.bytes) == (4, 4 + 4 * 8 + 4 * 4)  # the zero-fill of grad_input is a child zero_
+    # mean: subtract + square per element, x and y read, the unreduced loss written (the child mean reduces)
     m = cost("aten::mse_loss", [[4, 5], [4, 5], []], [F32, F32, "Scalar"], [[5, 1], [5, 1], []], ["", "", "1"])
-    assert (m.flops, m.bytes) == (3 * 20, 2 * 20 * 4 + 4)
+    assert (m.flops, m.bytes) == (2 * 20, 3 * 20 * 4)
     none = cost("aten::mse_loss", [[4, 5], [4, 5], []], [F32, F32, "Scalar"], [[5, 1], [5, 1], []], ["", "", "0"])
     assert (none.flops, none.bytes) == (2 * 20, 3 * 20 * 4)
     mb = cost("aten::mse_loss_backward", [[], [4, 5], [4, 5], []], [F32, F32, F32, "Scalar"], [[], [5, 1], [5, 1], []],
@@ -339,12 +350,22 @@ def test_nll_and_mse_losses():
 
 
 def test_bce_and_smooth_l1():
-    c = cost("aten::binary_cross_entropy", [[4, 5], [4, 5], [], []], [F32, F32, "", "Scalar"], [[5, 1], [5, 1], [], []],
-             ["", "", "", "1"])
-    assert (c.flops, c.bytes) == (8 * 20, 2 * 20 * 4 + 4)
+    # the unreduced loss written; the reduction (and BCE's weight) are child ops
+    c = cost("aten::binary_cross_entropy", [[4, 5], [4, 5], [5], []], [F32, F32, F32, "Scalar"],
+             [[5, 1], [5, 1], [1], []], ["", "", "", "1"])
+    assert (c.flops, c.bytes) == (9 * 20, 3 * 20 * 4)
     c = cost("aten::smooth_l1_loss", [[4, 5], [4, 5], [], []], [F32, F32, "Scalar", "Scalar"], [[5, 1], [5, 1], [], []],
              ["", "", "1", "1."])
-    assert (c.flops, c.bytes) == (5 * 20, 2 * 20 * 4 + 4)
+    assert (c.flops, c.bytes) == (4 * 20, 3 * 20 * 4)
+    c = cost("aten::huber_loss", [[4, 5], [4, 5], [], []], [F32, F32, "Scalar", "Scalar"], [[5, 1], [5, 1], [], []],
+             ["", "", "2", "1."])
+    assert (c.flops, c.bytes) == (4 * 20, 3 * 20 * 4)
+    zero_beta = cost("aten::smooth_l1_loss", [[4, 5], [4, 5], [], []], [F32, F32, "Scalar", "Scalar"],
+                     [[5, 1], [5, 1], [], []], ["", "", "1", "0."])
+    assert zero_beta.family == "composite"  # runs as l1_loss's sub / abs / mean
+    b = cost("aten::binary_cross_entropy_backward", [[], [4, 5], [4, 5], [5], []], [F32, F32, F32, F32, "Scalar"],
+             [[], [5, 1], [5, 1], [1], []], ["", "", "", "", "1"])
+    assert (b.flops, b.bytes) == (6 * 20, 4 + 2 * 20 * 4 + 20 * 4)  # the weight: child mul_
 
 
 # --- optimizer ----------------------------------------------------------------------------------------------
@@ -359,9 +380,12 @@ def test_foreach_sgd_ops():
     mul = cost("aten::_foreach_mul_", [PARAMS, []], ["TensorList", "Scalar"], [P_STRIDES, []], ["", "0.9"])
     assert (mul.flops, mul.bytes, mul.family) == (N_PARAMS, 2 * N_PARAMS * 4, "elementwise")
     assert "float32" in mul.note
-    add = cost("aten::_foreach_add_", [PARAMS, PARAMS, []], ["TensorList", "TensorList", "Scalar"],
-               [P_STRIDES, P_STRIDES, []], ["", "", "-0.1"], list_dtype=F32)
+    add = cost("aten::_foreach_add_", [PARAMS, PARAMS, []], [[F32] * 4, [F32] * 4, "Scalar"],
+               [P_STRIDES, P_STRIDES, []], ["", "", "-0.1"])
     assert (add.flops, add.bytes, add.note) == (2 * N_PARAMS, 3 * N_PARAMS * 4, "")
+    half = cost("aten::_foreach_add_", [PARAMS, PARAMS, []], ["TensorList", "TensorList", "Scalar"],
+                [P_STRIDES, P_STRIDES, []], ["", "", "-0.1"], list_dtype=BF16)
+    assert half.bytes == 3 * N_PARAMS * 2 and "assumed bfloat16" in half.note
     addcdiv = cost("aten::_foreach_addcdiv_", [PARAMS, PARAMS, PARAMS, []],
                    ["TensorList", "TensorList", "TensorList", "ScalarList"], [P_STRIDES] * 3 + [[]],
                    ["", "", "", "[-0.3, -0.3, -0.3, -0.3]"])

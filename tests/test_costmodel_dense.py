@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from opscope.costmodel import Cost, OpCall, estimate
-from opscope.costmodel.attention import CAUSAL_NOTE
+from opscope.costmodel import Cost, OpCall, estimate, floating_dtype
+from opscope.costmodel.attention import BOTTOM_RIGHT, CAUSAL_NOTE, TOP_LEFT, WINDOW_NOTE, causal_pairs
 
 F32, BF16 = "float", "c10::BFloat16"
 
@@ -165,24 +165,46 @@ def test_conv1d_and_slow_conv3d():
     assert c.bytes == (2 * 216 + 4 * 2 * 27 + 4 * 64) * 4
 
 
+# convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+# output_padding, groups, output_mask)
+CONV_BWD_TYPES = [F32, F32, F32, "ScalarList", "ScalarList", "ScalarList", "ScalarList", "Scalar", "ScalarList", "Scalar",
+                  "ScalarList"]
+
+
 def test_convolution_backward_output_mask():
     # conv2d(x [2,4,10,10], w [8,2,3,3], b, stride=2, padding=1, groups=2) backward, grad_out [2,8,5,5]
     dims = [[2, 8, 5, 5], [2, 4, 10, 10], [8, 2, 3, 3], [], [], [], [], [], [], [], []]
-    types = [F32, F32, F32, "ScalarList", "ScalarList", "ScalarList", "ScalarList", "Scalar", "ScalarList", "Scalar",
-             "ScalarList"]
     strides = [[0, 0, 0, 0], [400, 100, 10, 1], [18, 9, 3, 1], [], [], [], [], [], [], [], []]
     conc = ["", "", "", "[8]", "[2, 2]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "2", "[True, True, True]"]
-    c = cost("aten::convolution_backward", dims, types, strides, conc)
+    c = cost("aten::convolution_backward", dims, CONV_BWD_TYPES, strides, conc)
     # grad_input: a transposed conv over grad_out's positions: 2 * N * 5*5 * 3*3 * w[0] * w[1]
     grad_input = 2 * 2 * (5 * 5) * (3 * 3) * 8 * 2
-    # grad_weight: 2 * C_in(x[1]=4) * 3*3 * 5*5 * C_out * N, not divided by groups (as FlopCounterMode)
-    grad_weight = 2 * 4 * (3 * 3) * (5 * 5) * 8 * 2
+    # grad_weight: each of the 8 x 2 x 3x3 weights sums over N * 5*5 positions: 2 * 8*2*9 * 2*25,
+    # = FlopCounterMode's 2 * C_in(4) * 3*3 * 5*5 * C_out(8) * N divided by groups (2)
+    grad_weight = 2 * (8 * 2 * 3 * 3) * (2 * 5 * 5)
+    assert grad_weight == 2 * 4 * (3 * 3) * (5 * 5) * 8 * 2 // 2
     assert c.flops == grad_input + grad_weight
     # grad_out is an expanded scalar (stride 0): 1 element of storage
     assert c.bytes == 4 + (8 * 2 * 9) * 4 + (2 * 4 * 100) * 4 + (2 * 4 * 100) * 4 + (8 * 2 * 9) * 4 + 8 * 4
-    only_weight = cost("aten::convolution_backward", dims, types, strides, conc[:-1] + ["[False, True, False]"])
+    only_weight = cost("aten::convolution_backward", dims, CONV_BWD_TYPES, strides, conc[:-1] + ["[False, True, False]"])
     assert only_weight.flops == grad_weight
     assert only_weight.bytes == 4 + (2 * 4 * 100) * 4 + (8 * 2 * 9) * 4
+
+
+def test_depthwise_convolution_backward_counts_the_real_work():
+    # issue 8: depthwise 3x3, 128 channels, on [8,128,56,56] (padding 1), train mode. grad_input and
+    # grad_weight each do one multiply-add per (weight tap, output position): 8*56*56 * 9 * 128.
+    dims = [[8, 128, 56, 56], [8, 128, 56, 56], [128, 1, 3, 3], [], [], [], [], [], [], [], []]
+    strides = [[401408, 3136, 56, 1], [401408, 3136, 56, 1], [9, 9, 3, 1], [], [], [], [], [], [], [], []]
+    conc = ["", "", "", "[128]", "[1, 1]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "128", "[True, True, True]"]
+    c = cost("aten::convolution_backward", dims, CONV_BWD_TYPES, strides, conc)
+    per_grad = 2 * 8 * 56 * 56 * 9 * 128
+    assert per_grad == 57_802_752
+    assert c.flops == 2 * per_grad == 115_605_504  # 1.156e8; FlopCounterMode says 7.457e9
+    act = 8 * 128 * 56 * 56 * 4
+    assert c.bytes == 3 * act + 2 * 128 * 9 * 4 + 128 * 4  # grad_out, x read; grad_input written; w, grad_w; grad_b
+    # arithmetic intensity ~3 FLOP/B: memory-bound under a ridge point of 5
+    assert 2.9 < c.flops / c.bytes < 3.1
 
 
 def test_conv_composites():
@@ -211,7 +233,8 @@ def test_sdpa_cpu_forward():
 def test_sdpa_cpu_causal_note_and_mask_bytes():
     c = cost("aten::_scaled_dot_product_flash_attention_for_cpu", [Q, Q, Q, [], [], [], []],
              [F32, F32, F32, "Scalar", "Scalar", "", ""], [QS, QS, QS, [], [], [], []], ["", "", "", "0.", "True", "", ""])
-    assert c.flops == 4 * B * H * TQ * TQ * D  # no causal discount
+    # top-left causal, Tq == Tk == 8: query i sees keys 0..i, 1 + 2 + ... + 8 = 36 of the 64 pairs
+    assert c.flops == 2 * B * H * 36 * (D + D)
     assert c.note == CAUSAL_NOTE
     m = cost("aten::_scaled_dot_product_flash_attention_for_cpu", [Q, KV, KV, [], [], [TQ, TK], []],
              [F32, F32, F32, "Scalar", "Scalar", F32, ""], [QS, KS, KS, [], [], [TK, 1], []],
@@ -246,14 +269,21 @@ def test_efficient_attention_and_causal_mask_type():
     c = cost("aten::_scaled_dot_product_efficient_attention", [Q, KV, KV, [], [], [], [], []],
              [BF16, BF16, BF16, "", "Scalar", "Scalar", "Scalar", ""], [QS, KS, KS, [], [], [], [], []],
              ["", "", "", "", "True", "0.", "True", ""])
-    assert c.flops == 4 * B * H * TQ * TK * D and c.note == CAUSAL_NOTE
+    # SDPA's is_causal is top-left: Tq 8, Tk 10, query i sees keys 0..i: 1 + 2 + ... + 8 = 36 pairs
+    assert c.flops == 2 * B * H * 36 * (D + D) and c.note == CAUSAL_NOTE
     assert c.bytes == (B * H * TQ * D + 2 * B * H * TK * D) * 2 + B * H * TQ * D * 2 + B * H * TQ * 4
-    # raw kernel [B, T, H, D], custom_mask_type 1 = causal
-    raw = cost("aten::_efficient_attention_forward", [[B, TQ, H, D], [B, TK, H, D], [B, TK, H, D]] + [[]] * 11,
-               [BF16] * 3 + ["", "", "", "", "", "Scalar", "Scalar", "Scalar", "", "", ""],
-               [[]] * 14, ["", "", "", "", "", "", "", "", "0.", "1", "False", "", "", ""])
-    assert raw.flops == 4 * B * H * TQ * TK * D and raw.note == CAUSAL_NOTE
-    assert raw.bytes == (B * H * TQ * D + 2 * B * H * TK * D) * 2 + B * H * TQ * D * 2
+
+    def raw(mask_type: str) -> Cost:  # raw kernel [B, T, H, D]
+        return cost("aten::_efficient_attention_forward", [[B, TQ, H, D], [B, TK, H, D], [B, TK, H, D]] + [[]] * 11,
+                    [BF16] * 3 + ["", "", "", "", "", "Scalar", "Scalar", "Scalar", "", "", ""],
+                    [[]] * 14, ["", "", "", "", "", "", "", "", "0.", mask_type, "False", "", "", ""])
+
+    assert raw("0").flops == 4 * B * H * TQ * TK * D and raw("0").note == ""
+    # custom_mask_type 1 = CausalFromTopLeft: the same 36 pairs
+    assert raw("1").flops == 2 * B * H * 36 * (D + D) and raw("1").note == CAUSAL_NOTE
+    # 2 = CausalFromBottomRight: query i sees keys 0..i+2: 3 + 4 + ... + 10 = 52 pairs
+    assert raw("2").flops == 2 * B * H * 52 * (D + D) and raw("2").note == CAUSAL_NOTE
+    assert raw("1").bytes == raw("2").bytes == (B * H * TQ * D + 2 * B * H * TK * D) * 2 + B * H * TQ * D * 2
 
 
 def test_gqa_counts_query_heads_and_backward_gpu():
@@ -262,7 +292,30 @@ def test_gqa_counts_query_heads_and_backward_gpu():
              [[B, hq, TQ, D], [B, hq, TQ, D], [B, hkv, TK, D], [B, hkv, TK, D], [B, hq, TQ, D], [B, hq, TQ]] + [[]] * 9,
              [BF16] * 5 + [F32, "", "", "Scalar", "Scalar", "Scalar", "Scalar", BF16, BF16, ""], [[]] * 15,
              [""] * 8 + ["8", "10", "0.", "True", "", "", ""])
-    assert c.flops == 10 * B * hq * TQ * TK * D and c.note == CAUSAL_NOTE
+    # the flash kernels' is_causal is bottom-right (FlashAttention-2): Tq 8, Tk 10 -> 52 pairs (see above)
+    assert c.flops == 2 * B * hq * 52 * (3 * D + 2 * D) and c.note == CAUSAL_NOTE
+
+
+def test_causal_pairs_against_the_mask():
+    for tq in range(1, 9):
+        for tk in range(1, 9):
+            top_left = sum(1 for i in range(tq) for j in range(tk) if j <= i)
+            bottom_right = sum(1 for i in range(tq) for j in range(tk) if j <= i + tk - tq)
+            assert causal_pairs(tq, tk, TOP_LEFT) == top_left, (tq, tk)
+            assert causal_pairs(tq, tk, BOTTOM_RIGHT) == bottom_right, (tq, tk)
+    assert causal_pairs(4096, 4096) == 4096 * 4097 // 2  # about half the square
+    assert causal_pairs(1, 4096, BOTTOM_RIGHT) == 4096  # decoding one token sees every key
+    assert causal_pairs(1, 4096, TOP_LEFT) == 1
+
+
+def test_flash_sliding_window_is_noted():
+    args = [[1, 128, 8, 64]] * 3 + [[]] * 14
+    types = [BF16] * 3 + ["", "", "Scalar", "Scalar", "Scalar", "Scalar", "Scalar", "Scalar", "Scalar", "Scalar", "",
+                          "", "", ""]
+    conc = ["", "", "", "", "", "128", "128", "0.", "True", "False", "0.125", "32", "0", "", "", "", ""]
+    c = cost("aten::_flash_attention_forward", args, types, [[]] * 17, conc)
+    assert c.flops == 2 * 1 * 8 * (128 * 129 // 2) * (64 + 64)
+    assert c.note == CAUSAL_NOTE + "; " + WINDOW_NOTE
 
 
 def test_sdpa_wrapper_is_composite():
@@ -270,6 +323,23 @@ def test_sdpa_wrapper_is_composite():
              [BF16] * 3 + ["", "Scalar", "Scalar", "", "Scalar"], [[72192, 64, 512, 1]] * 3 + [[]] * 5,
              ["", "", "", "", "0.", "False", "", "False"])
     assert (c.flops, c.bytes, c.family) == (0, 0, "composite")
+
+
+def test_scaled_and_int_mm_dtypes():
+    # _scaled_mm(self, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)
+    args = [[64, 128], [128, 32], [], [], [], [], [], []]
+    strides = [[128, 1], [1, 128], [], [], [], [], [], []]
+    conc = ["", "", "", "", "", "", "15", "False"]
+    fp8 = OpCall("aten::_scaled_mm", tuple(args), ("c10::Float8_e4m3fn", "c10::Float8_e4m3fn", F32, F32, "", "", "Scalar",
+                                                   "Scalar"), tuple(strides), tuple(conc))
+    int8 = OpCall("aten::_scaled_mm", tuple(args), ("signed char", "signed char", F32, F32, "", "", "Scalar", "Scalar"),
+                  tuple(strides), tuple(conc))
+    assert (floating_dtype(fp8), floating_dtype(int8)) == ("float8", "int8")  # not the float32 scales'
+    c = estimate(int8)
+    assert c.flops == 2 * 64 * 32 * 128 and c.bytes == (64 * 128 + 128 * 32) + 2 * 4 + 64 * 32 * 2  # bf16 out
+    im = OpCall("aten::_int_mm", ([64, 128], [128, 32]), ("signed char", "signed char"), ([128, 1], [32, 1]), ("", ""))
+    assert floating_dtype(im) == "int8"
+    assert estimate(im).bytes == 64 * 128 + 128 * 32 + 64 * 32 * 4  # int32 out
 
 
 def test_matmul_overloads_sharing_a_name():

@@ -3,10 +3,13 @@ opscope.costmodel.estimate, against torch.utils.flop_counter.FlopCounterMode on 
 
 Our per-event costs are resolved like the analysis layer does: an op whose descendant (same thread,
 nested in time) does the same family of work with a non-zero cost counts as a composite. Then the
-totals per FlopCounterMode op (mm, addmm, bmm, convolution, convolution_backward) must match exactly.
+totals per FlopCounterMode op (mm, addmm, bmm, convolution, convolution_backward) must match exactly,
+except where the README documents a difference: a grouped convolution_backward is compared with the same
+conv run as `groups` ungrouped convs (FlopCounterMode's grad_weight term ignores `groups`).
 FlopCounterMode misses the CPU SDPA kernel (_scaled_dot_product_flash_attention_for_cpu), so that one
 is compared with torch.utils.flop_counter's own sdpa formulas, and with FlopCounterMode on the math
-backend (whose bmm ops it does count)."""
+backend (whose bmm ops it does count); for causal calls, scaled to the (query, key) pairs the causal mask
+keeps (README: FlopCounterMode counts the full square)."""
 
 from __future__ import annotations
 
@@ -122,8 +125,30 @@ def test_convolution_forward_and_backward(tmp_path, xs, ws, kwargs, transposed):
         _conv(x, w, kwargs, transposed).sum().backward()
 
     ours, ref = our_flops(fwd_bwd, tmp_path), counter_flops(fwd_bwd)
-    assert ours["aten::convolution_backward"] == ref["aten.convolution_backward"] > 0
-    assert ours["conv"] == ref["aten.convolution"] + ref["aten.convolution_backward"]
+    groups = kwargs.get("groups", 1)
+    if groups == 1:
+        assert ours["aten::convolution_backward"] == ref["aten.convolution_backward"] > 0
+        assert ours["conv"] == ref["aten.convolution"] + ref["aten.convolution_backward"]
+        return
+    # Grouped: FlopCounterMode's grad_weight term ignores `groups` (README, "How opscope counts"). The
+    # same conv run as `groups` separate ungrouped convs does the same work, and FlopCounterMode counts
+    # ungrouped convs right: that total is what opscope must report for the grouped one.
+    split = counter_flops(lambda: _split_conv(x, w, kwargs, transposed).sum().backward())
+    assert ours["aten::convolution_backward"] == split["aten.convolution_backward"] > 0
+    assert ours["conv"] == split["aten.convolution"] + split["aten.convolution_backward"]
+    # ... which is FlopCounterMode's grouped count less (groups - 1) / groups of its grad_weight term
+    w_only = w.detach().requires_grad_()
+    gw = counter_flops(lambda: _conv(x.detach(), w_only, kwargs, transposed).sum().backward())["aten.convolution_backward"]
+    assert ours["aten::convolution_backward"] == ref["aten.convolution_backward"] - gw + gw // groups
+
+
+def _split_conv(x, w, kwargs, transposed):
+    """A grouped conv as `groups` ungrouped convs over channel slices (weight dim 0 is C_out for a conv,
+    C_in for a transposed conv: both split into the groups)."""
+    groups = kwargs["groups"]
+    rest = {k: v for k, v in kwargs.items() if k != "groups"}
+    outs = [_conv(xg, wg, rest, transposed) for xg, wg in zip(x.chunk(groups, 1), w.chunk(groups, 0), strict=True)]
+    return torch.cat(outs, 1)
 
 
 def test_convolution_backward_input_grad_only(tmp_path):
@@ -138,19 +163,28 @@ def test_convolution_backward_input_grad_only(tmp_path):
     assert ours["aten::convolution_backward"] == ref["aten.convolution_backward"] == 2 * 2 * 8 * 8 * 9 * 6 * 4
 
 
-@pytest.mark.parametrize(("b", "h", "tq", "tk", "d", "causal"), [(2, 3, 8, 10, 16, False), (1, 4, 12, 12, 8, True)])
+@pytest.mark.parametrize(("b", "h", "tq", "tk", "d", "causal"), [
+    (2, 3, 8, 10, 16, False), (1, 4, 12, 12, 8, True), (1, 2, 6, 11, 8, True), (1, 2, 11, 6, 8, True)])
 def test_sdpa_cpu(tmp_path, b, h, tq, tk, d, causal):
     q = torch.randn(b, h, tq, d, requires_grad=True)
     k = torch.randn(b, h, tk, d, requires_grad=True)
     v = torch.randn(b, h, tk, d, requires_grad=True)
+    # The (query, key) pairs the kernel computes. is_causal is top-left aligned (query i sees keys j <= i):
+    # the CPU kernel's output equals attention under that explicit mask.
+    mask = torch.ones(tq, tk, dtype=torch.bool).tril() if causal else torch.ones(tq, tk, dtype=torch.bool)
+    pairs = int(mask.sum())
+    with torch.no_grad():
+        assert torch.allclose(F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                              F.scaled_dot_product_attention(q, k, v, attn_mask=mask), atol=1e-5)
 
     def fwd():
         with torch.no_grad():
             F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     ours = our_flops(fwd, tmp_path)
-    assert ours["aten::_scaled_dot_product_flash_attention_for_cpu"] == 4 * b * h * tq * tk * d
-    assert ours["attention"] == sdpa_flop_count(q.shape, k.shape, v.shape)
+    assert ours["aten::_scaled_dot_product_flash_attention_for_cpu"] == 4 * b * h * pairs * d
+    # torch's formula counts every pair (FlopCounterMode does not discount causal calls)
+    assert ours["attention"] == sdpa_flop_count(q.shape, k.shape, v.shape) * pairs // (tq * tk)
     assert counter_flops(fwd) == {}  # FlopCounterMode has no formula for the CPU kernel
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -165,5 +199,5 @@ def test_sdpa_cpu(tmp_path, b, h, tq, tk, d, causal):
         F.scaled_dot_product_attention(q, k, v, is_causal=causal).sum().backward()
 
     ours = our_flops(fwd_bwd, tmp_path)
-    expected_bwd = sdpa_backward_flop_count(q.shape, q.shape, k.shape, v.shape)
-    assert ours["aten::_scaled_dot_product_flash_attention_for_cpu_backward"] == expected_bwd == 10 * b * h * tq * tk * d
+    expected_bwd = sdpa_backward_flop_count(q.shape, q.shape, k.shape, v.shape) * pairs // (tq * tk)
+    assert ours["aten::_scaled_dot_product_flash_attention_for_cpu_backward"] == expected_bwd == 10 * b * h * pairs * d

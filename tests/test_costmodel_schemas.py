@@ -30,6 +30,8 @@ def test_attention_positions(op):
         assert names[spec.causal] == "is_causal"
     if spec.mask_type is not None:
         assert names[spec.mask_type] == "custom_mask_type"
+    for i in spec.window:
+        assert names[i] in ("window_size", "window_size_left", "window_size_right")
     for i in spec.masks:
         assert names[i] in ("attn_mask", "attn_bias", "bias")
     if not isinstance(spec.lse, bool):
@@ -89,8 +91,8 @@ POSITIONS = {
     ("miopen_batch_norm_backward", "default"): {0: "input", 1: "grad_output", 2: "weight", 5: "save_mean"},
     ("_fused_rms_norm", "default"): {1: "normalized_shape", 2: "weight"},
     ("_fused_rms_norm_backward", "default"): {3: "rstd", 4: "weight", 5: "output_mask"},
-    ("convolution_backward", "default"): {7: "transposed", 10: "output_mask"},
-    ("convolution_backward_overrideable", "default"): {6: "transposed", 9: "output_mask"},
+    ("convolution_backward", "default"): {7: "transposed", 9: "groups", 10: "output_mask"},
+    ("convolution_backward_overrideable", "default"): {6: "transposed", 8: "groups", 9: "output_mask"},
     ("_slow_conv2d_backward", "output_mask"): {6: "output_mask"},
     ("_softmax", "default"): {1: "dim", 2: "half_to_float"},
     ("_softmax_backward_data", "default"): {3: "input_dtype"},
@@ -112,6 +114,7 @@ POSITIONS = {
     ("nll_loss_forward", "default"): {2: "weight", 3: "reduction"},
     ("nll_loss_backward", "default"): {2: "target", 3: "weight"},
     ("mse_loss", "default"): {2: "reduction"},
+    ("smooth_l1_loss", "default"): {2: "reduction", 3: "beta"},
     ("binary_cross_entropy", "default"): {2: "weight", 3: "reduction"},
     ("addmm", "default"): {3: "beta"},
     ("baddbmm", "default"): {3: "beta"},

@@ -8,6 +8,7 @@ import gzip
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from conftest import TRACES
@@ -129,3 +130,53 @@ def test_analyze_findings_point_at_function_level_lines(runs):
         for f in run.findings:
             if f["rule"] not in ("overhead", "launch-bound"):
                 assert f["source_location"] in locations, f
+
+
+# H100 SXM datasheet (dense): GFLOP/s per ceiling, and GB/s
+H100_PEAKS = {"bfloat16": 989.4e3, "float16": 989.4e3, "tfloat32": 494.7e3, "float32": 66.9e3}
+H100_BW = 3350.0
+
+
+def test_gpu_overhead_is_kernel_latency_and_fusions_saving(runs):
+    run = runs["bert"]
+    (f,) = of(run, "overhead")
+    assert "latency-bound kernels" in f["message"] and "not their FLOPs or bytes" in f["message"]
+    # the issue's example, the [141, 512] x [512, 512] bf16 addmm: 12 kernels in 69.502 µs (5.79 µs each); its
+    # ideal is its bytes, (141*512 + 512*512 + 512 + 141*512) * 2 = 814080, at 3350 GB/s: 0.243 µs, above its
+    # 2*141*512*512 FLOPs at 989.4 TFLOP/s (0.0747 µs)
+    addmm = run.ops[(run.ops["op"] == "aten::addmm") & run.ops["input_dims"].str.startswith("[[512], [141, 512]")
+                    & run.ops["source_location"].str.endswith("modeling_bert.py:364")].iloc[0]
+    assert (addmm["calls"], addmm["time_us_total"]) == (12, pytest.approx(69.502))
+    assert addmm["bytes_per_call"] == (141 * 512 + 512 * 512 + 512 + 141 * 512) * 2 == 814080
+    assert addmm["flops_per_call"] == 2 * 141 * 512 * 512
+    ideal = max(814080 / (H100_BW * 1e3), 2 * 141 * 512 * 512 / (989.4e3 * 1e3))
+    assert f"{ideal:.3g}" == "0.243"
+    assert "addmm at transformers/models/bert/modeling_bert.py:364 takes 5.79 µs per call against 0.243 µs" \
+        in f["message"]
+    # the saving by hand: each overhead-bound row's kernel time above calls x its roofline time
+    ops = run.ops[run.ops["bound"] == "overhead"]
+    expected = 0.0
+    for _, row in ops.iterrows():
+        flops = 0.0 if pd.isna(row["flops_per_call"]) else row["flops_per_call"]
+        ideal = max(row["bytes_per_call"] / (H100_BW * 1e3), flops / (H100_PEAKS[row["ceiling"]] * 1e3) if flops else 0.0)
+        expected += max(row["time_us_total"] - row["calls"] * ideal, 0.0)
+    assert f["est_savings_us"] == pytest.approx(expected, rel=1e-4)
+    assert "60 such kernels per step" in f["message"]  # 61 kernels, one of them (the vocabulary GEMM) memory-bound
+
+
+def test_gpu_overhead_and_launch_bound_never_count_the_same_time(runs):
+    for name in ("bert", "mi300x"):
+        run = runs[name]
+        (over,) = of(run, "overhead")
+        (launch,) = of(run, "launch-bound")
+        steps, step = run.summary["steps"], run.summary["step_time_us"]
+        busy = steps * step * run.summary["device_busy_share"]
+        # fusion's saving is kernel time, CUDA graphs' is idle time: disjoint parts of the step
+        assert over["est_savings_us"] <= run.ops["time_us_total"].sum() == pytest.approx(busy, rel=1e-3)
+        assert launch["est_savings_us"] == pytest.approx(steps * step - busy, rel=1e-6)
+        assert over["est_savings_us"] + launch["est_savings_us"] <= steps * step
+        # neither promises that CUDA graphs remove kernel time
+        assert "CUDA graphs do not shorten kernels" in over["message"]
+        assert "not the kernels' own latency" in over["suggestion"]
+        assert "does not shorten the kernels" in launch["message"]
+        assert "fusion" not in over["suggestion"].split("CUDA graphs")[1]

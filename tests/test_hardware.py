@@ -43,7 +43,10 @@ from opscope.hardware import (
         ("AMD Instinct MI300X VF", "AMD Instinct MI300X"),
         ("AMD Instinct MI300X", "AMD Instinct MI300X"),
         ("AMD Instinct MI325X", "AMD Instinct MI325X"),
+        # ROCm's name for both parts; the MI250X's figures (see GPU_SPECS)
         ("AMD Instinct MI250X/MI250", "AMD Instinct MI250X (one GCD)"),
+        ("AMD Instinct MI250X", "AMD Instinct MI250X (one GCD)"),
+        ("AMD Instinct MI250", "AMD Instinct MI250 (one GCD)"),
     ],
 )
 def test_match_gpu(device_name: str, expected: str) -> None:
@@ -55,7 +58,7 @@ def test_match_gpu(device_name: str, expected: str) -> None:
 @pytest.mark.parametrize(
     "device_name",
     ["", "NVIDIA GeForce GTX 1080", "NVIDIA L40", "NVIDIA H20", "NVIDIA GH200 480GB", "NVIDIA GB200",
-     "NVIDIA GeForce RTX 4090 D", "AMD Instinct MI250", "Tesla T4", "cpu"],
+     "NVIDIA GeForce RTX 4090 D", "AMD Instinct MI210", "Tesla T4", "cpu"],
 )
 def test_unknown_gpus_do_not_match(device_name: str) -> None:
     assert match_gpu(device_name) is None
@@ -105,6 +108,13 @@ def test_spec_table_is_consistent() -> None:
                 assert spec.flops_gflops[key] >= spec.flops_gflops["float32"], (spec.name, key)
         if "float8" in spec.flops_gflops:
             assert spec.flops_gflops["float8"] == pytest.approx(2 * spec.flops_gflops["bfloat16"], rel=0.03)
+        # dense INT8 runs at least at the FP8 rate (GeForce: twice, FP8 with fp32 accumulate) and the 16-bit one
+        if "int8" in spec.flops_gflops:
+            assert spec.flops_gflops["int8"] >= spec.flops_gflops.get("float8", 0)
+            assert spec.flops_gflops["int8"] >= spec.flops_gflops["bfloat16"]
+        # the vector FP64 rate is given only where it is below the FP64 tensor-core one (B200: the same)
+        if "float64_vector" in spec.flops_gflops:
+            assert spec.flops_gflops["float64_vector"] <= spec.flops_gflops["float64"]
         # each entry matches its own canonical name
         assert match_gpu(spec.name) is spec, spec.name
 
@@ -128,7 +138,12 @@ def test_spec_table_is_consistent() -> None:
         ("softmax", "float8", "", "float32"),
         ("elementwise", "float32", "some_tf32_named_kernel", "float32"),
         ("matmul", "float64", "", "float64"),
-        ("elementwise", "float64", "", "float64"),
+        ("conv", "float64", "", "float64"),
+        ("elementwise", "float64", "", "float64_vector"),
+        ("reduction", "float64", "", "float64_vector"),
+        ("norm", "float64", "", "float64_vector"),
+        ("matmul", "int8", "", "int8"),
+        ("elementwise", "int8", "", "float32"),
     ],
 )
 def test_ceiling_key(family: str, dtype: str | None, kernels: str, expected: str) -> None:
@@ -147,6 +162,34 @@ def test_flops_for_fallbacks() -> None:
     assert a100.flops_for("float64") == a100.flops_gflops["float64"]
     assert Peaks(None, {}, {}).flops_for("float32") is None
     assert Peaks(None, {"bfloat16": 1.0}, {}).flops_for("float32") is None  # never a tensor peak for fp32
+    # float64_vector -> float64 (one FMA unit does both: CPUs, GPUs without FP64 tensor cores) -> float32
+    assert Peaks(30.0, {"float32": 400.0, "float64": 200.0}, {}).flops_for("float64_vector") == 200.0
+    assert cpu.flops_for("float64_vector") == 400.0
+    # int8 without a figure (a CPU): the 16-bit tensor rate, then float32
+    assert cpu.flops_for("int8") == 2700.0
+    assert Peaks(30.0, {"float32": 400.0}, {}).flops_for("int8") == 400.0
+    assert gpu_peaks("NVIDIA A10G").flops_for("int8") == gpu_peaks("NVIDIA A10G").flops_gflops["float16"]
+
+
+@pytest.mark.parametrize(("device_name", "vector", "tensor", "int8"), [
+    ("NVIDIA A100-SXM4-80GB", 9_700, 19_500, 624_000),
+    ("NVIDIA H100 80GB HBM3", 33_500, 66_900, 1_978_900),
+    ("NVIDIA H100 PCIe", 26_000, 51_000, 1_513_000),
+    ("NVIDIA H100 NVL", 30_000, 60_000, 1_670_500),
+    ("NVIDIA H200", 33_500, 66_900, 1_978_900),
+    ("NVIDIA H200 NVL", 30_000, 60_000, 1_670_500),
+    ("NVIDIA B200", 37_000, 37_000, 4_500_000),
+    ("AMD Instinct MI250X/MI250", 23_950, 47_850, 191_500),
+    ("AMD Instinct MI250", 22_650, 45_250, 181_050),
+    ("AMD Instinct MI300X VF", 81_700, 163_400, 2_614_900),
+    ("AMD Instinct MI325X", 81_700, 163_400, 2_614_900),
+])
+def test_float64_vector_and_int8_ceilings(device_name: str, vector: float, tensor: float, int8: float) -> None:
+    peaks = gpu_peaks(device_name)
+    # an fp64 element-wise op is held against the vector rate, an fp64 GEMM against the tensor-core one
+    assert peaks.flops_for(ceiling_key("elementwise", "float64")) == pytest.approx(vector)
+    assert peaks.flops_for(ceiling_key("matmul", "float64")) == pytest.approx(tensor)
+    assert peaks.flops_for(ceiling_key("matmul", "int8")) == pytest.approx(int8)
 
 
 def test_parse_peak_flops_good() -> None:
@@ -154,9 +197,10 @@ def test_parse_peak_flops_good() -> None:
     assert parse_peak_flops(["bfloat16=989000", "float32=67000"]) == {"bfloat16": 989000.0, "float32": 67000.0}
     assert parse_peak_flops(["bf16=1e6,tf32=5e5", " fp8 = 2e6 "]) == {"bfloat16": 1e6, "tfloat32": 5e5, "float8": 2e6}
     assert parse_peak_flops([]) == {}
+    assert parse_peak_flops(["int8=624000", "fp64_vector=9700"]) == {"int8": 624000.0, "float64_vector": 9700.0}
 
 
-@pytest.mark.parametrize("bad", ["", "=100", "bfloat16=", "bfloat16=abc", "int8=100", "-5", "0", "bf16=nan",
+@pytest.mark.parametrize("bad", ["", "=100", "bfloat16=", "bfloat16=abc", "int4=100", "-5", "0", "bf16=nan",
                                  "float32=inf", "bfloat16:100"])
 def test_parse_peak_flops_bad(bad: str) -> None:
     if bad == "":

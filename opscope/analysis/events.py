@@ -1,8 +1,15 @@
 """From raw trace tables to the per-event table every later stage reads.
 
 Adds to each cpu_op event: its parent in the op call tree (ops nest by time on a thread), self time,
-whether it is a row of ops.csv, the profiler step it ran in, the kernels it launched (GPU traces) and
-its source location.
+whether it is a row of ops.csv, the profiler step it ran in, the kernels it launched (GPU traces), its
+source location and (profile) the TensorList element dtypes the dispatch pass saw.
+
+Rows are registered operators (`ns::op`) and torch.compile's compiled code: the ranges around a
+compiled region (`Torch-Compiled Region: 0/0`, autograd's `CompiledFunction[Backward]`, inductor's
+`## Call CompiledFxGraph <key> ##`) and inductor's kernel launches that the profiler records
+(`triton_poi_fused_add_0`, `graph_0_cpp_fused_relu_0`). A row's self time is the time inside it that no
+row below it accounts for, so a compiled graph's C++ kernels, which have no events of their own, are
+its graph's time.
 """
 
 from __future__ import annotations
@@ -13,19 +20,37 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import pandas as pd
 
+from opscope.analysis.kernels import kernel_family
 from opscope.sources import location_from_call_stack
-from opscope.trace import TraceData
+from opscope.trace import COMPILED_GRAPH_RE, TraceData
 
 ROW_RE = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_][\w.]*$")
 NON_ROW_PREFIXES = ("autograd::", "profiler::", "ProfilerStep")
 BACKWARD_WRAPPER = "autograd::engine::evaluate_function: "
 _EPS = 1e-3  # µs; trace timestamps are float µs with about 1 ns resolution
 
+# torch.compile's ranges: dynamo's frame, AOTAutograd's autograd.Function (training) and inductor's
+# graph call (with config.profiler_mark_wrapper_call / cpp_wrapper: its wrapper_call range).
+COMPILED_REGION_RE = re.compile(
+    r"^(Torch-Compiled Region: \S+|CompiledFunction|CompiledFunctionBackward|(graph_\d+_)?inductor_wrapper_call)$")
+# Kernel launches inductor records: Triton kernels (also flagged by the kernel_backend arg) and, with
+# config.cpp.enable_kernel_profile, its C++ kernels.
+INDUCTOR_KERNEL_RE = re.compile(r"^(triton_[a-z]+_\w+|(graph_\d+_)?cpp_\w+)$")
+
 
 def is_row_name(name: str) -> bool:
     """Rows of ops.csv are registered operators (`ns::op`); wrappers such as autograd's
     evaluate_function, ProfilerStep#N and record_function labels are not."""
     return bool(ROW_RE.match(name)) and not name.startswith(NON_ROW_PREFIXES)
+
+
+def compiled_kind(name: str) -> str:
+    """'graph' (a compiled region or graph call), 'kernel' (an inductor kernel launch) or ''."""
+    if COMPILED_GRAPH_RE.match(name) or COMPILED_REGION_RE.match(name):
+        return "graph"
+    if INDUCTOR_KERNEL_RE.match(name):
+        return "kernel"
+    return ""
 
 
 def thread_keys(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
@@ -112,42 +137,94 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
     parent = nest(keys, ts, end)
     ev["parent"] = parent
 
-    child_sum = np.zeros(n)
-    has_parent = parent >= 0
-    np.add.at(child_sum, parent[has_parent], dur[has_parent])
-    ev["self_us"] = np.maximum(dur - child_sum, 0.0)
-
     names = ev["name"].tolist()
-    row_names = {x: is_row_name(x) for x in set(names)}
-    is_row = np.fromiter((row_names[x] for x in names), dtype=bool, count=n)
-    ev["is_row"] = is_row
+    kinds = {x: "op" if is_row_name(x) else compiled_kind(x) for x in set(names)}
+    kind = [kinds[x] for x in names]
+    if "kernel_backend" in ev.columns:  # a Triton kernel launch under any name (user-written kernels too)
+        for i in np.flatnonzero(ev["kernel_backend"].to_numpy() != "").tolist():
+            if kind[i] != "op":
+                kind[i] = "kernel"
+    is_row = [k != "" for k in kind]
 
     # Walk the tree in start-time order so a parent is always resolved before its children.
     order = np.lexsort((np.arange(n), -end, ts, keys)).tolist()
     par = parent.tolist()
+    inputs = [ev[c].tolist() for c in ("input_dims", "input_dtypes", "input_strides", "concrete_inputs")]
     row_anc = [-1] * n
     bwd_root = [-1] * n
     depth = [0] * n
+    folded = [False] * n
+    graph = [""] * n
     for i in order:
         p = par[i]
         if p >= 0:
             depth[i] = depth[p] + 1
             bwd_root[i] = bwd_root[p]
             row_anc[i] = row_anc[p]
+            graph[i] = graph[p]
         if names[i].startswith(BACKWARD_WRAPPER):
             bwd_root[i] = i
+        if kind[i] == "graph":
+            graph[i] = names[i]
         if is_row[i]:
-            row_anc[i] = i
+            a = row_anc[i]
+            # An op whose row parent has the same name and inputs is that same call, one dispatch
+            # level down (aten::upsample_nearest1d.vec calling aten::upsample_nearest1d): one call.
+            if a >= 0 and names[a] == names[i] and kind[i] == "op" and all(x[a] == x[i] for x in inputs):
+                is_row[i] = False
+                folded[i] = True
+            else:
+                row_anc[i] = i
+    is_row_arr = np.asarray(is_row, dtype=bool)
+    ev["is_row"] = is_row_arr
+    ev["folded"] = folded
+    ev["row_kind"] = [k if r else "" for k, r in zip(kind, is_row, strict=True)]
+    ev["compiled_graph"] = graph
     ev["depth"] = depth
     ev["row_anc"] = row_anc
     ev["bwd_root"] = bwd_root
     # Row ancestor strictly above an event (used to find composite parents and copy sources).
-    ev["row_parent"] = [row_anc[p] if p >= 0 else -1 for p in par]
+    row_parent = np.asarray([row_anc[p] if p >= 0 else -1 for p in par], dtype=np.int64)
+    ev["row_parent"] = row_parent
+    ev["self_us"] = _self_times(dur, parent, row_parent, is_row_arr)
 
     ev["step"] = _assign_steps(trace, ts)
+    if "captured" in ev.columns:  # a graph capture's ops copied into a replay (opscope.analysis.capture_merge)
+        copies = ev["captured"].to_numpy(dtype=bool)
+        ev.loc[copies, "self_us"] = 0.0  # they ran during capture, not in the replay
+        ev.loc[copies, "step"] = _assign_steps(trace, ev.loc[copies, "replay_ts"].to_numpy())
     _attribute_kernels(trace, ev, keys)
+    if callable(source_override):
+        source_override = source_override(ev)
+    ev["dispatch_input_types"] = _dispatch_input_types(source_override, n)
     ev["source_location"] = _sources(trace, ev, keys, order, source_override)
+    if len(trace.kernels):
+        trace.kernels["launcher_loc"] = launcher_locations(trace, ev)
     return ev
+
+
+def _self_times(dur: np.ndarray, parent: np.ndarray, row_parent: np.ndarray, is_row: np.ndarray) -> np.ndarray:
+    """A row's self time is its time minus that of the rows directly below it: what runs inside it in no
+    row of its own (a compiled graph's C++ kernels, a folded inner call) is its work. An event inside a
+    row that is not a row itself has 0 (its time is that row's); other events keep their time minus
+    their children's."""
+    below = np.zeros(len(dur))
+    into = np.where(row_parent >= 0, np.where(is_row, row_parent, -1), parent)
+    has = into >= 0
+    np.add.at(below, into[has], dur[has])
+    out = np.maximum(dur - below, 0.0)
+    out[~is_row & (row_parent >= 0)] = 0.0
+    return out
+
+
+def _dispatch_input_types(source_override: Mapping[int, str] | None, n: int) -> list[str]:
+    """Per event, "Input type" as `profile`'s untimed dispatch pass saw it (TensorList element dtypes
+    filled in: capture.lines.LineJoin.input_types), or "" where it gave none (always for traces)."""
+    out = [""] * n
+    for i, text in getattr(source_override, "input_types", {}).items():
+        if 0 <= i < n:
+            out[i] = text
+    return out
 
 
 def _assign_steps(trace: TraceData, ts: np.ndarray) -> np.ndarray:
@@ -161,56 +238,145 @@ def _assign_steps(trace: TraceData, ts: np.ndarray) -> np.ndarray:
     return np.where(inside, idx, -1)
 
 
+GRAPH_LAUNCH_RE = re.compile(r"GraphLaunch", re.IGNORECASE)  # cudaGraphLaunch, hipGraphLaunch, cuGraphLaunch
+
+
 def _attribute_kernels(trace: TraceData, ev: pd.DataFrame, keys: np.ndarray) -> None:
     """Links each kernel/memcpy/memset to the op that launched it: the kernel's correlation id names a
     runtime launch event; the innermost op enclosing that launch on its thread is the launcher (falling
-    back to the shared "External id"). Work is credited to the nearest ancestor that is a row."""
+    back to the shared "External id"). Work is credited to the nearest ancestor that is a row.
+
+    Kernels no op row launched one by one become kernel rows (`kernel_row`), named by their launcher:
+    every kernel of a CUDA/HIP graph replay (one graph launch starts hundreds of kernels, none of them
+    the enclosing op's own work), credited to the row op enclosing the launch, else the innermost
+    annotation (record_function range) around it, else the enclosing non-row event, else the launch
+    call itself; a kernel launched outside any op row, to the innermost annotation or non-row event
+    around its launch; and in a GPU-only trace every kernel (no launcher). What is left is
+    unattributed. Adds to trace.kernels: op (row event index or -1), kernel_row, launcher_op /
+    launcher_ann (event / annotation index naming the launcher, or -1), launcher (its name),
+    graph_launch (index of the graph launch that ran it, or -1) and family (opscope.analysis.kernels)."""
     n = len(ev)
     kern = trace.kernels
     ev["device_us"] = 0.0
     ev["kernels"] = ""
     ev["n_kernels"] = 0
-    kern_op = np.full(len(kern), -1, dtype=np.int64)
-    if len(kern) == 0:
-        trace.kernels = kern.assign(op=kern_op)
+    nk = len(kern)
+    kern_op = np.full(nk, -1, dtype=np.int64)
+    kernel_row = np.zeros(nk, dtype=bool)
+    launcher_op = np.full(nk, -1, dtype=np.int64)
+    launcher_ann = np.full(nk, -1, dtype=np.int64)
+    graph_launch = np.full(nk, -1, dtype=np.int64)
+    launcher = [""] * nk
+    replayed = kern["replay_launch"].to_numpy() if "replay_launch" in kern.columns else None
+    if nk == 0:
+        trace.kernels = kern.assign(op=kern_op, kernel_row=kernel_row, launcher_op=launcher_op,
+                                    launcher_ann=launcher_ann, launcher=launcher, graph_launch=graph_launch,
+                                    family=[])
         return
     launches = trace.launches
-    corr_to_op: dict[int, int] = {}
+    names = ev["name"].tolist()
+    row_anc = ev["row_anc"].tolist()
+    ann_names = trace.annotations["name"].tolist()
+    corr_to_launch: dict[int, int] = {}
+    enclosing_op: list[int] = []
+    enclosing_ann: list[int] = []
+    is_graph: list[bool] = []
+    launch_names: list[str] = []
     if len(launches):
-        l_keys = pd.MultiIndex.from_arrays([launches["pid"].to_numpy(), launches["tid"].to_numpy()])
-        op_threads = pd.MultiIndex.from_arrays([ev["pid"].to_numpy(), ev["tid"].to_numpy()])
-        codes, uniques = op_threads.factorize()
-        lookup = {u: c for c, u in enumerate(uniques)}
-        l_codes = np.array([lookup.get(k, -2) for k in l_keys], dtype=np.int64)
-        enclosing = innermost(keys, ev["ts"].to_numpy(), ev["end"].to_numpy(), l_codes, launches["ts"].to_numpy())
-        corr_to_op = dict(zip(launches["correlation"].tolist(), enclosing.tolist(), strict=True))
+        l_pid, l_tid, l_ts = launches["pid"].to_numpy(), launches["tid"].to_numpy(), launches["ts"].to_numpy()
+        enclosing_op = _enclosing(ev["pid"].to_numpy(), ev["tid"].to_numpy(), ev["ts"].to_numpy(),
+                                  ev["end"].to_numpy(), l_pid, l_tid, l_ts).tolist()
+        ann = trace.annotations
+        a_ts = ann["ts"].to_numpy()
+        enclosing_ann = _enclosing(ann["pid"].to_numpy(), ann["tid"].to_numpy(), a_ts, a_ts + ann["dur"].to_numpy(),
+                                   l_pid, l_tid, l_ts).tolist()
+        launch_names = launches["name"].tolist()
+        is_graph = [bool(GRAPH_LAUNCH_RE.search(x)) for x in launch_names]
+        corr_to_launch = {c: j for j, c in enumerate(launches["correlation"].tolist())}
     ext_to_op: dict[int, int] = {}
     for i, x in enumerate(ev["ext_id"].tolist()):
         if x >= 0 and x not in ext_to_op:
             ext_to_op[x] = i
-    row_anc = ev["row_anc"].tolist()
+    gpu_only = n == 0
     dev_us = np.zeros(n)
     names_by_op: dict[int, dict[str, None]] = {}
     counts = np.zeros(n, dtype=np.int64)
     for j, (corr, ext, kname, kdur) in enumerate(zip(kern["correlation"].tolist(), kern["ext_id"].tolist(),
                                                       kern["name"].tolist(), kern["dur"].tolist(), strict=True)):
-        op = corr_to_op.get(corr, -1)
-        if op < 0:
-            op = ext_to_op.get(ext, -1) if ext >= 0 else -1
-        if op >= 0:
-            op = row_anc[op]
-        kern_op[j] = op
-        if op >= 0:
-            dev_us[op] += kdur
-            counts[op] += 1
-            names_by_op.setdefault(op, {})[kname] = None
+        li = corr_to_launch.get(corr, -1)
+        op = enclosing_op[li] if li >= 0 else -1
+        row = row_anc[op] if op >= 0 else -1
+        if li >= 0 and is_graph[li]:
+            graph_launch[j] = li
+            kernel_row[j] = True
+            if row >= 0:
+                launcher_op[j], launcher[j] = row, names[row]
+            elif enclosing_ann[li] >= 0:
+                launcher_ann[j], launcher[j] = enclosing_ann[li], ann_names[enclosing_ann[li]]
+            elif op >= 0:
+                launcher_op[j], launcher[j] = op, names[op]
+            else:
+                launcher[j] = launch_names[li]
+            continue
+        if row < 0 and ext >= 0:
+            op = ext_to_op.get(ext, -1)
+            row = row_anc[op] if op >= 0 else -1
+        if row >= 0:
+            kern_op[j] = row
+            dev_us[row] += kdur
+            counts[row] += 1
+            names_by_op.setdefault(row, {})[kname] = None
+        elif li >= 0 and enclosing_ann[li] >= 0:
+            kernel_row[j] = True
+            launcher_ann[j], launcher[j] = enclosing_ann[li], ann_names[enclosing_ann[li]]
+        elif op >= 0:
+            kernel_row[j] = True
+            launcher_op[j], launcher[j] = op, names[op]
+        elif gpu_only:
+            kernel_row[j] = True
+    if replayed is not None:  # captured kernels: attributed to their ops, still replayed by a graph launch
+        graph_launch = np.where(replayed >= 0, replayed, graph_launch)
     ev["device_us"] = dev_us
     ev["n_kernels"] = counts
     kernels_col = [""] * n
     for op, kn in names_by_op.items():
         kernels_col[op] = ";".join(kn)
     ev["kernels"] = kernels_col
-    trace.kernels = kern.assign(op=kern_op)
+    family = [kernel_family(k, c) for k, c in zip(kern["name"].tolist(), kern["cat"].tolist(), strict=True)]
+    trace.kernels = kern.assign(op=kern_op, kernel_row=kernel_row, launcher_op=launcher_op, launcher_ann=launcher_ann,
+                                launcher=launcher, graph_launch=graph_launch, family=family)
+
+
+def _enclosing(c_pid: np.ndarray, c_tid: np.ndarray, c_start: np.ndarray, c_end: np.ndarray,
+               p_pid: np.ndarray, p_tid: np.ndarray, p_time: np.ndarray) -> np.ndarray:
+    """For each point (pid, tid, time), the innermost container interval on the same thread holding it
+    (-1 if none)."""
+    if not len(c_start) or not len(p_time):
+        return np.full(len(p_time), -1, dtype=np.int64)
+    threads = thread_keys(np.concatenate([c_pid, p_pid]), np.concatenate([c_tid, p_tid]))
+    return innermost(threads[: len(c_start)], c_start, c_end, threads[len(c_start):], p_time)
+
+
+def launcher_locations(trace: TraceData, ev: pd.DataFrame) -> list[str]:
+    """Source location of each kernel row's launcher: the launching event's, or for an annotation the
+    innermost user frame around its start (from the trace's Python events; "" without them)."""
+    kern = trace.kernels
+    if not len(kern) or "launcher_op" not in kern.columns:
+        return [""] * len(kern)
+    ops_loc = ev["source_location"].tolist()
+    ann = trace.annotations
+    ann_loc: list[str] = [""] * len(ann)
+    py = trace.python
+    if len(ann) and len(py):
+        p_ts = py["ts"].to_numpy()
+        frames = _enclosing(py["pid"].to_numpy(), py["tid"].to_numpy(), p_ts, p_ts + py["dur"].to_numpy(),
+                            ann["pid"].to_numpy(), ann["tid"].to_numpy(), ann["ts"].to_numpy())
+        where = py["name"].tolist()
+        ann_loc = [where[f] if f >= 0 else "" for f in frames.tolist()]
+    out = []
+    for o, a in zip(kern["launcher_op"].tolist(), kern["launcher_ann"].tolist(), strict=True):
+        out.append(ops_loc[o] if o >= 0 else ann_loc[a] if a >= 0 else "")
+    return out
 
 
 def _sources(trace: TraceData, ev: pd.DataFrame, keys: np.ndarray, order: list[int],

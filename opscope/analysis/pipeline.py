@@ -10,9 +10,10 @@ import numpy as np
 import pandas as pd
 
 from opscope.analysis.events import SourceOverride, build_events
+from opscope.analysis.gpu_timeline import gpu_summary
 from opscope.analysis.ops_table import BOUNDS, JSON_TEXT_COLUMNS, build_ops_table, event_costs
 from opscope.findings import Context, run_rules
-from opscope.findings.base import LayoutProbe
+from opscope.findings.base import DtypeProbe, LayoutProbe
 from opscope.hardware import Peaks
 from opscope.noise import step_spread, unknown
 from opscope.run import FORMAT_VERSION, Run
@@ -24,18 +25,19 @@ TRACE_NOISE_REASON = "a trace recorded elsewhere: other processes' CPU use on it
 
 def analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str,
             source_override: SourceOverride | None = None,
-            layout_probe: LayoutProbe | None = None, noise: dict[str, Any] | None = None,
-            step_us: list[float] | None = None) -> Run:
+            layout_probe: LayoutProbe | None = None, dtype_probe: DtypeProbe | None = None,
+            noise: dict[str, Any] | None = None, step_us: list[float] | None = None) -> Run:
     """`noise`: opscope.noise.assess() of the timed pass (profile), else "unknown"; `step_us`: each
     step's measured wall time (profile), else the ProfilerStep annotations' durations are used."""
     with no_gc():
         return _analyze(trace, peaks=peaks, meta=meta, source=source, source_override=source_override,
-                        layout_probe=layout_probe, noise=noise or unknown(TRACE_NOISE_REASON), step_us=step_us)
+                        layout_probe=layout_probe, dtype_probe=dtype_probe,
+                        noise=noise or unknown(TRACE_NOISE_REASON), step_us=step_us)
 
 
 def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str,
              source_override: SourceOverride | None, layout_probe: LayoutProbe | None,
-             noise: dict[str, Any], step_us: list[float] | None) -> Run:
+             dtype_probe: DtypeProbe | None, noise: dict[str, Any], step_us: list[float] | None) -> Run:
     ev = build_events(trace, source_override)
     gpu = trace.has_gpu
     ev = ev.join(event_costs(ev))
@@ -46,14 +48,15 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
     ops = build_ops_table(ev, gpu=gpu, peaks=peaks, kernels=trace.kernels)
     steps, step_time_us = step_stats(trace, ev)
     busy = device_busy_share(trace, steps, step_time_us) if gpu else None
+    timeline = gpu_summary(trace, ev, steps=steps, step_time_us=step_time_us) if gpu else None
     ctx = Context(ops=ops, events=ev, peaks=peaks, gpu=gpu, source=source, steps=steps,
                   step_time_us=step_time_us, device_busy_share=busy, meta=meta, layout_probe=layout_probe,
-                  noise=noise)
+                  gpu_timeline=timeline, dtype_probe=dtype_probe, noise=noise)
     findings = run_rules(ctx)
     if step_us is None:
         step_us = trace.steps["dur"].tolist() if len(trace.steps) else [step_time_us]
     summary = summarize(ops, steps=steps, step_time_us=step_time_us, n_findings=len(findings), busy=busy,
-                        step_us=step_us, noise=noise)
+                        step_us=step_us, noise=noise, gpu_keys=timeline)
     return Run(meta=meta, ops=ops, findings=findings, summary=summary, events=ev)
 
 
@@ -62,8 +65,10 @@ def step_stats(trace: TraceData, ev: pd.DataFrame) -> tuple[int, float]:
     spanning every op and kernel."""
     if len(trace.steps):
         return len(trace.steps), float(trace.steps["dur"].mean())
-    starts = [ev["ts"].min()]
-    ends = [ev["end"].max()]
+    if "captured" in ev.columns:  # copies of a graph capture's ops did not run in this trace
+        ev = ev[~ev["captured"].to_numpy(dtype=bool)]
+    starts = [ev["ts"].min()] if len(ev) else []  # a GPU-only trace has no CPU events
+    ends = [ev["end"].max()] if len(ev) else []
     if len(trace.kernels):
         starts.append(trace.kernels["ts"].min())
         ends.append((trace.kernels["ts"] + trace.kernels["dur"]).max())
@@ -91,7 +96,8 @@ def device_busy_share(trace: TraceData, steps: int, step_time_us: float) -> floa
 
 
 def summarize(ops: pd.DataFrame, *, steps: int, step_time_us: float, n_findings: int,
-              busy: float | None, step_us: list[float], noise: dict[str, Any]) -> dict[str, Any]:
+              busy: float | None, step_us: list[float], noise: dict[str, Any],
+              gpu_keys: dict[str, Any] | None = None) -> dict[str, Any]:
     total = float(ops["time_us_total"].sum())
     covered = ops["flops_per_call"].notna() & ops["bytes_per_call"].notna()
     bound_share = {b: 0.0 for b in BOUNDS}
@@ -111,6 +117,7 @@ def summarize(ops: pd.DataFrame, *, steps: int, step_time_us: float, n_findings:
     }
     if busy is not None:
         summary["device_busy_share"] = busy
+    summary.update(gpu_keys or {})  # opscope.analysis.gpu_timeline: kernel families, graph replay, streams, gaps
     return summary
 
 

@@ -8,17 +8,53 @@ from pathlib import Path
 from typing import Any
 
 from opscope import __version__
+from opscope.analysis.capture_merge import merge_capture
+from opscope.analysis.kernels import architecture_from_kernels, short_kernel_name
 from opscope.analysis.pipeline import analyze
-from opscope.hardware import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
-from opscope.run import Run, TraceCompressor, check_out_dir, default_run_dir, write_run
-from opscope.trace import TraceData, load_trace
+from opscope.hardware import Peaks, apply_overrides, gpu_from_properties, gpu_peaks, unknown_gpu_warning
+from opscope.run import DEFAULT_REPORTS_DIR, Run, TraceCompressor, check_out_dir, write_run
+from opscope.trace import TraceData, load_trace, max_trace_bytes, read_bytes
+
+UNKNOWN_GPU = "unknown GPU (not recorded in the trace)"
 
 
 def trace_device(trace: TraceData) -> dict[str, str]:
+    """meta.json "device". A GPU's name comes from deviceProperties' "name"; when that is missing or
+    empty (vLLM traces), from the rest of deviceProperties (compute capability, SM/CU count, memory),
+    then from the kernel-name vocabulary (hipBLASLt's `Cijk_..._ISA942_` -> AMD Instinct gfx942, cuBLAS's
+    `sm90_` -> NVIDIA Hopper); "name_source" says which. Never an empty name."""
     if trace.has_gpu or trace.gpu_runtime:
-        props = trace.device_properties[0] if trace.device_properties else {}
-        return {"type": trace.gpu_runtime or "cuda", "name": str(props.get("name", "unknown GPU"))}
+        runtime = trace.gpu_runtime or "cuda"
+        name, source = gpu_name(trace, runtime)
+        return {"type": runtime, "name": name, "name_source": source}
     return {"type": "cpu", "name": "unknown CPU (not recorded in the trace)"}
+
+
+def gpu_name(trace: TraceData, runtime: str) -> tuple[str, str]:
+    props = _device_props(trace)
+    name = props.get("name")
+    if isinstance(name, str) and name.strip():
+        return name.strip(), "deviceProperties"
+    known = gpu_from_properties(props, runtime)
+    if known is not None:
+        return known[0], f"deviceProperties without a name: {known[1]}"
+    arch = architecture_from_kernels(trace.kernels["name"].tolist()) if len(trace.kernels) else None
+    if arch is not None:
+        return arch[0], f"kernel names (e.g. {short_kernel_name(arch[1])})"
+    return UNKNOWN_GPU, "none"
+
+
+def _device_props(trace: TraceData) -> dict:
+    """The deviceProperties entry of the device most kernels ran on (by "id"), else the first."""
+    props = trace.device_properties
+    if not props:
+        return {}
+    if len(props) > 1 and len(trace.kernels):
+        device = int(trace.kernels["device"].mode().iloc[0])
+        for p in props:
+            if p.get("id") == device:
+                return p
+    return props[0]
 
 
 def trace_peaks(trace: TraceData, device: dict[str, str], peak_bw: float | None, peak_flops: list[str] | None,
@@ -43,22 +79,42 @@ def trace_peaks(trace: TraceData, device: dict[str, str], peak_bw: float | None,
 
 
 def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | None = None,
-                       peak_flops: list[str] | None = None, warn: Callable[[str], None] = lambda m: None) -> Run:
-    check_out_dir(out)
-    if not path.is_file():
-        load_trace(path)  # raises the right one-line error
+                       peak_flops: list[str] | None = None, warn: Callable[[str], None] = lambda m: None,
+                       max_trace_gb: float | None = None, capture: Path | None = None) -> Run:
+    """Analyzes a trace file into a run directory. `capture`: a trace recorded while the replayed CUDA/HIP
+    graphs were captured (opscope.analysis.capture_merge)."""
+    base = DEFAULT_REPORTS_DIR.absolute()
+    out = out.absolute() if out is not None else None
+    check_out_dir(out, base)
+    data = read_bytes(path, max_trace_bytes(max_trace_gb))  # once: `path` may be a pipe
     stem = path.name.split(".")[0] or "trace"
-    target = out if out is not None else default_run_dir(stem)
-    compressor = TraceCompressor(path, target.absolute().parent)
+    folder = out.parent if out is not None else base
+    compressor: TraceCompressor | None = None
     try:
-        return _analyze_file(path, target, stem, compressor, peak_bw, peak_flops, warn)
+        compressor = TraceCompressor(path, folder, data=None if path.is_file() else data)
+        trace = load_trace(path, data=data)
+        del data  # the decoded tables replace it (the compressor keeps its own reference if it needs one)
+        for line in trace.warnings:
+            warn(line)
+        merged = None
+        if capture is not None:
+            captured = load_trace(capture, max_bytes=max_trace_bytes(max_trace_gb))
+            for line in captured.warnings:
+                warn(line)
+            trace, report = merge_capture(trace, captured)
+            for line in report.warnings:
+                warn(line)
+            merged = {"trace": str(capture), **report.to_json()}
+        return _analyze_file(path, trace, out, base, stem, compressor, peak_bw, peak_flops, warn, merged)
     finally:
-        compressor.discard()
+        if compressor is not None:
+            compressor.discard()
 
 
-def _analyze_file(path: Path, target: Path, stem: str, compressor: TraceCompressor, peak_bw: float | None,
-                  peak_flops: list[str] | None, warn: Callable[[str], None]) -> Run:
-    trace = load_trace(path)
+def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, stem: str,
+                  compressor: TraceCompressor,
+                  peak_bw: float | None, peak_flops: list[str] | None, warn: Callable[[str], None],
+                  capture: dict[str, Any] | None = None) -> Run:
     device = trace_device(trace)
     peaks = trace_peaks(trace, device, peak_bw, peak_flops, warn)
     meta: dict[str, Any] = {
@@ -74,7 +130,9 @@ def _analyze_file(path: Path, target: Path, stem: str, compressor: TraceCompress
         "steps": None,
         "peaks": peaks.to_json(),
     }
+    if capture is not None:
+        meta["capture"] = capture
     run = analyze(trace, peaks=peaks, meta=meta, source="trace")
     meta["steps"] = run.summary["steps"]
-    write_run(run, target, stem, path, compressor=compressor)
+    write_run(run, out, stem, path, compressor=compressor, base=base)
     return run

@@ -6,6 +6,10 @@ labels them `opscope:harness` and findings never point at them.
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import torch
@@ -29,15 +33,26 @@ def resolve_device(device: str) -> torch.device:
 
 
 def _move(value: Any, device: torch.device, dtype: torch.dtype | None) -> Any:
+    """Tensors (also inside lists, tuples and dicts) moved to the device, floating ones converted to
+    `dtype`; everything else (numbers, None, strings, ...) unchanged."""
     if isinstance(value, torch.Tensor):
         if dtype is not None and value.is_floating_point():
             return value.to(device=device, dtype=dtype)
         return value.to(device=device)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple takes its fields positionally
+        return type(value)(*(_move(v, device, dtype) for v in value))
     if isinstance(value, (list, tuple)):
         return type(value)(_move(v, device, dtype) for v in value)
     if isinstance(value, dict):
         return {k: _move(v, device, dtype) for k, v in value.items()}
     return value
+
+
+def _tensors_in(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return [t for v in items for t in _tensors_in(v)]
 
 
 def first_tensor(output: Any) -> torch.Tensor | None:
@@ -64,6 +79,31 @@ def model_dtype(model: torch.nn.Module) -> torch.dtype | None:
     return None
 
 
+@contextmanager
+def process_state_kept(keep_additions: bool = False) -> Iterator[None]:
+    """Restores sys.path and the working directory after the user's code ran: a model that changes them
+    must not break what opscope (and torch's lazy imports) do next. A few µs per step. With
+    keep_additions (the model's import), entries it added stay, so its later lazy imports work; the
+    ones it removed come back."""
+    path = list(sys.path)
+    try:
+        cwd: str | None = os.getcwd()
+    except OSError:
+        cwd = None
+    try:
+        yield
+    finally:
+        if sys.path != path:
+            if keep_additions:
+                sys.path.extend(p for p in path if p not in sys.path)
+            else:
+                sys.path[:] = path
+        if cwd is not None:
+            with suppress(OSError):
+                if os.getcwd() != cwd:
+                    os.chdir(cwd)
+
+
 class Harness:
     def __init__(self, target: Target, *, mode: str, device: torch.device, dtype: str | None) -> None:
         if mode not in ("inference", "train"):
@@ -83,6 +123,14 @@ class Harness:
         self.dtype = to_dtype or model_dtype(model) or torch.get_default_dtype()
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.SGD(params, lr=1e-3) if (mode == "train" and params) else None
+        self.input_grads: list[torch.Tensor] = []
+        if mode == "train" and not params:
+            # A model without trainable parameters (a KernelBench single-op problem) still has a backward
+            # pass: differentiate with respect to its floating-point input tensors instead.
+            self.input_grads = [t for t in _tensors_in((self.args, self.kwargs))
+                                if t.is_floating_point() and t.is_leaf and not t.requires_grad]
+            for t in self.input_grads:
+                t.requires_grad_(True)
 
     @property
     def dtype_name(self) -> str:
@@ -97,12 +145,18 @@ class Harness:
             raise TargetError(f"the model's forward failed{at}: {describe_exception(exc)}") from exc
 
     def step(self) -> None:
+        with process_state_kept():
+            self._step()
+
+    def _step(self) -> None:
         if self.mode == "inference":
             with torch.inference_mode():
                 self._forward()
             return
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
+        for t in self.input_grads:
+            t.grad = None  # as zero_grad(set_to_none=True): no accumulation into last step's gradient
         out = self._forward()
         loss = self._loss(out)
         try:

@@ -10,6 +10,12 @@ aten::t + aten::addmm; a copying reshape as aten::clone + aten::_unsafe_view) an
 those ops call internally. The join therefore walks each step's op tree in pre-order and matches a
 record to the first op with the same name and input shapes, skipping the subtree of every matched op
 (its internals ran on the same line); unmatched composite parents take their first child's line.
+
+The same pass sees the real tensors, so it also records the element dtypes of every TensorList argument,
+which torch.profiler records only as "TensorList" (cat, stack, _foreach_*, fused optimizers). The join
+hands them on per event (LineJoin.input_types): the op's "Input type" with each TensorList entry replaced
+by the list of its elements' dtypes; ops inside a matched op's subtree (stack's cat) take its lists, in
+order, where the lengths agree.
 """
 
 from __future__ import annotations
@@ -35,6 +41,30 @@ class LineRecord:
     name: str
     shapes: tuple  # shapes of tensor inputs, in schema order (nested tuples for tensor lists)
     location: str
+    # (schema argument index, element dtypes as the profiler names them) of each tensor-list argument
+    list_dtypes: tuple[tuple[int, tuple[str, ...]], ...] = ()
+
+
+class LineJoin(dict):
+    """Event index -> exact line ('file:line'); `input_types`: event index -> the event's "Input type"
+    (JSON text) with its TensorList entries' element dtypes filled in from the dispatch pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.input_types: dict[int, str] = {}
+
+
+# torch dtype names -> torch.profiler's "Input type" strings (tests/test_source_lines.py checks them
+# against the profiler).
+PROFILER_DTYPES: dict[str, str] = {
+    "float32": "float", "float64": "double", "float16": "c10::Half", "bfloat16": "c10::BFloat16",
+    "float8_e4m3fn": "c10::Float8_e4m3fn", "float8_e5m2": "c10::Float8_e5m2",
+    "float8_e4m3fnuz": "c10::Float8_e4m3fnuz", "float8_e5m2fnuz": "c10::Float8_e5m2fnuz",
+    "int64": "long int", "int32": "int", "int16": "short int", "int8": "signed char", "uint8": "unsigned char",
+    "uint16": "short unsigned int", "uint32": "unsigned int", "uint64": "long unsigned int", "bool": "bool",
+    "complex64": "c10::complex<float>", "complex128": "c10::complex<double>",
+    "complex32": "c10::complex<c10::Half>",
+}
 
 
 # nn.Module instance -> "file:line" of the user code that created it (see module_origins()).
@@ -108,8 +138,10 @@ def _shape_of(value: Any) -> Any:
     return None
 
 
-def _signature(func: Any, args: tuple, kwargs: dict) -> tuple:
+def _signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, tuple]:
+    """(shapes of the tensor inputs, (index, element dtypes) of the tensor-list inputs), in schema order."""
     shapes = []
+    lists = []
     schema_args = func._schema.arguments
     for i, arg in enumerate(schema_args):
         if i < len(args):
@@ -121,7 +153,9 @@ def _signature(func: Any, args: tuple, kwargs: dict) -> tuple:
         s = _shape_of(value)
         if s:  # 0-d tensors and non-tensors are [] in the trace: leave them out on both sides
             shapes.append(s)
-    return tuple(shapes)
+            if isinstance(value, (list, tuple)):
+                lists.append((i, tuple(PROFILER_DTYPES.get(str(v.dtype).removeprefix("torch."), "") for v in value)))
+    return tuple(shapes), tuple(lists)
 
 
 def record_lines(step: Any) -> list[LineRecord]:
@@ -134,7 +168,8 @@ def record_lines(step: Any) -> list[LineRecord]:
     class _LineMode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
             kwargs = kwargs or {}
-            rec = LineRecord(func._schema.name, _signature(func, args, kwargs), caller_location(2))
+            shapes, lists = _signature(func, args, kwargs)
+            rec = LineRecord(func._schema.name, shapes, caller_location(2), lists)
             with lock:
                 records.append(rec)
             return func(*args, **kwargs)
@@ -160,9 +195,10 @@ def _trace_signature(dims_text: str) -> tuple:
     return tuple(out)
 
 
-def join_lines(records: list[LineRecord], ev: pd.DataFrame) -> dict[int, str]:
-    """Event index -> exact line, matching `records` (one step's worth) against every profiled step."""
-    out: dict[int, str] = {}
+def join_lines(records: list[LineRecord], ev: pd.DataFrame) -> LineJoin:
+    """Event index -> exact line, matching `records` (one step's worth) against every profiled step; with
+    the TensorList element dtypes of the matched events and their subtrees (LineJoin.input_types)."""
+    out = LineJoin()
     if not records:
         return out
     parent = ev["parent"].tolist()
@@ -173,17 +209,20 @@ def join_lines(records: list[LineRecord], ev: pd.DataFrame) -> dict[int, str]:
 
 
 def _join_step(records: list[LineRecord], ev: pd.DataFrame, order: list[int], parent: list[int],
-               out: dict[int, str]) -> None:
+               out: LineJoin) -> None:
     names = ev["name"]
     dims = ev["input_dims"]
+    types = ev["input_dtypes"]
     is_row = ev["is_row"]
-    covered: set[int] = set()
+    covered: dict[int, LineRecord] = {}  # event in a matched op's subtree -> that op's record
     p = 0
     n = len(records)
     for i in order:
         par = parent[i]
         if par in covered:
-            covered.add(i)
+            covered[i] = rec = covered[par]
+            if rec.list_dtypes:
+                _fill_list_types(out, i, types[i], dims[i], [d for _, d in rec.list_dtypes])
             continue
         if not is_row[i] or p >= n:
             continue
@@ -201,6 +240,33 @@ def _join_step(records: list[LineRecord], ev: pd.DataFrame, order: list[int], pa
         if match < 0 and p < n and records[p].name == name:
             match = p  # same op, shapes recorded differently (e.g. an optional list): trust the order
         if match >= 0:
-            out[i] = records[match].location
-            covered.add(i)
+            rec = records[match]
+            out[i] = rec.location
+            covered[i] = rec
+            if rec.list_dtypes:
+                _fill_list_types(out, i, types[i], dims[i], dict(rec.list_dtypes))
             p = match + 1
+
+
+def _fill_list_types(out: LineJoin, i: int, types_text: str, dims_text: str,
+                     lists: dict[int, tuple[str, ...]] | list[tuple[str, ...]]) -> None:
+    """Replaces event i's "TensorList" type entries with element dtypes: `lists` by schema index (the
+    op's own record) or in order (an op inside its subtree), each only where the element count agrees."""
+    if "TensorList" not in types_text:
+        return
+    try:
+        entries, shapes = json.loads(types_text), json.loads(dims_text)
+    except ValueError:
+        return
+    ordered = iter(lists) if isinstance(lists, list) else None
+    changed = False
+    for k, entry in enumerate(entries):
+        if entry != "TensorList":
+            continue
+        dtypes = next(ordered, None) if ordered is not None else lists.get(k)
+        shape = shapes[k] if k < len(shapes) else None
+        if dtypes and all(dtypes) and isinstance(shape, list) and len(shape) == len(dtypes):
+            entries[k] = list(dtypes)
+            changed = True
+    if changed:
+        out.input_types[i] = json.dumps(entries)

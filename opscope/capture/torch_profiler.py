@@ -18,13 +18,14 @@ import torch
 
 from opscope import __version__
 from opscope.analysis.pipeline import analyze
-from opscope.capture.harness import Harness, resolve_device
+from opscope.capture.dtype_probe import float32_probe
+from opscope.capture.harness import Harness, process_state_kept, resolve_device
 from opscope.capture.layout_probe import conv_layout_probe
 from opscope.capture.lines import join_lines, module_origins, record_lines
 from opscope.errors import OpscopeError
 from opscope.hardware import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
 from opscope.noise import CpuSampler, window_noise
-from opscope.run import Run, check_out_dir, write_run
+from opscope.run import DEFAULT_REPORTS_DIR, Run, check_out_dir, write_run
 from opscope.target import load_target
 from opscope.trace import load_trace
 
@@ -132,7 +133,10 @@ def timed_pass(harness: Harness, steps: int,
 def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tuple[Run, ProfileTimings]:
     progress = progress or Progress()
     _validate(opts)
-    check_out_dir(opts.out)
+    # Absolute before the model is loaded: its code may change the working directory.
+    reports = DEFAULT_REPORTS_DIR.absolute()
+    out = opts.out.absolute() if opts.out is not None else None
+    check_out_dir(out, reports)
     timings = ProfileTimings()
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -140,7 +144,7 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tu
 
     t0 = time.perf_counter()
     progress.phase("loading model")
-    with module_origins():
+    with module_origins(), process_state_kept(keep_additions=True):
         target = load_target(opts.target, opts.entry)
     harness = Harness(target, mode=opts.mode, device=device, dtype=opts.dtype)
     timings.load = time.perf_counter() - t0
@@ -186,8 +190,8 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tu
         probe = conv_layout_probe(device) if opts.mode in ("inference", "train") else None
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",
                       source_override=lambda ev: join_lines(records, ev), layout_probe=probe,
-                      noise=noise, step_us=[t * 1e6 for t in step_s])
-        write_run(run, opts.out, target.stem, trace_path)
+                      dtype_probe=float32_probe(device), noise=noise, step_us=[t * 1e6 for t in step_s])
+        write_run(run, out, target.stem, trace_path, base=reports)
         timings.analysis = time.perf_counter() - t0
     return run, timings
 

@@ -10,6 +10,7 @@ family module documents the evidence for its composites and argument layouts.
 from opscope.costmodel import (  # noqa: F401  (importing registers each family's ops)
     attention,
     conv,
+    custom,
     elementwise,
     factory,
     indexing,

@@ -28,9 +28,10 @@ class OpCall:
     dtypes: tuple = ()
     strides: tuple = ()
     concrete: tuple = ()
-    # torch.profiler records a TensorList's type as just "TensorList" (no element dtype). A caller that
-    # knows better (e.g. the step's dominant dtype) may set this; otherwise the cost functions use the
-    # call's first plain tensor dtype, else assume float32 and say so in Cost.note.
+    # torch.profiler records a TensorList's type as just "TensorList" (no element dtype); `dtypes` may
+    # carry the element dtypes instead (a list per TensorList, e.g. from `profile`'s dispatch pass).
+    # Where it does not, the cost functions assume this hint (e.g. the run's most common dtype), else the
+    # call's first plain tensor dtype, else float32 -- and say so in Cost.note (list_dtype_note()).
     list_dtype: str = ""
 
     @classmethod
@@ -56,8 +57,8 @@ class OpCall:
             return None
         shape = self.dims[i]
         dtype = self.dtypes[i] if i < len(self.dtypes) else ""
-        if not isinstance(shape, list) or dtype in NON_TENSOR_TYPES:
-            return None
+        if not isinstance(shape, list) or isinstance(dtype, list) or dtype in NON_TENSOR_TYPES:
+            return None  # (a list of dtypes: a TensorList's elements)
         if shape and isinstance(shape[0], list):
             return None  # a TensorList; see tensor_list()
         if not shape and dtype not in ITEMSIZE:
@@ -86,28 +87,40 @@ class OpCall:
         return out
 
     def list_dtype_known(self) -> bool:
-        """Whether TensorList element dtypes come from the trace/caller rather than the float32 guess."""
-        if any(isinstance(e, list) and e and e[0] in ITEMSIZE for e in self.dtypes):
-            return True
-        return self._list_dtype_source()[1]
+        """Whether the element dtypes of every (non-empty) TensorList argument are recorded in `dtypes`
+        rather than assumed."""
+        for i, shapes in enumerate(self.dims):
+            if isinstance(shapes, list) and shapes and isinstance(shapes[0], list):
+                entry = self.dtypes[i] if i < len(self.dtypes) else ""
+                if not (isinstance(entry, list) and len(entry) == len(shapes) and all(d in ITEMSIZE for d in entry)):
+                    return False
+        return True
+
+    def list_dtype_note(self) -> str:
+        """Empty when list_dtype_known(), else the note saying which dtype was assumed for TensorList
+        elements, and why."""
+        if self.list_dtype_known():
+            return ""
+        dtype, why = self._list_dtype_source()
+        return f"TensorList dtype not recorded: assumed {DTYPE_NAMES.get(dtype) or OTHER_DTYPE_NAMES.get(dtype, dtype)} ({why})"
 
     def assumed_list_dtype(self) -> str:
-        """The dtype used for TensorList elements whose dtype the trace does not record: the caller's
-        hint, else the first non-scalar plain tensor's, else a 0-dim tensor's (not a wrapped Python
-        number's), else float32."""
+        """The dtype used for TensorList elements whose dtype is not recorded: the caller's hint, else the
+        first non-scalar plain tensor's, else a 0-dim tensor's (not a wrapped Python number's), else
+        float32."""
         return self._list_dtype_source()[0]
 
-    def _list_dtype_source(self) -> tuple[str, bool]:
+    def _list_dtype_source(self) -> tuple[str, str]:
         if self.list_dtype in ITEMSIZE:
-            return self.list_dtype, True
+            return self.list_dtype, "the run's most common dtype"
         plain = [t for t in self.tensors() if t.dtype in ITEMSIZE]
         for t in plain:
             if t.shape:
-                return t.dtype, True
+                return t.dtype, "the op's tensor argument's"
         for t in plain:
             if t.dtype not in WRAPPED_NUMBER_DTYPES:
-                return t.dtype, True
-        return "float", False
+                return t.dtype, "the op's tensor argument's"
+        return "float", "default"
 
     def is_tensor(self, i: int) -> bool:
         return self.tensor(i) is not None
@@ -172,6 +185,12 @@ DELEGATES_TO_ANY_CHILD = frozenset({"aten::_fused_rms_norm", "aten::_fused_rms_n
 CostFn = Callable[[OpCall], "Cost | None"]
 REGISTRY: dict[str, CostFn] = {}
 
+# Ops whose output some backends pre-fill with the bias through a child aten::copy_ (CPU addmm, baddbmm,
+# _addmm_activation: copy_(out, bias.expand(...)), then out += A @ B). That child counts the bias read and
+# the output write; given such a child, the analysis layer counts the op with the function registered
+# here (what is left to it), so the pair adds up to one op's minimum traffic.
+BIAS_COPIED_BY_CHILD: dict[str, CostFn] = {}
+
 
 def register(*names: str) -> Callable[[CostFn], CostFn]:
     """Registers a cost function for one or more op names ("aten::mm", ...)."""
@@ -186,9 +205,22 @@ def register(*names: str) -> Callable[[CostFn], CostFn]:
     return deco
 
 
-def estimate(call: OpCall) -> Cost | None:
-    """FLOPs/bytes of one call, or None when the op is unknown or its inputs can't be interpreted."""
-    fn = REGISTRY.get(call.name)
+def register_bias_copied_by_child(*names: str) -> Callable[[CostFn], CostFn]:
+    """Registers the cost of an op whose bias a child aten::copy_ already wrote into its output."""
+
+    def deco(fn: CostFn) -> CostFn:
+        for name in names:
+            BIAS_COPIED_BY_CHILD[name] = fn
+        return fn
+
+    return deco
+
+
+def estimate(call: OpCall, *, bias_copied_by_child: bool = False) -> Cost | None:
+    """FLOPs/bytes of one call, or None when the op is unknown or its inputs can't be interpreted.
+    `bias_copied_by_child`: the call has a child aten::copy_ that wrote its bias into the output (see
+    BIAS_COPIED_BY_CHILD; ignored for other ops)."""
+    fn = (BIAS_COPIED_BY_CHILD.get(call.name) if bias_copied_by_child else None) or REGISTRY.get(call.name)
     if fn is None:
         return None
     try:
@@ -244,6 +276,13 @@ DTYPE_NAMES: dict[str, str] = {
     "c10::Float8_e5m2": "float8",
     "c10::Float8_e4m3fnuz": "float8",
     "c10::Float8_e5m2fnuz": "float8",
+}
+
+# ... and the other types' torch names (for messages).
+OTHER_DTYPE_NAMES: dict[str, str] = {
+    "long int": "int64", "int": "int32", "short int": "int16", "signed char": "int8", "unsigned char": "uint8",
+    "bool": "bool", "short unsigned int": "uint16", "unsigned int": "uint32", "long unsigned int": "uint64",
+    "c10::complex<float>": "complex64", "c10::complex<double>": "complex128", "c10::complex<c10::Half>": "complex32",
 }
 
 
@@ -371,14 +410,21 @@ def reduced_shape(shape: Sequence[int], dim: Any, keepdim: bool) -> tuple[int, .
     return tuple(s for i, s in enumerate(shape) if i not in dims)
 
 
+# GEMMs on int8 operands (float scales aside): their dtype is "int8", which selects the INT8 tensor ceiling.
+INT8_GEMMS = frozenset({"aten::_int_mm", "aten::_scaled_mm"})
+
+
 def floating_dtype(call: OpCall) -> str | None:
-    """The op's dtype (CONTRACT: that of its first floating-point input), as an opscope dtype name."""
+    """The op's dtype (CONTRACT: that of its first floating-point input), as an opscope dtype name; an int8
+    GEMM's (INT8_GEMMS with an int8 first operand) is "int8"."""
+    if call.name in INT8_GEMMS and call.dtypes and call.dtypes[0] == "signed char":
+        return "int8"
     for entry in call.dtypes:
         if isinstance(entry, list):
             entry = entry[0] if entry else ""
         if entry in DTYPE_NAMES:
             return DTYPE_NAMES[entry]
-    return DTYPE_NAMES.get(call.list_dtype)
+    return None if call.list_dtype_known() else DTYPE_NAMES.get(call.list_dtype)
 
 
 def storage_elements(shape: Sequence[int], stride: Sequence[int]) -> int:

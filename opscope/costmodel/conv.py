@@ -5,11 +5,13 @@ is the output's spatial size for a regular conv and the *input's* for a transpos
 already C_in/groups (regular) or C_out/groups (transposed), so groups need no extra factor. The bias
 adds no FLOPs, only bytes. Bytes = input + weight (+ bias) storage read + output written.
 
-Backward (conv_backward_flop), per output_mask: grad_input counts as the forward conv with
-`transposed` flipped; grad_weight as 2 * prod(kernel) * prod(grad_out spatial) * x[1] * grad_out[1] * N
-(regular) or 2 * prod(kernel) * prod(x spatial) * grad_out[1] * x[1] * N (transposed). FlopCounterMode
-does not divide grad_weight by `groups` and neither do we, so grouped/depthwise grad_weight FLOPs are
-counted `groups` times the multiply-adds performed; grad_bias adds none.
+Backward, per output_mask: grad_input counts as the forward conv with `transposed` flipped (as
+FlopCounterMode's conv_backward_flop); grad_weight as 2 * prod(kernel) * prod(grad_out spatial) * x[1] *
+grad_out[1] * N / groups (regular) or 2 * prod(kernel) * prod(x spatial) * grad_out[1] * x[1] * N / groups
+(transposed): each weight element of a grouped conv only sees the channels of its own group.
+FlopCounterMode's grad_weight term leaves out the division by `groups` (it ignores the argument), so for
+grouped and depthwise convs it counts `groups` times the multiply-adds performed; opscope counts the
+real work. grad_bias adds no FLOPs.
 
 Each backend op has its own argument order (mkldnn/cudnn put padding before stride, the slow CPU
 kernels take kernel_size and no groups); one ConvArgs entry per op records it.
@@ -150,22 +152,28 @@ def _t(shape) -> list[int]:
     return [shape[1], shape[0], *shape[2:]]
 
 
-def conv_backward_flops(grad_out, x, w, transposed: bool, output_mask) -> int:
-    """torch.utils.flop_counter.conv_backward_flop."""
+def conv_backward_flops(grad_out, x, w, transposed: bool, output_mask, groups: int = 1) -> int:
+    """torch.utils.flop_counter.conv_backward_flop with its grad_weight term divided by `groups`."""
     flops = 0
     if output_mask[0]:
         flops += conv_flop_count(grad_out, w, x, not transposed)
     if output_mask[1]:
         if transposed:
-            flops += conv_flop_count(_t(grad_out), _t(x), _t(w), False)
+            grad_weight = conv_flop_count(_t(grad_out), _t(x), _t(w), False)
         else:
-            flops += conv_flop_count(_t(x), _t(grad_out), _t(w), False)
+            grad_weight = conv_flop_count(_t(x), _t(grad_out), _t(w), False)
+        flops += grad_weight // groups  # both channel counts are multiples of groups: exact
     return flops
 
 
-def _conv_backward_cost(grad_out: TensorArg, x: TensorArg, w: TensorArg, transposed: bool, mask) -> Cost:
+def _groups(value) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+
+
+def _conv_backward_cost(grad_out: TensorArg, x: TensorArg, w: TensorArg, transposed: bool, mask,
+                        groups: int = 1) -> Cost:
     mask = list(mask) + [False] * (3 - len(mask))
-    flops = conv_backward_flops(grad_out.shape, x.shape, w.shape, transposed, mask)
+    flops = conv_backward_flops(grad_out.shape, x.shape, w.shape, transposed, mask, _groups(groups))
     read = grad_out.storage_bytes
     written = 0
     if mask[0]:  # grad_input = conv_transpose(grad_out, w)
@@ -185,7 +193,8 @@ def convolution_backward(call: OpCall) -> Cost:
     """convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
     transposed, output_padding, groups, output_mask)."""
     mask = call.arg(10, [True, True, True])
-    return _conv_backward_cost(call.tensor(0), call.tensor(1), call.tensor(2), bool(call.arg(7, False)), mask)
+    return _conv_backward_cost(call.tensor(0), call.tensor(1), call.tensor(2), bool(call.arg(7, False)), mask,
+                               call.arg(9, 1))
 
 
 @register("aten::convolution_backward_overrideable")
@@ -193,7 +202,8 @@ def convolution_backward_overrideable(call: OpCall) -> Cost:
     """(grad_output, input, weight, stride, padding, dilation, transposed, output_padding, groups,
     output_mask)."""
     mask = call.arg(9, [True, True, True])
-    return _conv_backward_cost(call.tensor(0), call.tensor(1), call.tensor(2), bool(call.arg(6, False)), mask)
+    return _conv_backward_cost(call.tensor(0), call.tensor(1), call.tensor(2), bool(call.arg(6, False)), mask,
+                               call.arg(8, 1))
 
 
 @register("aten::_slow_conv2d_backward")

@@ -1,11 +1,22 @@
 """Loss functions. reduction: 0 = none (one loss per element), 1 = mean, 2 = sum (one scalar).
-FLOPs per element: nll_loss 2 (weight/negate + accumulate; per target element), mse 3 (subtract,
-square, accumulate; 2 when unreduced), smooth_l1/huber 5 (subtract, abs, compare, quadratic-or-linear
-branch, accumulate), binary_cross_entropy 8 (two logs, 1 - x, 1 - y, two products, add, accumulate).
-Backward: nll 1 per target element, mse 3, smooth_l1/huber 4, binary_cross_entropy 6.
-Bytes: inputs read once (nll_loss reads the target and only the selected log-probabilities), output
-written once; backward writes a grad_input shaped like the input (nll_loss_backward only scatters one
-value per target: the zero-fill is its child aten::zero_).
+
+mse_loss, smooth_l1_loss, huber_loss and binary_cross_entropy compute the unreduced loss into a tensor of
+the input's shape and then reduce it in a child op (CPU and CUDA alike: Loss.cpp's mse_loss_out /
+smooth_l1_loss_out run a TensorIterator into `loss`, then at::mean_out / at::sum_out; huber_loss and
+binary_cross_entropy call apply_loss_reduction -> mean() / sum(), then copy_ the scalar into the result;
+a BCE weight is applied by a child mul_). So the parent counts the element-wise work and the unreduced
+write, whatever the reduction, and the child aten::mean / aten::sum (+ mul_, copy_) counts the rest --
+each once. FLOPs per element: mse 2 (subtract, square), smooth_l1/huber 4 (subtract, abs, compare,
+quadratic-or-linear branch), binary_cross_entropy 9 (log, negate + log1p, two clamps at -100, target - 1,
+two products, subtract: the kernels' formula). smooth_l1_loss with beta == 0 runs as l1_loss children
+(sub, abs, mean): a composite.
+
+nll_loss reduces inside its own kernel: 2 per target element (weight/negate + accumulate), reads the
+target and only the selected log-probabilities, writes the (reduced) output and total_weight.
+Backward, per element of grad_input (written once, shaped like the input): nll 1 per target element
+(its zero-fill is the child aten::zero_), mse 3 (norm * (x - y) * grad), smooth_l1/huber 4,
+binary_cross_entropy 6 (grad * (x - y) / max((1 - x) * x, eps)); mean's 1/N is folded into `norm` (mse,
+smooth_l1, huber) or applied by a child div_ (binary_cross_entropy), counted there.
 """
 
 from __future__ import annotations
@@ -41,16 +52,16 @@ def nll_loss_backward(call: OpCall) -> Cost:
     return Cost(n, read + n * x.itemsize, "loss")
 
 
-def _pointwise_loss(per_elem: float, per_elem_unreduced: float | None = None):
-    """(self, target, reduction, ...)."""
+def _unreduced_loss(per_elem: float, beta_index: int | None = None):
+    """(self, target, reduction[, beta/delta]): the element-wise loss written unreduced (the reduction,
+    if any, is the child mean/sum)."""
 
     def cost(call: OpCall) -> Cost:
+        if beta_index is not None and call.arg(beta_index, 1.0) == 0:
+            return composite(call)  # smooth_l1_loss(beta=0) runs as l1_loss's sub/abs/mean children
         x, target = call.tensor(0), call.tensor(1)
         numel = math.prod(broadcast_shapes(x.shape, target.shape))
-        reduction = call.arg(2, 1)
-        flops_per = per_elem if reduction != 0 or per_elem_unreduced is None else per_elem_unreduced
-        written = _reduced_numel(numel, reduction) * x.itemsize
-        return Cost(flops_per * numel, x.storage_bytes + target.storage_bytes + written, "loss")
+        return Cost(per_elem * numel, x.storage_bytes + target.storage_bytes + numel * x.itemsize, "loss")
 
     return cost
 
@@ -66,27 +77,20 @@ def _pointwise_loss_backward(per_elem: float):
     return cost
 
 
-register("aten::mse_loss")(_pointwise_loss(3, 2))
+register("aten::mse_loss")(_unreduced_loss(2))
 register("aten::mse_loss_backward")(_pointwise_loss_backward(3))
-register("aten::smooth_l1_loss", "aten::huber_loss")(_pointwise_loss(5))
+register("aten::smooth_l1_loss")(_unreduced_loss(4, beta_index=3))
+register("aten::huber_loss")(_unreduced_loss(4))
 register("aten::smooth_l1_loss_backward", "aten::huber_loss_backward")(_pointwise_loss_backward(4))
-
-
-@register("aten::binary_cross_entropy")
-def binary_cross_entropy(call: OpCall) -> Cost:
-    """(self, target, weight, reduction): 8 per element (+ weight read)."""
-    x, target, weight = call.tensor(0), call.tensor(1), call.tensor(2)
-    written = _reduced_numel(x.numel, call.arg(3, 1)) * x.itemsize
-    read = x.storage_bytes + target.storage_bytes + (weight.storage_bytes if weight is not None else 0)
-    return Cost(8 * x.numel, read + written, "loss")
+register("aten::binary_cross_entropy")(_unreduced_loss(9))  # its weight: the child mul_
 
 
 @register("aten::binary_cross_entropy_backward")
 def binary_cross_entropy_backward(call: OpCall) -> Cost:
-    """(grad_output, self, target, weight, reduction): 6 per element."""
-    grad, x, target, weight = call.tensor(0), call.tensor(1), call.tensor(2), call.tensor(3)
+    """(grad_output, self, target, weight, reduction): 6 per element; the weight and mean's 1/N are
+    applied by child mul_ / div_ ops, counted there."""
+    grad, x, target = call.tensor(0), call.tensor(1), call.tensor(2)
     read = grad.storage_bytes + x.storage_bytes + target.storage_bytes
-    read += weight.storage_bytes if weight is not None else 0
     return Cost(6 * x.numel, read + x.numel * x.itemsize, "loss")
 
 

@@ -6,7 +6,18 @@ from __future__ import annotations
 
 import math
 
-from opscope.costmodel.base import ITEMSIZE, Cost, OpCall, TensorArg, composite, register, scalar_type
+from opscope.costmodel.base import (
+    ITEMSIZE,
+    Cost,
+    OpCall,
+    TensorArg,
+    composite,
+    register,
+    register_bias_copied_by_child,
+    scalar_type,
+)
+
+BIAS_COPY_NOTE = "bias written into the output by the child copy_ (counted there)"
 
 
 def _gemm(call: OpCall, a: TensorArg, b: TensorArg, flops: float, out_shape: tuple[int, ...],
@@ -57,6 +68,18 @@ def addmm_activation(call: OpCall) -> Cost:
     (m, k), (_, n) = a.shape, b.shape
     act = 8 if call.arg(5, False) is True else 1
     return _gemm(call, a, b, 2 * m * n * k + act * m * n, (m, n), bias, 3)
+
+
+@register_bias_copied_by_child("aten::addmm", "aten::baddbmm", "aten::_addmm_activation")
+def gemm_after_bias_copy(call: OpCall) -> Cost:
+    """On CPU, addmm(bias, A, B) runs copy_(out, bias.expand(...)) as a child and then accumulates A @ B
+    into out (so do baddbmm and _addmm_activation, whose activation is a child relu_/gelu_ there too). The
+    child counts the bias read and the output write; the op counts 2*M*N*K (batched: 2*B*M*N*K) and the A
+    and B reads: together the minimum traffic of one addmm, as on a GPU where no such child exists."""
+    a, b = call.tensor(1), call.tensor(2)
+    *batch, m, k = a.shape
+    n = b.shape[-1]
+    return Cost(2 * math.prod(batch) * m * n * k, a.storage_bytes + b.storage_bytes, "matmul", BIAS_COPY_NOTE)
 
 
 @register("aten::bmm")

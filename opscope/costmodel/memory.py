@@ -28,12 +28,12 @@ def copy_from(call: OpCall) -> Cost:
 @register("aten::cat")
 def cat(call: OpCall) -> Cost:
     """cat(tensors, dim): every input read, the concatenation written. Empty legacy [0] inputs are
-    skipped. The trace records a TensorList's type only as "TensorList": element dtype is the caller's
-    hint (OpCall.list_dtype) or float32 (noted)."""
+    skipped. The trace records a TensorList's type only as "TensorList": element dtypes come from the
+    call's dtypes where recorded (profile's dispatch pass), else are assumed (noted)."""
     tensors = [t for t in call.tensor_list(0) if t.shape != (0,)]
     read = sum(t.storage_bytes for t in tensors)
     written = sum(t.numel * t.itemsize for t in tensors)
-    note = "" if call.list_dtype_known() else "TensorList dtype not recorded: assumed float32"
+    note = call.list_dtype_note()
     return Cost(0, read + written, "copy", note)
 
 

@@ -4,8 +4,8 @@ clipping) and the fused `_fused_adam_/_fused_adamw_/_fused_sgd_` ops.
 A `_foreach_X` op costs what X costs on each tensor of its list (FLOPs per element from the
 element-wise table); on CPU it runs as per-tensor X children (same family, so the analysis keeps only
 those), on CUDA as fused multi-tensor kernels. The trace records a TensorList's type only as
-"TensorList": element dtypes come from OpCall.list_dtype when the caller sets it, else a plain tensor
-argument's, else float32 (noted).
+"TensorList": element dtypes come from the call's dtypes where recorded (profile's dispatch pass), else
+are assumed (OpCall.list_dtype_note says which, in Cost.note).
 
 Fused optimizers, FLOPs per parameter element: Adam/AdamW 14 (decoupled decay 1, m = b1*m + (1-b1)*g
 3, v = b2*v + (1-b2)*g*g 4, sqrt(v)/bias-correction + eps 3, p -= lr * m / denom 3), + 1 with
@@ -18,15 +18,13 @@ from __future__ import annotations
 from opscope.costmodel.base import Cost, OpCall, TensorArg, register
 from opscope.costmodel.elementwise import BINARY, EW, TERNARY, UNARY
 
-TENSORLIST_NOTE = "TensorList dtype not recorded: assumed float32"
-
 
 def _lists(call: OpCall) -> list[list[TensorArg]]:
     return [call.tensor_list(i) for i in range(call.nargs) if call.tensor_list(i)]
 
 
 def _note(call: OpCall) -> str:
-    return "" if call.list_dtype_known() else TENSORLIST_NOTE
+    return call.list_dtype_note()
 
 
 def foreach_cost(call: OpCall, flops_per: float) -> Cost:

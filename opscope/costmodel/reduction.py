@@ -185,7 +185,7 @@ def foreach_norm(call: OpCall) -> Cost:
     numel = sum(t.numel for t in tensors)
     read = sum(t.storage_bytes for t in tensors)
     written = sum(t.itemsize for t in tensors)
-    note = "" if call.list_dtype_known() else "TensorList dtype not recorded: assumed float32"
+    note = call.list_dtype_note()
     return Cost(spec.per_in * numel + spec.per_out * len(tensors), read + written, "reduction", note)
 
 

@@ -38,6 +38,12 @@ class Finding:
 # (input dims, weight dims, dtype, stride, padding, dilation, groups), returns microseconds per call
 # for (NCHW, channels_last), or None if it cannot measure.
 LayoutProbe = Callable[[dict[str, Any]], "tuple[float, float] | None"]
+# Another hook only `opscope profile` has: given a captured op call {"op": "aten::conv2d", "args": [...],
+# "own": bool} (tensors as {"shape", "stride", "dtype"} with the trace's dtype names, other arguments as
+# {"value"}), replays it warm on the profiled device with its floating-point tensors in float32 and, if
+# "own", also as recorded; returns microseconds per call (as recorded or None, float32), or None if it
+# cannot (see opscope.capture.dtype_probe).
+DtypeProbe = Callable[[dict[str, Any]], "tuple[float | None, float] | None"]
 
 
 @dataclass
@@ -52,6 +58,9 @@ class Context:
     device_busy_share: float | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     layout_probe: LayoutProbe | None = None
+    dtype_probe: DtypeProbe | None = None
+    # GPU runs: opscope.analysis.gpu_timeline's summary keys (graph_replay, idle_gaps, streams, ...)
+    gpu_timeline: dict[str, Any] | None = None
     # summary.json "noise": other processes' CPU use during the timed steps (opscope.noise.assess);
     # verdict "unknown" for traces. Rules resting on achieved rates append noise.noise_caveat(ctx.noise).
     noise: dict[str, Any] | None = None

@@ -9,6 +9,10 @@ rule (no double-counted savings):
 - "implicit":   a copy an op made of a non-contiguous (not broadcast) input to get a dense one
                 (`implicit-copy`): aten::reshape/flatten over a transposed tensor, a kernel calling
                 .contiguous() on its input, ...;
+- "internal":   a copy a convolution, matmul or attention kernel makes on its own although what it was
+                given is in a layout it accepts (see kernel_own_copy): torch's business, not the user's
+                (`kernel-copy`, a note); e.g. oneDNN's AVX2 convolution_backward copying the weight
+                gradient of a channels_last net between layouts;
 - "":           anything else (a bias broadcast into addmm's output, cat/pad/repeat filling their
                 output, explicit .clone(), scalar copies, a convolution's own weight-layout handling).
 
@@ -19,21 +23,25 @@ model's (source storage read + destination written), or that formula from the re
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 
 from opscope.findings.base import Context
 from opscope.findings.common import (
     Tensor,
+    base_name,
     cached,
     col,
     descendants,
     is_channels_last,
+    is_dense,
     is_nchw,
     names,
     row_ancestors,
     subtree_sum,
     tensor,
+    tensors,
     user_mask,
 )
 
@@ -50,6 +58,13 @@ DATA_MOVEMENT_PARENTS = frozenset({
     "aten::narrow_copy", "aten::roll", "aten::flip", "aten::masked_scatter", "aten::index_copy",
     "aten::index_copy_", "aten::fill_", "aten::zero_", "aten::new_zeros", "aten::zeros_like",
 })
+# Reshape-like ops (base names): whether they can return a view depends on the strides the user's code
+# produced, so a copy they make is always the user's to avoid, whichever op they run inside.
+RESHAPE_LIKE = frozenset({"reshape", "flatten", "reshape_as", "ravel", "_reshape_alias", "unflatten"})
+# Ops that pick their own internal layouts (see preferred_layout).
+_CONV = re.compile(r"(^|_)conv(?!ert)")
+_MATMUL = frozenset({"mm", "bmm", "addmm", "addbmm", "baddbmm", "matmul", "linear", "addmv", "mv", "dot",
+                     "_addmm_activation", "_int_mm", "_scaled_mm"})
 PINGPONG_MIN_PER_STEP = 2  # format conversions per step before they count as ping-pong
 BACKWARD_WRAPPER = "autograd::engine::evaluate_function: "
 _DEVICE_MOVES = ("Memcpy HtoD", "Memcpy DtoH", "Memcpy HtoH", "Memcpy PtoP")
@@ -62,6 +77,7 @@ class Copy:
     parent: int  # nearest row ancestor of root, -1 if none
     parent_name: str  # that op's name, or the autograd function for a copy directly in backward
     top_name: str  # the outermost row op above the copy (what the user's line called), "" if none
+    owner: int  # the conv/matmul/attention op the copy runs inside (see copy_owner), -1 if none
     kind: str
     fallback: str  # kind when format conversions are too few to be ping-pong
     src: Tensor | None
@@ -93,6 +109,74 @@ def _device_move(ctx: Context, root: int) -> str:
         if tag in text:
             return tag.split()[1]
     return ""
+
+
+def layout_family(op: str) -> str:
+    """'conv', 'matmul' or 'attention' for ops that choose their own internal layouts, else ''."""
+    base = base_name(op)
+    if _CONV.search(base):
+        return "conv"
+    if base in _MATMUL:
+        return "matmul"
+    return "attention" if "attention" in base else ""
+
+
+def _follows(t: Tensor, order: tuple[int, ...]) -> bool:
+    """Dense with `order` (outermost dim first) as its memory order; size-1 dims' strides ignored."""
+    expected = 1
+    for k in reversed(order):
+        if t.shape[k] != 1 and t.stride[k] != expected:
+            return False
+        expected *= t.shape[k]
+    return True
+
+
+def preferred_layout(t: Tensor, family: str) -> bool:
+    """Whether a tensor handed to an op of `family` is in a layout that op takes as it is:
+    conv: contiguous, or channels_last (4-D) / channels_last_3d (5-D);
+    matmul: contiguous, or transposed in its last two dims (BLAS reads either);
+    attention: dense with the last dim innermost ([b, h, t, d] views of [b, t, h, d] included).
+    Unknown strides prove nothing: False."""
+    if not t.known_strides:
+        return False
+    if t.contiguous:
+        return True
+    n = t.ndim
+    if family == "conv":
+        return n in (4, 5) and _follows(t, (0, *range(2, n), 1))
+    if family == "matmul":
+        return n >= 2 and _follows(t, (*range(n - 2), n - 1, n - 2))
+    if family == "attention":
+        return n >= 1 and is_dense(t) and (t.shape[-1] == 1 or t.stride[-1] == 1)
+    return False
+
+
+def copy_owner(ctx: Context, ancestors: list[int]) -> int:
+    """The conv/matmul/attention op a copy runs inside: its innermost such row ancestor, unless a
+    reshape-like op (whose copies follow from the user's strides) comes first. -1 if none."""
+    nm = names(ctx)
+    for a in ancestors:
+        if base_name(nm[a]) in RESHAPE_LIKE:
+            return -1
+        if layout_family(nm[a]):
+            return a
+    return -1
+
+
+def kernel_own_copy(ctx: Context, owner: int, src: Tensor) -> bool:
+    """A copy inside `owner` is the kernel's own business when what it copies came to the op in a layout
+    the op accepts: the copy's source is one of the op's inputs, in a preferred layout, or (an
+    intermediate the kernel made, or a view of an input) every input is in a preferred layout.
+    Broadcast inputs (e.g. a gradient expanded by a sum loss) are left out of that check: their own
+    copies are never blamed on the layout, and they are not what an intermediate is made of."""
+    family = layout_family(names(ctx)[owner])
+    inputs = [t for t in tensors(ctx, owner) if t is not None and t.numel > 1]
+    if not inputs:
+        return False
+    for t in inputs:
+        if t.shape == src.shape and t.stride == src.stride:
+            return preferred_layout(t, family)
+    return all(preferred_layout(t, family) for t in inputs if not t.broadcast)
 
 
 def all_copies(ctx: Context) -> list[Copy]:
@@ -140,7 +224,9 @@ def _classify(ctx: Context) -> list[Copy]:
         if src is None or src.numel <= 1:
             continue
         anc = row_ancestors(ctx, i)
-        in_conv = any("conv" in nm[a] for a in anc)
+        in_conv = any(layout_family(nm[a]) == "conv" for a in anc)
+        owner = copy_owner(ctx, anc)
+        kernel_own = owner >= 0 and src.known_strides and kernel_own_copy(ctx, owner, src)
         if p >= 0:
             parent_name = nm[p]
         elif bwd_root[i] >= 0:
@@ -165,20 +251,24 @@ def _classify(ctx: Context) -> list[Copy]:
             and (name != "aten::copy_" or (dst is not None and dst.shape == src.shape))
         )
         fallback = "contiguous" if explicit_contiguous else "implicit" if implicit else ""
+        if fallback == "implicit" and kernel_own:
+            fallback = "internal"
         if dtype_change or move:
             kind = "conversion"
         elif direction:
-            # A convolution converting its own inputs/weights/grads is the conv's business (channels-last).
-            kind = "" if in_conv else "format"
+            # A convolution converting its own inputs/weights/grads is the conv's business (channels-last);
+            # when it was handed layouts it accepts, the conversion is a kernel-copy note.
             if in_conv:
-                fallback = ""
+                kind = fallback = "internal" if kernel_own else ""
+            else:
+                kind = "format"
         else:
             kind = fallback
         b = float(nbytes[i])
         if b <= 0:
             b = float(src.storage_bytes + (dst.nbytes if dst is not None else src.nbytes))
         out.append(Copy(root=i, work=work, parent=p, parent_name=parent_name,
-                        top_name=nm[anc[-1]] if anc else "", kind=kind, fallback=fallback,
+                        top_name=nm[anc[-1]] if anc else "", owner=owner, kind=kind, fallback=fallback,
                         src=src, dst=dst, dtype_change=dtype_change, device_move=move, direction=direction,
                         time_us=float(times[i]), bytes=b, location=locs[i], step=steps[i],
                         backward=bwd_root[i] >= 0))

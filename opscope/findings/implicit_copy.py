@@ -22,13 +22,13 @@ from opscope.findings.common import (
     severity,
     share,
 )
-from opscope.findings.copies import copies_of_kind, group
+from opscope.findings.copies import RESHAPE_LIKE, copies_of_kind, group
 
 MIN_SHARE = 0.001  # of the run's total op time
 
 # (op base names, suggestion): the first entry whose names contain the copying op's base name wins.
 SUGGESTIONS: list[tuple[frozenset[str], str]] = [
-    (frozenset({"reshape", "flatten", "reshape_as", "ravel", "_reshape_alias", "unflatten"}),
+    (RESHAPE_LIKE,
      "reshape/flatten of a transposed, permuted or sliced tensor cannot be a view, so it copies. Produce the "
      "layout the consumer needs directly (e.g. split heads as [b, t, h, d] and hand the strided "
      "[b, h, t, d] view to F.scaled_dot_product_attention or torch.matmul, which take strided inputs), or "

@@ -1,9 +1,12 @@
-"""launch-bound (GPU runs): the GPU sits idle waiting for the CPU to launch work.
+"""launch-bound (GPU runs): the GPU sits idle between kernels, waiting for the CPU to launch work.
 
 Fires when the summary's device_busy_share (union of kernel time / step time) is under MAX_BUSY (0.5).
 Names the ops with the most CPU time (ops.csv cpu_time_us_total, user code only) and is located at the
 source line with the most CPU time. Saving: an upper bound, the GPU's idle time over the profiled steps,
-steps x step_time x (1 - device_busy_share) (what removing all CPU-side gaps would give back).
+steps x step_time x (1 - device_busy_share): what capturing the step in a CUDA graph (one launch for all
+its kernels) would give back at most. A CUDA graph does not shorten the kernels themselves: their time is
+the busy share, and what fusion or bigger batches would save of it is the overhead finding's, so the
+two savings never count the same microseconds.
 """
 
 from __future__ import annotations
@@ -18,8 +21,14 @@ MAX_BUSY = 0.5
 TOP = 3
 
 SUGGESTION = ("Take the CPU off the critical path: capture the step in a CUDA graph (torch.compile(mode="
-              "'reduce-overhead') or torch.cuda.CUDAGraph), fuse small ops with torch.compile, remove host syncs "
-              "(see host-sync findings), and use bigger batches so each launch does more work.")
+              "'reduce-overhead') or torch.cuda.CUDAGraph), which launches all of its kernels at once; launch fewer "
+              "kernels (torch.compile fuses small ops); remove host syncs (see host-sync findings); and use bigger "
+              "batches so each launch does more work.")
+
+
+GRAPH_SUGGESTION = ("The graph replay itself keeps the GPU busy; the idle time is between replays: remove host syncs "
+                    "(see host-sync findings and the GPU idle gaps), overlap CPU-side scheduling with the replay, and "
+                    "replay more work per launch (bigger batches, more decode steps per graph).")
 
 
 @rule("launch-bound")
@@ -27,15 +36,33 @@ def launch_bound(ctx: Context) -> Iterator[Finding]:
     busy = ctx.device_busy_share
     if not ctx.gpu or busy is None or busy >= MAX_BUSY or "cpu_time_us_total" not in ctx.ops.columns:
         return
-    ops = ctx.ops[ctx.ops["source_location"] != HARNESS]
+    if (ctx.gpu_timeline or {}).get("gpu_only"):
+        return  # no CPU activity recorded: nothing says what the GPU waited for
+    ops = ctx.ops[(ctx.ops["source_location"] != HARNESS) & (ctx.ops["cpu_time_us_total"] > 0)]
     by_op = ops.groupby("op")["cpu_time_us_total"].sum().sort_values(ascending=False)
     by_line = ops.groupby("source_location")["cpu_time_us_total"].sum().sort_values(ascending=False)
     idle = ctx.steps * ctx.step_time_us * (1.0 - busy)
+    kernel_time = ctx.step_time_us * busy
     heavy = ", ".join(f"{short(op)} ({fmt_us(t)})" for op, t in by_op.head(TOP).items())
     lines = ", ".join(f"{loc or '?'} ({fmt_us(t)})" for loc, t in by_line.head(TOP).items())
-    message = (f"the GPU is busy only {busy:.0%} of the step ({fmt_us(ctx.step_time_us)} per step): it waits for "
-               f"the CPU to launch work. CPU-heaviest ops: {heavy}; lines: {lines}. Idle GPU time "
-               f"{fmt_us(idle)} in all (the saving, an upper bound).")
+    message = (f"the GPU is busy only {busy:.0%} of the step ({fmt_us(ctx.step_time_us)} per step): between kernels "
+               f"it waits for the CPU to launch work. CPU-heaviest ops: {heavy}; lines: {lines}. Idle GPU time "
+               f"{fmt_us(idle)} in all ({fmt_us(idle / max(ctx.steps, 1))} per step): the saving, an upper bound, "
+               f"of launching the step's kernels at once from a CUDA graph. The graph does not shorten the kernels "
+               f"themselves ({fmt_us(kernel_time)} of kernel time per step; see the overhead finding for what "
+               f"fusion saves there).")
+    suggestion = SUGGESTION
+    timeline = ctx.gpu_timeline or {}
+    if timeline.get("graph_replay"):
+        # Already graph mode: a CUDA graph is not the fix; what keeps the GPU idle is outside the replay.
+        gap = (timeline.get("idle_gaps") or [{}])[0]
+        longest = (f" The longest idle gap, {fmt_us(gap['duration_us'])}, is while the CPU runs "
+                   f"{short(gap.get('cpu_op') or '?')}." if gap.get("duration_us") else "")
+        message = (f"the GPU is busy only {busy:.0%} of the step ({fmt_us(ctx.step_time_us)} per step) although the "
+                   f"step already replays a CUDA/HIP graph: the idle time is outside the replay. CPU-heaviest ops: "
+                   f"{heavy}; lines: {lines}. Idle GPU time {fmt_us(idle)} in all "
+                   f"({fmt_us(idle / max(ctx.steps, 1))} per step): the saving, an upper bound.{longest}")
+        suggestion = GRAPH_SUGGESTION
     yield Finding(rule="launch-bound", severity=severity(idle, ctx), op=str(by_op.index[0]) if len(by_op) else "",
                   source_location=str(by_line.index[0]) if len(by_line) else "", message=message,
-                  suggestion=SUGGESTION, est_savings_us=idle)
+                  suggestion=suggestion, est_savings_us=idle)

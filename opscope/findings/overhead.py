@@ -1,11 +1,24 @@
-"""overhead: a large share of op time goes to overhead-bound ops (views, tiny ops whose work would take
-under 1 µs at the machine's peaks: per-op dispatch on CPUs, kernel launch latency on GPUs).
+"""overhead: a large share of op time goes to overhead-bound ops: views, and ops whose work would take
+under 1 µs at the machine's peaks. What sets their time depends on the device:
+
+- CPU: per-op dispatch (Python, the dispatcher, output allocation) dominates the op's self time;
+- GPU: the time is kernel time, and a kernel that small is latency-bound: fixed per-kernel costs (getting
+  the kernel onto the SMs, the ramp-up while too few thread blocks fill them, the tail) dominate it, not
+  its FLOPs or bytes (BERT-small's [141, 512] x [512, 512] addmm on an H100: 5.8 µs per kernel, 0.24 µs
+  of work at the peaks). The CPU's own launch cost is not in kernel time at all: it shows as the GPU's
+  idle time between kernels, which the launch-bound rule reports.
 
 Fires when overhead-bound ops of the user's code take at least MIN_SHARE (25 %) of the run's op time and
 at least MIN_US_PER_STEP (20 µs) per step. One finding for the run, located at the source line with the
-most overhead-bound time; the message gives that share, the ops per step (and kernels per step on GPUs)
-and the lines and ops that contribute most. Saving: an upper bound, the overhead-bound ops' time minus
-their roofline time at the peaks (what would remain if fusion / graph capture removed all per-op cost).
+most overhead-bound time; the message gives that share, the ops per step (on GPUs the kernels per step
+and their mean time against their mean roofline time), the largest op's time per call against its
+roofline time, and the lines and ops that contribute most.
+
+Saving: an upper bound, the overhead-bound ops' time minus their roofline time at the peaks. On a CPU,
+what fusion / bigger batches would save of per-op dispatch; on a GPU, what fusing the kernels into fewer
+ones or giving each more work (bigger batches) would save of the kernels' own time. CUDA graphs do not
+shorten kernels; they remove the idle gaps between them, which launch-bound estimates from the GPU's
+idle time, so the two savings never count the same microseconds.
 """
 
 from __future__ import annotations
@@ -16,7 +29,16 @@ from collections.abc import Iterator
 import numpy as np
 
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import fmt_us, ideal_row_us, per_step, severity, share, short, user_mask
+from opscope.findings.common import (
+    events_by_ops_row,
+    fmt_us,
+    ideal_row_us,
+    per_step,
+    severity,
+    share,
+    short,
+    user_mask,
+)
 from opscope.noise import noise_caveat
 from opscope.sources import HARNESS
 
@@ -24,9 +46,11 @@ MIN_SHARE = 0.25
 MIN_US_PER_STEP = 20.0
 TOP = 3
 
-GPU_SUGGESTION = ("Cut per-op cost: capture the step in a CUDA graph (torch.compile(mode='reduce-overhead') or "
-                  "torch.cuda.CUDAGraph), fuse small ops with torch.compile, and give each op more work (bigger "
-                  "batches, fewer Python-level loops over small tensors).")
+GPU_SUGGESTION = ("Fewer, bigger kernels: torch.compile fuses chains of small element-wise / norm kernels into one, "
+                  "and more work per kernel (bigger batches, batched ops instead of Python loops over small "
+                  "tensors) spreads each kernel's fixed latency over more data. CUDA graphs "
+                  "(torch.compile(mode='reduce-overhead')) remove the CPU launch gaps between kernels (see "
+                  "launch-bound), not the kernels' own latency.")
 CPU_SUGGESTION = ("Cut per-op cost: torch.compile fuses small ops and removes view/dispatch overhead; give each op "
                   "more work (bigger batches, vectorize Python-level loops over small tensors).")
 
@@ -34,32 +58,52 @@ CPU_SUGGESTION = ("Cut per-op cost: torch.compile fuses small ops and removes vi
 @rule("overhead")
 def overhead(ctx: Context) -> Iterator[Finding]:
     ops = ctx.ops
-    sel = ops[(ops["bound"] == "overhead") & (ops["source_location"] != HARNESS)]
+    mask = ((ops["bound"] == "overhead") & (ops["source_location"] != HARNESS)).to_numpy()
+    sel = ops[mask]
     time = float(sel["time_us_total"].sum())
     if share(time, ctx) < MIN_SHARE or per_step(time, ctx) < MIN_US_PER_STEP:
         return
-    saving = 0.0
+    saving = ideal_total = 0.0
     by_line: dict[str, float] = defaultdict(float)
     by_op: dict[str, float] = defaultdict(float)
     for _, row in sel.iterrows():
-        ideal = ideal_row_us(row, ctx) or 0.0
-        saving += max(float(row["time_us_total"]) - int(row["calls"]) * ideal, 0.0)
+        ideal = int(row["calls"]) * (ideal_row_us(row, ctx) or 0.0)
+        ideal_total += ideal
+        saving += max(float(row["time_us_total"]) - ideal, 0.0)
         by_line[row["source_location"] or "?"] += float(row["time_us_total"])
         by_op[row["op"]] += float(row["time_us_total"])
     lines = sorted(by_line.items(), key=lambda kv: -kv[1])
     top_ops = sorted(by_op.items(), key=lambda kv: -kv[1])[:TOP]
-    ev = ctx.events
-    mask = user_mask(ctx)
-    n_ops = per_step(float(np.count_nonzero(ev["is_row"].to_numpy() & mask)), ctx)
-    counts = f"{n_ops:.0f} ops per step"
-    if ctx.gpu:
-        counts += f", {per_step(float(ev.loc[mask, 'n_kernels'].sum()), ctx):.0f} kernels per step"
     where = ", ".join(f"{loc} ({fmt_us(t)})" for loc, t in lines[:TOP])
     what = ", ".join(f"{short(op)} ({fmt_us(t)})" for op, t in top_ops)
-    message = (f"{share(time, ctx):.0%} of op time ({fmt_us(per_step(time, ctx))} per step) is in overhead-bound "
-               f"ops, whose work would take under 1 µs at the peaks ({counts}). Most of it: {what}; lines: {where}. "
-               f"Saving is an upper bound (all per-op cost removed).")
+    big = sel.iloc[int(np.argmax(sel["time_us_total"].to_numpy()))]
+    example = (f"{short(big['op'])} at {big['source_location'] or '?'} takes {fmt_us(big['time_us_per_call'])} per "
+               f"call against {fmt_us(ideal_row_us(big, ctx))} at the peaks")
+    if ctx.gpu:
+        kernels = _kernels(ctx, np.flatnonzero(mask).tolist())
+        mean = f"{fmt_us(time / kernels)} per kernel on average against {fmt_us(ideal_total / kernels)} at the peaks" \
+            if kernels else "no kernels"
+        message = (f"{share(time, ctx):.0%} of GPU kernel time ({fmt_us(per_step(time, ctx))} per step) is in latency-bound "
+                   f"kernels: their work would take under 1 µs at the peaks, but fixed per-kernel latency (launch onto "
+                   f"the SMs, ramp-up, tail) sets their time, not their FLOPs or bytes ({per_step(kernels, ctx):.0f} "
+                   f"such kernels per step, {mean}; e.g. {example}). Most of it: {what}; lines: {where}. Saving "
+                   f"(an upper bound): their time above the roofline, what fusing them into fewer kernels or giving "
+                   f"each more work can reclaim; CUDA graphs do not shorten kernels (the GPU's idle time between "
+                   f"kernels is the launch-bound finding's).")
+    else:
+        n_ops = per_step(float(np.count_nonzero(ctx.events["is_row"].to_numpy() & user_mask(ctx))), ctx)
+        message = (f"{share(time, ctx):.0%} of op time ({fmt_us(per_step(time, ctx))} per step) is in overhead-bound "
+                   f"ops: their work would take under 1 µs at the peaks, so per-op dispatch (Python, the dispatcher, "
+                   f"allocation) sets their time ({n_ops:.0f} ops per step; e.g. {example}). Most of it: {what}; "
+                   f"lines: {where}. Saving is an upper bound (all per-op cost removed).")
     message += noise_caveat(ctx.noise)
     yield Finding(rule="overhead", severity=severity(saving, ctx), op=top_ops[0][0] if top_ops else "",
                   source_location=lines[0][0] if lines else "", message=message,
                   suggestion=GPU_SUGGESTION if ctx.gpu else CPU_SUGGESTION, est_savings_us=saving)
+
+
+def _kernels(ctx: Context, rows: list[int]) -> int:
+    """GPU kernels launched by the user's events of these ops.csv rows (by position; views launch none)."""
+    n_kernels = ctx.events["n_kernels"].to_numpy()
+    groups = events_by_ops_row(ctx)
+    return int(sum(n_kernels[i] for r in rows for i in groups.get(r, [])))

@@ -14,7 +14,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from opscope.analysis.kernels import short_kernel_name
+from opscope.analysis.ops_table import GPU_ONLY_NOTE, GRAPH_KERNEL_NOTE, LOOSE_KERNEL_NOTE
 from opscope.noise import remedy
+from opscope.render.text import clean, cleaned_run
 from opscope.run import Run
 
 BOUND_STYLE = {"compute": "bold green", "memory": "bold cyan", "overhead": "bold yellow", "unknown": "dim"}
@@ -77,7 +80,9 @@ def summary_panel(run: Run) -> Panel:
     lines = Text()
     lines.append(f"{m.get('target', '')}", style="bold")
     lines.append(f"  ({m.get('source')}, {m.get('mode')}, {m.get('dtype') or 'mixed'})\n")
-    lines.append(f"device  {dev.get('type')}: {dev.get('name')}\n")
+    named_by = dev.get("name_source")
+    lines.append(f"device  {dev.get('type')}: {dev.get('name') or 'unknown'}"
+                 + (f" (from {named_by})" if named_by not in (None, "deviceProperties", "none") else "") + "\n")
     peaks = m.get("peaks", {})
     bw = peaks.get("memory_bandwidth_gbps")
     flops = peaks.get("flops_gflops", {})
@@ -101,20 +106,77 @@ def summary_panel(run: Run) -> Panel:
     if s.get("device_busy_share") is not None:
         busy = s["device_busy_share"]
         lines.append(f"\nGPU busy {fmt_pct(busy, 100)} of the step", style="bold red" if busy < 0.5 else "")
+    lines.append(gpu_lines(s))
     return Panel(lines, title="opscope", title_align="left", box=box.ROUNDED)
 
 
 def noise_line(summary: dict[str, Any]) -> str | None:
     """The header line of a noisy run: why (summary "noise" reason), how much step times varied, and
     what to do; None on quiet runs and traces."""
-    noise = summary.get("noise") or {}
-    if noise.get("verdict") != "noisy":
+    noise = summary.get("noise")
+    if not isinstance(noise, dict) or noise.get("verdict") != "noisy":
         return None
     text = f"noise   noisy: {noise.get('reason')}"
     cv = _num(summary.get("step_time_cv"))
     if cv is not None:
         text += f"; step time varied {cv:.0%} (cv)"
     return f"{text}; {remedy(noise)}"
+
+
+def gpu_lines(s: dict[str, Any]) -> Text:
+    """What a GPU run's kernels were (summary keys from opscope.analysis.gpu_timeline): graph mode and
+    what it means for the numbers, kernel families, streams and overlap, a GPU-only trace."""
+    out = Text()
+    graph = s.get("graph_replay")
+    if graph:
+        launchers = ", ".join(graph.get("launchers") or [])
+        out.append(f"\ngraph   CUDA/HIP graph replay: {graph.get('kernels', 0)} kernels from {graph.get('launches', 0)} "
+                   f"graph launch(es), {fmt_pct(graph.get('kernel_time_share'), 100)} of GPU time"
+                   + (f", launched in {launchers}." if launchers else "."), style="bold")
+        captured = graph.get("captured_time_share")
+        if captured:
+            out.append(f" {fmt_pct(captured, 100)} of GPU time is mapped back to the ops and shapes that "
+                       "launched it during graph capture (--capture), with their costs.")
+        else:
+            out.append(" A replay trace records no per-op shapes: these kernels are rows by (launcher, kernel "
+                       "family, kernel), bound unknown, outside the cost model's coverage; pass --capture "
+                       "CAPTURE.json.gz (a trace of the graph's capture) to map them to ops.")
+    if s.get("gpu_only"):
+        out.append("\nGPU-only trace: no CPU ops recorded; rows are kernels by name and family, bound unknown.",
+                   style="bold")
+    families = s.get("kernel_family_time_share")
+    if families:
+        shown = [(f, v) for f, v in sorted(families.items(), key=lambda kv: -(kv[1] or 0)) if v and v >= 0.0005]
+        out.append("\nkernels " + "  ".join(f"{f} {fmt_pct(v, 100)}" for f, v in shown))
+        lost = s.get("unattributed_time_share")
+        if lost:
+            out.append(f"   unattributed {fmt_pct(lost, 100)}", style="yellow")
+    streams = s.get("streams") or []
+    overlap = s.get("comm_compute_overlap_share")
+    if len(streams) > 1 or overlap is not None:
+        busiest = ", ".join(f"{r['stream']} busy {fmt_us(r['busy_us'])}" for r in streams[:4])
+        out.append(f"\nstreams {len(streams)} ({busiest})")
+        if overlap is not None:
+            out.append(f"   communication overlapped with compute {fmt_pct(overlap, 100)}")
+    return out
+
+
+def gaps_table(run: Run, width: int = 160) -> Table | None:
+    """The longest idle stretches of the GPU timeline and what the CPU was doing meanwhile."""
+    gaps = run.summary.get("idle_gaps") or []
+    if not gaps:
+        return None
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left",
+                  title="GPU idle gaps (no kernel on any stream)")
+    for header, justify in (("idle", "right"), ("at", "right"), ("CPU in", "left"), ("source", "left"),
+                            ("after kernel", "left")):
+        table.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis")
+    for g in gaps:
+        where = str(g.get("cpu_source_location") or "")
+        table.add_row(Text(fmt_us(g.get("duration_us"))), Text("+" + fmt_us(g.get("start_us"))),
+                      Text(op_name({"op": g.get("cpu_op") or "—"})), Text(short_source(where, full=width >= 160)),
+                      Text(short_kernel_name(str(g.get("kernel_before") or "—"))))
+    return table
 
 
 # (header, justify, minimum console width to show it). Narrow terminals keep the essentials.
@@ -147,7 +209,8 @@ def ops_table(run: Run, top: int = 15, width: int = 160) -> Table:
             table.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis")
         for i, (row_cells, op, source) in enumerate(zip(cells, ops, sources, strict=True), 1):
             row_cells = {**row_cells, "#": str(i), "op": op, "source": source}
-            table.add_row(*(row_cells[h] for h, _ in shown))
+            # Text, never a str: rich would read a str cell as markup ("[link=...]" in a file name).
+            table.add_row(*(c if isinstance(c, Text) else Text(c) for c in (row_cells[h] for h, _ in shown)))
         return table
 
     sources = [short_source(x, full=True) for x in locations]
@@ -212,9 +275,16 @@ def short_source(location: str, full: bool) -> str:
     return location.rsplit("/", 1)[1]
 
 
+KERNEL_ROW_NOTES = (GRAPH_KERNEL_NOTE, LOOSE_KERNEL_NOTE, GPU_ONLY_NOTE)
+
+
 def op_name(row: dict[str, Any]) -> str:
-    """'aten::_scaled_dot_product_flash_attention_for_cpu' -> 'sdpa_flash_attn_cpu'."""
+    """'aten::_scaled_dot_product_flash_attention_for_cpu' -> 'sdpa_flash_attn_cpu'; a kernel row (a
+    kernel no op launched) shows its family and short kernel name."""
     op = str(row.get("op", ""))
+    if row.get("note") in KERNEL_ROW_NOTES:
+        family = row.get("kernel_family") or "other"
+        return f"{family}: {short_kernel_name(op)}"
     name = op.split("::", 1)[1] if op.startswith("aten::") else op
     for long, short in _ABBREVIATIONS:
         name = name.replace(long, short)
@@ -307,8 +377,15 @@ def ceiling_warnings(run: Run) -> list[str]:
 
 
 def render_run(run: Run, console: Console, top: int = 15, findings: int = 5, full: bool = False) -> None:
-    console.print(Group(summary_panel(run), ops_table(run, top, console.width), findings_list(run, findings, full)))
+    """Prints the run. Every string from the run is cleaned of control characters first and is printed
+    as text, never as markup."""
+    run = cleaned_run(run)
+    gaps = gaps_table(run, console.width)
+    console.print(Group(summary_panel(run), ops_table(run, top, console.width), *([gaps] if gaps else []),
+                        findings_list(run, findings, full)))
     for warning in ceiling_warnings(run):
         console.print(Text("note: ", style="bold yellow") + Text(warning))
     if run.path is not None:
-        console.print(f"run directory: [bold]{run.path}[/bold]")
+        from opscope.run import shown_path
+
+        console.print(Text("run directory: ") + Text(clean(shown_path(run.path)), style="bold"))

@@ -1,0 +1,199 @@
+"""`opscope report RUN` on the console: what the HTML report shows, as rich text. Every string from a
+run is cleaned and printed as Text, never as markup (render.text)."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from opscope.compare import APPEARED, FASTER, SAME, SLOWER, VANISHED, Comparison
+from opscope.render.console import (
+    BOUND_STYLE,
+    ceiling_warnings,
+    findings_list,
+    fmt_pct,
+    fmt_us,
+    op_name,
+    op_shapes,
+    ops_table,
+    summary_panel,
+)
+from opscope.render.report_data import (
+    breakdown,
+    kernels_by_op,
+    memory_items,
+    module_tree,
+    short_location,
+    step_spread,
+    steps_of,
+    swap_table,
+    verdict_line,
+)
+from opscope.render.text import clean, cleaned_run
+from opscope.run import Run, shown_path
+
+VERDICT_STYLE = {FASTER: "green", VANISHED: "green", SLOWER: "red", APPEARED: "red"}
+
+
+def _shares_table(title: str, shares, steps: int, limit: int = 12, styles: dict | None = None) -> Table:  # noqa: ANN001
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title=title, title_justify="left")
+    table.add_column("", no_wrap=True, overflow="ellipsis", max_width=70)
+    table.add_column("per step", justify="right", no_wrap=True)
+    table.add_column("share", justify="right", no_wrap=True)
+    for s in shares[:limit]:
+        table.add_row(Text(s.name, style=(styles or {}).get(s.name, "")), Text(fmt_us(s.time_us / steps)),
+                      Text(fmt_pct(s.share, 100)))
+    if len(shares) > limit:
+        table.add_row(Text(f"… {len(shares) - limit} more", style="dim"), Text(""), Text(""))
+    return table
+
+
+def breakdown_group(run: Run) -> Group:
+    """Time by bound class, op family and (when the run has module paths) module."""
+    steps = steps_of(run)
+    side_by_side = Table.grid(padding=(0, 4))
+    side_by_side.add_row(_shares_table("Time by bound class", breakdown(run, "bound"), steps, styles=BOUND_STYLE),
+                         _shares_table("Time by op family", breakdown(run, "family"), steps))
+    parts: list = [side_by_side]
+    tree = module_tree(run)
+    if tree:
+        total = sum(s.time_us for s in breakdown(run, "bound")) or 1.0
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Time by module (inclusive)", title_justify="left")
+        table.add_column("module", no_wrap=True, overflow="ellipsis", max_width=80)
+        table.add_column("per step", justify="right", no_wrap=True)
+        table.add_column("share", justify="right", no_wrap=True)
+        for node in tree[:15]:
+            depth = node.path.count(".")
+            table.add_row(Text("  " * depth + (node.path or "(model)")), Text(fmt_us(node.time_us / steps)),
+                          Text(fmt_pct(node.time_us / total, 100)))
+        parts.append(table)
+    return Group(*parts)
+
+
+def kernels_group(run: Run, top: int) -> Group | None:
+    rows = kernels_by_op(run, top)
+    if not rows:
+        return None
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(justify="right", no_wrap=True)
+    grid.add_column(ratio=1)
+    for i, row, names in rows:
+        head = Text(op_name(row), style="bold") + Text(f"  {fmt_us(row.get('time_us_total'))}", style="dim")
+        grid.add_row(Text(f"{i + 1}"), head)
+        for name in names[:5]:
+            grid.add_row(Text(""), Text(name, overflow="ellipsis", no_wrap=True))
+        if len(names) > 5:
+            grid.add_row(Text(""), Text(f"… {len(names) - 5} more (ops.csv has all)", style="dim"))
+    return Group(Text(f"Kernels of the top {len(rows)} ops", style="bold"), grid)
+
+
+def memory_group(run: Run) -> Group | None:
+    items = memory_items(run)
+    if not items:
+        return None
+    grid = Table.grid(padding=(0, 2))
+    for label, value in items:
+        grid.add_row(Text(label), Text(value))
+    return Group(Text("Memory", style="bold"), grid)
+
+
+def swap_group(run: Run) -> Table | None:
+    swap = swap_table(run)
+    if swap is None:
+        return None
+    columns, rows = swap
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Swap results (swap.json)", title_justify="left")
+    for c in columns:
+        table.add_column(c, overflow="fold")
+    for r in rows:
+        table.add_row(*(Text(c) for c in r))
+    return table
+
+
+def comparison_group(c: Comparison, top: int = 15, width: int = 160) -> Group:
+    """A comparison (B against the baseline A) as text."""
+    head = Text()
+    head.append("A (baseline) ", style="bold")
+    head.append(clean(c.run_a or c.target_a) + "\n")
+    head.append("B            ", style="bold")
+    head.append(clean(c.run_b or c.target_b) + "\n")
+    if c.step_ratio is not None:
+        head.append(f"step time  {fmt_us(c.step_time_a_us)} → {fmt_us(c.step_time_b_us)}  "
+                    f"{c.step_ratio:.2f}x  ")
+        head.append(c.step_verdict or "", style=VERDICT_STYLE.get(c.step_verdict or "", "bold"))
+        head.append("\n")
+    ratio = f"{c.op_time_ratio:.2f}x  " if c.op_time_ratio is not None else ""
+    head.append(f"op time    {fmt_us(c.op_time_a_us)} → {fmt_us(c.op_time_b_us)} per step  {ratio}")
+    head.append(c.op_time_verdict, style=VERDICT_STYLE.get(c.op_time_verdict, "bold"))
+    head.append(f"\nnoise band ±{c.band:.0%} ({c.band_reason})", style="dim")
+    parts: list = [head]
+    for note in c.notes:
+        parts.append(Text("note: ", style="bold yellow") + Text(clean(note)))
+    changed = [x for x in c.ops if x.verdict != SAME][:top]
+    if changed:
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left",
+                      title=f"Changed ops ({len(c.by_verdict(FASTER, VANISHED))} improved, "
+                            f"{len(c.by_verdict(SLOWER, APPEARED))} worse; top {len(changed)} by change per step)")
+        # Numbers first in priority: the op and source cells give way on narrow terminals.
+        with_source = width >= 120
+        spare = max(width - 60, 16)
+        table.add_column("op", no_wrap=True, overflow="ellipsis",
+                         max_width=spare * 11 // 20 if with_source else spare)
+        for header in ("A/step", "B/step", "Δ", "B/A"):
+            table.add_column(header, justify="right", no_wrap=True, min_width=6 if header == "B/A" else 9)
+        table.add_column("", no_wrap=True, min_width=12)
+        if with_source:
+            table.add_column("source", no_wrap=True, overflow="ellipsis", max_width=spare * 9 // 20)
+        for x in changed:
+            shapes = op_shapes({"input_dims": x.input_dims})
+            source = x.source_b or x.source_a
+            cells = [Text(" ".join([op_name({"op": x.op}), *shapes])),
+                     Text("—" if x.verdict == APPEARED else fmt_us(x.time_a_us)),
+                     Text("—" if x.verdict == VANISHED else fmt_us(x.time_b_us)), Text(f"{'+' if x.delta_us > 0 else '−'}{fmt_us(abs(x.delta_us))}"),
+                     Text(f"{x.ratio:.2f}x" if x.ratio is not None and x.verdict != VANISHED else "—"),
+                     Text(x.verdict, style=VERDICT_STYLE.get(x.verdict, ""))]
+            if with_source:
+                cells.append(Text(source if width >= 170 else short_location(source)))
+            table.add_row(*cells)
+        parts.append(table)
+    else:
+        parts.append(Text("No op changed beyond the noise band.", style="green"))
+    parts.append(Text(f"{len(c.by_verdict(SAME))} matched op group(s) within noise", style="dim"))
+    steps_note = {"Findings fixed": c.findings_fixed, "Findings introduced": c.findings_introduced}
+    for title, findings in steps_note.items():
+        style = "green" if title.endswith("fixed") else "red"
+        if findings:
+            parts.append(Text(f"{title} ({len(findings)})", style=f"bold {style}"))
+            for f in findings:
+                line = Text(f"  {f.severity:<6} ", style=style) + Text(f"{f.rule}  ", style="bold")
+                line += Text(f"{op_name({'op': f.op})} at {f.source_location or '?'}")
+                parts.append(line)
+    parts.append(Text(f"{c.findings_kept} finding(s) in both runs", style="dim"))
+    return Group(*parts)
+
+
+def render_report(run: Run, console: Console, top: int = 15, findings: int = 10,
+                  comparison: Comparison | None = None) -> None:
+    """The whole report: header with the verdict, top ops, time breakdowns, findings in full, kernels
+    (GPU), memory and swap results when the run has them, and the comparison with a baseline."""
+    run = cleaned_run(run)
+    console.print(summary_panel(run))
+    spread = step_spread(run)
+    if spread:  # the panel has the step count and mean; this adds the spread and the noise verdict
+        console.print(Text("step    ", style="bold") + Text(spread))
+    console.print(Text("verdict ", style="bold") + Text(verdict_line(run), style="bold"))
+    console.print(ops_table(run, top, console.width))
+    console.print(breakdown_group(run))
+    console.print(findings_list(run, findings, full=True))
+    for section in (kernels_group(run, min(top, 10)), memory_group(run), swap_group(run)):
+        if section is not None:
+            console.print(section)
+    for warning in ceiling_warnings(run):
+        console.print(Text("note: ", style="bold yellow") + Text(warning))
+    if comparison is not None:
+        console.print(Text("\nComparison with the baseline", style="bold"))
+        console.print(comparison_group(comparison, top, console.width))
+    if run.path is not None:
+        console.print(Text("run directory: ") + Text(clean(shown_path(run.path)), style="bold"))

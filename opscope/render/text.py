@@ -1,0 +1,46 @@
+"""Text that came from outside opscope (a trace, a file name, an argument, the user's code) is shown as
+text, never interpreted: no rich markup, no terminal control sequences. Every renderer (console now,
+HTML later) passes such strings through `clean` (or a run through `cleaned_run`) before showing them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Any
+
+from pandas.api.types import is_string_dtype
+
+from opscope.run import Run
+
+# C0 controls (ESC, BEL, backspace, CR, ...), DEL and C1 controls (CSI, OSC, ... as single code
+# points), plus the Unicode bidi overrides that reorder what a terminal shows.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_LINE_BREAKS = re.compile("[\t\n]")
+
+
+def clean(text: Any, *, keep_newlines: bool = False) -> str:
+    """`text` as a printable string: control characters become U+FFFD, tabs and newlines spaces
+    (kept with keep_newlines)."""
+    s = "" if text is None else str(text)
+    s = _CONTROL.sub("\ufffd", s)
+    return s if keep_newlines else _LINE_BREAKS.sub(" ", s)
+
+
+def _deep(value: Any) -> Any:
+    if isinstance(value, str):
+        return clean(value, keep_newlines=True)
+    if isinstance(value, dict):
+        return {clean(k) if isinstance(k, str) else k: _deep(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deep(v) for v in value]
+    return value
+
+
+def cleaned_run(run: Run) -> Run:
+    """A copy of `run` whose strings (meta, summary, findings, the ops table's text cells) are clean."""
+    ops = run.ops.copy()
+    for col in ops.columns:
+        # text columns are `object` or, with pandas >= 3 (or read back from ops.csv), a string dtype
+        if ops[col].dtype == object or is_string_dtype(ops[col].dtype):
+            ops[col] = ops[col].map(lambda v: clean(v) if isinstance(v, str) else v)
+    return replace(run, meta=_deep(run.meta), summary=_deep(run.summary), findings=_deep(run.findings), ops=ops)

@@ -1,0 +1,239 @@
+"""Runs the user's code in a child process that opscope supervises.
+
+Whatever the target's code does to its process — print to stdout from Python or C, call `sys.exit` or
+`os._exit`, die of a signal or a segfault, change the working directory, `sys.path` or torch's global
+settings, raise a BaseException — cannot change opscope's own contract: with `--json`, stdout holds
+exactly one JSON document; an early end of the user's process is one error line naming it (and the
+line when known), exit 2; nothing is left half-written. The parent never imports torch.
+
+The protocol: the parent starts `python -c BOOT SPEC_FILE` in a new session with
+
+- the child's stdout and stderr both going to the parent's stderr (so a model's prints never reach
+  stdout, and the user still sees them);
+- a pipe (fd number in $OPSCOPE_CONTROL_FD) on which the child writes one JSON message per line:
+  {"type": "phase", "name", "total"}, {"type": "advance", "n"}, {"type": "warn", "message"},
+  {"type": "error", "message", "exit_code"} or {"type": "done", "result": {...}};
+- $TMPDIR pointing to a private folder the parent removes afterwards (the profiler's temporary files,
+  whatever the child leaves when it is killed);
+- sys.path[0] set to opscope's own folder instead of the working directory (BOOT), so a file in the
+  working directory named like a standard-library module shadows nothing.
+
+Signals: SIGINT, SIGTERM and SIGHUP reach the parent (the child ignores SIGINT and has its own session,
+so a terminal's Ctrl-C is the parent's to handle); the parent then ends the child's whole process group
+(SIGTERM, then SIGKILL after a grace period) and removes its folders. The later `swap` command runs
+user kernels through the same function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import opscope
+from opscope.errors import OpscopeError, TargetError
+
+CONTROL_FD_ENV = "OPSCOPE_CONTROL_FD"
+_GRACE_S = 3.0  # how long an ended child may take to exit on SIGTERM before SIGKILL
+_OPSCOPE_ROOT = str(Path(opscope.__file__).resolve().parent.parent)
+_BOOT = ("import sys; sys.path[0] = {root!r}; "
+         "from {module} import main; main()")
+
+
+class WorkerCrashed(OpscopeError):
+    """The child ended without a result: an exit, a signal or a crash in the user's code."""
+
+
+class InternalError(OpscopeError):
+    """A bug in opscope's own code in the child (its traceback is on stderr)."""
+
+    exit_code = 1
+
+
+@dataclass
+class Listener:
+    """What the parent does with the child's progress messages."""
+
+    phase: Callable[[str, int | None], None] = lambda name, total: None
+    advance: Callable[[int], None] = lambda n: None
+    warn: Callable[[str], None] = lambda message: None
+
+
+def run_worker(module: str, spec: dict[str, Any], listener: Listener | None = None, *,
+               what: str = "the model's code", on_abort: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Runs `module.main()` in a supervised child with `spec` (JSON) and returns the "done" message's
+    result. Raises the child's own OpscopeError (with its message and exit code), WorkerCrashed when it
+    ends early, InternalError on a bug in the child. `on_abort(pid)` runs whenever the child did not
+    finish with a result (to remove what it may have left half-written)."""
+    listener = listener or Listener()
+    private = Path(tempfile.mkdtemp(prefix="opscope-"))
+    spec_path = private / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    child_tmp = private / "tmp"
+    child_tmp.mkdir()
+    read_fd, write_fd = os.pipe()
+    env = dict(os.environ, TMPDIR=str(child_tmp), **{CONTROL_FD_ENV: str(write_fd)})
+    _keep_compile_caches(env)
+    proc: subprocess.Popen | None = None
+    phase = "starting"
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _BOOT.format(root=_OPSCOPE_ROOT, module=module), str(spec_path)],
+            stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), stderr=sys.stderr.fileno(),
+            pass_fds=(write_fd,), env=env, start_new_session=True)
+        os.close(write_fd)
+        write_fd = -1
+        result: dict[str, Any] | None = None
+        error: dict[str, Any] | None = None
+        with os.fdopen(read_fd, "r", encoding="utf-8", errors="replace") as control:
+            read_fd = -1
+            for line in control:
+                msg = _parse(line)
+                kind = msg.get("type")
+                if kind == "phase":
+                    phase = str(msg.get("name", phase))
+                    listener.phase(phase, msg.get("total"))
+                elif kind == "advance":
+                    listener.advance(int(msg.get("n", 1)))
+                elif kind == "warn":
+                    listener.warn(str(msg.get("message", "")))
+                elif kind == "error":
+                    error = msg
+                elif kind == "done":
+                    result = msg.get("result") or {}
+        code = proc.wait()
+        if error is not None:
+            exit_code = int(error.get("exit_code", 2))
+            cls = InternalError if exit_code == 1 else OpscopeError
+            exc = cls(str(error.get("message", "failed")))
+            exc.exit_code = exit_code
+            raise exc
+        if result is not None and code == 0:
+            return result
+        raise WorkerCrashed(_ended_early(code, phase, what))
+    except BaseException:
+        if proc is not None:
+            if proc.poll() is None:
+                _stop(proc)
+            if on_abort is not None:
+                on_abort(proc.pid)
+        raise
+    finally:
+        if proc is not None and proc.poll() is None:
+            _stop(proc)
+        for fd in (read_fd, write_fd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _parse(line: str) -> dict[str, Any]:
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return {}
+    return msg if isinstance(msg, dict) else {}
+
+
+def _ended_early(code: int, phase: str, what: str) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        crash = {"SIGSEGV": "a segmentation fault", "SIGBUS": "a bus error", "SIGABRT": "an abort",
+                 "SIGILL": "an illegal instruction", "SIGFPE": "a floating-point exception"}.get(name)
+        how = f"crashed with {crash} ({name})" if crash else f"was killed by {name}"
+        return f"{what} {how} during {phase}; opscope wrote nothing"
+    return (f"{what} ended the process (exit code {code}) during {phase}, before opscope finished "
+            "(os._exit(), or a C library calling exit()); opscope wrote nothing")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Ends the child's whole process group: SIGTERM, then SIGKILL after a grace period."""
+    for sig, wait in ((signal.SIGTERM, _GRACE_S), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return
+            time.sleep(0.02)
+
+
+def _keep_compile_caches(env: dict[str, str]) -> None:
+    """torch.compile keeps its caches under the temporary directory; the child's private $TMPDIR would
+    make every run compile cold. Point inductor at the usual place explicitly."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in env:
+        try:
+            user = os.getlogin()
+        except OSError:
+            user = str(os.getuid()) if hasattr(os, "getuid") else "user"
+        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
+
+
+# --- the child's side -----------------------------------------------------------------------------
+
+
+class Control:
+    """The child's end of the control pipe."""
+
+    def __init__(self) -> None:
+        fd = int(os.environ[CONTROL_FD_ENV])
+        self._file = os.fdopen(fd, "w", encoding="utf-8", buffering=1)
+
+    def send(self, **msg: Any) -> None:
+        self._file.write(json.dumps(msg, default=str) + "\n")
+        self._file.flush()
+
+
+def child_setup() -> None:
+    """What every supervised child does first: leave SIGINT to the parent, die with the parent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when the parent dies (the parent may itself be SIGKILLed)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent is already gone
+        os._exit(1)
+
+
+def target_error_message(exc: BaseException) -> str | None:
+    """One line for a BaseException that came from the user's code (sys.exit, KeyboardInterrupt raised
+    by the model, a custom BaseException), or None when it did not."""
+    from opscope.target import describe_exception, user_frame_of
+
+    where = user_frame_of(exc)
+    if isinstance(exc, SystemExit):
+        if not where:
+            return None
+        return f"the model's code called sys.exit({exc.code!r}) at {where}; opscope stopped and wrote nothing"
+    if not where:
+        return None
+    return f"the model's code raised {describe_exception(exc)} at {where}; opscope stopped and wrote nothing"
+
+
+__all__ = ["Control", "InternalError", "Listener", "TargetError", "WorkerCrashed", "child_setup", "run_worker",
+           "target_error_message"]

@@ -1,0 +1,121 @@
+"""SIGINT, SIGTERM and SIGHUP leave nothing behind (no temporary directories, no hidden partial files,
+no run directory) and take effect within seconds, even while the model runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import TRACES, write_model
+
+SLOW_MODEL = """
+    import torch
+
+    class Slow(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            for _ in range(200):
+                x = torch.tanh(self.lin(x))
+            return x
+
+    def get_model():
+        return Slow()
+
+    def get_inputs():
+        return [torch.randn(256, 64)]
+"""
+
+
+def _start(args: list[str], cwd: Path, tmp: Path) -> subprocess.Popen:
+    env = dict(os.environ, TMPDIR=str(tmp), COLUMNS="120")
+    return subprocess.Popen([sys.executable, "-m", "opscope", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(predicate, timeout: float = 120.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached")
+
+
+def _leftovers(folder: Path, tmp: Path) -> list[str]:
+    found = [str(p) for p in tmp.iterdir()]
+    reports = folder / "reports"
+    if reports.exists():
+        found += [str(p) for p in reports.iterdir()]
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_profile_stopped_by_a_signal_leaves_nothing(tmp_path, sig):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    model = write_model(tmp_path, SLOW_MODEL)
+    proc = _start(["profile", str(model), "--steps", "200", "--warmup", "1", "--peak-bw", "20", "--peak-flops", "100"],
+                  tmp_path, tmp)
+    # The profiler's temporary directory exists once the timed pass is running.
+    _wait_for(lambda: any(p.name.startswith("opscope-") for p in tmp.iterdir()) or proc.poll() is not None)
+    assert proc.poll() is None, proc.communicate()
+    time.sleep(0.5)
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - sent < 10
+    assert proc.returncode == 128 + sig, err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("opscope: error:")
+    assert _leftovers(tmp_path, tmp) == []
+
+
+def _big_plain_trace(tmp_path: Path) -> Path:
+    """An uncompressed trace (analyze gzips it into the run on a background thread) big enough to still
+    be running when the signal arrives."""
+    import gzip
+
+    doc = json.loads(gzip.decompress((TRACES / "h100_vit-image-classifier_bf16.json.gz").read_bytes()))
+    events = doc["traceEvents"]
+    body = [e for e in events if e.get("ph") != "M"]
+    big = list(events)
+    for c in range(1, 40):
+        for e in body:
+            e2 = dict(e)
+            if "ts" in e2:
+                e2["ts"] = e["ts"] + c * 1e6
+            big.append(e2)
+    doc["traceEvents"] = big
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_analyze_stopped_by_a_signal_leaves_nothing(tmp_path, sig):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    trace = _big_plain_trace(tmp_path)
+    proc = _start(["analyze", str(trace), "--peak-bw", "3350", "--peak-flops", "989000"], tmp_path, tmp)
+    _wait_for(lambda: (tmp_path / "reports").exists() or proc.poll() is not None)
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - sent < 10
+    if proc.returncode == 0:
+        pytest.skip("the analysis finished before the signal arrived")
+    assert proc.returncode == 128 + sig, err
+    assert "Traceback" not in err
+    assert _leftovers(tmp_path, tmp) == []
