@@ -60,12 +60,16 @@ def phase(threads: int, args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     result = calibrate.measure_cpu(threads, quick=args.quick)
     opscope_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    sampler = noise.CpuSampler()
+    before = sampler.sample()
     plain = {"copy": statistics.median(plain_copy_gbps(args.size_mib, args.iters)),
              "float32": statistics.median(plain_mm_gflops(args.gemm_n, torch.float32, args.iters))}
     if "bfloat16" in result.gemm_gflops:
         plain["bfloat16"] = statistics.median(plain_mm_gflops(args.gemm_n, torch.bfloat16, args.iters))
-    return {"result": result, "plain": plain, "opscope_s": opscope_s, "plain_s": time.perf_counter() - t0}
+    after = sampler.sample()
+    plain_noise = noise.window_noise(sampler, before, after, threads, during="while it measured")
+    return {"result": result, "plain": plain, "opscope_s": opscope_s, "plain_s": after.wall_s - before.wall_s,
+            "plain_noise": plain_noise}
 
 
 def fmt(v: float | None) -> str:
@@ -121,12 +125,14 @@ def main() -> int:
         if ratio is not None and name.startswith("opscope"):
             worst = min(worst, ratio)
         print(f"{name:<30}{fmt(a):>12}{fmt(b):>12}{'—' if ratio is None else f'{ratio:.2f}':>14}")
-    shares = [r.noise.get("other_cpu_share") for r in (q, ld)]
-    print(f"{'other processes CPU share':<30}" + "".join(f"{'—' if v is None else f'{v:.2f}':>12}" for v in shares))
+    for name, shares in (("others' CPU share, opscope", [r.noise.get("other_cpu_share") for r in (q, ld)]),
+                         ("others' CPU share, plain", [p["plain_noise"].get("other_cpu_share")
+                                                       for p in (quiet, loaded)])):
+        print(f"{name:<30}" + "".join(f"{'—' if v is None else f'{v:.2f}':>12}" for v in shares))
     print(f"{'opscope stable':<30}{q.stable!s:>12}{ld.stable!s:>12}")
     print()
-    if not q.stable:
-        print("the quiet phase was not quiet (see its notes below): rerun on an idle machine")
+    if not q.stable or quiet["plain_noise"]["verdict"] == "noisy":
+        print("the quiet phase was not quiet (other processes' CPU share above): rerun on an idle machine")
     within = worst >= 1 - TOLERANCE
     verdict = ("loaded within 15% of quiet" if within else
                "loaded calibration says it is unstable" if not ld.stable else
