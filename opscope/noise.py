@@ -32,18 +32,16 @@ _BUSY_COLUMNS = (0, 1, 2, 5, 6, 7)
 # Above this share of the cores used by other processes, a measurement is "noisy" (and a calibration
 # unstable). Measured with opscope itself on the project's 2-core VM (AMD EPYC, torch 2.13), in moments
 # when an independent per-process count showed the rest of the machine under 5 % busy: idle, profile
-# 0.001-0.019 (4 runs, 1 and 2 threads) and calibrate 0.011-0.025 (0.043 with 0.040 of background
-# load, read as it was); one busy-loop process, 0.51 (1 thread) and 0.33-0.39 (2 threads: it gets
-# 2/3 of a core); one per core, 0.70-0.72 (1 thread). 0.10 sits 4x above the idle readings and 3x
-# below a single competing process on this machine; on machines of more than ~6 cores a lone busy
-# loop falls under it and is caught by the oversubscription rule below instead.
+# 0.001-0.019 (4 runs, 1 and 2 threads), calibrate 0.004-0.025 (4 runs; 0.043 in one with 0.040 of
+# background load, read as it was); one busy-loop process: 0.51 (1 thread), 0.33-0.39 (2 threads: it
+# gets 2/3 of a core); one per core: 0.70-0.72 (1 thread), 0.62 (2 threads). 0.10 sits 4x above the
+# idle readings and 3x below a single competing process here; from about 10 cores a lone busy loop
+# reads under it and is caught by the oversubscription rule below instead.
 NOISY_SHARE = 0.10
 # threads + other processes' cores above the core count is oversubscription once the others use at least
 # this many cores (below it, the tick error and ordinary daemons would trip it on every run).
 OVERSUBSCRIBED_MIN_CORES = 0.25
 MIN_WINDOW_S = 0.5
-
-VERDICTS = ("quiet", "noisy", "unknown")
 
 
 def affinity_cpus() -> list[int]:
