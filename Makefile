@@ -31,9 +31,9 @@ browser:
 # Two phases: everything else 2-wide, then the `serial` tests (CPU hogs, quiet-machine checks) alone, so
 # they neither slow the others down nor read the other worker as noise.
 test: install browser
-	$(BIN)/ruff check opscope tests benchmarks examples
+	$(BIN)/ruff check opscope reference_kernels tests benchmarks examples
 	$(BIN)/python -m pytest -n 2 -q -m "not serial"
 	$(BIN)/python -m pytest -q -m serial
 
 lint: install
-	$(BIN)/ruff check opscope tests benchmarks examples
+	$(BIN)/ruff check opscope reference_kernels tests benchmarks examples

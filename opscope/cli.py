@@ -133,12 +133,26 @@ def profile(
     peak_flops: list[str] | None = PEAK_FLOPS,
     out: Path | None = OUT,
     top: int = typer.Option(15, "--top", min=1, help="Rows of the op table to print."),
+    nvtx: bool = typer.Option(False, "--nvtx", help="NVTX ranges around each profiled step and each top-level "
+                              "module's forward, for Nsight tools (implied by --nsys/--ncu)."),
+    nsys: bool = typer.Option(False, "--nsys", help="Also run the steps under Nsight Systems (nsys): measured "
+                              "kernel timeline per op, module and step; keeps nsys.nsys-rep in the run."),
+    nsys_args: str | None = typer.Option(None, "--nsys-args", metavar="ARGS",
+                                         help="Extra `nsys profile` arguments, quoted as one string."),
+    nvtx_ops: bool = typer.Option(False, "--nvtx-ops", help="With --nsys: every aten op an NVTX range "
+                                  "(torch.autograd.profiler.emit_nvtx(record_shapes=True)); adds CPU time per op."),
+    ncu: bool = typer.Option(False, "--ncu", help="Also measure the kernels of the heaviest op rows with Nsight "
+                             "Compute (ncu): DRAM bytes, FLOPs and % of speed of light next to the modeled ones."),
+    ncu_top: int = typer.Option(10, "--ncu-top", min=1, max=10_000, metavar="N",
+                                help="With --ncu: measure the kernels of the N op rows with the most GPU time."),
     json_out: bool = JSON_OUT,
     debug: bool = DEBUG,
 ) -> None:
     """Profile a model file: per-op FLOPs, bytes, roofline and findings; writes a run directory."""
     _state["debug"] = debug
     from opscope.hardware import apply_overrides
+    from opscope.nsight.commands import split_tool_args
+    from opscope.nsight.session import NsightRequest, check_request
     from opscope.run import DEFAULT_REPORTS_DIR, check_out_dir, discard_staging, read_run
     from opscope.supervise import Listener, run_worker
     from opscope.target import check_target_file
@@ -147,21 +161,34 @@ def profile(
     check_target_file(target)
     check_out_dir(out.absolute() if out else None, DEFAULT_REPORTS_DIR.absolute())
     apply_overrides(None, peak_bw, list(peak_flops or []))  # a bad --peak-* is one line now, not later
+    if nsys_args is not None and not nsys:
+        raise OpscopeError("--nsys-args passes arguments to nsys: use it with --nsys")
+    nsight = NsightRequest(nsys=nsys, nsys_args=split_tool_args(nsys_args, "--nsys-args"), ncu=ncu,
+                           ncu_top=ncu_top, nvtx_ops=nvtx_ops)
+    tools = check_request(nsight, device.value)  # GPU, tools on PATH, flags: before anything runs
     spec = {"target": str(target.absolute()), "entry": entry, "device": device.value,
             "dtype": dtype.value if dtype else None, "mode": mode.value, "warmup": warmup, "steps": steps,
             "threads": threads, "peak_bw": peak_bw, "peak_flops": list(peak_flops or []),
-            "out": str(out.absolute()) if out else None, "debug": debug}
+            "out": str(out.absolute()) if out else None, "debug": debug, "nvtx": nvtx or nsight.wanted}
     folders = [out.absolute().parent if out else DEFAULT_REPORTS_DIR.absolute()]
     with _RichProgress(stderr) as progress:
         listener = Listener(phase=progress.phase, advance=progress.advance, warn=progress.warn)
-        result = run_worker("opscope.capture.worker", spec, listener,
-                            on_abort=lambda pid: discard_staging(folders, pid))
-    _emit(read_run(Path(result["run_dir"])), json_out, top)
+        if nsight.wanted:
+            from opscope.nsight.session import profile_with_nsight
+
+            run_dir = profile_with_nsight(spec, nsight, tools, listener, out=out.absolute() if out else None,
+                                          reports=DEFAULT_REPORTS_DIR.absolute(), stem=target.stem,
+                                          on_abort=lambda pid: discard_staging(folders, pid))
+        else:
+            run_dir = Path(run_worker("opscope.capture.worker", spec, listener,
+                                      on_abort=lambda pid: discard_staging(folders, pid))["run_dir"])
+    _emit(read_run(run_dir), json_out, top)
 
 
 @app.command()
 def analyze(
-    trace: Path = typer.Argument(..., help="torch.profiler Chrome trace (.json or .json.gz)."),
+    trace: Path = typer.Argument(..., help="torch.profiler Chrome trace (.json or .json.gz), or an Nsight file: "
+                                 ".nsys-rep / nsys SQLite export, .ncu-rep / ncu CSV."),
     out: Path | None = OUT,
     json_out: bool = JSON_OUT,
     peak_bw: float | None = PEAK_BW,
@@ -173,14 +200,36 @@ def analyze(
         None, "--capture", metavar="CAPTURE",
         help="A trace recorded while the replayed CUDA/HIP graphs were captured: maps replayed kernels to the ops "
              "and shapes that launched them."),
+    nsys: Path | None = typer.Option(None, "--nsys", metavar="FILE",
+                                     help="Attach an Nsight Systems report (.nsys-rep or SQLite) of the same model."),
+    ncu: Path | None = typer.Option(None, "--ncu", metavar="FILE",
+                                    help="Attach Nsight Compute measurements (.ncu-rep or CSV) of the same model."),
     debug: bool = DEBUG,
 ) -> None:
-    """Analyze an existing torch.profiler trace (CPU, CUDA or ROCm) into a run directory."""
+    """Analyze an existing torch.profiler trace (CPU, CUDA or ROCm), or Nsight results, into a run directory."""
     _state["debug"] = debug
     from opscope.analysis.trace_file import analyze_trace_file
+    from opscope.nsight.imports import (
+        analyze_nsight_file,
+        check_measurement_files,
+        measurement_hook,
+        nsight_kind,
+    )
 
-    run = analyze_trace_file(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
-                             warn=_warn, max_trace_gb=max_trace_gb, capture=capture)
+    if nsight_kind(trace) is not None:
+        if nsys is not None or ncu is not None or capture is not None:
+            raise OpscopeError(f"--nsys/--ncu/--capture go with a torch.profiler trace; {trace} is itself an "
+                               "Nsight file (analyze each on its own)")
+        run = analyze_nsight_file(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []), warn=_warn)
+        _emit(run, json_out, top)
+        return
+    check_measurement_files(nsys, ncu)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="opscope-nsight-") as tmp:
+        measure = measurement_hook(nsys, ncu, Path(tmp), _warn) if nsys is not None or ncu is not None else None
+        run = analyze_trace_file(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
+                                 warn=_warn, max_trace_gb=max_trace_gb, capture=capture, measure=measure)
     _emit(run, json_out, top)
 
 
@@ -286,9 +335,53 @@ def calibrate(
         stderr.print(f"{reused}cached in {calibration.path}", markup=False)
 
 
+@app.command()
+def kernels(
+    name: str | None = typer.Argument(None, help="With --bench: only this kernel."),
+    bench: bool = typer.Option(False, "--bench", help="Time the kernels against aten, eager and torch.compile."),
+    tune: bool = typer.Option(False, "--tune", help="With --bench: pick each CPU kernel's grain size by "
+                                                     "measurement first and cache it."),
+    repeats: int = typer.Option(15, "--repeats", min=3, help="Interleaved timed rounds per case."),
+    quick: bool = typer.Option(False, "--quick", help="Shapes scaled down 16x per dim, no torch.compile (a smoke run)."),
+    no_compile: bool = typer.Option(False, "--no-compile", help="Leave torch.compile out of the comparison."),
+    device: Device = typer.Option(Device.cpu, "--device", help="With --bench: where to time (cuda needs a GPU)."),
+    peak_bw: float | None = PEAK_BW,
+    out: Path | None = typer.Option(None, "--out", help="Folder for kernels-bench.json/.csv "
+                                                        "(default reports/kernels-bench-<time>)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the listing (or the benchmark) as JSON."),
+    debug: bool = DEBUG,
+) -> None:
+    """List the bundled reference kernels (CPU C++, Triton, CUDA) and the backends usable here; --bench times them."""
+    _state["debug"] = debug
+    from opscope import kernels as ks
+
+    if name is not None:
+        ks.find(name)
+    if not bench:
+        doc = ks.listing()
+        if json_out:
+            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+            return
+        ks.render_listing(doc, Console(highlight=False))
+        return
+    import datetime as dt
+
+    from opscope import kernels_bench as kb
+
+    result = kb.run([name] if name else [], repeats=repeats, peak_gbps=peak_bw, compiled=not (quick or no_compile),
+                    scale=1 / 16 if quick else 1.0, do_tune=tune, progress=lambda m: _warn(m),
+                    device="cuda" if device == Device.cuda else "cpu")
+    folder = out or Path("reports") / f"kernels-bench-{dt.datetime.now():%Y%m%d-%H%M%S}"
+    jpath, _ = kb.save(result, folder)
+    if json_out:
+        sys.stdout.write(json.dumps(result, indent=1) + "\n")
+    else:
+        kb.render(result, Console(highlight=False))
+    stderr.print(f"results: {jpath} (and .csv)")
+
+
 _LATER = {
     "swap": "drops a bundled optimized kernel into your model, checks correctness and measures the speedup",
-    "kernels": "lists the bundled CPU/Triton/CUDA kernels",
 }
 
 

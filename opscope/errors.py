@@ -24,3 +24,7 @@ class OutputError(OpscopeError):
 
 class NotAvailableError(OpscopeError):
     """A command whose capability has not landed yet."""
+
+
+class NsightError(OpscopeError):
+    """Nsight Systems / Nsight Compute cannot run or its output cannot be read (opscope.nsight)."""

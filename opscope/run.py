@@ -52,6 +52,8 @@ class Run:
     summary: dict[str, Any]
     path: Path | None = None
     events: pd.DataFrame | None = field(default=None, repr=False)  # in-memory only; not written
+    # in-memory only: the trace's kernels/memcpy/memset with the event that launched each ("op")
+    kernels: pd.DataFrame | None = field(default=None, repr=False)
 
 
 def check_out_dir(out: Path | None, base: Path | None = None) -> None:
@@ -228,11 +230,13 @@ def _gzip_bytes(data: bytes | bytearray, dst: Path) -> None:
 
 
 def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
-              compressor: TraceCompressor | None = None, base: Path | None = None) -> Path:
+              compressor: TraceCompressor | None = None, base: Path | None = None,
+              extra_files: dict[str, Path] | None = None) -> Path:
     """Writes the run directory atomically and returns its path. `trace_file` is copied (gzipped if it
-    is not already) as trace.json.gz; a `compressor` already gzipping it takes its place. Without `out`
-    the run gets a fresh default name under `base` (default: ./reports). Any OSError (disk full,
-    read-only file system, ...) is one OutputError line, with nothing left under the final name."""
+    is not already) as trace.json.gz; a `compressor` already gzipping it takes its place. `extra_files`
+    ({name in the run: source file}) are copied in too. Without `out` the run gets a fresh default name
+    under `base` (default: ./reports). Any OSError (disk full, read-only file system, ...) is one
+    OutputError line, with nothing left under the final name."""
     base = base if base is not None else DEFAULT_REPORTS_DIR
     if out is not None and out.is_symlink() and out.exists():
         out = out.resolve()  # a symlink to an empty directory: the run goes where it points
@@ -256,6 +260,8 @@ def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
                 _copy_trace(src, tmp / "trace.json.gz")
         elif trace_file is not None:
             _copy_trace(trace_file, tmp / "trace.json.gz")
+        for name, src in (extra_files or {}).items():
+            shutil.copyfile(src, tmp / name)
         if out is not None:
             target = out
         else:
@@ -434,7 +440,8 @@ def _check_findings(path: Path, findings: list[Any]) -> None:
 
 
 TEXT_COLUMNS = ("op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location",
-                "bound", "kernels", "family", "dtype", "ceiling", "note", "kernel_family", "launcher")
+                "bound", "kernels", "family", "dtype", "ceiling", "note", "kernel_family", "launcher",
+                "measured_kernels")
 # The columns the renderers read as numbers; anything else in them makes the file damaged.
 NUMBER_COLUMNS = ("calls", "time_us_total", "time_share", "flops_per_call", "bytes_per_call",
                   "arithmetic_intensity", "achieved_gflops", "achieved_gbps", "pct_peak_flops",

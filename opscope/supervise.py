@@ -18,6 +18,11 @@ The protocol: the parent starts `python -c BOOT SPEC_FILE` in a new session with
 - sys.path[0] set to opscope's own folder instead of the working directory (BOOT), so a file in the
   working directory named like a standard-library module shadows nothing.
 
+Under Nsight (`opscope profile --nsys/--ncu`), nsys or ncu is the process the parent starts, and it
+launches the same `python -c BOOT SPEC_FILE`: the control channel is then a file named in
+$OPSCOPE_CONTROL_FILE (a tool need not hand open file descriptors on), which the parent follows while
+the tool runs, and the tool's and the child's output go to a log file the caller reads for diagnoses.
+
 Signals: SIGINT, SIGTERM and SIGHUP reach the parent (the child ignores SIGINT and has its own session,
 so a terminal's Ctrl-C is the parent's to handle); the parent then ends the child's whole process group
 (SIGTERM, then SIGKILL after a grace period) and removes its folders. The later `swap` command runs
@@ -35,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +49,7 @@ import opscope
 from opscope.errors import OpscopeError, TargetError
 
 CONTROL_FD_ENV = "OPSCOPE_CONTROL_FD"
+CONTROL_FILE_ENV = "OPSCOPE_CONTROL_FILE"  # the channel when a tool (nsys, ncu) starts the child
 _GRACE_S = 3.0  # how long an ended child may take to exit on SIGTERM before SIGKILL
 _OPSCOPE_ROOT = str(Path(opscope.__file__).resolve().parent.parent)
 _BOOT = ("import sys; sys.path[0] = {root!r}; "
@@ -70,57 +76,70 @@ class Listener:
 
 
 def run_worker(module: str, spec: dict[str, Any], listener: Listener | None = None, *,
-               what: str = "the model's code", on_abort: Callable[[int], None] | None = None) -> dict[str, Any]:
+               what: str = "the model's code", on_abort: Callable[[int], None] | None = None,
+               wrapper: Sequence[str] | None = None, wrapper_env: dict[str, str] | None = None,
+               tool_log: Path | None = None) -> dict[str, Any]:
     """Runs `module.main()` in a supervised child with `spec` (JSON) and returns the "done" message's
     result. Raises the child's own OpscopeError (with its message and exit code), WorkerCrashed when it
     ends early, InternalError on a bug in the child. `on_abort(pid)` runs whenever the child did not
-    finish with a result (to remove what it may have left half-written)."""
+    finish with a result (to remove what it may have left half-written).
+
+    With `wrapper` (e.g. `nsys profile ...`, `ncu ...`), the child is started by that tool: the command
+    is `wrapper + [python, -c, BOOT, SPEC]`, `wrapper_env` is added to its environment, the control
+    channel is a file (a tool need not pass open file descriptors on to the process it launches), and
+    the tool's and the child's output go to `tool_log` (the caller reads the tool's messages there).
+    A tool that fails raises ToolFailed."""
     listener = listener or Listener()
     private = Path(tempfile.mkdtemp(prefix="opscope-"))
     spec_path = private / "spec.json"
     spec_path.write_text(json.dumps(spec))
     child_tmp = private / "tmp"
     child_tmp.mkdir()
-    read_fd, write_fd = os.pipe()
-    env = dict(os.environ, TMPDIR=str(child_tmp), **{CONTROL_FD_ENV: str(write_fd)})
+    relay = _Relay(listener)
+    read_fd = write_fd = -1
+    if wrapper is None:
+        read_fd, write_fd = os.pipe()
+        env = dict(os.environ, TMPDIR=str(child_tmp), **{CONTROL_FD_ENV: str(write_fd)})
+    else:
+        control_file = private / "control.jsonl"
+        control_file.touch()
+        env = dict(os.environ, **(wrapper_env or {}), TMPDIR=str(child_tmp), **{CONTROL_FILE_ENV: str(control_file)})
+        env.pop(CONTROL_FD_ENV, None)
     _keep_compile_caches(env)
     proc: subprocess.Popen | None = None
-    phase = "starting"
+    command = [sys.executable, "-c", _BOOT.format(root=_OPSCOPE_ROOT, module=module), str(spec_path)]
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOT.format(root=_OPSCOPE_ROOT, module=module), str(spec_path)],
-            stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), stderr=sys.stderr.fileno(),
-            pass_fds=(write_fd,), env=env, start_new_session=True)
-        os.close(write_fd)
-        write_fd = -1
-        result: dict[str, Any] | None = None
-        error: dict[str, Any] | None = None
-        with os.fdopen(read_fd, "r", encoding="utf-8", errors="replace") as control:
-            read_fd = -1
-            for line in control:
-                msg = _parse(line)
-                kind = msg.get("type")
-                if kind == "phase":
-                    phase = str(msg.get("name", phase))
-                    listener.phase(phase, msg.get("total"))
-                elif kind == "advance":
-                    listener.advance(int(msg.get("n", 1)))
-                elif kind == "warn":
-                    listener.warn(str(msg.get("message", "")))
-                elif kind == "error":
-                    error = msg
-                elif kind == "done":
-                    result = msg.get("result") or {}
-        code = proc.wait()
-        if error is not None:
-            exit_code = int(error.get("exit_code", 2))
+        if wrapper is None:
+            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
+                                    stderr=sys.stderr.fileno(), pass_fds=(write_fd,), env=env, start_new_session=True)
+            os.close(write_fd)
+            write_fd = -1
+            with os.fdopen(read_fd, "r", encoding="utf-8", errors="replace") as control:
+                read_fd = -1
+                for line in control:
+                    relay.handle(line)
+            code = proc.wait()
+        else:
+            with open(tool_log or private / "tool.log", "wb") as log:
+                proc = subprocess.Popen([*wrapper, *command], stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                code = _follow(proc, control_file, relay)
+        if relay.error is not None:
+            exit_code = int(relay.error.get("exit_code", 2))
             cls = InternalError if exit_code == 1 else OpscopeError
-            exc = cls(str(error.get("message", "failed")))
+            exc = cls(str(relay.error.get("message", "failed")))
             exc.exit_code = exit_code
             raise exc
-        if result is not None and code == 0:
-            return result
-        raise WorkerCrashed(_ended_early(code, phase, what))
+        if relay.result is not None and code == 0:
+            return relay.result
+        if wrapper is not None:
+            tool = Path(wrapper[0]).name
+            if relay.result is not None:
+                raise ToolFailed(f"{tool} exited with code {code} after {what} had finished", code, started=True)
+            if not relay.started:
+                raise ToolFailed(f"{tool} exited with code {code} before {what} started", code, started=False)
+            raise WorkerCrashed(_ended_early(code, relay.phase, what) + f" (under {tool})")
+        raise WorkerCrashed(_ended_early(code, relay.phase, what))
     except BaseException:
         if proc is not None:
             if proc.poll() is None:
@@ -136,6 +155,60 @@ def run_worker(module: str, spec: dict[str, Any], listener: Listener | None = No
                 with contextlib.suppress(OSError):
                     os.close(fd)
         shutil.rmtree(private, ignore_errors=True)
+
+
+class ToolFailed(OpscopeError):
+    """A tool the child ran under (nsys, ncu) exited with an error status; its output is in the log."""
+
+    def __init__(self, message: str, code: int, started: bool) -> None:
+        super().__init__(message)
+        self.code = code
+        self.started = started
+
+
+class _Relay:
+    """The parent's side of the control messages: progress to the listener, the outcome kept."""
+
+    def __init__(self, listener: Listener) -> None:
+        self.listener = listener
+        self.phase = "starting"
+        self.started = False
+        self.result: dict[str, Any] | None = None
+        self.error: dict[str, Any] | None = None
+
+    def handle(self, line: str) -> None:
+        msg = _parse(line)
+        kind = msg.get("type")
+        if kind:
+            self.started = True
+        if kind == "phase":
+            self.phase = str(msg.get("name", self.phase))
+            self.listener.phase(self.phase, msg.get("total"))
+        elif kind == "advance":
+            self.listener.advance(int(msg.get("n", 1)))
+        elif kind == "warn":
+            self.listener.warn(str(msg.get("message", "")))
+        elif kind == "error":
+            self.error = msg
+        elif kind == "done":
+            self.result = msg.get("result") or {}
+
+
+def _follow(proc: subprocess.Popen, control_file: Path, relay: _Relay, interval: float = 0.05) -> int:
+    """Relays the control file's complete lines while `proc` runs; returns its exit status."""
+    with open(control_file, "rb") as control:
+        pending = b""
+        while True:
+            done = proc.poll() is not None
+            chunk = control.read()
+            if chunk:
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    relay.handle(line.decode("utf-8", errors="replace"))
+            if done:
+                return proc.wait()
+            time.sleep(interval)
 
 
 def _parse(line: str) -> dict[str, Any]:
@@ -190,8 +263,11 @@ class Control:
     """The child's end of the control pipe."""
 
     def __init__(self) -> None:
-        fd = int(os.environ[CONTROL_FD_ENV])
-        self._file = os.fdopen(fd, "w", encoding="utf-8", buffering=1)
+        fd = os.environ.get(CONTROL_FD_ENV)
+        if fd is not None:
+            self._file = os.fdopen(int(fd), "w", encoding="utf-8", buffering=1)
+        else:
+            self._file = open(os.environ[CONTROL_FILE_ENV], "a", encoding="utf-8", buffering=1)  # noqa: SIM115
 
     def send(self, **msg: Any) -> None:
         self._file.write(json.dumps(msg, default=str) + "\n")
@@ -235,5 +311,5 @@ def target_error_message(exc: BaseException) -> str | None:
     return f"the model's code raised {describe_exception(exc)} at {where}; opscope stopped and wrote nothing"
 
 
-__all__ = ["Control", "InternalError", "Listener", "TargetError", "WorkerCrashed", "child_setup", "run_worker",
-           "target_error_message"]
+__all__ = ["Control", "InternalError", "Listener", "TargetError", "ToolFailed", "WorkerCrashed", "child_setup",
+           "run_worker", "target_error_message"]

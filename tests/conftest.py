@@ -19,6 +19,11 @@ EXAMPLES = REPO / "examples"
 TRACES = REPO / "tests" / "fixtures" / "traces"  # copies of ../shared/traces (MIT, see README there)
 PEAKS = ["--peak-bw", "20", "--peak-flops", "100"]
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # as the CLI does: no kineto line per profiler start/stop
+# Without a GPU, the Triton kernels are tested under Triton's interpreter (tests/test_kernels_triton.py).
+# It must be on before triton is first imported (triton.language's own helpers are decorated then), and
+# other test modules can import triton indirectly, so it is set here, once, for the whole session.
+if not os.path.exists("/dev/nvidia0") and not os.path.exists("/dev/kfd"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True)

@@ -118,7 +118,7 @@ def test_debug_shows_the_traceback(tmp_path):
     assert "Traceback" in proc.stderr
 
 
-@pytest.mark.parametrize("command", ["swap", "kernels"])
+@pytest.mark.parametrize("command", ["swap"])
 def test_later_commands_say_not_available(tmp_path, command):
     proc = run_cli(command, "whatever", cwd=tmp_path)
     assert_clean_error(proc, "not available yet")

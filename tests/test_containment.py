@@ -149,3 +149,44 @@ def test_torch_is_not_imported_for_errors_that_need_no_model(tmp_path):
     out = subprocess.run([sys.executable, str(probe)], cwd=tmp_path, capture_output=True, text=True)
     assert out.stdout.strip() == "False", out
     assert "no such file" in out.stderr
+
+
+@pytest.mark.parametrize("where,needle", [
+    ("inputs", "input tensor 0"),
+    ("model", "the model's weight is on the meta device"),
+])
+def test_meta_device_tensors_are_one_line(tmp_path, where, needle):
+    model_device, input_device = ("meta", "cpu") if where == "model" else ("cpu", "meta")
+    model = write_model(tmp_path, f"""
+        import torch
+        def get_model():
+            return torch.nn.Linear(8, 8, device="{model_device}")
+        def get_inputs():
+            return [torch.randn(4, 8, device="{input_device}")]
+    """)
+    proc = run_cli("profile", str(model), *PEAKS, cwd=tmp_path)
+    assert_clean_error(proc, needle, "meta device")
+    assert _no_runs(tmp_path)
+
+
+@pytest.mark.slow
+def test_two_profiles_started_together_get_two_runs(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    model = write_model(tmp_path, """
+        import torch
+        def get_model():
+            return torch.nn.Linear(16, 16)
+        def get_inputs():
+            return [torch.randn(8, 16)]
+    """)
+    env = dict(os.environ, COLUMNS="120")
+    procs = [subprocess.Popen([sys.executable, "-m", "opscope", "profile", str(model), "--json", "--steps", "1",
+                               "--warmup", "0", *PEAKS], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err for _, err in outs]
+    runs = sorted((tmp_path / "reports").iterdir())
+    assert len(runs) == 2 and all((r / "summary.json").exists() for r in runs)

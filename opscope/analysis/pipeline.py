@@ -57,7 +57,7 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
         step_us = trace.steps["dur"].tolist() if len(trace.steps) else [step_time_us]
     summary = summarize(ops, steps=steps, step_time_us=step_time_us, n_findings=len(findings), busy=busy,
                         step_us=step_us, noise=noise, gpu_keys=timeline)
-    return Run(meta=meta, ops=ops, findings=findings, summary=summary, events=ev)
+    return Run(meta=meta, ops=ops, findings=findings, summary=summary, events=ev, kernels=trace.kernels)
 
 
 def step_stats(trace: TraceData, ev: pd.DataFrame) -> tuple[int, float]:
@@ -81,7 +81,14 @@ def device_busy_share(trace: TraceData, steps: int, step_time_us: float) -> floa
     if not len(k) or step_time_us <= 0:
         return None
     start = k["ts"].to_numpy()
-    end = start + k["dur"].to_numpy()
+    busy = union_length(start, start + k["dur"].to_numpy())
+    return float(min(busy / (steps * step_time_us), 1.0))
+
+
+def union_length(start: np.ndarray, end: np.ndarray) -> float:
+    """Total length of the union of the intervals [start, end)."""
+    if not len(start):
+        return 0.0
     order = np.argsort(start, kind="stable")
     start, end = start[order], end[order]
     busy, cur_s, cur_e = 0.0, start[0], end[0]
@@ -91,13 +98,14 @@ def device_busy_share(trace: TraceData, steps: int, step_time_us: float) -> floa
             cur_s, cur_e = s, e
         elif e > cur_e:
             cur_e = e
-    busy += cur_e - cur_s
-    return float(min(busy / (steps * step_time_us), 1.0))
+    return float(busy + cur_e - cur_s)
 
 
 def summarize(ops: pd.DataFrame, *, steps: int, step_time_us: float, n_findings: int,
-              busy: float | None, step_us: list[float], noise: dict[str, Any],
+              busy: float | None, step_us: list[float] | None = None, noise: dict[str, Any] | None = None,
               gpu_keys: dict[str, Any] | None = None) -> dict[str, Any]:
+    """summary.json. `step_us`: each step's wall time (default: one step of `step_time_us`); `noise`:
+    opscope.noise.assess() of the timed pass (default: unknown, as for a file recorded elsewhere)."""
     total = float(ops["time_us_total"].sum())
     covered = ops["flops_per_call"].notna() & ops["bytes_per_call"].notna()
     bound_share = {b: 0.0 for b in BOUNDS}
@@ -108,8 +116,8 @@ def summarize(ops: pd.DataFrame, *, steps: int, step_time_us: float, n_findings:
         "total_time_us": total,
         "steps": int(steps),
         "step_time_us": float(step_time_us),
-        **step_spread(step_us),
-        "noise": noise,
+        **step_spread(step_us if step_us is not None else [step_time_us]),
+        "noise": noise or unknown(TRACE_NOISE_REASON),
         "ops_covered_time_share": float(ops.loc[covered, "time_us_total"].sum()) / total if total > 0 else 0.0,
         "bound_time_share": bound_share,
         "findings": int(n_findings),

@@ -80,9 +80,12 @@ def trace_peaks(trace: TraceData, device: dict[str, str], peak_bw: float | None,
 
 def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | None = None,
                        peak_flops: list[str] | None = None, warn: Callable[[str], None] = lambda m: None,
-                       max_trace_gb: float | None = None, capture: Path | None = None) -> Run:
+                       max_trace_gb: float | None = None, capture: Path | None = None,
+                       measure: Callable[[Run], dict[str, Path]] | None = None) -> Run:
     """Analyzes a trace file into a run directory. `capture`: a trace recorded while the replayed CUDA/HIP
-    graphs were captured (opscope.analysis.capture_merge)."""
+    graphs were captured (opscope.analysis.capture_merge). `measure(run)` (opscope analyze --nsys/--ncu)
+    attaches measurements to the analyzed run before it is written and returns the extra files to put in
+    the run directory."""
     base = DEFAULT_REPORTS_DIR.absolute()
     out = out.absolute() if out is not None else None
     check_out_dir(out, base)
@@ -105,7 +108,8 @@ def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | 
             for line in report.warnings:
                 warn(line)
             merged = {"trace": str(capture), **report.to_json()}
-        return _analyze_file(path, trace, out, base, stem, compressor, peak_bw, peak_flops, warn, merged)
+        return _analyze_file(path, trace, out, base, stem, compressor, peak_bw, peak_flops, warn, merged,
+                             measure)
     finally:
         if compressor is not None:
             compressor.discard()
@@ -114,10 +118,23 @@ def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | 
 def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, stem: str,
                   compressor: TraceCompressor,
                   peak_bw: float | None, peak_flops: list[str] | None, warn: Callable[[str], None],
-                  capture: dict[str, Any] | None = None) -> Run:
+                  capture: dict[str, Any] | None = None,
+                  measure: Callable[[Run], dict[str, Path]] | None = None) -> Run:
     device = trace_device(trace)
     peaks = trace_peaks(trace, device, peak_bw, peak_flops, warn)
-    meta: dict[str, Any] = {
+    meta = trace_meta(path, trace, device, peaks)
+    if capture is not None:
+        meta["capture"] = capture
+    run = analyze(trace, peaks=peaks, meta=meta, source="trace")
+    meta["steps"] = run.summary["steps"]
+    extra = measure(run) if measure is not None else None
+    write_run(run, out, stem, path, compressor=compressor, base=base, extra_files=extra)
+    return run
+
+
+def trace_meta(path: Path, trace: TraceData, device: dict[str, str], peaks: Peaks) -> dict[str, Any]:
+    """meta.json of an analyzed trace ("dtype", "mode" and "steps" are filled in by the analysis)."""
+    return {
         "format_version": 1,
         "opscope_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -130,9 +147,3 @@ def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, st
         "steps": None,
         "peaks": peaks.to_json(),
     }
-    if capture is not None:
-        meta["capture"] = capture
-    run = analyze(trace, peaks=peaks, meta=meta, source="trace")
-    meta["steps"] = run.summary["steps"]
-    write_run(run, out, stem, path, compressor=compressor, base=base)
-    return run

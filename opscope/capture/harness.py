@@ -104,6 +104,18 @@ def process_state_kept(keep_additions: bool = False) -> Iterator[None]:
                     os.chdir(cwd)
 
 
+def _refuse_meta(model: torch.nn.Module, args: Any, kwargs: Any) -> None:
+    """Tensors on the meta device have shapes but no data: nothing can run on them, so say which."""
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if t.is_meta:
+            raise TargetError(f"the model's {name} is on the meta device (a shape without data): materialize the "
+                              "model in get_model() (e.g. model.to_empty(device='cpu') and initialize it)")
+    for i, t in enumerate(_tensors_in((args, kwargs))):
+        if t.is_meta:
+            raise TargetError(f"the inputs hold a tensor on the meta device (input tensor {i}, shape "
+                              f"{list(t.shape)}): it has no data to run on; create the inputs on cpu or cuda")
+
+
 class Harness:
     def __init__(self, target: Target, *, mode: str, device: torch.device, dtype: str | None) -> None:
         if mode not in ("inference", "train"):
@@ -112,13 +124,17 @@ class Harness:
         self.device = device
         to_dtype = DTYPES[dtype] if dtype else None
         model = target.model
+        _refuse_meta(model, target.args, target.kwargs)
         try:
             model = model.to(device=device, dtype=to_dtype) if to_dtype else model.to(device=device)
         except Exception as exc:
             raise TargetError(f"cannot move the model to {device}: {describe_exception(exc)}") from exc
         self.model = model.train(mode == "train")
-        self.args = _move(target.args, device, to_dtype)
-        self.kwargs = _move(target.kwargs, device, to_dtype)
+        try:
+            self.args = _move(target.args, device, to_dtype)
+            self.kwargs = _move(target.kwargs, device, to_dtype)
+        except Exception as exc:
+            raise TargetError(f"cannot move the inputs to {device}: {describe_exception(exc)}") from exc
         self.loss_fn = target.loss_fn
         self.dtype = to_dtype or model_dtype(model) or torch.get_default_dtype()
         params = [p for p in model.parameters() if p.requires_grad]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from opscope.capture.dtype_probe import float32_probe
 from opscope.capture.harness import Harness, process_state_kept, resolve_device
 from opscope.capture.layout_probe import conv_layout_probe
 from opscope.capture.lines import join_lines, module_origins, record_lines
+from opscope.capture.nvtx_ranges import module_ranges, step_range
 from opscope.errors import OpscopeError
 from opscope.hardware import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
 from opscope.noise import CpuSampler, window_noise
@@ -43,6 +45,7 @@ class ProfileOptions:
     peak_bw: float | None = None
     peak_flops: list[str] = field(default_factory=list)
     out: Path | None = None
+    nvtx: bool = False  # NVTX ranges around the timed steps and top-level module forwards (for Nsight)
 
 
 @dataclass
@@ -112,25 +115,30 @@ def profiler_activities(device: torch.device) -> list:
     return activities
 
 
-def timed_pass(harness: Harness, steps: int,
-               activities: list) -> tuple[torch.profiler.profile, float, list[float]]:
+def timed_pass(harness: Harness, steps: int, activities: list,
+               nvtx: bool = False) -> tuple[torch.profiler.profile, float, list[float]]:
     """The only timed part of a profile: shapes recorded, nothing else. Returns (profiler, seconds,
-    each step's wall seconds including its synchronize)."""
+    each step's wall seconds including its synchronize). With `nvtx`, each step is also an NVTX range and
+    each top-level module forward one (--nvtx)."""
     step_s: list[float] = []
     clock = time.perf_counter
     t0 = clock()
-    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+    with module_ranges(harness.model, nvtx), torch.profiler.profile(activities=activities,
+                                                                    record_shapes=True) as prof:
         for i in range(steps):
             start = clock()
             # The same step annotation torch.profiler's schedule would add, without a schedule.
-            with torch.profiler.record_function(f"ProfilerStep#{i}"):
+            with step_range(nvtx), torch.profiler.record_function(f"ProfilerStep#{i}"):
                 harness.step()
                 harness.synchronize()
             step_s.append(clock() - start)
     return prof, clock() - t0, step_s
 
 
-def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tuple[Run, ProfileTimings]:
+def profile_target(opts: ProfileOptions, progress: Progress | None = None,
+                   sink: Callable[[Run, Path], None] | None = None) -> tuple[Run, ProfileTimings]:
+    """Profiles and analyzes, then writes the run directory, or with `sink` hands the run and its
+    trace file to sink(run, trace_path) instead (`profile --nsys/--ncu` adds measurements first)."""
     progress = progress or Progress()
     _validate(opts)
     # Absolute before the model is loaded: its code may change the working directory.
@@ -167,7 +175,7 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tu
         trace_path = Path(tmp) / "trace.json"
         sampler = CpuSampler()
         before = sampler.sample()
-        prof, timings.timed, step_s = timed_pass(harness, opts.steps, activities)
+        prof, timings.timed, step_s = timed_pass(harness, opts.steps, activities, nvtx=opts.nvtx)
         after = sampler.sample()
         timings.timed_step_s = timings.timed / opts.steps
         t0 = time.perf_counter()
@@ -191,7 +199,10 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None) -> tu
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",
                       source_override=lambda ev: join_lines(records, ev), layout_probe=probe,
                       dtype_probe=float32_probe(device), noise=noise, step_us=[t * 1e6 for t in step_s])
-        write_run(run, out, target.stem, trace_path, base=reports)
+        if sink is not None:
+            sink(run, trace_path)
+        else:
+            write_run(run, out, target.stem, trace_path, base=reports)
         timings.analysis = time.perf_counter() - t0
     return run, timings
 

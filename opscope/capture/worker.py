@@ -36,16 +36,46 @@ def options_from_spec(spec: dict[str, Any]) -> Any:
     return ProfileOptions(**spec)
 
 
+def hold_run(folder: Path):  # noqa: ANN201
+    """A profile_target sink for `profile --nsys/--ncu`: instead of writing the run directory, leaves the
+    analyzed run (without its event tables), its kernel plan and its trace in `folder` for the parent,
+    which adds the Nsight measurements and writes the run (opscope.nsight.session)."""
+    def sink(run: Any, trace_path: Path) -> None:
+        import dataclasses
+        import shutil
+
+        import pandas as pd
+
+        from opscope.nsight.measured import kernel_plan
+
+        plan = kernel_plan(run)
+        pd.to_pickle({"run": dataclasses.replace(run, events=None, kernels=None), "plan": plan},
+                     folder / "held.pkl")
+        shutil.copyfile(trace_path, folder / "trace.json")
+    return sink
+
+
 def main() -> None:
     child_setup()
     control = Control()
     spec = json.loads(Path(sys.argv[1]).read_text())
     debug = bool(spec.pop("debug", False))
+    kind = spec.pop("pass", "profile")
+    hold = spec.pop("hold", None)
+    nvtx_ops = bool(spec.pop("nvtx_ops", False))
+    tool = str(spec.pop("tool", ""))
     try:
-        from opscope.capture.torch_profiler import profile_target
+        if kind == "measure":  # the process nsys / ncu launch (opscope.nsight.session)
+            from opscope.capture.nvtx_ranges import measured_pass
 
-        run, _ = profile_target(options_from_spec(spec), _PipeProgress(control))
-        control.send(type="done", result={"run_dir": str(run.path)})
+            result = measured_pass(options_from_spec(spec), nvtx_ops, _PipeProgress(control), tool)
+            control.send(type="done", result=result)
+        else:
+            from opscope.capture.torch_profiler import profile_target
+
+            sink = hold_run(Path(hold)) if hold else None
+            run, _ = profile_target(options_from_spec(spec), _PipeProgress(control), sink=sink)
+            control.send(type="done", result={"held": hold} if hold else {"run_dir": str(run.path)})
     except OpscopeError as exc:
         if debug:
             traceback.print_exc()

@@ -9,6 +9,7 @@ from opscope.findings import (  # noqa: E402, F401  (importing a rule module reg
     contiguous_call,
     dtype_conversion,
     dtype_slow_path,
+    excess_traffic,
     fp32_gemm,
     fusion,
     gemm_alignment,

@@ -57,6 +57,12 @@ def col(ctx: Context, column: str) -> list[Any]:
     return cached(ctx, f"col:{column}", lambda: ctx.events[column].tolist())
 
 
+def ops_rows(ctx: Context) -> list[dict[str, Any]]:
+    """ops.csv rows as dicts, built once: rules read rows one by one, and a DataFrame row lookup
+    (`.iloc[r]`, iterrows) costs tens of µs each, which made the findings most of a small analysis."""
+    return cached(ctx, "ops_rows", lambda: ctx.ops.to_dict("records"))
+
+
 def subtree_sum(ctx: Context, column: str) -> np.ndarray:
     """Per event: `column` summed over the event and everything nested in it (NaN counts as 0)."""
     def build() -> np.ndarray:
@@ -160,19 +166,21 @@ def row_ancestors(ctx: Context, i: int) -> list[int]:
 
 def ops_row_of_events(ctx: Context) -> np.ndarray:
     """Per event: index of its ops.csv row in ctx.ops (-1 for non-row events)."""
-    def build() -> np.ndarray:
-        key_cols = ["op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location"]
-        lookup = {tuple(r): k for k, r in enumerate(ctx.ops[key_cols].itertuples(index=False, name=None))}
-        ev = ctx.events
-        out = np.full(len(ev), -1, dtype=np.int64)
-        cols = zip(ev["name"].tolist(), ev["input_dims"].tolist(), ev["input_dtypes"].tolist(),
-                   ev["input_strides"].tolist(), ev["concrete_inputs"].tolist(),
-                   ev["source_location"].tolist(), ev["is_row"].tolist(), strict=True)
-        for i, (*key, is_row) in enumerate(cols):
-            if is_row:
-                out[i] = lookup.get(tuple(key), -1)
-        return out
-    return cached(ctx, "ops_row", build)
+    return cached(ctx, "ops_row", lambda: ops_rows_for_events(ctx.ops, ctx.events))
+
+
+def ops_rows_for_events(ops: pd.DataFrame, ev: pd.DataFrame) -> np.ndarray:
+    """Per event of the event table `ev`: index of its row in the ops table `ops` (-1 for non-row events)."""
+    key_cols = ["op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location"]
+    lookup = {tuple(r): k for k, r in enumerate(ops[key_cols].itertuples(index=False, name=None))}
+    out = np.full(len(ev), -1, dtype=np.int64)
+    cols = zip(ev["name"].tolist(), ev["input_dims"].tolist(), ev["input_dtypes"].tolist(),
+               ev["input_strides"].tolist(), ev["concrete_inputs"].tolist(),
+               ev["source_location"].tolist(), ev["is_row"].tolist(), strict=True)
+    for i, (*key, is_row) in enumerate(cols):
+        if is_row:
+            out[i] = lookup.get(tuple(key), -1)
+    return out
 
 
 def event_bound(ctx: Context) -> list[str]:

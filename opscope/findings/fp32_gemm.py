@@ -14,7 +14,15 @@ import re
 from collections.abc import Iterator
 
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import events_by_ops_row, fmt_us, ideal_memory_us, per_step, severity, share
+from opscope.findings.common import (
+    events_by_ops_row,
+    fmt_us,
+    ideal_memory_us,
+    ops_rows,
+    per_step,
+    severity,
+    share,
+)
 
 TF32_KERNEL = re.compile(r"tf32|xf32|tensorop_s1688|s1688gemm", re.IGNORECASE)
 FAMILIES = ("matmul", "conv")
@@ -31,7 +39,7 @@ def fp32_gemm(ctx: Context) -> Iterator[Finding]:
     p32 = ctx.peaks.flops_gflops.get("float32")
     ptf = ctx.peaks.flops_gflops.get("tfloat32")
     for r in events_by_ops_row(ctx):
-        row = ctx.ops.iloc[r]
+        row = ops_rows(ctx)[r]
         if row["family"] not in FAMILIES or row["dtype"] != "float32":
             continue
         kernels = str(row.get("kernels", "") or "")

@@ -15,7 +15,16 @@ import math
 from collections.abc import Iterator
 
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import col, events_by_ops_row, fmt_us, per_step, severity, share, tensor
+from opscope.findings.common import (
+    col,
+    events_by_ops_row,
+    fmt_us,
+    ops_rows,
+    per_step,
+    severity,
+    share,
+    tensor,
+)
 
 ALIGN = 8
 HALF = ("float16", "bfloat16")
@@ -44,7 +53,7 @@ def gemm_alignment(ctx: Context) -> Iterator[Finding]:
     aligned_rate: dict[str, list[float]] = {}
     candidates = []
     for r, evs in events_by_ops_row(ctx).items():
-        row = ctx.ops.iloc[r]
+        row = ops_rows(ctx)[r]
         name = row["op"]
         if name not in OPERANDS or bwd[evs[0]] >= 0:
             continue

@@ -28,6 +28,7 @@ from opscope.findings.common import (
     ideal_memory_us,
     inside_worker,
     layout_cause,
+    ops_rows,
     per_step,
     severity,
     share,
@@ -75,7 +76,7 @@ def low_bandwidth(ctx: Context) -> Iterator[Finding]:
     strided = strided_rows(ctx)
     bw = ctx.peaks.memory_bandwidth_gbps
     for r, evs in events_by_ops_row(ctx).items():
-        row = ctx.ops.iloc[r]
+        row = ops_rows(ctx)[r]
         if row["bound"] != "memory" or r in strided or all(i in claimed for i in evs):
             continue
         if inside_worker(ctx, evs[0]):

@@ -33,6 +33,7 @@ from opscope.findings.common import (
     events_by_ops_row,
     fmt_us,
     ideal_row_us,
+    ops_rows,
     per_step,
     severity,
     share,
@@ -66,7 +67,8 @@ def overhead(ctx: Context) -> Iterator[Finding]:
     saving = ideal_total = 0.0
     by_line: dict[str, float] = defaultdict(float)
     by_op: dict[str, float] = defaultdict(float)
-    for _, row in sel.iterrows():
+    rows = [r for r, keep in zip(ops_rows(ctx), mask.tolist(), strict=True) if keep]
+    for row in rows:
         ideal = int(row["calls"]) * (ideal_row_us(row, ctx) or 0.0)
         ideal_total += ideal
         saving += max(float(row["time_us_total"]) - ideal, 0.0)
@@ -76,7 +78,7 @@ def overhead(ctx: Context) -> Iterator[Finding]:
     top_ops = sorted(by_op.items(), key=lambda kv: -kv[1])[:TOP]
     where = ", ".join(f"{loc} ({fmt_us(t)})" for loc, t in lines[:TOP])
     what = ", ".join(f"{short(op)} ({fmt_us(t)})" for op, t in top_ops)
-    big = sel.iloc[int(np.argmax(sel["time_us_total"].to_numpy()))]
+    big = rows[int(np.argmax(sel["time_us_total"].to_numpy()))]
     example = (f"{short(big['op'])} at {big['source_location'] or '?'} takes {fmt_us(big['time_us_per_call'])} per "
                f"call against {fmt_us(ideal_row_us(big, ctx))} at the peaks")
     if ctx.gpu:

@@ -27,6 +27,7 @@ from opscope.findings.common import (
     fmt_shape,
     fmt_us,
     ideal_row_us,
+    ops_rows,
     per_step,
     severity,
     share,
@@ -116,7 +117,7 @@ def strided_rows(ctx: Context) -> dict[int, dict[str, Any]]:
 @rule("strided-reduction")
 def strided_reduction(ctx: Context) -> Iterator[Finding]:
     for r, info in strided_rows(ctx).items():
-        row = ctx.ops.iloc[r]
+        row = ops_rows(ctx)[r]
         ideal = ideal_row_us(row, ctx, BW_FRACTION)
         pct = row["pct_peak_bandwidth"]
         if ideal is None or not math.isfinite(float(pct)) or pct >= BW_FRACTION * 100:

@@ -385,6 +385,10 @@ def render_run(run: Run, console: Console, top: int = 15, findings: int = 5, ful
                         findings_list(run, findings, full)))
     for warning in ceiling_warnings(run):
         console.print(Text("note: ", style="bold yellow") + Text(warning))
+    from opscope.nsight.measured import console_notes
+
+    for line in console_notes(run):
+        console.print(Text("measured: ", style="bold") + Text(line))
     if run.path is not None:
         from opscope.run import shown_path
 

@@ -32,6 +32,8 @@ from opscope.render.report_data import (
     ceilings_line,
     has_modules,
     kernels_by_op,
+    measured_point,
+    measured_text,
     memory_items,
     module_tree,
     num,
@@ -150,7 +152,9 @@ def roofline_figure(run: Run) -> tuple[dict[str, Any], dict[str, list[float]], s
                        "size": [round(6 + 34 * math.sqrt(max(s, 0.0) / top_share), 2) for _, s in members],
                        "line": {"width": 1, "color": "rgba(255,255,255,0.7)"}},
         })
+    measured = _measured_traces(run, points, steps)
     traces[:0] = _ceiling_traces(run, run_points)
+    traces += measured
     layout = {
         "height": 540, "margin": {"l": 70, "r": 20, "t": 34, "b": 50}, "hovermode": "closest",
         "xaxis": {"type": "log", "title": {"text": "arithmetic intensity (FLOP / byte)"}, "exponentformat": "SI",
@@ -163,7 +167,42 @@ def roofline_figure(run: Run) -> tuple[dict[str, Any], dict[str, list[float]], s
     caption = (f"{len(run_points)} of {rows} op rows have FLOPs and bytes and are on the plot, one point each; "
                f"the other {rows - len(run_points)} (views, copies and other 0-FLOP ops, ops without a cost "
                "model) are in the table.")
+    if measured:
+        caption += (f" {len(measured[-1]['x'])} op rows also have a measured point (open diamonds: FLOPs over the "
+                    "DRAM bytes and time Nsight Compute measured), joined to their modeled point.")
     return {"data": traces, "layout": layout}, points, caption
+
+
+def _measured_traces(run: Run, modeled: dict[str, list[float]], steps: int) -> list[dict[str, Any]]:
+    """The Nsight Compute measurement of each op row that has one (report_data.measured_point), and a
+    dotted segment from its modeled point, so the two are read side by side."""
+    if "measured_dram_bytes_per_call" not in run.ops.columns:
+        return []
+    xs, ys, rows, hover, seg_x, seg_y = [], [], [], [], [], []
+    for i, row in enumerate(run.ops.to_dict("records")):
+        point = measured_point(row)
+        if point is None:
+            continue
+        x, y, counted = point
+        xs.append(x)
+        ys.append(y)
+        rows.append(i)
+        flops = "measured CUDA-core FLOPs" if counted else "modeled FLOPs (tensor-core work is not in the counters)"
+        hover.append(f"<b>{plot_text(row.get('op'))}</b> measured<br>{plot_text(measured_text(row))}<br>"
+                     f"x, y: {flops} over measured DRAM bytes and time<br>"
+                     f"source: {plot_text(text(row.get('source_location')) or '?')}")
+        if str(i) in modeled:
+            seg_x += [modeled[str(i)][0], x, None]
+            seg_y += [modeled[str(i)][1], y, None]
+    if not xs:
+        return []
+    return [
+        {"type": "scatter", "mode": "lines", "name": "modeled → measured", "uid": "measured-links",
+         "x": seg_x, "y": seg_y, "hoverinfo": "skip", "line": {"color": "#8a8f99", "width": 1, "dash": "dot"}},
+        {"type": "scatter", "mode": "markers", "name": "measured (Nsight Compute)", "uid": "measured",
+         "x": xs, "y": ys, "customdata": rows, "hovertext": hover, "hoverinfo": "text",
+         "marker": {"symbol": "diamond-open", "size": 11, "color": "#c2185b", "line": {"width": 2}}},
+    ]
 
 
 def _ceiling_traces(run: Run, run_points: list) -> list[dict[str, Any]]:  # noqa: ANN001
@@ -283,6 +322,7 @@ def _table_row(i: int, row: dict[str, Any], columns: list[dict[str, Any]]) -> di
                   time=f"{fmt_us(total)} ({fmt_pct(row.get('time_share'), 100)}), {calls or 0:.0f} calls, "
                        f"{fmt_us(per_call)} per call",
                   flops_per_call=si(row.get("flops_per_call")), bytes_per_call=si(row.get("bytes_per_call"), "B", 1024.0),
+                  measured=measured_text(row),
                   rates=f"{cells['flops'][0]}FLOP/s, {cells['bw'][0]}B/s, {cells['peak'][0]} of peak")
     return {"c": [cells[c["key"]][0] for c in columns], "k": [cells[c["key"]][1] for c in columns],
             "b": bound, "d": detail}
@@ -294,7 +334,7 @@ DETAIL_FIELDS = [("op", "op"), ("module", "module"), ("source_location", "source
                  ("rates", "achieved"),
                  ("flops_per_call", "FLOPs per call"), ("bytes_per_call", "bytes per call"), ("bound", "bound"),
                  ("family", "family"), ("dtype", "dtype"), ("ceiling", "ceiling"), ("note", "note"),
-                 ("compiled_graph", "compiled graph"), ("kernels", "kernels")]
+                 ("compiled_graph", "compiled graph"), ("measured", "measured"), ("kernels", "kernels")]
 
 
 # --- the page ----------------------------------------------------------------------------------

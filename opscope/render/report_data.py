@@ -245,3 +245,44 @@ def swap_table(run: Run) -> tuple[list[str], list[list[str]]] | None:
         columns.extend(k for k in r if k not in columns)
     rows = [[_format_value(c, r.get(c)) if r.get(c) is not None else "" for c in columns] for r in records]
     return [clean(c) for c in columns], rows
+
+
+def measured_point(row: dict[str, Any]) -> tuple[float, float, bool] | None:
+    """(arithmetic intensity, FLOP/s, FLOPs were measured) of an op row's Nsight Compute measurement, for
+    the roofline: FLOPs over measured DRAM bytes and measured time. The FLOPs are the measured CUDA-core
+    ones, or the modeled ones when the kernels ran on tensor cores (whose work the SASS counts leave
+    out) or counted none. None without a measurement."""
+    nbytes, us = num(row.get("measured_dram_bytes_per_call")), num(row.get("measured_time_us_per_call"))
+    if not nbytes or not us or nbytes <= 0 or us <= 0:
+        return None
+    measured, tensor = num(row.get("measured_flops_per_call")), num(row.get("measured_tensor_inst_per_call"))
+    if measured and measured > 0 and not (tensor and tensor > 0):
+        flops, from_counts = measured, True
+    else:
+        flops, from_counts = num(row.get("flops_per_call")), False
+    if not flops or flops <= 0:
+        return None
+    return flops / nbytes, flops / (us * 1e-6), from_counts
+
+
+def measured_text(row: dict[str, Any]) -> str:
+    """One line with what Nsight measured for an op row ('' when nothing was)."""
+    parts = []
+    nbytes = num(row.get("measured_dram_bytes_per_call"))
+    if nbytes is not None:
+        ratio = num(row.get("measured_bytes_ratio"))
+        parts.append(f"DRAM {si(nbytes, 'B', 1024.0)} per call" + (f" ({ratio:.2f}x modeled)" if ratio else ""))
+        flops, fratio = num(row.get("measured_flops_per_call")), num(row.get("measured_flops_ratio"))
+        if flops is not None:
+            parts.append(f"{si(flops)}FLOP CUDA-core" + (f" ({fratio:.2f}x modeled)" if fratio else ""))
+        tensor = num(row.get("measured_tensor_inst_per_call"))
+        if tensor:
+            parts.append(f"{si(tensor)} tensor-core instructions")
+        parts.append(f"{fmt_us(row.get('measured_time_us_per_call'))} per call")
+        for key, label in (("measured_dram_pct_peak", "DRAM"), ("measured_sm_pct_peak", "SM")):
+            if num(row.get(key)) is not None:
+                parts.append(f"{label} {fmt_pct(row.get(key))} of peak")
+        parts = ["Nsight Compute: " + ", ".join(parts)]
+    if num(row.get("nsys_time_us_total")) is not None:
+        parts.append(f"Nsight Systems: {fmt_us(row.get('nsys_time_us_total'))} of kernel time")
+    return "; ".join(parts)

@@ -1,0 +1,326 @@
+"""`opscope kernels --bench [NAME]`: time each bundled kernel on its manifest's shapes against the native
+aten op, the eager composite it replaces and torch.compile of that composite, in one process with
+interleaved repeats; and `--tune`: pick each CPU kernel's grain size by measurement (reference_kernels.tuning).
+
+Method, per (kernel, case):
+  - inputs: seeded randn of the manifest's shapes and dtype; the same tensors for every candidate;
+  - warmup: 3 untimed calls per candidate (torch.compile's compile happens here, timed separately);
+  - repeats: `repeats` rounds; each round times one call of every candidate, the order rotated per round
+    (interleaved, so load on the machine hits all candidates alike); time.perf_counter around the call;
+  - statistics: median with p20/p80 per candidate; ratio = other's median / kernel's median (>1: the kernel
+    is faster);
+  - bytes: each input tensor read once plus the output written once (the minimum traffic of the op);
+    GB/s = bytes / median; % of the calibrated CPU bandwidth (opscope.calibrate; --peak-bw overrides).
+  - steady memory: by default glibc's malloc is told not to return big blocks to the OS (mallopt
+    M_MMAP_MAX=0, M_TRIM_THRESHOLD=1 GiB), as jemalloc/tcmalloc setups do, so a 64 MiB output does not
+    page-fault on every call: otherwise page faults, not the kernels, dominate every candidate's time.
+Results: kernels-bench.json and kernels-bench.csv in the output folder, with the machine, torch and
+opscope versions.
+"""
+
+from __future__ import annotations
+
+import csv
+import ctypes
+import datetime as _dt
+import importlib
+import json
+import math
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opscope import __version__
+from opscope.errors import OpscopeError
+
+WARMUP = 3
+GOALS = {  # kernel -> [(ratio key, minimum)], from the issue that introduced the kernels
+    "bias_gelu": [("vs_eager", 1.5), ("vs_compiled", 0.9)],
+    "swiglu": [("vs_eager", 1.5), ("vs_compiled", 0.9)],
+    "rms_norm": [("vs_eager", 1.5), ("vs_compiled", 0.9)],
+    "broadcast_add": [("vs_native", 0.9)],
+    "layer_norm": [("vs_native", 0.9)],
+    "softmax": [("vs_native", 0.9)],
+}
+BANDWIDTH_GOAL_PCT = 70.0
+ELEMENTWISE_GRAINS = (8192, 32768, 131072, 524288)   # elements per parallel task
+ROW_GRAINS = (1, 4, 16, 64)                          # rows (or outputs / tasks) per parallel task
+ELEMENTWISE = ("broadcast_add", "swiglu")
+
+
+class BenchError(OpscopeError):
+    """The benchmark cannot run as asked."""
+
+
+def steady_allocator() -> bool:
+    """Keep freed big blocks in the process (glibc): see the module docstring. False if not glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(-4, 0)) and bool(libc.mallopt(-1, 1 << 30))  # M_MMAP_MAX, M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    samples_ms: list[float] = field(default_factory=list)
+
+
+@dataclass
+class CaseResult:
+    kernel: str
+    case: str
+    dtype: str
+    shapes: list[list[int]]
+    bytes: int
+    timings: dict[str, Timing]
+    gbps: float
+    pct_bandwidth: float | None
+    ratios: dict[str, float]
+    grain: int
+    compile_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kernel": self.kernel, "case": self.case, "dtype": self.dtype, "shapes": self.shapes,
+                "bytes": self.bytes, "gbps": self.gbps, "pct_bandwidth": self.pct_bandwidth, "ratios": self.ratios,
+                "grain": self.grain, "compile_s": self.compile_s,
+                "timings": {k: vars(v) for k, v in self.timings.items()}}
+
+
+def _quantile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    pos = (len(s) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def summarize(samples_s: list[float]) -> Timing:
+    ms = [s * 1e3 for s in samples_s]
+    return Timing(statistics.median(ms), _quantile(ms, 0.2), _quantile(ms, 0.8), ms)
+
+
+def interleaved(candidates: dict[str, Callable[[], Any]], repeats: int,
+                sync: Callable[[], None] = lambda: None) -> dict[str, Timing]:
+    """Warm up every candidate, then `repeats` rounds timing each once, the order rotated per round.
+    `sync` (torch.cuda.synchronize on a GPU) runs before and after each timed call."""
+    names = list(candidates)
+    for name in names:
+        for _ in range(WARMUP):
+            candidates[name]()
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            sync()
+            t0 = time.perf_counter()
+            out = candidates[name]()
+            sync()
+            samples[name].append(time.perf_counter() - t0)
+            del out
+    return {n: summarize(s) for n, s in samples.items()}
+
+
+def _module(name: str) -> Any:
+    return importlib.import_module(f"reference_kernels.{name}.op")
+
+
+def make_args(manifest: Any, case: Any, scale: float = 1.0, device: str = "cpu") -> tuple:
+    import torch
+
+    dtype = getattr(torch, case.dtype)
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randn([max(1, math.ceil(d * scale)) for d in shape], generator=g).to(device=device, dtype=dtype)
+               for shape in case.inputs]
+    mod = _module(manifest.name)
+    if hasattr(mod, "bench_args"):
+        return mod.bench_args(tensors, dict(case.kwargs))
+    return (*tensors, *case.kwargs.values())
+
+
+def traffic_bytes(args: tuple, out: Any) -> int:
+    import torch
+
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in [*tensors, out])
+
+
+def tune(manifest: Any, args: tuple, repeats: int = 7) -> dict[str, Any]:
+    """Measure the CPU kernel's forward at each candidate grain size (interleaved) and cache the best."""
+    import torch
+
+    from reference_kernels import _build, tuning
+
+    _build.load_cpu_extension()
+    fn = f"{manifest.name}_forward"
+    raw = getattr(torch.ops.opscope_cpu, fn)
+    grains = ELEMENTWISE_GRAINS if manifest.name in ELEMENTWISE else ROW_GRAINS
+    timings = interleaved({str(g): (lambda g=g: raw(*args, g)) for g in grains}, repeats)
+    best = min(grains, key=lambda g: timings[str(g)].median_ms)
+    values = {"grain_size": best, "candidates_ms": {k: round(v.median_ms, 4) for k, v in timings.items()},
+              "measured": _dt.datetime.now().isoformat(timespec="seconds")}
+    tuning.store(manifest.name, fn, args, values)
+    return values
+
+
+def bench_case(manifest: Any, case: Any, repeats: int, peak_gbps: float | None, compiled: bool = True,
+               scale: float = 1.0, do_tune: bool = False, device: str = "cpu") -> CaseResult:
+    import torch
+
+    from reference_kernels import tuning
+
+    mod = _module(manifest.name)
+    args = make_args(manifest, case, scale, device)
+    if do_tune and device == "cpu":
+        tune(manifest, args)
+    kernel = getattr(torch.ops.opscope, manifest.name)
+    candidates: dict[str, Callable[[], Any]] = {"kernel": lambda: kernel(*args)}
+    if mod.native is not None and mod.native is not mod.composite:
+        candidates["native"] = lambda: mod.native(*args)
+    candidates["eager"] = lambda: mod.composite(*args)
+    compile_s = None
+    if compiled:
+        torch._dynamo.reset()
+        fn = torch.compile(mod.composite, dynamic=False)
+        t0 = time.perf_counter()
+        fn(*args)
+        compile_s = time.perf_counter() - t0
+        candidates["compiled"] = lambda: fn(*args)
+    with torch.no_grad():
+        out = kernel(*args)
+        timings = interleaved(candidates, repeats, torch.cuda.synchronize if device == "cuda" else lambda: None)
+    nbytes = traffic_bytes(args, out)
+    k = timings["kernel"].median_ms
+    ratios = {f"vs_{n}": timings[n].median_ms / k for n in timings if n != "kernel"}
+    if "vs_native" not in ratios and mod.native is mod.composite:
+        ratios["vs_native"] = ratios["vs_eager"]  # the composite is the native op (a + b, torch.sum, ...)
+    gbps = nbytes / (k * 1e-3) / 1e9
+    return CaseResult(kernel=manifest.name, case=case.name, dtype=case.dtype,
+                      shapes=[list(a.shape) for a in args if isinstance(a, torch.Tensor)], bytes=nbytes,
+                      timings=timings, gbps=gbps, pct_bandwidth=100 * gbps / peak_gbps if peak_gbps else None,
+                      ratios=ratios, grain=tuning.knob(manifest.name, f"{manifest.name}_forward", args, "grain_size"),
+                      compile_s=compile_s)
+
+
+def goal_checks(results: list[CaseResult]) -> list[dict[str, Any]]:
+    """Each issue goal on each case: the measured value, the target and whether it is met."""
+    checks = []
+    for r in results:
+        for key, target in GOALS.get(r.kernel, []):
+            if key in r.ratios:
+                checks.append({"kernel": r.kernel, "case": r.case, "goal": f"{key} >= {target}",
+                               "value": round(r.ratios[key], 3), "met": r.ratios[key] >= target})
+        if r.pct_bandwidth is not None:
+            checks.append({"kernel": r.kernel, "case": r.case, "goal": f"% of bandwidth >= {BANDWIDTH_GOAL_PCT:g}",
+                           "value": round(r.pct_bandwidth, 1), "met": r.pct_bandwidth >= BANDWIDTH_GOAL_PCT})
+    return checks
+
+
+def machine_info(threads: int, peak_gbps: float | None, peak_origin: str) -> dict[str, Any]:
+    import torch
+
+    from opscope.calibrate import cpu_model_name
+    from reference_kernels import _build
+
+    _build.load_cpu_extension()
+    return {"cpu": cpu_model_name(), "threads": threads, "isa": torch.ops.opscope_cpu.isa(),
+            "torch": torch.__version__, "opscope": __version__, "python": platform.python_version(),
+            "peak_bandwidth_gbps": peak_gbps, "peak_origin": peak_origin,
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "date": _dt.datetime.now().isoformat(timespec="seconds")}
+
+
+def run(names: list[str], repeats: int = 15, peak_gbps: float | None = None, compiled: bool = True,
+        scale: float = 1.0, do_tune: bool = False, steady: bool = True,
+        progress: Callable[[str], None] | None = None, device: str = "cpu") -> dict[str, Any]:
+    import torch
+
+    import reference_kernels
+
+    if repeats < 3:
+        raise BenchError("--repeats must be at least 3 (median with p20/p80)")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BenchError("--device cuda: no GPU is available here (the GPU kernels are compiled and "
+                         "interpreter-checked by the tests, not timed)")
+    steady_ok = steady_allocator() if steady else False
+    origin = "user"
+    if peak_gbps is None and device == "cuda":
+        from opscope.hardware import gpu_peaks
+
+        gp = gpu_peaks(torch.cuda.get_device_name(0))
+        peak_gbps, origin = (gp.memory_bandwidth_gbps, "spec-table") if gp else (None, "unknown")
+    elif peak_gbps is None:
+        from opscope.calibrate import cpu_peaks
+
+        peaks, cached = cpu_peaks(progress=progress)
+        peak_gbps, origin = peaks.memory_bandwidth_gbps, "measured (cached)" if cached else "measured"
+    results = []
+    for m in reference_kernels.manifests():
+        if names and m.name not in names:
+            continue
+        for case in m.bench:
+            if progress:
+                progress(f"opscope: benchmarking {m.name} {case.name}")
+            results.append(bench_case(m, case, repeats, peak_gbps, compiled, scale, do_tune, device))
+    return {"machine": {**machine_info(torch.get_num_threads(), peak_gbps, origin), "device": device},
+            "method": {"repeats": repeats, "warmup": WARMUP, "interleaved": True, "scale": scale,
+                       "steady_allocator": steady_ok, "bytes": "inputs read once + output written once",
+                       "ratio": "other median / kernel median (> 1: kernel faster)"},
+            "results": [r.to_json() for r in results], "goals": goal_checks(results)}
+
+
+def save(doc: dict[str, Any], out: Path) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    jpath, cpath = out / "kernels-bench.json", out / "kernels-bench.csv"
+    jpath.write_text(json.dumps(doc, indent=1) + "\n")
+    cols = ["kernel", "case", "dtype", "candidate", "median_ms", "p20_ms", "p80_ms", "gbps", "pct_bandwidth",
+            "ratio_to_kernel", "grain", "torch", "opscope", "cpu", "threads"]
+    with cpath.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        mach = doc["machine"]
+        for r in doc["results"]:
+            k = r["timings"]["kernel"]["median_ms"]
+            for cand, t in r["timings"].items():
+                gbps = r["bytes"] / (t["median_ms"] * 1e-3) / 1e9
+                pct = 100 * gbps / mach["peak_bandwidth_gbps"] if mach["peak_bandwidth_gbps"] else ""
+                w.writerow([r["kernel"], r["case"], r["dtype"], cand, f"{t['median_ms']:.4f}", f"{t['p20_ms']:.4f}",
+                            f"{t['p80_ms']:.4f}", f"{gbps:.2f}", f"{pct:.1f}" if pct != "" else "",
+                            f"{t['median_ms'] / k:.3f}", r["grain"], mach["torch"], mach["opscope"], mach["cpu"],
+                            mach["threads"]])
+    return jpath, cpath
+
+
+def render(doc: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("kernel", "case", "kernel ms (p20-p80)", "GB/s", "% BW", "vs native", "vs eager", "vs compile"):
+        table.add_column(col, justify="left" if col in ("kernel", "case") else "right")
+
+    def ratio(r: dict[str, Any], key: str) -> str:
+        return f"{r['ratios'][key]:.2f}x" if key in r["ratios"] else "-"
+
+    for r in doc["results"]:
+        t = r["timings"]["kernel"]
+        pct = f"{r['pct_bandwidth']:.0f}%" if r["pct_bandwidth"] is not None else "-"
+        table.add_row(r["kernel"], r["case"], f"{t['median_ms']:.2f} ({t['p20_ms']:.2f}-{t['p80_ms']:.2f})",
+                      f"{r['gbps']:.1f}", pct, ratio(r, "vs_native"), ratio(r, "vs_eager"), ratio(r, "vs_compiled"))
+    console.print(table)
+    met = sum(g["met"] for g in doc["goals"])
+    console.print(f"goals met: {met} of {len(doc['goals'])}", markup=False)
+    for g in doc["goals"]:
+        if not g["met"]:
+            console.print(f"  not met: {g['kernel']} {g['case']}: {g['goal']} (measured {g['value']})", markup=False)
+    mach = doc["machine"]
+    console.print(f"machine: {mach['cpu']}, {mach['threads']} threads, {mach['isa']}; torch {mach['torch']}; "
+                  f"bandwidth ceiling {mach['peak_bandwidth_gbps']:.1f} GB/s ({mach['peak_origin']})"
+                  if mach["peak_bandwidth_gbps"] else "", markup=False, soft_wrap=True)
+    if mach["gpu"] is None:
+        console.print("no GPU here: the Triton and CUDA kernels are compiled and interpreter-checked, not timed",
+                      markup=False)

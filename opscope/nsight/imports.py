@@ -1,0 +1,227 @@
+"""`opscope analyze` of Nsight results recorded elsewhere. Torch-free.
+
+- FILE.sqlite / FILE.nsys-rep (Nsight Systems; a .nsys-rep is exported with `nsys export` first): the
+  report becomes a trace (opscope.nsight.nsys_sqlite.to_trace_data) and gets the whole analysis: rows
+  from its NVTX op ranges, kernel time per op, steps, GPU busy share, findings; nsys_kernels.csv.
+- FILE.csv / FILE.ncu-rep (Nsight Compute; a .ncu-rep is converted with `ncu --import ... --csv`): one
+  row per kernel with its measured time, DRAM bytes, FLOPs and speed of light (no PyTorch op, so no cost
+  model).
+- TRACE.json[.gz] with --nsys FILE and/or --ncu FILE: the trace's analysis with the measurements
+  attached to its op rows (as `opscope profile --nsys/--ncu` does).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from opscope import __version__
+from opscope.analysis.kernels import kernel_family
+from opscope.analysis.ops_table import (
+    CONTRACT_COLUMNS,
+    EXTRA_COLUMNS,
+    GPU_COLUMNS,
+    GPU_EXTRA_COLUMNS,
+    add_roofline,
+)
+from opscope.analysis.pipeline import analyze, summarize
+from opscope.analysis.trace_file import trace_device, trace_meta, trace_peaks
+from opscope.errors import NsightError
+from opscope.hardware import apply_overrides
+from opscope.nsight.commands import last_error_line, ncu_import_command, tool_for_file
+from opscope.nsight.measured import (
+    add_measured_findings,
+    attach_ncu,
+    attach_nsys,
+    kernel_plan,
+    ncu_kernels_table,
+)
+from opscope.nsight.ncu_csv import NcuTable, parse_ncu_csv, read_ncu_csv
+from opscope.nsight.nsys_sqlite import is_sqlite, read_nsys_sqlite, to_trace_data
+from opscope.nsight.session import export_nsys_sqlite
+from opscope.run import DEFAULT_REPORTS_DIR, Run, check_out_dir, write_run
+
+NSYS_BYTES_NOTE = "NVTX op ranges record sizes, not dtypes: bytes assume 4-byte elements"
+NCU_ROW_NOTE = "Nsight Compute kernel: measured counters only (no PyTorch op, so no cost model)"
+
+
+def nsight_kind(path: Path) -> str | None:
+    """'nsys-rep', 'sqlite', 'ncu-rep' or 'ncu-csv' for an Nsight file, None for anything else (a trace).
+    Pipes are never sniffed: they can be read only once."""
+    name = path.name.lower()
+    if name.endswith((".nsys-rep", ".qdrep")):
+        return "nsys-rep"
+    if name.endswith(".ncu-rep"):
+        return "ncu-rep"
+    if name.endswith(".csv"):
+        return "ncu-csv"
+    if name.endswith((".sqlite", ".sqlite3", ".db")) or (path.is_file() and is_sqlite(path)):
+        return "sqlite"
+    return None
+
+
+@contextmanager
+def nsys_sqlite_of(path: Path) -> Iterator[Path]:
+    """`path` itself for an SQLite export; for a .nsys-rep, its export in a temporary folder."""
+    if nsight_kind(path) != "nsys-rep":
+        yield path
+        return
+    if not path.is_file():
+        raise NsightError(f"no such file: {path}")
+    nsys = tool_for_file("nsys", path, f"nsys export --type=sqlite {path.name}")
+    with tempfile.TemporaryDirectory(prefix="opscope-nsys-") as tmp:
+        sqlite = Path(tmp) / "report.sqlite"
+        export_nsys_sqlite(nsys, path, sqlite)
+        yield sqlite
+
+
+def load_ncu(path: Path) -> NcuTable:
+    """The kernels of an ncu CSV, or of an .ncu-rep through `ncu --import ... --csv --page raw`."""
+    if not path.is_file():
+        raise NsightError(f"no such file: {path}")
+    if nsight_kind(path) != "ncu-rep":
+        return read_ncu_csv(path)
+    ncu = tool_for_file("ncu", path, f"ncu --import {path.name} --csv --page raw > {path.stem}.csv")
+    proc = subprocess.run(ncu_import_command(ncu, path), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          errors="replace")
+    if proc.returncode != 0:
+        raise NsightError(f"`ncu --import` could not read {path} (exit code {proc.returncode}: "
+                          f"{last_error_line(proc.stdout + proc.stderr)})")
+    return parse_ncu_csv(proc.stdout, str(path))
+
+
+def _checked(table: NcuTable, path: Path, warn: Callable[[str], None]) -> NcuTable:
+    for line in table.warnings:
+        warn(line)
+    if not len(table.kernels):
+        raise NsightError(f"{path} holds an Nsight Compute table without kernel rows (ncu profiled no kernels: its "
+                          "filters matched nothing)")
+    return table
+
+
+def analyze_nsight_file(path: Path, *, out: Path | None = None, peak_bw: float | None = None,
+                        peak_flops: list[str] | None = None, warn: Callable[[str], None] = lambda m: None) -> Run:
+    """The run directory of an Nsight Systems or Nsight Compute file."""
+    base = DEFAULT_REPORTS_DIR.absolute()
+    out = out.absolute() if out is not None else None
+    check_out_dir(out, base)
+    stem = path.name.split(".")[0] or "nsight"
+    with tempfile.TemporaryDirectory(prefix="opscope-nsight-") as tmp:
+        folder = Path(tmp)
+        if nsight_kind(path) in ("nsys-rep", "sqlite"):
+            run, extra = _nsys_run(path, folder, peak_bw, peak_flops, warn)
+        else:
+            run, extra = _ncu_run(path, _checked(load_ncu(path), path, warn), folder, peak_bw, peak_flops, warn)
+        write_run(run, out, stem, None, base=base, extra_files=extra)
+    return run
+
+
+def _nsys_run(path: Path, folder: Path, peak_bw: float | None, peak_flops: list[str] | None,
+              warn: Callable[[str], None]) -> tuple[Run, dict[str, Path]]:
+    with nsys_sqlite_of(path) as sqlite:
+        data = read_nsys_sqlite(sqlite)
+    trace = to_trace_data(data)
+    for line in trace.warnings:
+        warn(line)
+    device = trace_device(trace)
+    peaks = trace_peaks(trace, device, peak_bw, peak_flops, warn)
+    meta = trace_meta(path, trace, device, peaks)
+    run = analyze(trace, peaks=peaks, meta=meta, source="trace")
+    meta["steps"] = run.summary["steps"]
+    summary, kernels = attach_nsys(run, kernel_plan(run), data)
+    run.summary["nsys"] = {"report": path.name, **summary}
+    guessed = (run.ops["bytes_per_call"] > 0) & (run.ops["input_dtypes"] == "")
+    if guessed.any():
+        run.ops.loc[guessed, "note"] = [f"{n}; {NSYS_BYTES_NOTE}" if n else NSYS_BYTES_NOTE
+                                        for n in run.ops.loc[guessed, "note"].tolist()]
+        warn(f"{path}: {NSYS_BYTES_NOTE} (float32); for a 16-bit model they are 2x too high")
+    kernels.to_csv(folder / "nsys_kernels.csv", index=False)
+    return run, {"nsys_kernels.csv": folder / "nsys_kernels.csv"}
+
+
+def _ncu_run(path: Path, table: NcuTable, folder: Path, peak_bw: float | None, peak_flops: list[str] | None,
+             warn: Callable[[str], None]) -> tuple[Run, dict[str, Path]]:
+    """One op row per kernel (by its full name): calls, time, and the measured_* columns; FLOPs and
+    bytes per call stay empty (they are the cost model's) and the bound unknown."""
+    meas = table.kernels
+    peaks = apply_overrides(None, peak_bw, peak_flops)
+    if peaks.memory_bandwidth_gbps is None:
+        warn("the Nsight Compute table does not name the GPU: pass --peak-bw/--peak-flops to draw its ceilings on "
+             "the roofline")
+    time_us = meas["gpu__time_duration.sum"].to_numpy(dtype=float) / 1e3 if "gpu__time_duration.sum" in meas \
+        else np.full(len(meas), np.nan)
+    names = list(dict.fromkeys(meas["kernel"].tolist()))
+    row_of = {n: i for i, n in enumerate(names)}
+    ops = pd.DataFrame({
+        "op": ["kernel::" + (re.sub(r"\W", "_", b) or "unnamed")
+               for b in (meas.loc[meas["kernel"] == n, "base"].iloc[0] for n in names)],
+        "input_dims": "", "input_dtypes": "", "input_strides": "", "concrete_inputs": "", "source_location": "",
+        "calls": [int((meas["kernel"] == n).sum()) for n in names],
+        "time_us_total": [float(np.nansum(time_us[(meas["kernel"] == n).to_numpy()])) for n in names],
+        "cpu_time_us_total": np.nan, "kernels": names, "flops_per_call": np.nan, "bytes_per_call": np.nan,
+        "family": "", "dtype": "", "note": NCU_ROW_NOTE, "compiled_graph": "",
+        "kernel_family": [kernel_family(n) for n in names], "launcher": ""})
+    total = float(ops["time_us_total"].sum())
+    ops["time_share"] = ops["time_us_total"] / total if total > 0 else 0.0
+    ops = add_roofline(ops, peaks, gpu=True)
+    ops = ops[CONTRACT_COLUMNS + GPU_COLUMNS + EXTRA_COLUMNS + GPU_EXTRA_COLUMNS]
+    order = ops.sort_values("time_us_total", ascending=False, kind="stable").index
+    ops = ops.loc[order].reset_index(drop=True)
+    new_row = {old: new for new, old in enumerate(order.tolist())}
+    plan = pd.DataFrame({"step": 0, "kind": "kernel", "name": meas["kernel"], "base": meas["base"],
+                         "row": [new_row[row_of[n]] for n in meas["kernel"]], "main_thread": True})
+    meta = {"format_version": 1, "opscope_version": __version__, "created": pd.Timestamp.now().strftime(
+                "%Y-%m-%dT%H:%M:%S"), "source": "trace", "target": str(path), "torch_version": None,
+            "device": {"type": "cuda", "name": "unknown GPU (the Nsight Compute table does not name it)"},
+            "dtype": None, "mode": "unknown", "steps": 1, "peaks": peaks.to_json()}
+    run = Run(meta=meta, ops=ops, findings=[], summary={"steps": 1})
+    info = attach_ncu(run, plan, table)
+    run.summary = summarize(run.ops, steps=1, step_time_us=total, n_findings=0, busy=None)
+    run.summary["ncu"] = {"csv": path.name, **info}
+    ncu_kernels_table(run, table).to_csv(folder / "ncu_kernels.csv", index=False)
+    return run, {"ncu_kernels.csv": folder / "ncu_kernels.csv"}
+
+
+def measurement_hook(nsys: Path | None, ncu: Path | None, folder: Path,
+                     warn: Callable[[str], None]) -> Callable[[Run], dict[str, Path]]:
+    """For `opscope analyze TRACE --nsys FILE --ncu FILE`: attaches the measurements to the analyzed
+    trace's op rows and returns the files to add to the run directory (written into `folder`)."""
+    def measure(run: Run) -> dict[str, Path]:
+        plan = kernel_plan(run)
+        extra: dict[str, Path] = {}
+        if nsys is not None:
+            with nsys_sqlite_of(nsys) as sqlite:
+                data = read_nsys_sqlite(sqlite)
+            for line in data.warnings:
+                warn(line)
+            summary, kernels = attach_nsys(run, plan, data)
+            run.summary["nsys"] = {"report": nsys.name, **summary}
+            kernels.to_csv(folder / "nsys_kernels.csv", index=False)
+            extra["nsys_kernels.csv"] = folder / "nsys_kernels.csv"
+        if ncu is not None:
+            table = _checked(load_ncu(ncu), ncu, warn)
+            run.summary["ncu"] = {"csv": ncu.name, **attach_ncu(run, plan, table)}
+            ncu_kernels_table(run, table).to_csv(folder / "ncu_kernels.csv", index=False)
+            extra["ncu_kernels.csv"] = folder / "ncu_kernels.csv"
+        add_measured_findings(run)
+        return extra
+    return measure
+
+
+def check_measurement_files(nsys: Path | None, ncu: Path | None) -> None:
+    """--nsys / --ncu of `opscope analyze` must name files of the right kind (before the trace is read)."""
+    for path, kinds, flag in ((nsys, ("nsys-rep", "sqlite"), "--nsys"), (ncu, ("ncu-rep", "ncu-csv"), "--ncu")):
+        if path is None:
+            continue
+        if not path.is_file():
+            raise NsightError(f"{flag} {path}: no such file")
+        if nsight_kind(path) not in kinds:
+            want = ".nsys-rep or an nsys SQLite export" if flag == "--nsys" else ".ncu-rep or an ncu CSV"
+            raise NsightError(f"{flag} {path}: expected a {want}")

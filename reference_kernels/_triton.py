@@ -1,0 +1,62 @@
+"""Shared pieces of the Triton kernels: launch helpers, the deterministic column sum used by the
+backward passes (bias, weight gradients) and by sum/mean over a non-last dim.
+
+Every Triton kernel computes in float32 (float64 for float64 tensors: F64 flag) and stores in the
+output's dtype; this is also what lets them run under the Triton interpreter (TRITON_INTERPRET=1),
+which has no bfloat16 arithmetic. Blocks are large and fixed, so the interpreter runs few programs."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 1024        # elements per program, elementwise kernels
+ROW_BLOCK = 1024    # columns per step, row kernels (rows longer than this loop)
+ROWS_PER_CHUNK = 32  # rows per program in backward partial sums (fixed: results do not depend on the grid)
+
+
+def is_f64(t: torch.Tensor) -> bool:
+    return t.dtype == torch.float64
+
+
+def acc_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if is_f64(t) else torch.float32
+
+
+def row_block(n: int) -> int:
+    return min(ROW_BLOCK, triton.next_power_of_2(max(n, 1)))
+
+
+@triton.jit
+def column_sum_kernel(x_ptr, out_ptr, R, K0, stride_k1, stride_r, scale, BLOCK_C: tl.constexpr,
+                      F64: tl.constexpr):
+    """out[k1, c] = scale * sum_r x[k1 * stride_k1 + r * stride_r + c], one program per (k1, column
+    block), rows added in order."""
+    k1 = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    m = cols < K0
+    if F64:
+        acc = tl.zeros([BLOCK_C], dtype=tl.float64)
+    else:
+        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+    base = x_ptr + k1 * stride_k1
+    for r in range(0, R):
+        v = tl.load(base + r * stride_r + cols, mask=m, other=0.0)
+        if F64:
+            acc += v.to(tl.float64)
+        else:
+            acc += v.to(tl.float32)
+    tl.store(out_ptr + k1 * K0 + cols, (acc * scale).to(out_ptr.dtype.element_ty), mask=m)
+
+
+def column_sum(x: torch.Tensor, out_dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
+    """Sum a contiguous [K1, R, K0] (or [R, K0]) tensor over R: returns [K1, K0] (or [K0])."""
+    x3 = x if x.dim() == 3 else x.unsqueeze(0)
+    k1, r, k0 = x3.shape
+    out = torch.empty((k1, k0), dtype=out_dtype, device=x.device)
+    if out.numel():
+        block = min(1024, triton.next_power_of_2(max(k0, 1)))
+        column_sum_kernel[(k1, triton.cdiv(k0, block))](x3, out, r, k0, r * k0, k0, scale, BLOCK_C=block,
+                                                        F64=is_f64(x))
+    return out if x.dim() == 3 else out[0]

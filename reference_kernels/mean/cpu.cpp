@@ -1,0 +1,14 @@
+// mean over one dim: the sum kernel's reduction (../sum/reduce.h) scaled by 1/R before the store.
+#include "../sum/reduce.h"
+
+namespace opscope::reduce {
+
+at::Tensor mean_forward(const at::Tensor& x, int64_t dim, bool keepdim, int64_t grain) {
+  return reduce(x, dim, keepdim, true, grain, "opscope::mean");
+}
+
+}  // namespace opscope::reduce
+
+TORCH_LIBRARY_FRAGMENT(opscope_cpu, m) {
+  m.def("mean_forward(Tensor x, int dim, bool keepdim=False, int grain=0) -> Tensor", &opscope::reduce::mean_forward);
+}

@@ -1,0 +1,97 @@
+"""The kernel benchmark harness: statistics, interleaving, byte counts and goals on hand-computed
+values; the tuning cache round trip; and a quick `opscope kernels --bench` run end to end (no timing
+is asserted: only that the numbers are consistent with each other)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_cli
+from opscope import kernels_bench as kb
+from reference_kernels import tuning
+
+
+def test_summary_statistics_by_hand() -> None:
+    t = kb.summarize([0.001, 0.002, 0.003, 0.004, 0.005])
+    assert t.median_ms == pytest.approx(3.0)
+    assert t.p20_ms == pytest.approx(1.8)   # (5 - 1) * 0.2 = 0.8 of the way from 1 to 2
+    assert t.p80_ms == pytest.approx(4.2)
+
+
+def test_interleaved_rounds_rotate_the_order() -> None:
+    calls: list[str] = []
+    cands = {n: (lambda n=n: calls.append(n)) for n in ("a", "b", "c")}
+    timings = kb.interleaved(cands, repeats=3)
+    warm = kb.WARMUP * 3
+    assert calls[:warm] == ["a"] * kb.WARMUP + ["b"] * kb.WARMUP + ["c"] * kb.WARMUP
+    assert calls[warm:] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert all(len(t.samples_ms) == 3 for t in timings.values())
+
+
+def test_traffic_is_inputs_once_plus_output_once() -> None:
+    x, w = torch.zeros(4, 8), torch.zeros(8)
+    assert kb.traffic_bytes((x, w, 1e-6), torch.zeros(4, 8)) == 128 + 32 + 128
+    assert kb.traffic_bytes((torch.zeros(2, dtype=torch.bfloat16),), torch.zeros(1)) == 4 + 4
+
+
+def test_goal_checks_mark_met_and_missed() -> None:
+    t = kb.Timing(1.0, 1.0, 1.0)
+    r = kb.CaseResult("rms_norm", "c", "float32", [[2]], 8, {"kernel": t}, gbps=21.0, pct_bandwidth=75.0,
+                      ratios={"vs_eager": 1.6, "vs_compiled": 0.8}, grain=0)
+    got = {g["goal"]: g["met"] for g in kb.goal_checks([r])}
+    assert got == {"vs_eager >= 1.5": True, "vs_compiled >= 0.9": False, "% of bandwidth >= 70": True}
+
+
+def test_tuning_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import reference_kernels
+
+    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path))
+    tuning.reset()
+    try:
+        m = next(m for m in reference_kernels.manifests() if m.name == "swiglu")
+        args = (torch.randn(64, 256), torch.randn(64, 256))
+        chosen = kb.tune(m, args, repeats=3)
+        assert chosen["grain_size"] in kb.ELEMENTWISE_GRAINS
+        assert set(chosen["candidates_ms"]) == {str(g) for g in kb.ELEMENTWISE_GRAINS}
+        tuning.reset()
+        assert tuning.knob("swiglu", "swiglu_forward", args, "grain_size") == chosen["grain_size"]
+        assert tuning.knob("swiglu", "swiglu_forward", (torch.randn(3, 3), torch.randn(3, 3)), "grain_size") == 0
+        doc = json.loads((tmp_path / "kernels-tuning.json").read_text())
+        assert doc["format"] == tuning.FORMAT and len(doc["entries"]) == 1
+        torch.testing.assert_close(reference_kernels.swiglu(*args), torch.nn.functional.silu(args[0]) * args[1])
+    finally:
+        tuning.reset()
+
+
+@pytest.mark.slow
+def test_cli_bench_quick_writes_consistent_results(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    proc = run_cli("kernels", "rms_norm", "--bench", "--quick", "--repeats", "3", "--peak-bw", "20", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "rms_norm" in proc.stdout and "goals met" in proc.stdout
+    doc = json.loads((out / "kernels-bench.json").read_text())
+    assert doc["machine"]["peak_bandwidth_gbps"] == 20 and doc["machine"]["torch"] == torch.__version__
+    (r,) = doc["results"]
+    t = r["timings"]
+    assert set(t) == {"kernel", "native", "eager"}
+    assert r["ratios"]["vs_eager"] == pytest.approx(t["eager"]["median_ms"] / t["kernel"]["median_ms"])
+    assert r["gbps"] == pytest.approx(r["bytes"] / (t["kernel"]["median_ms"] * 1e-3) / 1e9)
+    assert r["pct_bandwidth"] == pytest.approx(100 * r["gbps"] / 20)
+    assert r["bytes"] == (256 * 256 * 2 + 256) * 4  # x read + y written, weight read, scale 1/16
+    for cand in t.values():
+        assert cand["p20_ms"] <= cand["median_ms"] <= cand["p80_ms"]
+    rows = list(csv.DictReader((out / "kernels-bench.csv").open()))
+    assert {row["candidate"] for row in rows} == {"kernel", "native", "eager"}
+    assert all(row["torch"] == torch.__version__ for row in rows)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
+def test_cli_bench_on_cuda_without_a_gpu_says_so() -> None:
+    proc = run_cli("kernels", "swiglu", "--bench", "--device", "cuda", "--peak-bw", "20")
+    assert proc.returncode == 2
+    assert "no GPU is available here" in proc.stderr and "Traceback" not in proc.stderr

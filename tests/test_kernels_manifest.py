@@ -1,0 +1,108 @@
+"""Manifest schema and loader, and `opscope kernels [--json]`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from reference_kernels.manifest import (
+    BACKENDS,
+    REPLACE_KINDS,
+    ManifestError,
+    load_manifest,
+    load_manifests,
+)
+
+GOOD = '''
+name = "k"
+summary = "s"
+signature = "k(Tensor x) -> Tensor"
+category = "memory-bound"
+dtypes = ["float32"]
+backends = ["cpu"]
+[tolerance.float32]
+rtol = 1e-5
+atol = 1e-6
+[[replaces]]
+kind = "functional"
+target = "torch.nn.functional.relu"
+call = { x = "input" }
+[[bench]]
+name = "b"
+inputs = [[8, 8]]
+'''
+
+
+def _folder(tmp_path: Path, text: str, name: str = "k", files: tuple[str, ...] = ("cpu.cpp",)) -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "manifest.toml").write_text(text)
+    for f in files:
+        (folder / f).write_text("")
+    return folder
+
+
+def test_bundled_manifests_load_and_describe_their_swaps() -> None:
+    manifests = load_manifests()
+    names = [m.name for m in manifests]
+    assert {"broadcast_add"} <= set(names)
+    for m in manifests:
+        assert m.backends and set(m.backends) <= set(BACKENDS)
+        assert set(m.tolerance) == set(m.dtypes)
+        assert m.bench, m.name
+        for r in m.replaces:
+            assert r.kind in REPLACE_KINDS and r.target and r.call
+
+
+def test_valid_manifest_round_trips_to_json(tmp_path: Path) -> None:
+    m = load_manifest(_folder(tmp_path, GOOD))
+    doc = m.to_json()
+    assert doc["op"] == "opscope::k"
+    assert doc["replaces"][0] == {"kind": "functional", "target": "torch.nn.functional.relu",
+                                  "call": {"x": "input"}, "when": [], "ops": [], "note": ""}
+    assert doc["bench"][0]["inputs"] == [[8, 8]] and doc["bench"][0]["dtype"] == "float32"
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda s: s.replace('summary = "s"\n', ""), "missing required key 'summary'"),
+    (lambda s: s.replace('kind = "functional"', 'kind = "monkeypatch"'), "kind must be one of"),
+    (lambda s: s.replace('dtypes = ["float32"]', 'dtypes = ["float32", "int8"]'), "dtypes must be"),
+    (lambda s: s.replace('dtypes = ["float32"]', 'dtypes = ["float32", "float16"]'), "missing required key 'float16'"),
+    (lambda s: s.replace('name = "k"', 'name = "other"'), "must match its folder"),
+    (lambda s: s.replace('backends = ["cpu"]', 'backends = ["cpu", "cuda"]'), "cuda.cu is missing"),
+    (lambda s: s.replace("[[8, 8]]", "[[8, -1]]"), "non-negative ints"),
+    (lambda s: s.replace('category = "memory-bound"', 'category = "fast"'), "category must be"),
+    (lambda s: s + "= broken", "not valid TOML"),
+])
+def test_malformed_manifests_name_the_file_and_field(tmp_path: Path, edit, message: str) -> None:  # noqa: ANN001
+    folder = _folder(tmp_path, edit(GOOD))
+    with pytest.raises(ManifestError, match=message) as info:
+        load_manifest(folder)
+    assert "manifest.toml" in str(info.value)
+
+
+def test_cli_lists_kernels_and_says_gpu_kernels_are_not_run_here() -> None:
+    proc = run_cli("kernels", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    names = [k["name"] for k in doc["kernels"]]
+    assert names == sorted(m.name for m in load_manifests())
+    for k in doc["kernels"]:
+        assert k["replaces"] and k["tolerance"] and k["signature"].startswith(k["name"] + "(")
+        assert "cpu" in k["usable_here"]
+    if doc["machine"]["gpu"] is None:
+        assert "not run here (no GPU)" in doc["machine"]["backends"]["triton"]
+        assert "not run here (no GPU)" in doc["machine"]["backends"]["cuda"]
+        assert not any({"triton", "cuda"} & set(k["usable_here"]) for k in doc["kernels"])
+        text = run_cli("kernels")
+        assert text.returncode == 0
+        assert "no GPU on this machine" in text.stdout and "broadcast_add" in text.stdout
+
+
+def test_cli_unknown_kernel_is_a_one_line_error() -> None:
+    proc = run_cli("kernels", "nosuch")
+    assert proc.returncode == 2
+    assert "no bundled kernel named 'nosuch'" in proc.stderr and "broadcast_add" in proc.stderr

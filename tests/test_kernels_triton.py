@@ -1,0 +1,83 @@
+"""The Triton kernels, run on the CPU under the Triton interpreter (TRITON_INTERPRET=1; no GPU here):
+forward and backward through torch.ops.opscope.<name> with the Triton backend forced, against PyTorch
+under the manifest tolerances, plus inputs that exercise the multi-block paths (rows longer than one
+block, more rows than one backward chunk). The interpreter has no bfloat16 arithmetic: the kernels load,
+convert to float32 and store, which it does support. Slow per program, so inputs are small."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # conftest.py sets it first on machines without a GPU
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import reference_kernels  # noqa: E402
+from kernels_helpers import DTYPES, MANIFESTS, keep_layout_grad, module, op, reference, tensors  # noqa: E402
+from reference_kernels.testing import assert_matches, tolerance  # noqa: E402
+
+pytest.importorskip("triton")
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="needs TRITON_INTERPRET=1 (no GPU to run the Triton kernels on)")
+TRITON = sorted(name for name, m in MANIFESTS.items() if "triton" in m.backends)
+
+
+def _forward_backward(name: str, args: tuple, dtype: torch.dtype, seed: int, backward: bool) -> None:
+    tol = tolerance(MANIFESTS[name], dtype)
+    leaves = keep_layout_grad(args) if backward else args
+    with reference_kernels.use_backend("triton"):
+        out = op(name)(*leaves)
+        ref_args, expected = reference(name, args, dtype, grad=backward)
+        assert_matches(out, expected, tol, f"triton {name} forward ({dtype}, seed {seed})")
+        if backward:
+            g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+            grads = torch.autograd.grad(out, tensors(leaves), g)
+            ref_grads = torch.autograd.grad(expected, tensors(ref_args), g.to(expected.dtype))
+            for k, (a, b) in enumerate(zip(grads, ref_grads, strict=True)):
+                assert_matches(a, b, tol, f"triton {name} grad {k} ({dtype}, seed {seed})")
+
+
+def test_every_kernel_has_a_triton_backend() -> None:
+    assert sorted(MANIFESTS) == TRITON
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("name", TRITON)
+def test_triton_forward_and_backward(name: str, dtype: str) -> None:
+    dt = DTYPES[dtype]
+    for seed in (0, 1):
+        for args in module(name).samples(dt, seed):
+            _forward_backward(name, args, dt, seed, backward=dt in (torch.float32, torch.float64))
+
+
+def _r(*shape: int) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape)))
+
+
+@pytest.mark.parametrize(("name", "args"), [
+    ("softmax", (_r(3, 2500), 0.5, _r(2500))),                     # online max/sum across 3 blocks
+    ("rms_norm", (_r(40, 1500), _r(1500), 1e-6)),                  # 2 row blocks, 2 backward chunks
+    ("layer_norm", (_r(40, 1500) + 50, [1500], _r(1500), _r(1500), 1e-5)),
+    ("bias_gelu", (_r(70, 24), _r(24), "tanh")),
+    ("sum", (_r(3, 2100), 1, False)),
+    ("mean", (_r(3, 40, 9), 1, True)),
+    ("broadcast_add", (_r(2, 3, 1, 5, 1, 4)[:, :, :, ::2], _r(3, 7, 3, 1, 1))),  # > 4 dims after coalescing
+])
+def test_triton_multi_block_paths(name: str, args: tuple) -> None:
+    _forward_backward(name, args, torch.float32, 0, backward=True)
+
+
+@pytest.mark.parametrize("name", TRITON)
+def test_triton_backend_passes_opcheck(name: str) -> None:
+    with reference_kernels.use_backend("triton"):
+        torch.library.opcheck(op(name), keep_layout_grad(module(name).samples(torch.float32, 0)[1]),
+                              test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+def test_triton_checks_inputs_like_the_cpu_kernels() -> None:
+    with reference_kernels.use_backend("triton"), pytest.raises(RuntimeError, match="same dtype"):
+        op("broadcast_add")(torch.randn(2), torch.randn(2, dtype=torch.float64))
+    with reference_kernels.use_backend("triton"), pytest.raises(ValueError, match="not broadcastable"):
+        op("broadcast_add")(torch.randn(2, 3), torch.randn(4, 3))
