@@ -40,6 +40,7 @@ import contextlib
 import datetime as _dt
 import hashlib
 import json
+import math
 import os
 import platform
 import re
@@ -48,7 +49,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -139,23 +140,160 @@ class CalibrationResult:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> CalibrationResult:
+        """The result in `d` (a to_json() document), checked by check_result(): raises CacheRejected
+        (a ValueError) naming what is wrong."""
+        check_result(d)
         names = {f for f in cls.__dataclass_fields__}
-        kwargs = {k: v for k, v in d.items() if k in names}
-        result = cls(**kwargs)
-        # Validate what the roofline relies on: a corrupt file must not yield nonsense ceilings.
-        if not (_positive(result.copy_gbps) and _positive(result.triad_gbps)):
-            raise ValueError("bandwidth figures missing or not positive")
-        if not isinstance(result.gemm_gflops, dict) or not _positive(result.gemm_gflops.get("float32")):
-            raise ValueError("float32 GEMM figure missing or not positive")
-        if not all(_positive(v) for v in result.gemm_gflops.values()):
-            raise ValueError("a GEMM figure is not positive")
-        if not isinstance(result.threads, int) or result.threads < 1:
-            raise ValueError("bad thread count")
-        return result
+        return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def _positive(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and v == v and v != float("inf")
+# --- validation of what is read back ----------------------------------------------------------------
+
+# Plausible ceilings. A cache file is plain JSON anyone (or a broken disk) can change, and the roofline
+# divides by these figures, so a cached figure outside these bounds is not this machine's ceiling.
+# Memory bandwidth 0.1-50,000 GB/s: the slowest boards opscope could run on (one narrow DRAM channel)
+# stream about 1 GB/s; the fastest memory of any single device today (HBM3e, about 8 TB/s; CPUs with HBM
+# or 12 DDR5 channels per socket, 1-2 TB/s) is 6x under the top.
+# GEMM 0.01-10,000,000 GFLOP/s: a float64 GEMM on a small in-order core does about 0.1-1 GFLOP/s (an
+# emulated reduced dtype slower than half of float32 is never kept); a two-socket server with AMX does a
+# few hundred TFLOP/s in bfloat16, 40x under 10 PFLOP/s.
+BANDWIDTH_GBPS_RANGE = (0.1, 50_000.0)
+GFLOPS_RANGE = (0.01, 10_000_000.0)
+
+
+class CacheRejected(ValueError):
+    """A cached calibration that is not used; the message says why in a few words (one line)."""
+
+
+class OtherCpu(CacheRejected):
+    """A cached calibration of another CPU model (a cache directory shared between machines)."""
+
+
+def _shown(value: Any) -> str:
+    """A value from a file, for a one-line message: numbers as %g, anything else repr()'d (control
+    characters escaped) and cut to 40 characters."""
+    if _is_number(value):
+        return f"{value:g}"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _plausible(label: str, value: Any, bounds: tuple[float, float], unit: str) -> None:
+    if not _is_number(value):
+        raise CacheRejected(f"{label} {_shown(value)} is not a number")
+    low, high = bounds
+    if not (low <= value <= high):  # also NaN
+        raise CacheRejected(f"{label} {_shown(value)} {unit} is implausible (plausible: {_bound(low)}-"
+                            f"{_bound(high)} {unit})")
+
+
+def _bound(x: float) -> str:
+    return f"{x:,.0f}" if x >= 1 else f"{x:g}"
+
+
+# Fields the cache must hold, by kind; the others have defaults.
+_TEXT_FIELDS = ("cpu_model", "torch_version")
+_COUNT_FIELDS = ("threads", "bandwidth_repeats", "gemm_repeats", "array_bytes")
+
+
+def check_result(d: Any) -> None:
+    """Raises CacheRejected unless `d` is a complete, well-typed calibration whose ceilings are finite
+    and physically plausible (BANDWIDTH_GBPS_RANGE, GFLOPS_RANGE) and each the best of its samples."""
+    if not isinstance(d, dict):
+        raise CacheRejected(f"the result is {type(d).__name__}, not an object")
+    required = [f.name for f in CalibrationResult.__dataclass_fields__.values()
+                if f.default is MISSING and f.default_factory is MISSING]
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise CacheRejected(f"it lacks {', '.join(repr(k) for k in missing)}")
+    for key in _TEXT_FIELDS + ("cpu_capability", "created", "figure_rule"):
+        if key in d and not isinstance(d[key], str):
+            raise CacheRejected(f"{key!r} is {_shown(d[key])}, not text")
+    for key in _COUNT_FIELDS:
+        if not _is_int(d[key]) or d[key] < 1:
+            raise CacheRejected(f"{key!r} is {_shown(d[key])}, not a positive whole number")
+    if d["llc_bytes"] is not None and not (_is_int(d["llc_bytes"]) and d["llc_bytes"] > 0):
+        raise CacheRejected(f"'llc_bytes' is {_shown(d['llc_bytes'])}, not a positive whole number or null")
+    for key in ("quick", "stable"):
+        if key in d and not isinstance(d[key], bool):
+            raise CacheRejected(f"{key!r} is {_shown(d[key])}, not true or false")
+    for key in ("cpu_flags", "notes"):
+        if key in d and not (isinstance(d[key], list) and all(isinstance(x, str) for x in d[key])):
+            raise CacheRejected(f"{key!r} is not a list of text")
+    if "noise" in d and not isinstance(d["noise"], dict):
+        raise CacheRejected("'noise' is not an object")
+    if "wall_s" in d and not (_is_number(d["wall_s"]) and math.isfinite(d["wall_s"])):
+        raise CacheRejected(f"'wall_s' is {_shown(d['wall_s'])}, not a number")
+    samples, gemm, sizes = d["samples"], d["gemm_gflops"], d["gemm_sizes"]
+    if not (isinstance(sizes, dict) and all(isinstance(k, str) and _is_int(v) and v > 0 for k, v in sizes.items())):
+        raise CacheRejected("'gemm_sizes' is not an object of positive whole numbers")
+    if not isinstance(gemm, dict) or not all(isinstance(k, str) for k in gemm):
+        raise CacheRejected("'gemm_gflops' is not an object of dtype names")
+    if "float32" not in gemm:
+        raise CacheRejected("it has no float32 GEMM figure")
+    _plausible("copy bandwidth", d["copy_gbps"], BANDWIDTH_GBPS_RANGE, "GB/s")
+    _plausible("triad bandwidth", d["triad_gbps"], BANDWIDTH_GBPS_RANGE, "GB/s")
+    for name, rate in gemm.items():
+        _plausible(f"{name} GEMM", rate, GFLOPS_RANGE, "GFLOP/s")
+    if not (isinstance(samples, dict) and all(
+            isinstance(k, str) and isinstance(v, list) and all(_is_number(x) and math.isfinite(x) and x >= 0
+                                                               for x in v) for k, v in samples.items())):
+        raise CacheRejected("'samples' is not an object of lists of finite, non-negative numbers")
+    # Each ceiling is the best of its repeats: one edited apart from its samples is not a measurement.
+    figures = {"copy_gbps": d["copy_gbps"], "triad_gbps": d["triad_gbps"],
+               **{f"gemm_{name}_gflops": rate for name, rate in gemm.items()}}
+    for key, figure in figures.items():
+        if samples.get(key) and not math.isclose(figure, max(samples[key]), rel_tol=1e-9):
+            raise CacheRejected(f"{key} {figure:g} is not the best of its samples ({max(samples[key]):g})")
+
+
+def check_cached(doc: Any, cpu_model: str, threads: int | None, torch_version: str | None) -> CalibrationResult:
+    """The calibration in a cache document if it can stand as this machine's ceilings: this cache format,
+    check_result(), measured on this CPU model (and `threads`, `torch_version` when given), stable.
+    Raises CacheRejected saying why not."""
+    if not isinstance(doc, dict):
+        raise CacheRejected(f"the file holds {type(doc).__name__}, not an object")
+    if doc.get("format") != CACHE_FORMAT:
+        raise CacheRejected(f"it is in cache format {_shown(doc.get('format'))} (this opscope reads "
+                            f"{CACHE_FORMAT})")
+    d = doc.get("result")
+    if isinstance(d, dict) and isinstance(d.get("cpu_model"), str) and d["cpu_model"] != cpu_model:
+        raise OtherCpu(f"it was measured on another CPU ({_shown(d['cpu_model'])}, this one is {_shown(cpu_model)})")
+    result = CalibrationResult.from_json(d)
+    if threads is not None and result.threads != threads:
+        raise CacheRejected(f"it was measured on {result.threads} threads, not {threads}")
+    if torch_version is not None and result.torch_version != torch_version:
+        raise CacheRejected(f"it was measured with torch {_shown(result.torch_version)}, not {torch_version}")
+    if not result.stable:
+        raise CacheRejected("it is marked unstable (measured on a busy machine)")
+    return result
+
+
+def read_cache_file(path: Path, cpu_model: str, threads: int | None = None,
+                    torch_version: str | None = None) -> tuple[CalibrationResult | None, CacheRejected | None]:
+    """(result, None) for a usable cache file; (None, None) when there is none; (None, why) otherwise."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None, None
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, CacheRejected(f"it cannot be read ({getattr(exc, 'strerror', None) or type(exc).__name__})")
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return None, CacheRejected("it is not valid JSON")
+    try:
+        return check_cached(doc, cpu_model, threads, torch_version), None
+    except CacheRejected as exc:
+        return None, exc
 
 
 # --- machine facts ----------------------------------------------------------------------------------
@@ -499,20 +637,17 @@ def _resolve_threads(threads: int | None) -> tuple[int, str]:
 
 def load(threads: int | None = None) -> CalibrationResult | None:
     """The cached calibration for this CPU, thread count (default: torch's current) and torch version,
-    or None when there is none or the file is unreadable/corrupt/for something else."""
+    or None when there is none or it cannot stand as this machine's ceilings (read_cache_file)."""
+    return _load(threads)[0]
+
+
+def _load(threads: int | None) -> tuple[CalibrationResult | None, str | None]:
+    """load()'s result and, for a cache file that was rejected, why (one line naming the file)."""
     n, version = _resolve_threads(threads)
     model = cpu_model_name()
     path = cache_file(model, n, version)
-    try:
-        doc = json.loads(path.read_text())
-        if doc.get("format") != CACHE_FORMAT:
-            return None
-        result = CalibrationResult.from_json(doc["result"])
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return None
-    if (result.cpu_model, result.threads, result.torch_version) != (model, n, version) or not result.stable:
-        return None
-    return result
+    result, why = read_cache_file(path, model, n, version)
+    return result, (f"{why}; re-measuring ({path})" if why else None)
 
 
 def save(result: CalibrationResult) -> Path:
@@ -596,11 +731,13 @@ def obtain(threads: int | None = None, *, quick: bool = True, refresh: bool = Fa
     measures again."""
     n, version = _resolve_threads(threads)
     path = cache_file(cpu_model_name(), n, version)
+    say = progress or (lambda message: None)
     if not refresh:
-        cached = load(n)
+        cached, why = _load(n)
         if cached is not None:
             return Calibration(cached, "cached", path)
-    say = progress or (lambda message: None)
+        if why:
+            say(f"opscope: calibration cache ignored: {why}")
     before = _mtime_ns(path)
     with calibration_lock(lambda: say("opscope: another opscope process is calibrating this CPU; waiting "
                                       "for its result")) as waited:
@@ -636,20 +773,18 @@ def cpu_peaks(threads: int | None = None, *, refresh: bool = False,
     return calibration.result.peaks(), calibration.how != "measured"
 
 
-def cached_cpu_peaks() -> Peaks | None:
+def cached_cpu_peaks(warn: Callable[[str], None] | None = None) -> Peaks | None:
     """Without importing torch (for `opscope analyze`): this CPU's cached calibration, preferring the
-    one measured with the most threads; None when this CPU has never been calibrated."""
+    one measured with the most threads; None when this CPU has never been calibrated. Files of other
+    CPUs (a cache dir shared between machines) are passed over; a file of this CPU that cannot stand as
+    its ceilings is passed over too, and `warn` is told why."""
     model = cpu_model_name()
     best: CalibrationResult | None = None
     for path in sorted(cache_dir().glob("cpu-calibration-*.json")):
-        try:
-            doc = json.loads(path.read_text())
-            if doc.get("format") != CACHE_FORMAT:
-                continue
-            result = CalibrationResult.from_json(doc["result"])
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
-            continue
-        if result.cpu_model == model and result.stable and (best is None or result.threads > best.threads):
+        result, why = read_cache_file(path, model)
+        if why and warn and not isinstance(why, OtherCpu):
+            warn(f"opscope: calibration cache ignored: {why} ({path})")
+        if result is not None and (best is None or result.threads > best.threads):
             best = result
     return best.peaks() if best is not None else None
 

@@ -29,11 +29,14 @@ def _fake_result(threads: int, **overrides) -> CalibrationResult:
         cpu_model=calibrate.cpu_model_name(), threads=threads, torch_version=str(torch.__version__),
         copy_gbps=20.0, triad_gbps=25.0, gemm_gflops={"float32": 300.0, "bfloat16": 1200.0},
         gemm_sizes={"float32": 1024, "bfloat16": 1024},
-        samples={"copy_gbps": [19.0, 20.0, 21.0], "triad_gbps": [25.0, 25.0, 26.0],
-                 "gemm_float32_gflops": [300.0], "gemm_bfloat16_gflops": [1200.0]},
         bandwidth_repeats=3, gemm_repeats=1, array_bytes=256 << 20, llc_bytes=32 << 20, quick=True,
     )
     fields.update(overrides)
+    # each figure the best of its repeats, as measure_cpu records them (the cache checks it)
+    fields.setdefault("samples", {
+        "copy_gbps": [0.95 * fields["copy_gbps"], fields["copy_gbps"]],
+        "triad_gbps": [fields["triad_gbps"], 0.9 * fields["triad_gbps"]],
+        **{f"gemm_{k}_gflops": [v] for k, v in fields["gemm_gflops"].items()}})
     return CalibrationResult(**fields)
 
 
@@ -390,3 +393,113 @@ def test_a_process_that_waited_reuses_what_was_cached_meanwhile(cache_dir: Path,
                                                                                      "copy_gbps": 2.0}
     assert _measurements(tmp_path) == 1
     assert calibrate.load(threads=2).copy_gbps == 2.0  # the full one replaced the quick one
+
+
+# --- what is read back from the cache: finite, plausible, complete, this machine's -----------------------
+
+
+def _doc(**result_changes) -> dict:
+    """A cache document as save() writes it, with `result_changes` applied (None deletes the key)."""
+    result = _fake_result(2).to_json()
+    for key, value in result_changes.items():
+        if value is None:
+            result.pop(key)
+        else:
+            result[key] = value
+    return {"format": calibrate.CACHE_FORMAT, "result": result}
+
+
+def _with_samples(**figures) -> dict:
+    """Changes to copy_gbps / triad_gbps with samples to match (the figure is the best of them), so only
+    the plausibility bound can reject them."""
+    samples = dict(_fake_result(2).samples)
+    for key, value in figures.items():
+        samples[key] = [value]
+    return {**figures, "samples": samples}
+
+
+# (changes to the cached result, the reason opscope gives)
+IMPLAUSIBLE = {
+    "1e30 GB/s": (_with_samples(copy_gbps=1e30),
+                  "copy bandwidth 1e+30 GB/s is implausible (plausible: 0.1-50,000 GB/s)"),
+    "1e-30 GFLOP/s": ({"gemm_gflops": {"float32": 1e-30}, "samples": {"gemm_float32_gflops": [1e-30]}},
+                      "float32 GEMM 1e-30 GFLOP/s is implausible (plausible: 0.01-10,000,000 GFLOP/s)"),
+    "negative": (_with_samples(triad_gbps=-25.0),
+                 "triad bandwidth -25 GB/s is implausible (plausible: 0.1-50,000 GB/s)"),
+    "NaN": ({"gemm_gflops": {"float32": 300.0, "bfloat16": float("nan")}},
+            "bfloat16 GEMM nan GFLOP/s is implausible (plausible: 0.01-10,000,000 GFLOP/s)"),
+    "infinite": ({"copy_gbps": float("inf")}, "copy bandwidth inf GB/s is implausible"),
+    "bandwidth as text": ({"copy_gbps": "fast"}, "copy bandwidth 'fast' is not a number"),
+    "bandwidth as bool": ({"copy_gbps": True}, "copy bandwidth True is not a number"),
+    "threads as text": ({"threads": "2"}, "'threads' is '2', not a positive whole number"),
+    "gemm as a list": ({"gemm_gflops": [300.0]}, "'gemm_gflops' is not an object of dtype names"),
+    "no float32": ({"gemm_gflops": {"bfloat16": 1200.0}}, "it has no float32 GEMM figure"),
+    "missing keys": ({"copy_gbps": None, "gemm_gflops": None}, "it lacks 'copy_gbps', 'gemm_gflops'"),
+    "samples not numbers": ({"samples": {"copy_gbps": ["x"]}}, "'samples' is not an object of lists"),
+    "edited apart from its samples": ({"copy_gbps": 2000.0},
+                                      "copy_gbps 2000 is not the best of its samples (20)"),
+    "stable as text": ({"stable": "yes"}, "'stable' is 'yes', not true or false"),
+    "another machine": ({"cpu_model": "Some Other CPU 9000"}, "it was measured on another CPU ('Some Other CPU"),
+    "another torch": ({"torch_version": "1.0.0"}, "it was measured with torch '1.0.0', not"),
+    "unstable": ({"stable": False}, "it is marked unstable (measured on a busy machine)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(IMPLAUSIBLE))
+def test_implausible_cache_entries_are_rejected_with_the_reason(case: str) -> None:
+    import torch
+
+    changes, reason = IMPLAUSIBLE[case]
+    doc = json.loads(json.dumps(_doc(**changes)))  # through JSON, as a file holds it (NaN, Infinity)
+    with pytest.raises(calibrate.CacheRejected) as exc:
+        calibrate.check_cached(doc, calibrate.cpu_model_name(), 2, str(torch.__version__))
+    assert str(exc.value).startswith(reason), str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_plausible_bounds_are_inclusive_and_a_good_entry_passes() -> None:
+    import torch
+
+    args = (calibrate.cpu_model_name(), 2, str(torch.__version__))
+    assert calibrate.check_cached(_doc(), *args) == _fake_result(2)
+    low_bw, high_bw = calibrate.BANDWIDTH_GBPS_RANGE
+    low_f, high_f = calibrate.GFLOPS_RANGE
+    edge = _doc(**_with_samples(copy_gbps=low_bw, triad_gbps=high_bw),
+                gemm_gflops={"float32": low_f, "bfloat16": high_f})
+    edge["result"]["samples"].update(gemm_float32_gflops=[low_f], gemm_bfloat16_gflops=[high_f])
+    assert calibrate.check_cached(edge, *args).memory_bandwidth_gbps == high_bw
+    with pytest.raises(calibrate.CacheRejected, match="another CPU"):
+        calibrate.check_cached(_doc(), "Other", 2, None)
+    with pytest.raises(calibrate.CacheRejected, match="measured on 2 threads, not 3"):
+        calibrate.check_cached(_doc(), calibrate.cpu_model_name(), 3, None)
+    for doc, reason in (([], "the file holds list"), ({"format": 1, "result": {}}, "it is in cache format 1"),
+                        ({"format": calibrate.CACHE_FORMAT, "result": 7}, "the result is int")):
+        with pytest.raises(calibrate.CacheRejected, match=reason):
+            calibrate.check_cached(doc, *args)
+
+
+def test_obtain_says_why_it_ignores_a_cache_and_measures_again(cache_dir: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real cache file holding 1e30 GB/s: obtain() says why in one line, measures (stand-in) and
+    replaces the file; `analyze`'s torch-free reader passes over it and says why too."""
+    counter = _Counter(lambda threads=None, quick=False: _fake_result(threads))
+    monkeypatch.setattr(calibrate, "measure_cpu", counter)
+    path = calibrate.save(_fake_result(2))
+    path.write_text(json.dumps(_doc(**_with_samples(copy_gbps=1e30))))
+    warned: list[str] = []
+    assert calibrate.cached_cpu_peaks(warned.append) is None
+    assert warned == [f"opscope: calibration cache ignored: copy bandwidth 1e+30 GB/s is implausible "
+                      f"(plausible: 0.1-50,000 GB/s) ({path})"]
+    messages: list[str] = []
+    got = calibrate.obtain(2, progress=messages.append)
+    assert (got.how, counter.calls) == ("measured", 1)
+    assert messages[0] == (f"opscope: calibration cache ignored: copy bandwidth 1e+30 GB/s is implausible "
+                           f"(plausible: 0.1-50,000 GB/s); re-measuring ({path})")
+    assert calibrate.load(threads=2) == _fake_result(2)  # replaced by the new measurement
+    messages.clear()
+    assert calibrate.obtain(2, progress=messages.append).how == "cached" and messages == []
+    # another machine's file in a shared cache dir is passed over without a word
+    other = cache_dir / "cpu-calibration-0123456789abcdef.json"
+    other.write_text(json.dumps(_doc(cpu_model="Some Other CPU", stable=False)))
+    warned.clear()
+    assert calibrate.cached_cpu_peaks(warned.append) == _fake_result(2).peaks() and warned == []
