@@ -182,7 +182,7 @@ def unknown(reason: str) -> dict[str, Any]:
 def remedy(noise: dict[str, Any]) -> str:
     """What to do about a noisy measurement: fewer threads than cores, more steps, an idle machine."""
     cores, share = noise.get("cores"), noise.get("other_cpu_share")
-    if not (_number(cores) and _number(share)):
+    if not (_number(cores) and _number(share) and 1 <= cores <= 1 << 20 and 0 <= share <= 1):
         return "rerun on an idle machine, with fewer --threads than cores, or with more --steps"
     free = max(int(cores) - math.ceil(share * cores - 1e-9), 1)
     return f"rerun on an idle machine, with --threads {free}, or with more --steps"

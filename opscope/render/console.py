@@ -90,7 +90,7 @@ def summary_panel(run: Run) -> Panel:
     origin = peaks.get("origin", {})
     lines.append(f"peaks   {si((bw or float('nan')) * 1e9, 'B/s')} ({origin.get('memory_bandwidth', '?')}); "
                  f"{ceil or 'unknown'} ({origin.get('flops', '?')})\n")
-    if m.get("calibration", {}).get("stable") is False:
+    if (m.get("calibration") or {}).get("stable") is False:
         lines.append("        calibration unstable (the machine was busy): used for this run only, not cached\n",
                      style="yellow")
     steps = s.get("steps", 1)
