@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from test_calibrate import _Snapshots
 
 from conftest import PEAKS, TRACES, run_cli, write_model
 from opscope import calibrate, noise
@@ -268,22 +269,6 @@ def test_profile_under_hogs_reports_what_it_read(tmp_path: Path) -> None:
             assert f["message"].endswith(noise.noise_caveat(n)) if noisy else "noisy run" not in f["message"]
 
 
-class _Readings(CpuSampler):
-    """A CpuSampler replaying /proc/stat snapshots: each sample() advances the clock 1 s, this process's
-    CPU by `own` s and the machine's busy time by `busy` core-seconds (2 CPUs, 100 ticks/s)."""
-
-    def __init__(self, busy: float, own: float) -> None:
-        self.n = 0
-        super().__init__(read_stat=self._stat, clock=lambda: float(self.n), own_cpu=lambda: self.n * own,
-                         cpus=[0, 1], ticks_per_s=100)
-        self.busy = busy
-
-    def _stat(self) -> str:
-        self.n += 1
-        ticks = round(self.n * self.busy * 100)
-        return stat(ticks, 0)
-
-
 # One busy loop per core beside a 1-thread run on the 2-core VM: the machine busy 2.0 cores, the run 0.6
 # of them, the loops 1.4 (share 0.70, as measured there). Idle: the run 1.0 core, the rest 0.02.
 HOGGED, IDLE = (2.0, 0.6), (1.02, 1.0)
@@ -299,7 +284,7 @@ def test_profile_verdict_from_injected_readings(tmp_path: Path, monkeypatch: pyt
     from opscope.capture import torch_profiler
     from opscope.capture.torch_profiler import ProfileOptions, profile_target
 
-    monkeypatch.setattr(torch_profiler, "CpuSampler", lambda: _Readings(*readings))
+    monkeypatch.setattr(torch_profiler, "CpuSampler", lambda: _Snapshots(*readings))
     path = write_model(tmp_path, TINY)
     with noise.busy_loops(1):
         run, _ = profile_target(ProfileOptions(target=path, out=tmp_path / "run", steps=3, warmup=1, threads=1,
@@ -342,7 +327,7 @@ def test_calibration_under_hogs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
             f.unlink()
 
         messages.clear()
-        monkeypatch.setattr(calibrate, "CpuSampler", lambda: _Readings(*HOGGED))
+        monkeypatch.setattr(calibrate, "CpuSampler", lambda: _Snapshots(*HOGGED))
         got = calibrate.obtain(1, quick=True, progress=messages.append)
     assert got.result.noise == noise.assess(1.4, cores=2, threads=1, window_s=1.0, during="while it measured")
     assert not got.result.stable and got.path is None and calibrate.load(threads=1) is None
