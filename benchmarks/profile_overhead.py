@@ -65,7 +65,7 @@ def main() -> None:
         b, o = statistics.median(bare), statistics.median(ours)
         with tempfile.TemporaryDirectory() as tmp:
             _, t = profile_target(ProfileOptions(target=Path(target_path), out=Path(tmp) / "run", steps=args.steps))
-        phases = (f"calibration {t.calibration:.2f}, lines {t.lines:.2f}, export {t.export:.2f}, "
+        phases = (f"calibration {t.calibration:.2f}, lines {t.lines:.2f}, memory {t.memory:.2f}, export {t.export:.2f}, "
                   f"analysis {t.analysis:.2f}, load {t.load:.2f}")
         print(f"{Path(target_path).name:<24} {b * 1e3:>12.3f} {o * 1e3:>16.3f} {o / b:>7.3f}   {phases}")
 

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from opscope import __version__
 from opscope.errors import NotAvailableError, OpscopeError
-from opscope.hardware import DTYPE_KEYS
+from opscope.hardware import dtype_names
 
 app = typer.Typer(
     add_completion=False,
@@ -49,7 +49,7 @@ class Mode(str, Enum):
 PEAK_BW = typer.Option(None, "--peak-bw", metavar="GBPS", help="Override the memory-bandwidth ceiling (GB/s).")
 PEAK_FLOPS = typer.Option(
     None, "--peak-flops", metavar="[DTYPE=]GFLOPS",
-    help="Override a FLOP/s ceiling (GFLOP/s); DTYPE one of " + ", ".join(DTYPE_KEYS) + ". "
+    help="Override a FLOP/s ceiling (GFLOP/s); DTYPE one of " + dtype_names() + " (int8 in GOPS). "
          "Without DTYPE it applies to every dtype. Repeatable.")
 OUT = typer.Option(None, "--out", help="Run directory to create (must not exist or be empty).")
 JSON_OUT = typer.Option(False, "--json", help="Print the run summary as one JSON document on stdout.")
@@ -242,6 +242,9 @@ def report(
                                          help="Add the comparison with this earlier run directory."),
     top: int = typer.Option(15, "--top", min=1, help="Rows of the op table to print."),
     findings: int = typer.Option(10, "--findings", min=0, help="Findings to print."),
+    tree: bool = typer.Option(False, "--tree", help="Print the inclusive module tree (modules.csv) instead."),
+    fold: bool = typer.Option(True, "--fold/--no-fold",
+                              help="With --tree: fold repeated blocks (h.0 ... h.11) into one line with their spread."),
     json_out: bool = JSON_OUT,
     debug: bool = DEBUG,
 ) -> None:
@@ -270,6 +273,11 @@ def report(
     if json_out:
         sys.stdout.write(dumps(run.summary if comparison is None else
                                {**run.summary, "comparison": comparison.to_json()}) + "\n")
+        return
+    if tree:
+        from opscope.render.console_report import render_tree
+
+        render_tree(run, Console(highlight=False), fold=fold)
         return
     from opscope.render.console_report import render_report
 

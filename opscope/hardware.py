@@ -430,7 +430,17 @@ def ceiling_key(family: str, dtype: str | None, kernel_names: str = "") -> str:
 
 # --- user overrides ---------------------------------------------------------------------------------
 
-_PEAK_FLOPS_HELP = ("expected [DTYPE=]GFLOPS with DTYPE one of " + ", ".join(DTYPE_KEYS)
+def dtype_names() -> str:
+    """Every DTYPE --peak-flops accepts, each canonical name with its aliases: 'float32 (fp32, f32,
+    float), tfloat32 (tf32), ...' (the CLI's help and error messages)."""
+    parts = []
+    for key in DTYPE_KEYS:
+        aliases = [a for a, k in _DTYPE_ALIASES.items() if k == key and a != key]
+        parts.append(f"{key} ({', '.join(aliases)})" if aliases else key)
+    return ", ".join(parts)
+
+
+_PEAK_FLOPS_HELP = ("expected [DTYPE=]GFLOPS with DTYPE one of " + dtype_names()
                     + " and GFLOPS a positive number, e.g. --peak-flops bfloat16=989000 float32=67000")
 
 

@@ -1,4 +1,5 @@
-"""The run directory (CONTRACT.md): meta.json, ops.csv, findings.json, summary.json, trace.json.gz.
+"""The run directory (CONTRACT.md): meta.json, ops.csv, findings.json, summary.json, trace.json.gz, and
+modules.csv when the run has module paths (README, "Run directory format").
 
 Written atomically: everything goes into a hidden temporary sibling which is renamed into place at the
 end, so an interrupted run never leaves a directory that looks complete, and an existing run is never
@@ -52,6 +53,7 @@ class Run:
     summary: dict[str, Any]
     path: Path | None = None
     events: pd.DataFrame | None = field(default=None, repr=False)  # in-memory only; not written
+    modules: pd.DataFrame | None = None  # modules.csv (analysis.modules); None when the run has no modules
     # in-memory only: the trace's kernels/memcpy/memset with the event that launched each ("op")
     kernels: pd.DataFrame | None = field(default=None, repr=False)
 
@@ -141,6 +143,9 @@ def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+json_safe = _clean  # for other writers of JSON
 
 
 def dumps(obj: Any) -> str:
@@ -250,6 +255,8 @@ def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
         tmp = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=folder))
         (tmp / "meta.json").write_text(dumps(run.meta) + "\n")
         run.ops.to_csv(tmp / "ops.csv", index=False)
+        if run.modules is not None:
+            run.modules.to_csv(tmp / "modules.csv", index=False)
         (tmp / "findings.json").write_text(dumps(run.findings) + "\n")
         (tmp / "summary.json").write_text(dumps(run.summary) + "\n")
         if compressor is not None:
@@ -332,7 +339,8 @@ def read_run(path: Path) -> Run:
     _check_summary(path / "summary.json", summary)
     _check_findings(path / "findings.json", findings)
     ops = read_ops_csv(path / "ops.csv")
-    return Run(meta=meta, ops=ops, findings=findings, summary=summary, path=path)
+    modules = read_modules_csv(path / "modules.csv")
+    return Run(meta=meta, ops=ops, findings=findings, summary=summary, path=path, modules=modules)
 
 
 def _read_json(path: Path, kind: type) -> Any:
@@ -452,11 +460,12 @@ def _check_findings(path: Path, findings: list[Any]) -> None:
 
 TEXT_COLUMNS = ("op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location",
                 "bound", "kernels", "family", "dtype", "ceiling", "note", "kernel_family", "launcher",
-                "measured_kernels")
+                "measured_kernels", "module", "module_class")
 # The columns the renderers read as numbers; anything else in them makes the file damaged.
 NUMBER_COLUMNS = ("calls", "time_us_total", "time_share", "flops_per_call", "bytes_per_call",
                   "arithmetic_intensity", "achieved_gflops", "achieved_gbps", "pct_peak_flops",
-                  "pct_peak_bandwidth", "cpu_time_us_total", "time_us_per_call")
+                  "pct_peak_bandwidth", "cpu_time_us_total", "time_us_per_call", "alloc_bytes_per_call",
+                  "freed_bytes_per_call")
 REQUIRED_COLUMNS = ("op", "calls", "time_us_total", "time_share")
 
 
@@ -478,4 +487,31 @@ def read_ops_csv(path: Path) -> pd.DataFrame:
             df[col] = values.astype(float)
     calls = df["calls"].to_numpy()
     _check(path, bool(np.isfinite(calls).all() and (calls >= 0).all()), "column 'calls' must hold counts")
+    return df
+
+
+MODULE_TEXT_COLUMNS = ("module", "module_class", "bound")
+MODULE_NUMBER_COLUMNS = ("depth", "time_us_total", "time_share", "self_time_us", "flops_total", "bytes_total",
+                         "findings")
+
+
+def read_modules_csv(path: Path) -> pd.DataFrame | None:
+    """modules.csv (analysis.modules.COLUMNS), or None when the run has none. It is derived from ops.csv
+    and findings.json, so a damaged one is left out (the report shows everything else), not an error."""
+    if not path.is_file():
+        return None
+    try:
+        head = pd.read_csv(path, nrows=0).columns
+        dtypes = {c: str for c in MODULE_TEXT_COLUMNS if c in head}
+        df = pd.read_csv(path, dtype=dtypes, keep_default_na=False,
+                         na_values={c: [""] for c in head if c not in dtypes})
+    except (OSError, UnicodeDecodeError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError):
+        return None
+    if any(c not in df.columns for c in MODULE_TEXT_COLUMNS + MODULE_NUMBER_COLUMNS):
+        return None
+    for col in MODULE_NUMBER_COLUMNS:
+        values = pd.to_numeric(df[col], errors="coerce")
+        if (values.isna() & df[col].notna()).any():
+            return None
+        df[col] = values.astype(float)
     return df

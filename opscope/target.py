@@ -75,6 +75,9 @@ def check_target_file(path: Path) -> None:
         raise TargetError(f"no such file: {path}")
     if path.is_dir():
         raise TargetError(f"{path} is a directory; TARGET must be a Python file")
+    if path.suffix.lower() != ".py":
+        hint = " (a trace? use `opscope analyze`)" if path.name.endswith((".json", ".json.gz", ".gz")) else ""
+        raise TargetError(f"{path} is not a Python file (.py){hint}; TARGET is the model's source file")
     try:
         source = path.read_bytes()
     except OSError as exc:

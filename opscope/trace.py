@@ -58,6 +58,12 @@ class _Args(msgspec.Struct):
     kernel: Any = None
     kernel_flop: float | None = None
     kernel_num_gb: float | None = None
+    # `[memory]` instant events (profile_memory)
+    mem_bytes: float | None = msgspec.field(default=None, name="Bytes")
+    mem_addr: int | None = msgspec.field(default=None, name="Addr")
+    mem_total: float | None = msgspec.field(default=None, name="Total Allocated")
+    mem_device_type: int | None = msgspec.field(default=None, name="Device Type")
+    mem_device_id: int | None = msgspec.field(default=None, name="Device Id")
 
 
 class _Event(msgspec.Struct):
@@ -83,6 +89,7 @@ class _TraceFile(msgspec.Struct):
     pytorch_version: Any = None
     hip_runtime_version: Any = None
     roctracer_version: Any = None
+    opscope: Any = None  # what `opscope profile` embedded (analysis.annotations); checked where it is read
 
 
 _DECODER = msgspec.json.Decoder(_TraceFile)
@@ -129,6 +136,15 @@ class TraceData:
     gpu_runtime: str | None = None  # "cuda" | "rocm" | None
     distributed: dict[str, Any] | None = None
     n_events: int = 0
+    # with_modules traces: one row per `nn.Module: <Class>_<N>` python_function event (name without the
+    # prefix, pid, tid, ts, dur)
+    modules: pd.DataFrame = field(default_factory=lambda: _empty_intervals())
+    # profile_memory traces: one row per `[memory]` instant event (pid, tid, ts, bytes (negative: a
+    # free), addr, total_allocated, device_type, device_id)
+    memory: pd.DataFrame = field(default_factory=lambda: _empty_memory())
+    # filled by analysis.events from `modules`: module path -> class, for every module the trace names
+    module_classes: dict[str, str] = field(default_factory=dict)
+    opscope_block: Any = None  # the trace's "opscope" key, as decoded JSON (analysis.annotations reads it)
     # One line each about what the reader skipped or excluded (malformed events, absurd durations or
     # shapes); the CLI prints them as warnings.
     warnings: list[str] = field(default_factory=list)
@@ -141,6 +157,21 @@ class TraceData:
     def gpu_only(self) -> bool:
         """A trace of GPU activity only (no cpu_op events): its report is kernel-level."""
         return self.ops.empty and self.has_gpu
+
+
+MODULE_PREFIX = "nn.Module: "
+MEMORY_EVENT = "[memory]"
+_MEMORY_COLUMNS = ("pid", "tid", "ts", "bytes", "addr", "total_allocated", "device_type", "device_id")
+
+
+def _empty_intervals() -> pd.DataFrame:
+    return pd.DataFrame({"name": pd.Series([], dtype=object), "pid": np.zeros(0, np.int64),
+                         "tid": np.zeros(0, np.int64), "ts": np.zeros(0), "dur": np.zeros(0)})
+
+
+def _empty_memory() -> pd.DataFrame:
+    return pd.DataFrame({k: np.zeros(0, np.float64 if k in ("ts", "bytes", "total_allocated") else np.int64)
+                         for k in _MEMORY_COLUMNS})
 
 
 class _Rejects:
@@ -467,6 +498,8 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
     ann: dict[str, list] = {k: [] for k in _ANNOTATION_COLUMNS}
     steps: dict[str, list] = {k: [] for k in ("step", "pid", "tid", "ts", "dur")}
     py: dict[str, Any] = {"name": [], "pid": [], "tid": [], "ts": array("d"), "dur": array("d")}
+    mods: dict[str, Any] = {"name": [], "pid": [], "tid": [], "ts": array("d"), "dur": array("d")}
+    mem: dict[str, list] = {k: [] for k in _MEMORY_COLUMNS}
     dims_text = _TextCache(rejects, "Input Dims", check_sizes=True).text
     types_text = _TextCache(rejects, "Input type").text
     strides_text = _TextCache(rejects, "Input Strides").text
@@ -488,6 +521,8 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
     for batch in _batches(raws, rejects):
         for e in batch:
             if e.ph != "X":
+                if e.ph == "i" and e.name == MEMORY_EVENT and e.args is not None:
+                    _memory_event(e, mem, rejects)
                 continue
             if not 0.0 <= e.dur <= MAX_DURATION_US:
                 rejects.add("events with a negative or absurd duration (excluded)", f"{e.name[:40]!r} dur {e.dur:g} µs")
@@ -535,6 +570,13 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
                     inductor[len(ops["name"]) - 1] = (
                         a.kernel_backend, _nan_if_none(a.kernel_flop), _nan_if_none(a.kernel_num_gb))
             elif cat == "python_function":
+                if e.name.startswith(MODULE_PREFIX):
+                    mods["name"].append(intern(e.name, e.name)[len(MODULE_PREFIX):])
+                    mods["pid"].append(e.pid)
+                    mods["tid"].append(e.tid)
+                    mods["ts"].append(e.ts)
+                    mods["dur"].append(e.dur)
+                    continue
                 # Only frames that can be an op's source location are kept (user code, or opscope's
                 # harness): the innermost kept frame around an op is then its location, without walking
                 # torch's and the stdlib's frames (most of a trace's Python events).
@@ -604,7 +646,25 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
         gpu_runtime=gpu_runtime,
         distributed=doc.distributedInfo if isinstance(doc.distributedInfo, dict) else None,
         n_events=n_events,
+        modules=_frame(mods, floats=("ts", "dur")),
+        opscope_block=doc.opscope,
+        memory=_frame(mem, floats=("ts", "bytes", "total_allocated"),
+                      ints=("addr", "device_type", "device_id")),
     )
+
+
+def _memory_event(e: _Event, mem: dict[str, list], rejects: _Rejects) -> None:
+    """One `[memory]` instant event: an allocation (Bytes > 0) or a free (Bytes < 0) at Addr."""
+    a = e.args
+    if a.mem_bytes is None or not math.isfinite(a.mem_bytes) or not math.isfinite(e.ts):
+        rejects.add("malformed [memory] events", f"Bytes {a.mem_bytes!r}")
+        return
+    total = a.mem_total if a.mem_total is not None and math.isfinite(a.mem_total) else math.nan
+    for k, v in (("pid", e.pid), ("tid", e.tid), ("ts", e.ts), ("bytes", a.mem_bytes),
+                 ("addr", _int64(a.mem_addr, rejects)), ("total_allocated", total),
+                 ("device_type", _int64(a.mem_device_type, rejects, 0)),
+                 ("device_id", _int64(a.mem_device_id, rejects))):
+        mem[k].append(v)
 
 
 def _nan_if_none(x: float | None) -> float:

@@ -215,7 +215,8 @@ def test_hostile_names_run_nothing(browser, reports):
     body = page.evaluate("document.body.innerText")
     assert HOSTILE_PATH in body and HOSTILE_KERNEL in body  # shown, as text
     run = read_run(run_dir)
-    row = next(i for i, s in enumerate(run.ops["source_location"]) if HOSTILE_PATH in s and run.ops["kernels"][i])
+    row = next(i for i, s in enumerate(run.ops["source_location"])
+               if HOSTILE_PATH in s and HOSTILE_KERNEL in run.ops["kernels"][i])
     page.evaluate(f"window.opscopeReport.select({row})")
     detail = page.evaluate("document.getElementById('ops-detail').textContent")
     assert HOSTILE_PATH in detail and HOSTILE_KERNEL in detail

@@ -9,6 +9,9 @@ subtree must add up to the hand count, every part counted once.
 
 from __future__ import annotations
 
+import gzip
+import json
+
 import pandas as pd
 import pytest
 
@@ -222,9 +225,17 @@ def test_tensorlist_dtypes_from_the_dispatch_pass(tmp_path):
     assert cats.loc[(FP16_PAIR, "pairs"), "dtype"] == "float16"
     assert cats.loc[(INT64_PAIR, "pairs"), "dtype"] == ""  # no floating-point input
 
-    # analyze has only the trace, whose TensorList types are just "TensorList": the run's most common
-    # dtype (float32) is assumed, and every such row says so
-    analyzed = run_cli("analyze", str(tmp_path / "run" / "trace.json.gz"), "--out", str(tmp_path / "analyzed"), *PEAKS)
+    # analyze of the trace profile saved reads the dtypes profile embedded in it: the same bytes
+    again = run_cli("analyze", str(tmp_path / "run" / "trace.json.gz"), "--out", str(tmp_path / "again"), *PEAKS)
+    assert again.returncode == 0, again.stderr
+    assert cat_rows(pd.read_csv(tmp_path / "again" / "ops.csv", keep_default_na=False), path).equals(cats)
+
+    # a trace without them has only "TensorList" as the type: the run's most common dtype (float32) is
+    # assumed, and every such row says so
+    doc = json.loads(gzip.decompress((tmp_path / "run" / "trace.json.gz").read_bytes()))
+    del doc["opscope"]
+    (tmp_path / "bare.json").write_text(json.dumps(doc))
+    analyzed = run_cli("analyze", str(tmp_path / "bare.json"), "--out", str(tmp_path / "analyzed"), *PEAKS)
     assert analyzed.returncode == 0, analyzed.stderr
     ops = pd.read_csv(tmp_path / "analyzed" / "ops.csv", keep_default_na=False)
     cats = ops[ops["op"] == "aten::cat"].set_index("input_dims")  # (no source lines in this trace)

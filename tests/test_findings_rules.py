@@ -312,5 +312,6 @@ def test_findings_are_ranked_and_well_formed(bad):
     assert savings == sorted(savings, reverse=True)
     for f in run.findings:
         assert f["severity"] in ("high", "medium", "low")
-        assert set(f) == {"rule", "severity", "op", "source_location", "message", "suggestion", "est_savings_us"}
+        assert set(f) == {"rule", "severity", "op", "source_location", "message", "suggestion", "est_savings_us",
+                          "module"}
         assert f["message"] and f["suggestion"]

@@ -19,6 +19,7 @@ import pytest
 from rich.console import Console
 
 from conftest import EXAMPLES, PEAKS, TRACES, run_cli
+from opscope.analysis.modules import module_table
 from opscope.analysis.trace_file import analyze_trace_file
 from opscope.compare import compare_runs
 from opscope.render.console_report import render_report
@@ -51,11 +52,15 @@ def hostile_run(folder: Path) -> Path:
     analyze_trace_file(trace, out=out, peak_bw=3350.0, peak_flops=["989000"])
     ops = pd.read_csv(out / "ops.csv", dtype=str, keep_default_na=False)
     ops["module"] = [HOSTILE_MODULE if i == 0 else f"encoder.layer.{i % 3}.attn" for i in range(len(ops))]
+    ops["module_class"] = "Attention"
     ops.to_csv(out / "ops.csv", index=False)
+    run = read_run(out)
+    module_table(run.ops, run.findings).to_csv(out / "modules.csv", index=False)
     summary = json.loads((out / "summary.json").read_text())
     summary.update(step_time_us_p50=4400.0, step_time_us_max=4700.0, step_time_cv=0.04,
                    noise={"other_cpu_share": 0.02, "verdict": "quiet"},
-                   memory={"peak_bytes": 3 << 20, "peak_op": f"aten::addmm at {HOSTILE_PATH}:364"})
+                   memory={"peak_allocated_bytes": 3 << 20, "peak_op": "aten::addmm",
+                           "peak_source_location": f"{HOSTILE_PATH}:364", "peak_module": HOSTILE_MODULE})
     (out / "summary.json").write_text(json.dumps(summary))
     (out / "swap.json").write_text(json.dumps({"results": [
         {"kernel": HOSTILE_KERNEL, "op": "aten::addmm", "speedup": 1.7, "verified": True}]}))
@@ -195,7 +200,12 @@ def test_script_json_escapes():
 
 
 def test_sections_follow_the_run(runs):
-    plain = render_html(read_run(runs["bert"]))
+    run = read_run(runs["bert"])
+    doc = render_html(run)  # the trace was recorded with_modules and profile_memory
+    assert 'id="module-plot"' in doc and 'id="memory"' in doc and "during addmm at" in doc
+    run.modules, run.ops = None, run.ops.drop(columns=["module", "module_class"])
+    del run.summary["memory"]
+    plain = render_html(run)
     for absent in ('id="swap"', 'id="memory"', 'id="module-plot"', 'id="comparison"'):
         assert absent not in plain
     assert 'id="kernels"' in plain and "This run has no module paths" in plain
@@ -215,10 +225,11 @@ def test_baseline_adds_the_comparison(runs, tmp_path):
     assert f"{c.step_ratio:.2f}x" in doc
 
 
-def big_run(source: Path, out: Path, copies: int = 22) -> Path:
+def big_run(source: Path, out: Path, rows: int = 2000) -> Path:
     """A run of ~2,000 op rows (the size of a 132k-event trace's table): `source`'s rows repeated at
     other source lines, with other times."""
     run = read_run(source)
+    copies = -(-rows // len(run.ops))
     parts = []
     for k in range(copies):
         ops = run.ops.copy()
@@ -260,7 +271,7 @@ def test_console_report_has_the_same_content(runs):
     for needle in ("Time by bound class", "Time by op family", "Kernels of the top", "cutlass", "→ Take the CPU"):
         assert needle in text, needle
     hostile = console_text(runs["hostile"])
-    for needle in ("Time by module", "encoder.layer.1", "Memory", "peak bytes", "3 MiB", "Swap results",
+    for needle in ("Time by module", "encoder.layer.1", "Memory", "peak allocated", "3 MiB", "Swap results",
                    "noise: quiet", HOSTILE_PATH):
         assert needle in hostile.replace("\n", ""), needle
     assert "\x1b" not in hostile

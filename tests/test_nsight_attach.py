@@ -58,8 +58,10 @@ def run(analyzed) -> Run:
     return fresh
 
 
-def row_at(run: Run, line: str, op: str = "aten::addmm") -> int:
-    hits = run.ops.index[(run.ops["source_location"] == line) & (run.ops["op"] == op)]
+def row_at(run: Run, line: str, op: str = "aten::addmm", module: str | None = None) -> int:
+    """The one row of `op` at `line` (in the module whose path ends with `module`, where a line runs in many)."""
+    hits = run.ops.index[(run.ops["source_location"] == line) & (run.ops["op"] == op)
+                         & (run.ops["module"].str.endswith(module) if module else True)]
     assert len(hits) == 1
     return int(hits[0])
 
@@ -92,7 +94,7 @@ def test_ncu_selection_takes_the_kernels_of_the_heaviest_rows(run):
 def test_attach_ncu_raw_fixture(run):
     table = read_ncu_csv(RAW)
     info = attach_ncu(run, kernel_plan(run), table)
-    assert info == {"kernels_profiled": 26, "kernels_matched": 26, "rows_measured": 6}
+    assert info == {"kernels_profiled": 26, "kernels_matched": 26, "rows_measured": 26}
     ops = run.ops
     assert list(ops.columns[-len(MEASURED_COLUMNS):]) == MEASURED_COLUMNS
     vocab = ops.loc[row_at(run, VOCAB)]
@@ -103,14 +105,22 @@ def test_attach_ncu_raw_fixture(run):
     assert vocab["measured_kernels"].startswith("void " + VOCAB_KERNEL)
     assert vocab["measured_tensor_inst_per_call"] > 0 and math.isnan(vocab["measured_flops_ratio"])
     assert vocab["measured_flops_per_call"] == 2 * 12_288 + 1_536 + 3_072  # 2 x FMA + add + mul; n/a fp64 = none
-    # 12 calls in the step: per-call numbers divide the step's sum by 12
-    qkv = ops.loc[row_at(run, "transformers/models/bert/modeling_bert.py:364")]
-    assert qkv["calls"] == 12
-    assert qkv["measured_time_us_per_call"] == pytest.approx(round(qkv["time_us_per_call"] * 1.05, 2), abs=0.006)
-    flash = ops.loc[row_at(run, "transformers/models/bert/modeling_bert.py:364", "aten::_flash_attention_forward")]
+    # rows are per module: layer 0's query projection is one call in the step
+    qkv = ops.loc[row_at(run, "transformers/models/bert/modeling_bert.py:364",
+                         module="BertLayer_0.BertAttention.BertSdpaSelfAttention.Linear_0")]
+    assert qkv["calls"] == 1
+    # the fixture gave each of the 12 q/k/v kernels 1.05 x their mean time (make_bert_ncu.py ran before rows were
+    # split by module, when the 12 were one row)
+    qkv_rows = ops[(ops["source_location"] == qkv["source_location"]) & (ops["op"] == "aten::addmm")]
+    assert len(qkv_rows) == 12 and (qkv_rows["calls"] == 1).all()
+    expected = round(qkv_rows["time_us_per_call"].mean() * 1.05, 2)
+    assert qkv_rows["measured_time_us_per_call"].to_numpy() == pytest.approx(expected, abs=0.006)
+    flash = ops.loc[row_at(run, "transformers/models/bert/modeling_bert.py:364", "aten::_flash_attention_forward",
+                           module="BertLayer_0.BertAttention.BertSdpaSelfAttention")]
     assert flash["measured_flops_ratio"] == pytest.approx(flash["measured_flops_per_call"] / flash["flops_per_call"])
     # a row whose kernels were not measured has no measured numbers
-    assert math.isnan(ops.loc[row_at(run, "transformers/models/bert/modeling_bert.py:551"),
+    assert math.isnan(ops.loc[row_at(run, "transformers/models/bert/modeling_bert.py:551",
+                                     module="BertLayer_0.BertOutput.Linear"),
                               "measured_dram_bytes_per_call"])
     assert (table.kernels["row"] >= 0).all()
 
@@ -208,7 +218,7 @@ def test_analyze_trace_with_ncu_cli(tmp_path):
     proc = run_cli("analyze", str(BERT), "--ncu", str(RAW), "--out", str(out), "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
-    assert summary["ncu"] == {"csv": RAW.name, "kernels_profiled": 26, "kernels_matched": 26, "rows_measured": 6}
+    assert summary["ncu"] == {"csv": RAW.name, "kernels_profiled": 26, "kernels_matched": 26, "rows_measured": 26}
     findings = json.loads((out / "findings.json").read_text())
     excess = [f for f in findings if f["rule"] == "excess-traffic"]
     assert len(excess) == 1 and excess[0]["source_location"] == VOCAB and summary["findings"] == len(findings)

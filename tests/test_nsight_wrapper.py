@@ -162,8 +162,9 @@ def test_profile_with_a_stand_in_nsys(tmp_path, model, monkeypatch, private_tmp)
     path = profile_with_nsight(spec(model, out=str(out)), NsightRequest(nsys=True, nsys_args=["--sample=none"]),
                                {"nsys": str(nsys)}, Listener(), out=out, reports=reports, stem="model")
     assert path == out
-    assert sorted(p.name for p in out.iterdir()) == ["findings.json", "meta.json", "nsys.nsys-rep",
-                                                    "nsys_kernels.csv", "ops.csv", "summary.json", "trace.json.gz"]
+    assert sorted(p.name for p in out.iterdir()) == ["findings.json", "meta.json", "modules.csv",
+                                                    "nsys.nsys-rep", "nsys_kernels.csv", "ops.csv", "summary.json",
+                                                    "trace.json.gz"]
     argv = (tmp_path / "nsys-argv.txt").read_text().splitlines()
     assert argv[1:11] == ["profile", "-t", "cuda,nvtx,osrt,cublas,cudnn", "--capture-range=cudaProfilerApi",
                           "--capture-range-end=stop", "-o", argv[7], "-f", "true", "--sample=none"]
@@ -249,7 +250,7 @@ def test_the_ncu_pass_with_a_stand_in_ncu(tmp_path, model, monkeypatch, mode):
                          "regex:^(?:.*::)?(?:Kernel2|flash_fwd_kernel)$"]
     assert argv[8:10] == ["-c", "26"] and argv[-4] == sys.executable
     assert run.summary["ncu"] == {"csv": "ncu.csv", "rows_selected": 3, "kernels_requested": 26,
-                                  "kernels_profiled": 26, "kernels_matched": 26, "rows_measured": 6}
+                                  "kernels_profiled": 26, "kernels_matched": 26, "rows_measured": 26}
     assert sorted(extra) == ["ncu.csv", "ncu_kernels.csv"]
     vocab = run.ops[run.ops["source_location"] == VOCAB].iloc[0]
     assert vocab["measured_bytes_ratio"] == pytest.approx(3.09, rel=1e-5)

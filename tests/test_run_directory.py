@@ -54,7 +54,7 @@ def read_rows(run_dir):
 
 def check_run_directory(run_dir, steps: int) -> None:
     assert sorted(p.name for p in run_dir.iterdir()) == sorted(
-        ["meta.json", "ops.csv", "findings.json", "summary.json", "trace.json.gz"])
+        ["meta.json", "ops.csv", "findings.json", "summary.json", "trace.json.gz", "modules.csv"])
     assert re.fullmatch(r"\d{8}-\d{6}-[\w.-]+", run_dir.name)
     meta = json.loads((run_dir / "meta.json").read_text())
     assert set(meta) >= META_KEYS
@@ -74,8 +74,8 @@ def check_run_directory(run_dir, steps: int) -> None:
     times = [float(r["time_us_total"]) for r in rows]
     assert times == sorted(times, reverse=True)
     assert abs(sum(float(r["time_share"]) for r in rows) - 1.0) < 1e-6
-    keys = [tuple(r[c] for c in CONTRACT_COLUMNS[:6]) for r in rows]
-    assert len(keys) == len(set(keys)), "rows must be unique per (op, inputs, source location)"
+    keys = [tuple(r[c] for c in [*CONTRACT_COLUMNS[:6], "module"]) for r in rows]
+    assert len(keys) == len(set(keys)), "rows must be unique per (op, inputs, source location, module)"
     for r in rows:
         assert re.fullmatch(r"[A-Za-z_]\w*::[\w.]+", r["op"]), r["op"]
         for c in JSON_TEXT:
@@ -104,7 +104,7 @@ def check_run_directory(run_dir, steps: int) -> None:
     findings = json.loads((run_dir / "findings.json").read_text())
     assert isinstance(findings, list) and summary["findings"] == len(findings)
     for f in findings:
-        assert set(f) == FINDING_KEYS
+        assert set(f) == FINDING_KEYS | {"module"}
         assert f["severity"] in ("high", "medium", "low")
     savings = [f["est_savings_us"] for f in findings if f["est_savings_us"] is not None]
     assert savings == sorted(savings, reverse=True)

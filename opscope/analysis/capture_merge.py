@@ -169,7 +169,7 @@ def merge_capture(replay: TraceData, capture: TraceData) -> tuple[TraceData, Cap
     signatures = [Counter(keys) for keys in graph_keys]
     report.by_name = all(g.named for g in graphs)
 
-    new_ops, new_py, new_launches = [], [], []
+    new_ops, new_py, new_mods, new_launches = [], [], [], []
     new_corr = np.asarray(k_corr, dtype=np.int64).copy()
     captured = np.zeros(len(rk), dtype=bool)
     replay_launch = np.full(len(rk), -1, dtype=np.int64)
@@ -197,7 +197,8 @@ def merge_capture(replay: TraceData, capture: TraceData) -> tuple[TraceData, Cap
         launch_ts = float(rl["ts"].iloc[li])
         shift = launch_ts - _segment_start(capture, g)
         new_ops.append(_copy_ops(capture, g, thread, shift, launch_ts))
-        new_py.append(_copy_python(capture, g, thread, shift))
+        new_py.append(_copy_frames(capture.python, g, thread, shift))
+        new_mods.append(_copy_frames(capture.modules, g, thread, shift))
         cl = capture.launches
         for j, pos in zip(ks, positions, strict=True):
             c = g.launches[pos]
@@ -226,7 +227,7 @@ def merge_capture(replay: TraceData, capture: TraceData) -> tuple[TraceData, Cap
                                "branches may be credited to each other's ops")
     if not report.merged_launches:
         return replay, report
-    merged = _with_copies(replay, new_ops, new_py, new_launches)
+    merged = _with_copies(replay, new_ops, new_py, new_mods, new_launches)
     merged.kernels = rk.assign(correlation=new_corr, ext_id=np.where(captured, -1, rk["ext_id"].to_numpy()),
                                captured=captured, replay_launch=replay_launch)
     return merged, report
@@ -274,10 +275,9 @@ def _copy_ops(capture: TraceData, g: _Graph, thread: tuple[int, int], shift: flo
     return ops
 
 
-def _copy_python(capture: TraceData, g: _Graph, thread: tuple[int, int], shift: float) -> pd.DataFrame:
-    """The Python frames around the captured ops: those overlapping the capture (a frame opened before it
-    began still encloses its ops)."""
-    py = capture.python
+def _copy_frames(py: pd.DataFrame, g: _Graph, thread: tuple[int, int], shift: float) -> pd.DataFrame:
+    """The Python frames (or nn.Module calls) around the captured ops: those overlapping the capture (a
+    frame opened before it began still encloses its ops)."""
     if len(py):
         ts = py["ts"].to_numpy()
         keep = (ts <= g.end) & (ts + py["dur"].to_numpy() >= g.start)
@@ -290,12 +290,13 @@ def _copy_python(capture: TraceData, g: _Graph, thread: tuple[int, int], shift: 
     return py
 
 
-def _with_copies(replay: TraceData, ops: list[pd.DataFrame], py: list[pd.DataFrame],
+def _with_copies(replay: TraceData, ops: list[pd.DataFrame], py: list[pd.DataFrame], mods: list[pd.DataFrame],
                  launches: list[dict]) -> TraceData:
     base = replay.ops.assign(captured=False, replay_ts=np.nan)
     all_ops = pd.concat([base, *ops], ignore_index=True)
     all_ops["captured"] = all_ops["captured"].astype(bool)
     python = pd.concat([replay.python, *py], ignore_index=True) if any(len(p) for p in py) else replay.python
+    modules = pd.concat([replay.modules, *mods], ignore_index=True) if any(len(m) for m in mods) else replay.modules
     new_l = pd.DataFrame(launches).astype({"pid": np.int64, "tid": np.int64, "correlation": np.int64,
                                            "ext_id": np.int64})
     all_launches = pd.concat([replay.launches, new_l], ignore_index=True)
@@ -303,4 +304,5 @@ def _with_copies(replay: TraceData, ops: list[pd.DataFrame], py: list[pd.DataFra
                      steps=replay.steps, python=python, annotations=replay.annotations,
                      device_properties=replay.device_properties, torch_version=replay.torch_version,
                      gpu_runtime=replay.gpu_runtime, distributed=replay.distributed, n_events=replay.n_events,
-                     warnings=list(replay.warnings))
+                     warnings=list(replay.warnings), modules=modules, memory=replay.memory,
+                     opscope_block=replay.opscope_block)

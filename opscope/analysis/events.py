@@ -2,7 +2,8 @@
 
 Adds to each cpu_op event: its parent in the op call tree (ops nest by time on a thread), self time,
 whether it is a row of ops.csv, the profiler step it ran in, the kernels it launched (GPU traces), its
-source location and (profile) the TensorList element dtypes the dispatch pass saw.
+source location, its module (qualified name and class of the innermost nn.Module running it) and
+(profile) the TensorList element dtypes the dispatch pass saw.
 
 Rows are registered operators (`ns::op`) and torch.compile's compiled code: the ranges around a
 compiled region (`Torch-Compiled Region: 0/0`, autograd's `CompiledFunction[Backward]`, inductor's
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -188,16 +190,19 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
     ev["row_parent"] = row_parent
     ev["self_us"] = _self_times(dur, parent, row_parent, is_row_arr)
 
-    ev["step"] = _assign_steps(trace, ts)
+    ev["step"] = assign_steps(trace, ts)
     if "captured" in ev.columns:  # a graph capture's ops copied into a replay (opscope.analysis.capture_merge)
         copies = ev["captured"].to_numpy(dtype=bool)
         ev.loc[copies, "self_us"] = 0.0  # they ran during capture, not in the replay
-        ev.loc[copies, "step"] = _assign_steps(trace, ev.loc[copies, "replay_ts"].to_numpy())
+        ev.loc[copies, "step"] = assign_steps(trace, ev.loc[copies, "replay_ts"].to_numpy())
     _attribute_kernels(trace, ev, keys)
     if callable(source_override):
         source_override = source_override(ev)
     ev["dispatch_input_types"] = _dispatch_input_types(source_override, n)
     ev["source_location"] = _sources(trace, ev, keys, order, source_override)
+    modules = _modules(trace, ev, order, source_override)
+    ev["module"] = [m for m, _ in modules]
+    ev["module_class"] = [c for _, c in modules]
     if len(trace.kernels):
         trace.kernels["launcher_loc"] = launcher_locations(trace, ev)
     return ev
@@ -227,7 +232,8 @@ def _dispatch_input_types(source_override: Mapping[int, str] | None, n: int) -> 
     return out
 
 
-def _assign_steps(trace: TraceData, ts: np.ndarray) -> np.ndarray:
+def assign_steps(trace: TraceData, ts: np.ndarray) -> np.ndarray:
+    """Index of the ProfilerStep range each time falls in (-1: none; 0 for all when there are none)."""
     steps = trace.steps
     if steps.empty:
         return np.zeros(len(ts), dtype=np.int64)
@@ -395,35 +401,105 @@ def _sources(trace: TraceData, ev: pd.DataFrame, keys: np.ndarray, order: list[i
         stacks = ev["call_stack"].tolist()
         loc = [location_from_call_stack(s) if s else "" for s in stacks]
 
-    par = ev["parent"].tolist()
-    # An op without a location of its own takes its parent's (it ran inside it).
-    for i in order:
-        if not loc[i] and par[i] >= 0:
-            loc[i] = loc[par[i]]
-    # A composite parent without one takes its first child's (same statement issued both).
-    first_child: dict[int, int] = {}
-    for i in order:
-        p = par[i]
-        if p >= 0 and p not in first_child:
-            first_child[p] = i
-    for i in reversed(order):
-        if not loc[i] and i in first_child:
-            loc[i] = loc[first_child[i]]
+    return _inherit(loc, ev, order, bool)
 
-    # Backward ops point at the forward op they differentiate (autograd sequence number).
+
+def _inherit(values: list, ev: pd.DataFrame, order: list[int], known: Callable[[Any], bool]) -> list:
+    """Fills in per-event labels (source lines, modules) the capture did not give: an op without one
+    takes its parent's (it ran inside it); a composite parent without one its first labelled child's
+    (the same statement issued both), and what is still missing then its parent's again. Backward ops
+    take the label of the forward op they differentiate (autograd sequence number)."""
+    par = ev["parent"].tolist()
+    for i in order:
+        if not known(values[i]) and par[i] >= 0:
+            values[i] = values[par[i]]
+    first_child: dict[int, int] = {}
+    for i in reversed(order):
+        if not known(values[i]) and i in first_child:
+            values[i] = values[first_child[i]]
+        p = par[i]
+        if p >= 0 and known(values[i]):
+            first_child[p] = i  # reversed order: the last one written is the first child
+    for i in order:
+        if not known(values[i]) and par[i] >= 0:
+            values[i] = values[par[i]]
+
     seqs = ev["seq"].tolist()
     bwd_root = ev["bwd_root"].tolist()
-    fwd_loc: dict[int, str] = {}
+    fwd: dict[int, Any] = {}
     for i in order:
-        if bwd_root[i] < 0 and seqs[i] >= 0 and seqs[i] not in fwd_loc and loc[i]:
-            fwd_loc[seqs[i]] = loc[i]
+        if bwd_root[i] < 0 and seqs[i] >= 0 and seqs[i] not in fwd and known(values[i]):
+            fwd[seqs[i]] = values[i]
     for i in order:
         r = bwd_root[i]
         if r >= 0 and seqs[r] >= 0:
-            where = fwd_loc.get(seqs[r])
-            if where:
-                loc[i] = where
-    return loc
+            value = fwd.get(seqs[r])
+            if value is not None:
+                values[i] = value
+    return values
+
+
+NO_MODULE = ("", "")
+
+
+def _modules(trace: TraceData, ev: pd.DataFrame, order: list[int],
+             source_override: SourceOverride | None) -> list[tuple[str, str]]:
+    """(qualified module name, class) per event: from `profile`'s dispatch pass (LineJoin.modules) when
+    given, else from the trace's `nn.Module: ...` events (with_modules); NO_MODULE outside the model."""
+    n = len(ev)
+    captured = getattr(source_override, "modules", None)
+    if captured is not None:
+        values = [NO_MODULE] * n
+        for i, m in captured.items():
+            if 0 <= i < n:
+                values[i] = m
+    elif len(trace.modules):
+        values = _trace_modules(trace, ev)
+    else:
+        return [NO_MODULE] * n
+    return _inherit(values, ev, order, lambda m: bool(m[1]))
+
+
+_INSTANCE_RE = re.compile(r"^(?P<cls>.+)_(?P<n>\d+)$")
+
+
+def _trace_modules(trace: TraceData, ev: pd.DataFrame) -> list[tuple[str, str]]:
+    """Module paths from with_modules traces. torch.profiler names each module call `<Class>_<N>`, N
+    counting instances of that class across the model; the path names each module `<Class>_<k>`, k its
+    instance's index among the modules of its class called directly inside its parent (in order of
+    first call), or plain `<Class>` when its parent calls only one of that class. Repeated blocks thus
+    have the same relative paths (`BertModel.BertEncoder.BertLayer_2.BertAttention.BertSdpaSelfAttention
+    .Linear_1` is every layer's second Linear). When one module encloses all the others (the model), it
+    is the root: its path is "" and the others' paths start below it."""
+    mods = trace.modules
+    m_ts = mods["ts"].to_numpy()
+    m_end = m_ts + mods["dur"].to_numpy()
+    all_threads = thread_keys(np.concatenate([mods["pid"].to_numpy(), ev["pid"].to_numpy()]),
+                              np.concatenate([mods["tid"].to_numpy(), ev["tid"].to_numpy()]))
+    m_keys, o_keys = all_threads[: len(mods)], all_threads[len(mods):]
+    parent = nest(m_keys, m_ts, m_end).tolist()
+    names = mods["name"].tolist()
+    classes = [m.group("cls") if (m := _INSTANCE_RE.match(x)) else x for x in names]
+    # (parent's path, class) -> {trace name: local index}; paths are tuples of (class, local index)
+    index: dict[tuple[tuple, str], dict[str, int]] = {}
+    raw: list[tuple] = [()] * len(mods)
+    for j in np.lexsort((np.arange(len(mods)), -m_end, m_ts, m_keys)).tolist():  # parents first
+        up = raw[parent[j]] if parent[j] >= 0 else ()
+        instances = index.setdefault((up, classes[j]), {})
+        raw[j] = (*up, (classes[j], instances.setdefault(names[j], len(instances))))
+    shown: dict[tuple, str] = {}
+    for path in set(raw):
+        shown[path] = ".".join(c if len(index[(path[:d], c)]) == 1 else f"{c}_{k}"
+                               for d, (c, k) in enumerate(path))
+    paths = [shown[p] for p in raw]
+    roots = {paths[j] for j in range(len(mods)) if parent[j] < 0}
+    if len(roots) == 1:
+        (root,) = roots
+        cut = len(root) + 1
+        paths = [p[cut:] if p != root else "" for p in paths]
+    trace.module_classes = dict(zip(paths, classes, strict=True))
+    enclosing = innermost(m_keys, m_ts, m_end, o_keys, ev["ts"].to_numpy()).tolist()
+    return [(paths[j], classes[j]) if j >= 0 else NO_MODULE for j in enclosing]
 
 
 def _python_locations(trace: TraceData, ev: pd.DataFrame) -> list[str]:

@@ -1,5 +1,5 @@
-"""The per-op table (ops.csv): events grouped by (op, inputs, source line), with FLOPs, bytes and the
-roofline columns.
+"""The per-op table (ops.csv): events grouped by (op, inputs, source line, module), with FLOPs, bytes and
+the roofline columns.
 
 Cost attribution follows the contract's "no double counting" rule in two layers: the cost model marks
 ops that always delegate (aten::linear, aten::conv2d, ...) as composites, and here, in the call tree,
@@ -20,8 +20,10 @@ from opscope.costmodel import Cost, OpCall, estimate, floating_dtype
 from opscope.costmodel.base import BIAS_COPIED_BY_CHILD, DELEGATES_TO_ANY_CHILD, DTYPE_NAMES
 from opscope.hardware import Peaks, ceiling_key
 
-KEY = ["op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location"]
-CONTRACT_COLUMNS = KEY + [
+# A row is one (op, inputs, source line, module): the same call in two modules (every block's c_attn runs
+# the same line of a shared Conv1D) is two rows.
+KEY = ["op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location", "module"]
+CONTRACT_COLUMNS = KEY[:6] + [
     "calls", "time_us_total", "time_share", "flops_per_call", "bytes_per_call", "arithmetic_intensity",
     "achieved_gflops", "achieved_gbps", "pct_peak_flops", "pct_peak_bandwidth", "bound",
 ]
@@ -30,6 +32,7 @@ EXTRA_COLUMNS = ["family", "dtype", "ceiling", "time_us_per_call", "note", "comp
 # GPU runs, after EXTRA_COLUMNS: the kernel family with most of the row's kernel time
 # (opscope.analysis.kernels), and for kernel rows the op/annotation that launched them.
 GPU_EXTRA_COLUMNS = ["kernel_family", "launcher"]
+MODULE_COLUMNS = ["module", "module_class"]  # after the columns above, so their order stays the contract's
 JSON_TEXT_COLUMNS = ["input_dims", "input_dtypes", "input_strides", "concrete_inputs"]
 UNATTRIBUTED = "(unattributed kernels)"
 BOUNDS = ("memory", "compute", "overhead", "unknown")
@@ -123,6 +126,9 @@ def build_ops_table(ev: pd.DataFrame, *, gpu: bool, peaks: Peaks, kernels: pd.Da
         ev = ev.join(event_costs(ev))
     rows = ev[ev["is_row"]].copy()
     rows["op"] = rows["name"]
+    for col in MODULE_COLUMNS:
+        if col not in rows.columns:
+            rows[col] = ""
     _compiled_costs(rows)
     rows["time"] = rows["device_us"] if gpu else rows["self_us"]
     codes = group_codes([rows[k].to_numpy(dtype=object) for k in KEY])
@@ -144,6 +150,9 @@ def build_ops_table(ev: pd.DataFrame, *, gpu: bool, peaks: Peaks, kernels: pd.Da
             if col not in table.columns:
                 table[col] = ""
         columns += GPU_EXTRA_COLUMNS
+    for col in MODULE_COLUMNS:
+        table[col] = table[col].fillna("") if col in table.columns else ""
+    columns += MODULE_COLUMNS
     return table[columns].reset_index(drop=True)
 
 
@@ -189,7 +198,7 @@ def _aggregate(rows: pd.DataFrame, codes: np.ndarray) -> pd.DataFrame:
         values = rows[src].to_numpy(dtype=float)
         f = first_index(codes, g, ~np.isnan(values))
         out[dst] = np.where(f < len(values), values[np.minimum(f, max(len(values) - 1, 0))], np.nan) if g else values[:0]
-    for col in ("family", "dtype", "note"):
+    for col in ("family", "dtype", "note", "module_class"):
         out[col] = rows[col].to_numpy(dtype=object)[first]
     for col in ("kernels", "compiled_graph"):
         out[col] = _join_unique_by_group(rows[col].to_numpy(dtype=object), codes, g)

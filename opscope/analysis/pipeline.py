@@ -11,6 +11,8 @@ import pandas as pd
 
 from opscope.analysis.events import SourceOverride, build_events
 from opscope.analysis.gpu_timeline import gpu_summary
+from opscope.analysis.memory import MemoryProfile, add_memory_columns, memory_profile
+from opscope.analysis.modules import finding_modules, module_table
 from opscope.analysis.ops_table import BOUNDS, JSON_TEXT_COLUMNS, build_ops_table, event_costs
 from opscope.findings import Context, run_rules
 from opscope.findings.base import DtypeProbe, LayoutProbe
@@ -26,18 +28,23 @@ TRACE_NOISE_REASON = "a trace recorded elsewhere: other processes' CPU use on it
 def analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str,
             source_override: SourceOverride | None = None,
             layout_probe: LayoutProbe | None = None, dtype_probe: DtypeProbe | None = None,
+            module_classes: dict[str, str] | None = None, memory: MemoryProfile | None = None,
             noise: dict[str, Any] | None = None, step_us: list[float] | None = None) -> Run:
-    """`noise`: opscope.noise.assess() of the timed pass (profile), else "unknown"; `step_us`: each
-    step's measured wall time (profile), else the ProfilerStep annotations' durations are used."""
+    """`module_classes`: qualified module name -> class for every module of the model (profile), so
+    modules.csv can name modules that issued no op of their own. `memory`: profile's untimed memory
+    pass; without it, the trace's own memory events (if it has any) are read. `noise`:
+    opscope.noise.assess() of the timed pass (profile), else "unknown"; `step_us`: each step's measured
+    wall time (profile), else the ProfilerStep annotations' durations are used."""
     with no_gc():
         return _analyze(trace, peaks=peaks, meta=meta, source=source, source_override=source_override,
-                        layout_probe=layout_probe, dtype_probe=dtype_probe,
-                        noise=noise or unknown(TRACE_NOISE_REASON), step_us=step_us)
+                        layout_probe=layout_probe, dtype_probe=dtype_probe, module_classes=module_classes,
+                        memory=memory, noise=noise or unknown(TRACE_NOISE_REASON), step_us=step_us)
 
 
 def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str,
              source_override: SourceOverride | None, layout_probe: LayoutProbe | None,
-             dtype_probe: DtypeProbe | None, noise: dict[str, Any], step_us: list[float] | None) -> Run:
+             dtype_probe: DtypeProbe | None, module_classes: dict[str, str] | None,
+             memory: MemoryProfile | None, noise: dict[str, Any], step_us: list[float] | None) -> Run:
     ev = build_events(trace, source_override)
     gpu = trace.has_gpu
     ev = ev.join(event_costs(ev))
@@ -46,18 +53,26 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
         meta["mode"] = trace_mode(ev)
     ev["time_us"] = ev["device_us"] if gpu else ev["self_us"]
     ops = build_ops_table(ev, gpu=gpu, peaks=peaks, kernels=trace.kernels)
+    if memory is None:
+        memory = memory_profile(trace, ev, "trace")
+    ops = add_memory_columns(ops, memory)
     steps, step_time_us = step_stats(trace, ev)
     busy = device_busy_share(trace, steps, step_time_us) if gpu else None
     timeline = gpu_summary(trace, ev, steps=steps, step_time_us=step_time_us) if gpu else None
     ctx = Context(ops=ops, events=ev, peaks=peaks, gpu=gpu, source=source, steps=steps,
                   step_time_us=step_time_us, device_busy_share=busy, meta=meta, layout_probe=layout_probe,
-                  gpu_timeline=timeline, dtype_probe=dtype_probe, noise=noise)
+                  gpu_timeline=timeline, dtype_probe=dtype_probe, memory=memory, noise=noise)
     findings = run_rules(ctx)
+    finding_modules(findings, ops)
     if step_us is None:
         step_us = trace.steps["dur"].tolist() if len(trace.steps) else [step_time_us]
     summary = summarize(ops, steps=steps, step_time_us=step_time_us, n_findings=len(findings), busy=busy,
                         step_us=step_us, noise=noise, gpu_keys=timeline)
-    return Run(meta=meta, ops=ops, findings=findings, summary=summary, events=ev, kernels=trace.kernels)
+    if memory is not None:
+        summary["memory"] = memory.summary
+    summary["step_source"] = "annotations" if len(trace.steps) else "whole trace"
+    return Run(meta=meta, ops=ops, findings=findings, summary=summary, events=ev, kernels=trace.kernels,
+               modules=module_table(ops, findings, module_classes or trace.module_classes))
 
 
 def step_stats(trace: TraceData, ev: pd.DataFrame) -> tuple[int, float]:

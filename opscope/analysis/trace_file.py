@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from opscope import __version__
+from opscope.analysis.annotations import ANNOTATION_KEY, BlockError, embedded_lines, read_block
 from opscope.analysis.capture_merge import merge_capture
 from opscope.analysis.kernels import architecture_from_kernels, short_kernel_name
 from opscope.analysis.pipeline import analyze
+from opscope.findings.common import fmt_us
 from opscope.hardware import Peaks, apply_overrides, gpu_from_properties, gpu_peaks, unknown_gpu_warning
 from opscope.run import DEFAULT_REPORTS_DIR, Run, TraceCompressor, check_out_dir, write_run
 from opscope.trace import TraceData, load_trace, max_trace_bytes, read_bytes
@@ -78,6 +80,20 @@ def trace_peaks(trace: TraceData, device: dict[str, str], peak_bw: float | None,
     return apply_overrides(peaks, peak_bw, peak_flops)
 
 
+def _embedded(trace: TraceData, warn: Callable[[str], None]) -> tuple | None:
+    """The lines, modules and memory `opscope profile` embedded in its saved trace, if any (read_block)."""
+    if trace.opscope_block is None:
+        return None
+    try:
+        embedded = read_block(trace.opscope_block)
+    except BlockError as exc:
+        warn(f"{trace.path}: ignored its {ANNOTATION_KEY!r} block ({exc}); source lines and modules come from "
+             "the trace's own events")
+        return None
+    warn(f"{trace.path}: saved by `opscope profile`: using the exact source lines, modules and memory it embedded")
+    return embedded
+
+
 def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | None = None,
                        peak_flops: list[str] | None = None, warn: Callable[[str], None] = lambda m: None,
                        max_trace_gb: float | None = None, capture: Path | None = None,
@@ -125,8 +141,18 @@ def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, st
     meta = trace_meta(path, trace, device, peaks)
     if capture is not None:
         meta["capture"] = capture
-    run = analyze(trace, peaks=peaks, meta=meta, source="trace")
+    embedded = _embedded(trace, warn)
+    if embedded is None:
+        run = analyze(trace, peaks=peaks, meta=meta, source="trace")
+    else:
+        by_ext, classes, memory = embedded
+        run = analyze(trace, peaks=peaks, meta=meta, source="trace", module_classes=classes, memory=memory,
+                      source_override=lambda ev: embedded_lines(by_ext, ev))
     meta["steps"] = run.summary["steps"]
+    if run.summary.get("step_source") == "whole trace":
+        warn(f"{trace.path} has no ProfilerStep#N annotations (torch.profiler's schedule, or record_function"
+             f"(\"ProfilerStep#N\") around each step), so opscope counts it as one step: from its first op to its "
+             f"last op or kernel ({fmt_us(run.summary['step_time_us'])}); per-step numbers are for the whole trace")
     extra = measure(run) if measure is not None else None
     write_run(run, out, stem, path, compressor=compressor, base=base, extra_files=extra)
     return run

@@ -11,6 +11,11 @@ those ops call internally. The join therefore walks each step's op tree in pre-o
 record to the first op with the same name and input shapes, skipping the subtree of every matched op
 (its internals ran on the same line); unmatched composite parents take their first child's line.
 
+The same pass records the module stack (global forward pre/post hooks): each record carries the qualified
+name (`transformer.h.3.attn.c_attn`, as `model.named_modules()` names it; "" for the model itself) and class
+of the innermost nn.Module whose forward was running. Ops outside the model's forward (the loss, backward,
+the optimizer) have neither; backward ops get their forward op's module later, as they get its line.
+
 The same pass sees the real tensors, so it also records the element dtypes of every TensorList argument,
 which torch.profiler records only as "TensorList" (cat, stack, _foreach_*, fused optimizers). The join
 hands them on per event (LineJoin.input_types): the op's "Input type" with each TensorList entry replaced
@@ -24,7 +29,7 @@ import json
 import sys
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -43,15 +48,19 @@ class LineRecord:
     location: str
     # (schema argument index, element dtypes as the profiler names them) of each tensor-list argument
     list_dtypes: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    module: str = ""  # qualified name of the innermost module running ("" for the model itself)
+    module_class: str = ""  # its class name; "" outside the model's forward
 
 
 class LineJoin(dict):
     """Event index -> exact line ('file:line'); `input_types`: event index -> the event's "Input type"
-    (JSON text) with its TensorList entries' element dtypes filled in from the dispatch pass."""
+    (JSON text) with its TensorList entries' element dtypes filled in from the dispatch pass; `modules`:
+    event index -> (qualified module name, module class) of the matched record."""
 
     def __init__(self) -> None:
         super().__init__()
         self.input_types: dict[int, str] = {}
+        self.modules: dict[int, tuple[str, str]] = {}
 
 
 # torch dtype names -> torch.profiler's "Input type" strings (tests/test_source_lines.py checks them
@@ -158,24 +167,76 @@ def _signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, tuple]:
     return tuple(shapes), tuple(lists)
 
 
-def record_lines(step: Any) -> list[LineRecord]:
-    """Runs `step()` once under a dispatch mode and returns one record per aten op, in order."""
+def module_classes(model: Any) -> dict[str, str]:
+    """Qualified name -> class name of every module of `model` ("" is the model itself)."""
+    return {name: type(m).__name__ for name, m in model.named_modules()} if model is not None else {}
+
+
+@contextmanager
+def module_stack(model: Any) -> Iterator[Callable[[], tuple[str, str]]]:
+    """While active, global forward hooks track which of `model`'s modules are running (per thread);
+    yields a function returning (qualified name, class) of the innermost one, ("", "") outside the
+    model's forward. Modules outside `model`'s tree are skipped (their enclosing module counts)."""
+    import torch
+
+    names: dict[int, str] = {}
+    if model is not None:
+        for name, m in model.named_modules():
+            names.setdefault(id(m), name)
+    local = threading.local()
+
+    def stack() -> list:
+        if not hasattr(local, "stack"):
+            local.stack = []
+        return local.stack
+
+    def pre(module: Any, args: Any) -> None:
+        name = names.get(id(module))
+        stack().append(None if name is None else (name, type(module).__name__))
+
+    def post(module: Any, args: Any, output: Any) -> None:
+        s = stack()
+        if s:
+            s.pop()
+
+    def current() -> tuple[str, str]:
+        for entry in reversed(stack()):
+            if entry is not None:
+                return entry
+        return ("", "")
+
+    hooks = torch.nn.modules.module
+    before = hooks.register_module_forward_pre_hook(pre)
+    after = hooks.register_module_forward_hook(post, always_call=True)
+    try:
+        yield current
+    finally:
+        before.remove()
+        after.remove()
+
+
+def record_lines(step: Any, model: Any = None) -> list[LineRecord]:
+    """Runs `step()` once under a dispatch mode and returns one record per aten op, in order, with
+    the module of `model` running it."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     records: list[LineRecord] = []
     lock = threading.Lock()
 
-    class _LineMode(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-            kwargs = kwargs or {}
-            shapes, lists = _signature(func, args, kwargs)
-            rec = LineRecord(func._schema.name, shapes, caller_location(2), lists)
-            with lock:
-                records.append(rec)
-            return func(*args, **kwargs)
+    with module_stack(model) as current_module:
 
-    with _LineMode():
-        step()
+        class _LineMode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+                kwargs = kwargs or {}
+                shapes, lists = _signature(func, args, kwargs)
+                module, cls = current_module()
+                rec = LineRecord(func._schema.name, shapes, caller_location(2), lists, module, cls)
+                with lock:
+                    records.append(rec)
+                return func(*args, **kwargs)
+
+        with _LineMode():
+            step()
     return records
 
 
@@ -242,6 +303,8 @@ def _join_step(records: list[LineRecord], ev: pd.DataFrame, order: list[int], pa
         if match >= 0:
             rec = records[match]
             out[i] = rec.location
+            if rec.module_class:
+                out.modules[i] = (rec.module, rec.module_class)
             covered[i] = rec
             if rec.list_dtypes:
                 _fill_list_types(out, i, types[i], dims[i], dict(rec.list_dtypes))

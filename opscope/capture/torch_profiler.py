@@ -1,5 +1,5 @@
 """`opscope profile`: warm up, one lean timed pass under torch.profiler, then untimed passes for what
-timing does not need (exact source lines), then the shared analysis pipeline.
+timing does not need (exact source lines and modules; memory), then the shared analysis pipeline.
 
 The timed pass records shapes only (no stacks, no memory, no perf counters) so its per-step time stays
 within a few percent of a bare `torch.profiler.profile(record_shapes=True)`; see benchmarks/.
@@ -18,11 +18,14 @@ from typing import Any
 import torch
 
 from opscope import __version__
+from opscope.analysis.annotations import embed, make_block
+from opscope.analysis.events import build_events
+from opscope.analysis.memory import MemoryProfile, memory_profile
 from opscope.analysis.pipeline import analyze
 from opscope.capture.dtype_probe import float32_probe
 from opscope.capture.harness import Harness, process_state_kept, resolve_device
 from opscope.capture.layout_probe import conv_layout_probe
-from opscope.capture.lines import join_lines, module_origins, record_lines
+from opscope.capture.lines import join_lines, module_classes, module_origins, record_lines
 from opscope.capture.nvtx_ranges import module_ranges, step_range
 from opscope.errors import OpscopeError
 from opscope.hardware import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
@@ -59,6 +62,7 @@ class ProfileTimings:
     export: float = 0.0
     calibration: float = 0.0
     lines: float = 0.0
+    memory: float = 0.0
     analysis: float = 0.0
 
 
@@ -135,6 +139,40 @@ def timed_pass(harness: Harness, steps: int, activities: list,
     return prof, clock() - t0, step_s
 
 
+MEMORY_STEPS = 3  # steps of the memory pass: memory-growth compares what each of them leaves allocated
+
+
+def memory_pass(harness: Harness, activities: list, path: Path, steps: int = MEMORY_STEPS) -> list[int]:
+    """Untimed: `steps` more steps under torch.profiler with profile_memory, exported to `path`. Returns
+    torch.cuda.max_memory_allocated of each step on CUDA (else [])."""
+    cuda = harness.device.type == "cuda"
+    cuda_peaks: list[int] = []
+    with torch.profiler.profile(activities=activities, record_shapes=True, profile_memory=True) as prof:
+        for i in range(steps):
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(harness.device)
+            with torch.profiler.record_function(f"ProfilerStep#{i}"):
+                harness.step()
+                harness.synchronize()
+            if cuda:
+                cuda_peaks.append(int(torch.cuda.max_memory_allocated(harness.device)))
+    prof.export_chrome_trace(str(path))
+    return cuda_peaks
+
+
+def memory_of(path: Path, records: list, cuda_peaks: list[int]) -> MemoryProfile | None:
+    """The memory pass's trace, its ops joined to the dispatch pass's lines and modules like the timed
+    trace's, as a MemoryProfile keyed like ops.csv rows."""
+    trace = load_trace(path, with_python=False)
+    ev = build_events(trace, lambda e: join_lines(records, e))
+    memory = memory_profile(trace, ev, "memory pass")
+    if memory is not None and cuda_peaks:
+        memory.summary["cuda_max_memory_allocated_bytes"] = max(cuda_peaks)
+        for entry, peak in zip(memory.summary["per_step"], cuda_peaks, strict=False):
+            entry["cuda_max_memory_allocated_bytes"] = peak
+    return memory
+
+
 def profile_target(opts: ProfileOptions, progress: Progress | None = None,
                    sink: Callable[[Run, Path], None] | None = None) -> tuple[Run, ProfileTimings]:
     """Profiles and analyzes, then writes the run directory, or with `sink` hands the run and its
@@ -184,10 +222,17 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
 
         progress.phase("recording source lines")
         t0 = time.perf_counter()
-        records = record_lines(harness.step)
+        records = record_lines(harness.step, harness.model)
         harness.synchronize()
         timings.lines = time.perf_counter() - t0
         noise = window_noise(sampler, before, after, torch.get_num_threads())
+
+        progress.phase("recording memory")
+        t0 = time.perf_counter()
+        memory_path = Path(tmp) / "memory.json"
+        cuda_peaks = memory_pass(harness, activities, memory_path)
+        memory = memory_of(memory_path, records, cuda_peaks)
+        timings.memory = time.perf_counter() - t0
 
         progress.phase("analyzing")
         t0 = time.perf_counter()
@@ -196,9 +241,13 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
         if calibration is not None:
             meta["calibration"] = calibration
         probe = conv_layout_probe(device) if opts.mode in ("inference", "train") else None
+        classes = module_classes(harness.model)
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",
                       source_override=lambda ev: join_lines(records, ev), layout_probe=probe,
-                      dtype_probe=float32_probe(device), noise=noise, step_us=[t * 1e6 for t in step_s])
+                      dtype_probe=float32_probe(device), module_classes=classes, memory=memory,
+                      noise=noise, step_us=[t * 1e6 for t in step_s])
+        # `opscope analyze RUN/trace.json.gz` reproduces this run's table from what is embedded here
+        embed(trace_path, make_block(run.events, classes, memory))
         if sink is not None:
             sink(run, trace_path)
         else:

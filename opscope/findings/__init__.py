@@ -18,6 +18,7 @@ from opscope.findings import (  # noqa: E402, F401  (importing a rule module reg
     kernel_copy,
     launch_bound,
     low_bandwidth,
+    memory_growth,
     overhead,
     strided_reduction,
 )

@@ -64,6 +64,7 @@ class Context:
     # summary.json "noise": other processes' CPU use during the timed steps (opscope.noise.assess);
     # verdict "unknown" for traces. Rules resting on achieved rates append noise.noise_caveat(ctx.noise).
     noise: dict[str, Any] | None = None
+    memory: Any = None  # analysis.memory.MemoryProfile when the run recorded memory events
     # Derived tables shared between rules (call tree, subtree times, copy classification, ...), filled
     # lazily by opscope.findings.common; never written anywhere.
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)

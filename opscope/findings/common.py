@@ -18,6 +18,7 @@ import pandas as pd
 from opscope.costmodel.base import DTYPE_NAMES, TensorArg
 from opscope.findings.base import Context
 from opscope.sources import HARNESS
+from opscope.units import UNKNOWN
 
 T = TypeVar("T")
 
@@ -171,12 +172,13 @@ def ops_row_of_events(ctx: Context) -> np.ndarray:
 
 def ops_rows_for_events(ops: pd.DataFrame, ev: pd.DataFrame) -> np.ndarray:
     """Per event of the event table `ev`: index of its row in the ops table `ops` (-1 for non-row events)."""
-    key_cols = ["op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location"]
+    key_cols = ["op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location",
+                "module"]
     lookup = {tuple(r): k for k, r in enumerate(ops[key_cols].itertuples(index=False, name=None))}
     out = np.full(len(ev), -1, dtype=np.int64)
     cols = zip(ev["name"].tolist(), ev["input_dims"].tolist(), ev["input_dtypes"].tolist(),
-               ev["input_strides"].tolist(), ev["concrete_inputs"].tolist(),
-               ev["source_location"].tolist(), ev["is_row"].tolist(), strict=True)
+               ev["input_strides"].tolist(), ev["concrete_inputs"].tolist(), ev["source_location"].tolist(),
+               ev["module"].tolist(), ev["is_row"].tolist(), strict=True)
     for i, (*key, is_row) in enumerate(cols):
         if is_row:
             out[i] = lookup.get(tuple(key), -1)
@@ -406,7 +408,7 @@ def share(us: float, ctx: Context) -> float:
 
 def fmt_bytes(n: float | None) -> str:
     if n is None or not math.isfinite(n):
-        return "? B"
+        return UNKNOWN
     for unit, scale in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
         if abs(n) >= scale:
             return f"{n / scale:.3g} {unit}"
@@ -415,7 +417,7 @@ def fmt_bytes(n: float | None) -> str:
 
 def fmt_us(us: float | None) -> str:
     if us is None or not math.isfinite(us):
-        return "?"
+        return UNKNOWN
     if abs(us) >= 1e6:
         return f"{us / 1e6:.3g} s"
     if abs(us) >= 1e3:

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from opscope import units
 from opscope.costmodel.base import DTYPE_NAMES, OpCall, parse_scalar
 from opscope.findings.base import Context, Finding, rule
 from opscope.findings.common import (
@@ -191,5 +192,5 @@ def _peaks_note(ctx: Context, dtype: str) -> str:
     if not low or not f32 or low >= f32:
         return ""
     origin = ctx.peaks.origin.get("flops", "unknown")
-    return (f" The {dtype} GEMM peak ({low:.4g} GFLOP/s, {origin}) is below the float32 one ({f32:.4g} "
-            f"GFLOP/s) on this machine.")
+    return (f" The {dtype} GEMM peak ({units.gflops(low)}, {origin}) is below the float32 one "
+            f"({units.gflops(f32)}) on this machine.")

@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Iterator
 
+from opscope import units
 from opscope.findings.base import Context, Finding, rule
 from opscope.findings.common import (
     events_by_ops_row,
@@ -51,7 +52,8 @@ def fp32_gemm(ctx: Context) -> Iterator[Finding]:
             floor = ideal_memory_us(float(row["bytes_per_call"]), ctx) or 0.0
             new = max(time * p32 / ptf, calls * (floor if math.isfinite(floor) else 0.0))
             saving = max(time - new, 0.0)
-        extra = (f"; with TF32 ({ptf:.4g} vs {p32:.4g} GFLOP/s peak) it would take about {fmt_us(time - saving)}"
+        extra = (f"; with TF32 ({units.gflops(ptf)} vs {units.gflops(p32)} peak) it would take about "
+                 f"{fmt_us(time - saving)}"
                  if saving is not None else "")
         message = (f"float32 {row['family']} {row['op']} {row['input_dims']} runs without tensor cores (kernels: no "
                    f"TF32): {fmt_us(time)} in all, {per_step(calls, ctx):g} calls per step, {share(time, ctx):.0%} of "

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from opscope import units
 from opscope.findings.base import Context, Finding, rule
 from opscope.findings.common import (
     Tensor,
@@ -241,7 +242,9 @@ def fusion(ctx: Context) -> Iterator[Finding]:
         gbps = g["bytes"] / g["time"] / 1e3
         message = (f"{what}{len(key)} memory-bound ops in a row{size}: {chain}. A fused kernel would skip "
                    f"{fmt_bytes(g['saved_b'] / g['count'])} of intermediate reads/writes per pass "
-                   f"({per_step(g['count'], ctx):g} per step); at the achieved {gbps:.3g} GB/s that is "
+                   f"({per_step(g['count'], ctx):g} per step); at the achieved {units.gbps(gbps)} that is "
                    f"{fmt_us(g['saving'])} in all.")
-        yield Finding(rule="fusion", severity=severity(g["saving"], ctx), op=key[0][0], source_location=key[0][1],
+        # the run's first op with a source line names it (a mask add_ inside SDPA may have none of its own)
+        where = next(((op, loc) for op, loc in key if loc), key[0])
+        yield Finding(rule="fusion", severity=severity(g["saving"], ctx), op=where[0], source_location=where[1],
                       message=message, suggestion=suggestion, est_savings_us=g["saving"])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+from opscope import units
 from opscope.findings.base import Context, Finding, rule
 from opscope.findings.common import (
     CAUSE_TEXT,
@@ -98,7 +99,7 @@ def low_bandwidth(ctx: Context) -> Iterator[Finding]:
         if cause is None and not ctx.gpu and row["family"] not in STRIDE_AGNOSTIC_FAMILIES:
             suggestion += CPU_NO_CAUSE
         message = (f"{row['op']} {row['input_dims']} moves {fmt_bytes(nbytes)} per call at "
-                   f"{row['achieved_gbps']:.3g} GB/s, {pct:.0f}% of the peak {bw:.4g} GB/s "
+                   f"{units.gbps(row['achieved_gbps'])}, {pct:.0f}% of the peak {units.gbps(bw)} "
                    f"({per_step(calls, ctx):g} calls per step, {fmt_us(time)} in all); {why}.")
         message += noise_caveat(ctx.noise)
         yield Finding(rule="low-bandwidth", severity=severity(saving, ctx), op=row["op"],

@@ -55,6 +55,8 @@ GPU_SUGGESTION = ("Fewer, bigger kernels: torch.compile fuses chains of small el
 CPU_SUGGESTION = ("Cut per-op cost: torch.compile fuses small ops and removes view/dispatch overhead; give each op "
                   "more work (bigger batches, vectorize Python-level loops over small tensors).")
 
+NO_LINE = "(no source line)"
+
 
 @rule("overhead")
 def overhead(ctx: Context) -> Iterator[Finding]:
@@ -72,15 +74,16 @@ def overhead(ctx: Context) -> Iterator[Finding]:
         ideal = int(row["calls"]) * (ideal_row_us(row, ctx) or 0.0)
         ideal_total += ideal
         saving += max(float(row["time_us_total"]) - ideal, 0.0)
-        by_line[row["source_location"] or "?"] += float(row["time_us_total"])
+        by_line[row["source_location"] or NO_LINE] += float(row["time_us_total"])
         by_op[row["op"]] += float(row["time_us_total"])
     lines = sorted(by_line.items(), key=lambda kv: -kv[1])
     top_ops = sorted(by_op.items(), key=lambda kv: -kv[1])[:TOP]
     where = ", ".join(f"{loc} ({fmt_us(t)})" for loc, t in lines[:TOP])
     what = ", ".join(f"{short(op)} ({fmt_us(t)})" for op, t in top_ops)
     big = rows[int(np.argmax(sel["time_us_total"].to_numpy()))]
-    example = (f"{short(big['op'])} at {big['source_location'] or '?'} takes {fmt_us(big['time_us_per_call'])} per "
-               f"call against {fmt_us(ideal_row_us(big, ctx))} at the peaks")
+    ideal = ideal_row_us(big, ctx)
+    example = (f"{short(big['op'])} at {big['source_location'] or NO_LINE} takes {fmt_us(big['time_us_per_call'])} per "
+               "call" + (f" against {fmt_us(ideal)} at the peaks" if ideal is not None else ""))
     if ctx.gpu:
         kernels = _kernels(ctx, np.flatnonzero(mask).tolist())
         mean = f"{fmt_us(time / kernels)} per kernel on average against {fmt_us(ideal_total / kernels)} at the peaks" \
@@ -100,7 +103,7 @@ def overhead(ctx: Context) -> Iterator[Finding]:
                    f"lines: {where}. Saving is an upper bound (all per-op cost removed).")
     message += noise_caveat(ctx.noise)
     yield Finding(rule="overhead", severity=severity(saving, ctx), op=top_ops[0][0] if top_ops else "",
-                  source_location=lines[0][0] if lines else "", message=message,
+                  source_location=next((loc for loc, _ in lines if loc != NO_LINE), ""), message=message,
                   suggestion=GPU_SUGGESTION if ctx.gpu else CPU_SUGGESTION, est_savings_us=saving)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 from typing import Any
 
 from rich import box
@@ -14,43 +13,30 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from opscope import units
 from opscope.analysis.kernels import short_kernel_name
 from opscope.analysis.ops_table import GPU_ONLY_NOTE, GRAPH_KERNEL_NOTE, LOOSE_KERNEL_NOTE
 from opscope.noise import remedy
 from opscope.render.text import clean, cleaned_run
 from opscope.run import Run
+from opscope.units import UNKNOWN, number
 
 BOUND_STYLE = {"compute": "bold green", "memory": "bold cyan", "overhead": "bold yellow", "unknown": "dim"}
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
 
 
 def _num(v: Any) -> float | None:
-    if v is None:
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
+    return number(v)
 
 
 def si(value: Any, unit: str = "", base: float = 1000.0) -> str:
-    v = _num(value)
-    if v is None:
-        return "—"
-    prefixes = ["", "k", "M", "G", "T", "P"] if base == 1000.0 else ["", "Ki", "Mi", "Gi", "Ti", "Pi"]
-    i = 0
-    while abs(v) >= base and i < len(prefixes) - 1:
-        v /= base
-        i += 1
-    text = f"{v:.0f}" if (i == 0 and float(v).is_integer()) else f"{v:.3g}"
-    return f"{text} {prefixes[i]}{unit}".strip()
+    return units.si(value, unit, base)
 
 
 def fmt_us(value: Any) -> str:
     v = _num(value)
     if v is None:
-        return "—"
+        return UNKNOWN
     if v >= 1e6:
         return f"{v / 1e6:.2f} s"
     if v >= 1e3:
@@ -60,7 +46,7 @@ def fmt_us(value: Any) -> str:
 
 def fmt_pct(value: Any, scale: float = 1.0) -> str:
     v = _num(value)
-    return "—" if v is None else f"{v * scale:.1f}%"
+    return UNKNOWN if v is None else f"{v * scale:.1f}%"
 
 
 def binding_pct(row: dict[str, Any]) -> Any:
@@ -94,8 +80,9 @@ def summary_panel(run: Run) -> Panel:
         lines.append("        calibration unstable (the machine was busy): used for this run only, not cached\n",
                      style="yellow")
     steps = s.get("steps", 1)
-    lines.append(f"steps   {steps} × {fmt_us(s.get('step_time_us'))}   op time {fmt_us(s.get('total_time_us'))}   "
-                 f"cost model covers {fmt_pct(s.get('ops_covered_time_share'), 100)} of it\n")
+    whole = " (the whole trace: no step annotations)" if s.get("step_source") == "whole trace" else ""
+    lines.append(f"steps   {steps} × {fmt_us(s.get('step_time_us'))}{whole}   op time {fmt_us(s.get('total_time_us'))}"
+                 f"   cost model covers {fmt_pct(s.get('ops_covered_time_share'), 100)} of it\n")
     noise = noise_line(s)
     if noise:
         lines.append(noise + "\n", style="bold yellow")
@@ -107,6 +94,9 @@ def summary_panel(run: Run) -> Panel:
         busy = s["device_busy_share"]
         lines.append(f"\nGPU busy {fmt_pct(busy, 100)} of the step", style="bold red" if busy < 0.5 else "")
     lines.append(gpu_lines(s))
+    memory = memory_line(run)
+    if memory:
+        lines.append(f"\nmemory  {memory}")
     return Panel(lines, title="opscope", title_align="left", box=box.ROUNDED)
 
 
@@ -121,6 +111,23 @@ def noise_line(summary: dict[str, Any]) -> str | None:
     if cv is not None:
         text += f"; step time varied {cv:.0%} (cv)"
     return f"{text}; {remedy(noise)}"
+
+
+def memory_line(run: Run) -> str:
+    """'peak 27.8 MiB during sum at mlp.py:15; growth +8 KiB per step' from summary.json's memory."""
+    m = run.summary.get("memory")
+    if not isinstance(m, dict) or _num(m.get("peak_allocated_bytes")) is None:
+        return ""
+    line = f"peak {units.nbytes(m['peak_allocated_bytes'])}"
+    op = m.get("peak_op")
+    if isinstance(op, str) and op:
+        line += f" during {op.removeprefix('aten::')}"
+        if isinstance(m.get("peak_source_location"), str) and m["peak_source_location"]:
+            line += f" at {m['peak_source_location']}"
+    growth = _num(m.get("growth_bytes_per_step"))
+    if growth:
+        line += f"; {'+' if growth > 0 else ''}{units.nbytes(growth)} per step"
+    return line
 
 
 def gpu_lines(s: dict[str, Any]) -> Text:
@@ -181,20 +188,39 @@ def gaps_table(run: Run, width: int = 160) -> Table | None:
 
 # (header, justify, minimum console width to show it). Narrow terminals keep the essentials.
 _COLUMNS = [
-    ("#", "right", 0), ("op", "left", 0), ("calls", "right", 125), ("time", "right", 0), ("share", "right", 90),
-    ("FLOP/call", "right", 160), ("bytes/call", "right", 160), ("FLOP/B", "right", 140), ("FLOP/s", "right", 115),
-    ("B/s", "right", 115), ("% peak", "right", 0), ("bound", "left", 0), ("source", "left", 0),
+    ("#", "right", 0), ("op", "left", 0), ("calls", "right", 125), ("time", "right", 0), ("per call", "right", 100),
+    ("share", "right", 90), ("FLOP/call", "right", 160), ("bytes/call", "right", 160), ("FLOP/B", "right", 140),
+    ("FLOP/s", "right", 115), ("B/s", "right", 115), ("% peak", "right", 0), ("bound", "left", 0),
+    ("source", "left", 0),
 ]
 
 
 MAX_OP_WIDTH = 60  # wide terminals: the op cell stops growing here, the table stays readable
 SHAPES_MIN_WIDTH = 130  # narrower terminals show bare op names: a shape or two alone mostly misleads
+MIN_MODULE = 30  # a module cell cut shorter than this loses the layer: show one `where` column instead
+ROOT_MODULE = "(model)"  # how the model itself (qualified name "") is shown
+
+
+def has_modules(run: Run) -> bool:
+    """Whether the run's rows carry module paths (ops.csv `module_class` set on some row)."""
+    ops = run.ops
+    return "module_class" in ops.columns and any(isinstance(v, str) and v for v in ops["module_class"])
+
+
+def module_label(row: dict[str, Any]) -> str:
+    """The row's module as shown: its qualified name, ROOT_MODULE for the model itself, "" outside it."""
+    module, cls = row.get("module"), row.get("module_class")
+    if not isinstance(cls, str) or not cls:
+        return ""
+    return module if isinstance(module, str) and module else ROOT_MODULE
 
 
 def ops_table(run: Run, top: int = 15, width: int = 160) -> Table:
     """The top ops, one line per row, fitted to `width`: columns drop by priority (_COLUMNS), sources are
     full paths when they fit and file:line otherwise, and on wide terminals the op cell grows into the
-    space left with its input shapes (whole shapes; " …" marks those left out)."""
+    space left with its input shapes (whole shapes; " …" marks those left out). A run with module paths
+    shows a `module` column beside `source` when both fit, else one `where` column: the row's module,
+    or its source line when it ran outside the model."""
     gpu = "kernels" in run.ops.columns
     title = f"Top {top} ops by {'GPU kernel' if gpu else 'CPU self'} time"
     shown = [(h, j) for h, j, min_width in _COLUMNS if width >= min_width]
@@ -202,30 +228,52 @@ def ops_table(run: Run, top: int = 15, width: int = 160) -> Table:
     cells = [_cells(row) for row in rows]
     names = [op_name(row) for row in rows]
     locations = [str(row.get("source_location") or "") for row in rows]
+    modules = [module_label(row) for row in rows] if has_modules(run) else None
 
-    def build(ops: list[str], sources: list[str]) -> Table:
+    def build(ops: list[str], sources: list[str], mods: list[str] | None = None, where: bool = False) -> Table:
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left", title=title)
-        for header, justify in shown:
-            table.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis")
+        headers = [h for h, _ in shown]
+        if mods is not None:
+            headers.insert(headers.index("source"), "module")
+        for header in headers:
+            justify = "left" if header in ("module", "source") else dict(shown)[header]
+            table.add_column("where" if where and header == "source" else header, justify=justify,
+                             no_wrap=True, overflow="ellipsis")
         for i, (row_cells, op, source) in enumerate(zip(cells, ops, sources, strict=True), 1):
             row_cells = {**row_cells, "#": str(i), "op": op, "source": source}
+            if mods is not None:
+                row_cells["module"] = mods[i - 1]
             # Text, never a str: rich would read a str cell as markup ("[link=...]" in a file name).
-            table.add_row(*(c if isinstance(c, Text) else Text(c) for c in (row_cells[h] for h, _ in shown)))
+            table.add_row(*(c if isinstance(c, Text) else Text(c) for c in (row_cells[h] for h in headers)))
         return table
 
+    def fits(table: Table) -> bool:
+        return _natural_width(table) <= width
+
+    mods, where = None, False
     sources = [short_source(x, full=True) for x in locations]
-    if _natural_width(build(names, sources)) > width:
+    if modules is not None:
+        mods = modules
+        if not fits(build(names, sources, mods)):
+            sources = [short_source(x, full=False) for x in locations]
+        if not fits(build(names, sources, mods)):  # cut module paths from the left, down to MIN_MODULE
+            mods = _cut(modules, width - _natural_width(build(names, sources, mods)), keep="end", floor=MIN_MODULE)
+        if not fits(build(names, sources, mods)):
+            # one column: the module, or the source line of ops outside the model
+            mods, where = None, True
+            sources = [m or short_source(x, full=False) for m, x in zip(modules, locations, strict=True)]
+    elif not fits(build(names, sources)):
         sources = [short_source(x, full=False) for x in locations]
-    spare = width - _natural_width(build(names, sources))
+    spare = width - _natural_width(build(names, sources, mods, where))
     if spare < 0:  # narrower than the essentials: cut sources from the left (keeping the line), then names
         sources = _cut(sources, spare, keep="end")
-        names = _cut(names, width - _natural_width(build(names, sources)), keep="start")
-        return build(names, sources)
+        names = _cut(names, width - _natural_width(build(names, sources, mods, where)), keep="start")
+        return build(names, sources, mods, where)
     if width < SHAPES_MIN_WIDTH:
-        return build(names, sources)
+        return build(names, sources, mods, where)
     op_width = min(max((len(n) for n in names), default=0) + spare, MAX_OP_WIDTH)
     ops = [fit_op(name, op_shapes(row), op_width) for name, row in zip(names, rows, strict=True)]
-    return build(ops, sources)
+    return build(ops, sources, mods, where)
 
 
 def _cells(row: dict[str, Any]) -> dict[str, Any]:
@@ -235,15 +283,24 @@ def _cells(row: dict[str, Any]) -> dict[str, Any]:
     return {
         "calls": str(int(row["calls"])),
         "time": fmt_us(row["time_us_total"]),
+        "per call": fmt_us(_per_call(row)),
         "share": fmt_pct(row["time_share"], 100),
         "FLOP/call": si(row.get("flops_per_call")),
         "bytes/call": si(row.get("bytes_per_call"), "B", 1024.0),
-        "FLOP/B": "—" if ai is None else f"{ai:.3g}",
+        "FLOP/B": UNKNOWN if ai is None else f"{ai:.3g}",
         "FLOP/s": si(gflops * 1e9 if gflops is not None else None),
         "B/s": si(gbps * 1e9 if gbps is not None else None),
         "% peak": fmt_pct(binding_pct(row)),
         "bound": Text(bound, style=BOUND_STYLE.get(bound, "")),
     }
+
+
+def _per_call(row: dict[str, Any]) -> float | None:
+    per_call = _num(row.get("time_us_per_call"))
+    if per_call is None:
+        time, calls = _num(row.get("time_us_total")), _num(row.get("calls"))
+        per_call = time / calls if time is not None and calls else None
+    return per_call
 
 
 def _cut(texts: list[str], spare: int, keep: str, floor: int = 10) -> list[str]:
@@ -316,24 +373,16 @@ def fit_op(name: str, shapes: list[str], width: int) -> str:
     return text if text == name else f"{text} …"
 
 
-def first_sentence(text: str) -> str:
-    """The first sentence of a suggestion (the console's summary; findings.json has all of it)."""
-    for end in (". ", "; "):
-        i = text.find(end)
-        if 0 < i < 240:
-            return text[: i + 1]
-    return text if len(text) <= 240 else text[:239] + "…"
-
-
-def findings_list(run: Run, top: int = 5, full: bool = False) -> Group | Text:
-    """Findings as compact entries: severity, rule, line and saving; the message; the suggestion."""
+def findings_list(run: Run, top: int = 5) -> Group | Text:
+    """Findings as entries: severity, rule, line, module and saving; then the message and the whole
+    suggestion, wrapped to the terminal (never cut: the fix is usually in its last sentence)."""
     if not run.findings:
         return Text("No findings.", style="green")
     shown = run.findings[:top]
     title = Text(f"Findings ({len(run.findings)}; top {len(shown)} by estimated saving)", style="bold")
     grid = Table.grid(padding=(0, 1))
     grid.add_column(no_wrap=True, width=6)
-    grid.add_column(ratio=1)
+    grid.add_column(ratio=1, overflow="fold")
     steps = max(int(run.summary.get("steps") or 1), 1)
     for f in shown:
         saving = f.get("est_savings_us")
@@ -341,9 +390,11 @@ def findings_list(run: Run, top: int = 5, full: bool = False) -> Group | Text:
         head = Text()
         head.append(f"{f['rule']}  ", style="bold")
         head.append(f"{f.get('source_location') or f.get('op', '')}  ", style="cyan")
+        if isinstance(f.get("module"), str) and f["module"]:
+            head.append(f"{f['module']}  ", style="magenta")
         head.append(saves, style="dim")
         body = Text(f["message"] + "\n")
-        body.append("→ " + (f["suggestion"] if full else first_sentence(f["suggestion"])), style="green")
+        body.append("→ " + f["suggestion"], style="green")
         grid.add_row(Text(f["severity"], style=SEVERITY_STYLE.get(f["severity"], "")), head)
         grid.add_row("", body)
     return Group(title, grid)
@@ -376,13 +427,13 @@ def ceiling_warnings(run: Run) -> list[str]:
     return out
 
 
-def render_run(run: Run, console: Console, top: int = 15, findings: int = 5, full: bool = False) -> None:
+def render_run(run: Run, console: Console, top: int = 15, findings: int = 5) -> None:
     """Prints the run. Every string from the run is cleaned of control characters first and is printed
     as text, never as markup."""
     run = cleaned_run(run)
     gaps = gaps_table(run, console.width)
     console.print(Group(summary_panel(run), ops_table(run, top, console.width), *([gaps] if gaps else []),
-                        findings_list(run, findings, full)))
+                        findings_list(run, findings)))
     for warning in ceiling_warnings(run):
         console.print(Text("note: ", style="bold yellow") + Text(warning))
     from opscope.nsight.measured import console_notes

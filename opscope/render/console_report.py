@@ -3,6 +3,8 @@ run is cleaned and printed as Text, never as markup (render.text)."""
 
 from __future__ import annotations
 
+import statistics
+
 from rich import box
 from rich.console import Console, Group
 from rich.table import Table
@@ -11,6 +13,7 @@ from rich.text import Text
 from opscope.compare import APPEARED, FASTER, SAME, SLOWER, VANISHED, Comparison
 from opscope.render.console import (
     BOUND_STYLE,
+    ROOT_MODULE,
     ceiling_warnings,
     findings_list,
     fmt_pct,
@@ -18,6 +21,7 @@ from opscope.render.console import (
     op_name,
     op_shapes,
     ops_table,
+    si,
     summary_panel,
 )
 from opscope.render.report_data import (
@@ -29,6 +33,7 @@ from opscope.render.report_data import (
     step_spread,
     steps_of,
     swap_table,
+    tree_lines,
     verdict_line,
 )
 from opscope.render.text import clean, cleaned_run
@@ -59,17 +64,60 @@ def breakdown_group(run: Run) -> Group:
     parts: list = [side_by_side]
     tree = module_tree(run)
     if tree:
-        total = sum(s.time_us for s in breakdown(run, "bound")) or 1.0
-        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Time by module (inclusive)", title_justify="left")
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Time by module (inclusive; `opscope report --tree` "
+                      "has the whole tree)", title_justify="left")
         table.add_column("module", no_wrap=True, overflow="ellipsis", max_width=80)
         table.add_column("per step", justify="right", no_wrap=True)
         table.add_column("share", justify="right", no_wrap=True)
-        for node in tree[:15]:
-            depth = node.path.count(".")
-            table.add_row(Text("  " * depth + (node.path or "(model)")), Text(fmt_us(node.time_us / steps)),
-                          Text(fmt_pct(node.time_us / total, 100)))
+        for node in [n for n in tree if n.depth <= 2][:15]:
+            table.add_row(Text("  " * node.depth + (node.path or ROOT_MODULE)), Text(fmt_us(node.time_us / steps)),
+                          Text(fmt_pct(node.share, 100)))
         parts.append(table)
     return Group(*parts)
+
+
+def tree_table(run: Run, fold: bool = True, width: int = 160) -> Table | Text:
+    """`opscope report --tree`: per module, inclusive time per step and share, FLOPs and bytes per step,
+    the dominant bound class and the findings inside; folded repeated blocks show how many there are and
+    the spread of their time (min / median / max per step)."""
+    lines = tree_lines(run, fold)
+    if not lines:
+        return Text("This run has no module paths (profile a model, or analyze a trace recorded with "
+                    "with_modules=True).", style="yellow")
+    steps = steps_of(run)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left",
+                  title="Modules by inclusive op time" + (" (repeated blocks folded)" if fold else ""))
+    # narrow terminals drop the class (under 130 columns), then FLOPs and bytes (under 110)
+    columns = [("module", "left", 0, 0, 3), ("class", "left", 130, 0, 1), ("per step", "right", 0, 9, None),
+               ("share", "right", 0, 6, None), ("FLOP", "right", 110, 6, None), ("bytes", "right", 110, 9, None),
+               ("bound", "left", 0, 8, None), ("findings", "right", 0, 8, None),
+               ("min / median / max", "left", 0, 0, 2)]
+    shown = [c for c in columns if width >= c[2]]
+    for header, justify, _, least, ratio in shown:
+        table.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis", min_width=least or None,
+                         ratio=ratio)
+    for line in lines:
+        label = line.label + (f" ×{len(line.instances)}" if len(line.instances) > 1 else "")
+        spread = ""
+        if len(line.instances) > 1:
+            times = sorted(t / steps for t in line.instances)
+            spread = " / ".join(fmt_us(t) for t in (times[0], statistics.median(times), times[-1]))
+        cells = {"module": Text("  " * line.depth + label), "class": Text(line.module_class, style="dim"),
+                 "per step": Text(fmt_us(line.time_us / steps)), "share": Text(fmt_pct(line.share, 100)),
+                 "FLOP": Text(si(line.flops / steps if line.flops is not None else None)),
+                 "bytes": Text(si(line.nbytes / steps if line.nbytes is not None else None, "B", 1024.0)),
+                 "bound": Text(line.bound, style=BOUND_STYLE.get(line.bound, "")),
+                 "findings": Text(str(line.findings) if line.findings else ""), "min / median / max": Text(spread)}
+        table.add_row(*(cells[c[0]] for c in shown))
+    return table
+
+
+def render_tree(run: Run, console: Console, fold: bool = True) -> None:
+    run = cleaned_run(run)
+    console.print(summary_panel(run))
+    console.print(tree_table(run, fold, console.width))
+    if run.path is not None:
+        console.print(Text("run directory: ") + Text(clean(shown_path(run.path)), style="bold"))
 
 
 def kernels_group(run: Run, top: int) -> Group | None:
@@ -186,7 +234,7 @@ def render_report(run: Run, console: Console, top: int = 15, findings: int = 10,
     console.print(Text("verdict ", style="bold") + Text(verdict_line(run), style="bold"))
     console.print(ops_table(run, top, console.width))
     console.print(breakdown_group(run))
-    console.print(findings_list(run, findings, full=True))
+    console.print(findings_list(run, findings))
     for section in (kernels_group(run, min(top, 10)), memory_group(run), swap_group(run)):
         if section is not None:
             console.print(section)

@@ -22,15 +22,24 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from opscope import __version__
+from opscope import __version__, units
 from opscope.compare import APPEARED, FASTER, SAME, SLOWER, VANISHED, Comparison
 from opscope.errors import OpscopeError, OutputError
-from opscope.render.console import binding_pct, fmt_pct, fmt_us, op_name, op_shapes, si
+from opscope.render.console import (
+    ROOT_MODULE,
+    binding_pct,
+    fmt_pct,
+    fmt_us,
+    has_modules,
+    module_label,
+    op_name,
+    op_shapes,
+    si,
+)
 from opscope.render.report_data import (
     BOUNDS,
     breakdown,
     ceilings_line,
-    has_modules,
     kernels_by_op,
     measured_point,
     measured_text,
@@ -46,6 +55,7 @@ from opscope.render.report_data import (
 )
 from opscope.render.text import clean, cleaned_run
 from opscope.run import Run, shown_path
+from opscope.units import UNKNOWN
 
 PAGE_ROWS = 200  # table rows put in the DOM at a time; more as the reader scrolls
 HOVER_TEXT_MAX = 160  # characters of one shape/stride/path line in a point's hover label
@@ -120,7 +130,7 @@ def _hover(row: dict[str, Any], steps: int) -> str:
     gflops, gbps, ai = num(row.get("achieved_gflops")), num(row.get("achieved_gbps")), num(row.get("arithmetic_intensity"))
     lines.append(f"{si(gflops * 1e9 if gflops is not None else None, 'FLOP/s')}, "
                  f"{si(gbps * 1e9 if gbps is not None else None, 'B/s')}, "
-                 f"{'—' if ai is None else f'{ai:.3g}'} FLOP/B")
+                 f"{UNKNOWN if ai is None else f'{ai:.3g}'} FLOP/B")
     lines.append(f"source: {plot_text(text(row.get('source_location')) or '?')}")
     return "<br>".join(lines)
 
@@ -242,29 +252,28 @@ def _ceiling_traces(run: Run, run_points: list) -> list[dict[str, Any]]:  # noqa
 
 
 def module_figure(run: Run) -> dict[str, Any] | None:
-    """A treemap of inclusive time by module, when the run has module paths."""
+    """A treemap of inclusive time by module (modules.csv), when the run has module paths. The model and
+    the ops outside it are the two top boxes."""
     nodes = module_tree(run)
     if not nodes:
         return None
+    steps = steps_of(run)
     inclusive = {n.path: n.time_us for n in nodes}
-    root = "(model)"
     ids, parents, values, labels, hover = [], [], [], [], []
     children: dict[str, float] = {}
-    for path in inclusive:
-        if path:
-            parent = path.rpartition(".")[0]
-            parent = parent if parent in inclusive else ""
-            children[parent] = children.get(parent, 0.0) + inclusive[path]
-    if "" not in inclusive:
-        inclusive[""] = sum(t for p, t in inclusive.items() if p and (p.rpartition(".")[0] not in inclusive))
-    steps = steps_of(run)
-    for path, t in inclusive.items():
-        parent = path.rpartition(".")[0] if path else None
-        ids.append(path or root)
-        parents.append("" if parent is None else (parent if parent in inclusive and parent else root))
-        values.append(max(t - children.get(path, 0.0), 0.0))  # self time: branchvalues "remainder"
-        labels.append(plot_text(path.rpartition(".")[2] if path else root, 60))
-        hover.append(f"<b>{plot_text(path or root)}</b><br>{fmt_us(t / steps)} per step (inclusive)")
+    for n in nodes:
+        if n.depth > 0:
+            up = n.path.rpartition(".")[0]
+            children[up] = children.get(up, 0.0) + n.time_us
+    for n in nodes:
+        up = n.path.rpartition(".")[0] if n.depth > 0 else None
+        ids.append(n.path or ROOT_MODULE)
+        parents.append("" if up is None else (up or ROOT_MODULE))
+        values.append(max(inclusive[n.path] - children.get(n.path, 0.0), 0.0))  # self time: "remainder"
+        labels.append(plot_text(n.path.rpartition(".")[2] if n.depth > 0 else (n.path or ROOT_MODULE), 60))
+        what = f" ({plot_text(n.module_class)})" if n.module_class else ""
+        hover.append(f"<b>{plot_text(n.path or ROOT_MODULE)}</b>{what}<br>{fmt_us(n.time_us / steps)} per step "
+                     f"(inclusive), {fmt_pct(n.share, 100)}")
     trace = {"type": "treemap", "ids": ids, "parents": parents, "values": values, "labels": labels,
              "hovertext": hover, "hoverinfo": "text", "branchvalues": "remainder", "maxdepth": 4,
              "textinfo": "label+percent root",
@@ -306,13 +315,13 @@ def _table_row(i: int, row: dict[str, Any], columns: list[dict[str, Any]]) -> di
         "rank": (str(i + 1), i), "op": (op_name(row), text(row.get("op")).lower()),
         "shapes": (" ".join(op_shapes(row)), text(row.get("input_dims"))),
         "source": (short_location(source), source.lower()),
-        "module": (text(row.get("module")), text(row.get("module")).lower()),
-        "calls": (f"{calls:.0f}" if calls is not None else "—", calls),
+        "module": (module_label(row), module_label(row).lower()),
+        "calls": (f"{calls:.0f}" if calls is not None else UNKNOWN, calls),
         "time": (fmt_us(total), total),
         "share": (fmt_pct(row.get("time_share"), 100), num(row.get("time_share"))),
         "flops": (si(gflops * 1e9 if gflops is not None else None), gflops),
         "bw": (si(gbps * 1e9 if gbps is not None else None), gbps),
-        "ai": ("—" if ai is None else f"{ai:.3g}", ai), "peak": (fmt_pct(peak), peak), "bound": (bound, bound),
+        "ai": (UNKNOWN if ai is None else f"{ai:.3g}", ai), "peak": (fmt_pct(peak), peak), "bound": (bound, bound),
         "cpu": (fmt_us(row.get("cpu_time_us_total")), num(row.get("cpu_time_us_total"))),
     }
     detail = {key: text(row.get(key)) for key in ("op", "input_dims", "input_dtypes", "input_strides",
@@ -323,7 +332,7 @@ def _table_row(i: int, row: dict[str, Any], columns: list[dict[str, Any]]) -> di
                        f"{fmt_us(per_call)} per call",
                   flops_per_call=si(row.get("flops_per_call")), bytes_per_call=si(row.get("bytes_per_call"), "B", 1024.0),
                   measured=measured_text(row),
-                  rates=f"{cells['flops'][0]}FLOP/s, {cells['bw'][0]}B/s, {cells['peak'][0]} of peak")
+                  rates=f"{units.gflops(gflops)}, {units.gbps(gbps)}, {cells['peak'][0]} of peak")
     return {"c": [cells[c["key"]][0] for c in columns], "k": [cells[c["key"]][1] for c in columns],
             "b": bound, "d": detail}
 

@@ -7,29 +7,19 @@ cleaned the same way."""
 from __future__ import annotations
 
 import json
-import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from opscope.render.console import fmt_pct, fmt_us, si
+from opscope.render.console import ROOT_MODULE, fmt_pct, fmt_us, si
 from opscope.render.text import clean
 from opscope.run import Run
+from opscope.units import number as num  # a finite float, or None
 
 BOUNDS = ("compute", "memory", "overhead", "unknown")
-
-
-def num(value: Any) -> float | None:
-    """A finite float, or None (for NaN, inf, text, bools, missing)."""
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 def text(value: Any) -> str:
@@ -129,57 +119,122 @@ def breakdown(run: Run, column: str) -> list[Share]:
     return [Share(str(k), float(v), float(v) / total if total > 0 else 0.0) for k, v in sums.items() if v > 0]
 
 
-def has_modules(run: Run) -> bool:
-    return "module" in run.ops.columns and any(text(v) for v in run.ops["module"])
-
-
 @dataclass
 class ModuleNode:
-    path: str  # qualified name, e.g. "transformer.h.3.attn"; "" is the model itself
+    path: str  # qualified name, e.g. "transformer.h.3.attn"; "" is the model itself (or OUTSIDE)
     time_us: float  # inclusive, over all profiled steps
+    depth: int = 0
+    module_class: str = ""
+    share: float = 0.0
+    flops: float | None = None
+    nbytes: float | None = None
+    bound: str = ""
+    findings: int = 0
 
 
 def module_tree(run: Run) -> list[ModuleNode]:
-    """Inclusive time per module: from modules.csv when the run directory has one, else summed up from
-    the ops' `module` column (every op's time counts for its module and each enclosing one). Empty when
-    the run has no module information."""
-    nodes = _modules_csv(run)
-    if nodes:
-        return nodes
-    if not has_modules(run):
+    """modules.csv's rows, in its (tree) order; empty when the run has no module paths."""
+    df = run.modules
+    if df is None or not len(df):
         return []
-    inclusive: dict[str, float] = {}
-    for module, t in zip(run.ops["module"], run.ops["time_us_total"], strict=True):
-        path, t = text(module), num(t) or 0.0
-        if not path:
-            continue
-        parts = path.split(".")
-        for depth in range(1, len(parts) + 1):
-            key = ".".join(parts[:depth])
-            inclusive[key] = inclusive.get(key, 0.0) + t
-    return [ModuleNode(p, t) for p, t in sorted(inclusive.items(), key=lambda kv: -kv[1])]
+    out = []
+    for r in df.to_dict("records"):
+        out.append(ModuleNode(path=clean(text(r.get("module"))), time_us=num(r.get("time_us_total")) or 0.0,
+                              depth=int(num(r.get("depth")) or 0), module_class=clean(text(r.get("module_class"))),
+                              share=num(r.get("time_share")) or 0.0, flops=num(r.get("flops_total")),
+                              nbytes=num(r.get("bytes_total")), bound=text(r.get("bound")),
+                              findings=int(num(r.get("findings")) or 0)))
+    return out
 
 
-_MODULE_NAME_COLUMNS = ("module", "qualified_name", "name")
-_MODULE_TIME_COLUMNS = ("time_us_total", "inclusive_time_us", "time_us")
+@dataclass
+class TreeLine:
+    """One line of `opscope report --tree`: a module, or repeated sibling blocks folded into one."""
+
+    label: str  # the last part of the name ("attn"), folded siblings as "[0-11]"; ROOT/OUTSIDE as named
+    path: str  # qualified name (folded: with the [a-b] part)
+    depth: int
+    module_class: str
+    time_us: float  # inclusive, summed over the folded instances
+    share: float
+    flops: float | None
+    nbytes: float | None
+    bound: str
+    findings: int
+    instances: list[float]  # inclusive time of each folded instance (one entry when not folded)
 
 
-def _modules_csv(run: Run) -> list[ModuleNode]:
-    """modules.csv (the inclusive module tree), read leniently: a file this renderer cannot read is
-    left out of the report, never an error."""
-    path = Path(run.path) / "modules.csv" if run.path is not None else None
-    if path is None or not path.is_file():
+_NUMBERED = re.compile(r"^(?P<prefix>.*?)(?P<n>\d+)$")
+
+
+def tree_lines(run: Run, fold: bool = True) -> list[TreeLine]:
+    """The module tree as lines, depth-first; with `fold`, repeated blocks are one line: siblings of one
+    class that a ModuleList / Sequential numbers (h.0 ... h.11) or, in traces, instances of one block
+    class (BertLayer_0 ... BertLayer_3); and so is each module at the same relative place inside them."""
+    nodes = module_tree(run)
+    if not nodes:
         return []
-    try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (OSError, UnicodeDecodeError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError):
-        return []
-    name = next((c for c in _MODULE_NAME_COLUMNS if c in df.columns), None)
-    time = next((c for c in _MODULE_TIME_COLUMNS if c in df.columns), None)
-    if name is None or time is None:
-        return []
-    nodes = [ModuleNode(clean(n), num(t) or 0.0) for n, t in zip(df[name], df[time], strict=True)]
-    return sorted(nodes, key=lambda n: -n.time_us)
+    by_path = {n.path: n for n in nodes}
+    children: dict[str, list[str]] = {}
+    order = {n.path: k for k, n in enumerate(nodes)}
+    for n in nodes:
+        if n.depth > 0:
+            up = n.path.rsplit(".", 1)[0] if "." in n.path else ""
+            children.setdefault(up, []).append(n.path)
+    out: list[TreeLine] = []
+
+    def emit(label: str, shown_path: str, members: list[str], depth: int) -> None:
+        group = [by_path[m] for m in members]
+        bound_time: dict[str, float] = {}
+        for g in group:
+            bound_time[g.bound] = bound_time.get(g.bound, 0.0) + g.time_us
+        flops = [g.flops for g in group if g.flops is not None]
+        nbytes = [g.nbytes for g in group if g.nbytes is not None]
+        out.append(TreeLine(label=label, path=shown_path, depth=depth, module_class=group[0].module_class,
+                            time_us=sum(g.time_us for g in group), share=sum(g.share for g in group),
+                            flops=sum(flops) if flops else None, nbytes=sum(nbytes) if nbytes else None,
+                            bound=max(bound_time, key=bound_time.get) if bound_time else "",
+                            findings=sum(g.findings for g in group), instances=[g.time_us for g in group]))
+        # the children of every member, grouped by their last name part
+        kids: dict[str, list[str]] = {}
+        for m in members:
+            for c in children.get(m, []):
+                kids.setdefault(c.rsplit(".", 1)[-1], []).append(c)
+        names = sorted(kids, key=lambda k: min(order[c] for c in kids[k]))
+        groups: list[tuple[str, list[str]]] = []
+        if fold:
+            numbered: dict[tuple[str, str], list[str]] = {}
+            for name in names:
+                m = _NUMBERED.match(name)
+                cls = by_path[kids[name][0]].module_class
+                # ModuleList / Sequential indices (h.3), or a trace's instances of a block (BertLayer_3);
+                # not numbered names of distinct layers (ln_1, ln_2) nor a trace's q/k/v Linear_0..2
+                if m and (name.isdigit() or (m.group("prefix") == f"{cls}_" and
+                                             any(c in children for c in kids[name]))):
+                    numbered.setdefault((m.group("prefix"), cls), []).append(name)
+            folded = {n for names_ in numbered.values() if len(names_) > 1 for n in names_}
+            done: set[tuple[str, str]] = set()
+            for name in names:
+                if name not in folded:
+                    groups.append((name, kids[name]))
+                    continue
+                key = next(k for k, v in numbered.items() if name in v)
+                if key in done:
+                    continue
+                done.add(key)
+                numbers = sorted(int(_NUMBERED.match(x).group("n")) for x in numbered[key])
+                span = f"{numbers[0]}-{numbers[-1]}" if numbers == list(range(numbers[0], numbers[-1] + 1)) \
+                    else ",".join(map(str, numbers))
+                groups.append((f"{key[0]}[{span}]", [c for x in numbered[key] for c in kids[x]]))
+        else:
+            groups = [(name, kids[name]) for name in names]
+        for name, members_ in groups:
+            emit(name, f"{shown_path}.{name}" if shown_path else name, members_, depth + 1)
+
+    for n in nodes:
+        if n.depth == 0:
+            emit(n.path or ROOT_MODULE, n.path, [n.path], 0)
+    return out
 
 
 def kernels_by_op(run: Run, top: int) -> list[tuple[int, dict[str, Any], list[str]]]:
@@ -197,14 +252,53 @@ def kernels_by_op(run: Run, top: int) -> list[tuple[int, dict[str, Any], list[st
 
 
 def memory_items(run: Run) -> list[tuple[str, str]]:
-    """Memory facts of the run (the peak and the op at the peak), as (label, value) pairs: the
-    summary's `memory` object, and its top-level keys about memory."""
-    items: list[tuple[str, Any]] = []
-    memory = run.summary.get("memory")
-    if isinstance(memory, dict):
-        items.extend(memory.items())
-    items.extend((k, v) for k, v in run.summary.items() if "memory" in k and k != "memory")
-    return [(clean(k).replace("_", " "), _format_value(k, v)) for k, v in items if v is not None]
+    """summary.json's `memory` object (README, "Run directory format") as (label, value) lines: the peak,
+    the op during which it was reached, what was alive then, the growth per step and each step's peak."""
+    m = run.summary.get("memory")
+    if not isinstance(m, dict):
+        return []
+    items: list[tuple[str, str]] = []
+    peak = num(m.get("peak_allocated_bytes"))
+    if peak is not None:
+        step = m.get("peak_step")
+        where = op_at(m.get("peak_op"), m.get("peak_source_location"), m.get("peak_module"))
+        items.append(("peak allocated", si(peak, "B", 1024.0) + (f" in step {step}" if isinstance(step, int) else "")
+                      + (f", during {where}" if where else "")))
+    cuda = num(m.get("cuda_max_memory_allocated_bytes"))
+    if cuda is not None:
+        items.append(("CUDA max allocated", si(cuda, "B", 1024.0)))
+    alive = [g for g in m.get("alive_at_peak") or [] if isinstance(g, dict)] if isinstance(m.get("alive_at_peak"), list) else []
+    for k, g in enumerate(alive[:5]):
+        n = num(g.get("tensors"))
+        count = f" ({n:.0f} tensor{'' if n == 1 else 's'})" if n is not None else ""
+        items.append(("alive at the peak" if k == 0 else "",
+                      f"{si(g.get('bytes'), 'B', 1024.0)} from {op_at(g.get('op'), g.get('source_location'), g.get('module')) or '?'}{count}"))
+    other = num(m.get("alive_at_peak_other_bytes"))
+    if alive and other:
+        items.append(("", f"{si(other, 'B', 1024.0)} allocated before the recording or outside any op"))
+    growth = num(m.get("growth_bytes_per_step"))
+    if growth is not None:
+        items.append(("growth per step", ("+" if growth > 0 else "") + si(growth, "B", 1024.0)))
+    per_step = [p for p in m.get("per_step") or [] if isinstance(p, dict)] if isinstance(m.get("per_step"), list) else []
+    if per_step:
+        items.append(("peak per step", ", ".join(si(p.get("peak_allocated_bytes"), "B", 1024.0) for p in per_step)))
+    source, device = text(m.get("source")), text(m.get("device"))
+    if source:
+        items.append(("recorded by", f"{source}" + (f" on {device}" if device else "")
+                      + (f", {m['steps']} steps" if isinstance(m.get("steps"), int) else "")))
+    if text(m.get("note")):
+        items.append(("note", text(m.get("note"))))
+    return [(clean(k), clean(v)) for k, v in items]
+
+
+def op_at(op: Any, location: Any, module: Any) -> str:
+    """'mm at model.py:12 (module h.0.attn)' from what is known of it ('(model)': the model's own forward)."""
+    parts = [text(op).removeprefix("aten::")]
+    if text(location):
+        parts.append(f"at {text(location)}")
+    if isinstance(module, str):
+        parts.append(f"(module {module})" if module else ROOT_MODULE)
+    return " ".join(p for p in parts if p)
 
 
 def _format_value(key: str, value: Any) -> str:

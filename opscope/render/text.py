@@ -43,4 +43,11 @@ def cleaned_run(run: Run) -> Run:
         # text columns are `object` or, with pandas >= 3 (or read back from ops.csv), a string dtype
         if ops[col].dtype == object or is_string_dtype(ops[col].dtype):
             ops[col] = ops[col].map(lambda v: clean(v) if isinstance(v, str) else v)
-    return replace(run, meta=_deep(run.meta), summary=_deep(run.summary), findings=_deep(run.findings), ops=ops)
+    modules = run.modules
+    if modules is not None:
+        modules = modules.copy()
+        for col in modules.columns:
+            if modules[col].dtype == object:
+                modules[col] = modules[col].map(lambda v: clean(v) if isinstance(v, str) else v)
+    return replace(run, meta=_deep(run.meta), summary=_deep(run.summary), findings=_deep(run.findings), ops=ops,
+                   modules=modules)

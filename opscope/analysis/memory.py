@@ -1,0 +1,246 @@
+"""Memory from torch.profiler's `[memory]` events (profile_memory=True): per op row the bytes allocated
+and freed, per step the peak allocated memory, the op during which it was reached and the tensors alive
+at that moment (by the op, line and module that allocated them), and what each step leaves allocated
+for the `memory-growth` rule. Torch-free: `profile` records the events in an untimed pass of its own
+(never in the timed pass), `analyze` reads them from the trace when it has them.
+
+Attribution. A `[memory]` event belongs to the innermost op row running on its thread at that moment:
+an allocation to the op that made the tensor, a free to the op during which the last reference went
+(frees between ops, when Python drops a tensor, belong to no row). An allocation-only op called inside
+another op (`aten::empty` making a kernel's output) passes its events up to that op: it asked for the
+memory. Each event counts once.
+
+What the numbers cover. On CUDA, "Total Allocated" is the caching allocator's count of live tensor
+bytes on the device. On the CPU, torch counts only memory allocated while the profiler records: tensors
+alive from before (parameters, inputs, what an earlier step kept) are not in it, and their frees are not
+recorded either; so CPU peaks are above the memory at the start of the recording.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from opscope.analysis.events import assign_steps, innermost, thread_keys
+from opscope.trace import TraceData
+
+CPU_DEVICE = 0  # c10::DeviceType
+DEVICE_NAMES = {0: "cpu", 1: "cuda", 6: "rocm"}
+TOP_ALIVE = 10  # groups of tensors listed as alive at the run's peak (per step: TOP_ALIVE_STEP)
+TOP_ALIVE_STEP = 5
+MEMORY_COLUMNS = ("alloc_bytes_per_call", "freed_bytes_per_call")  # ops.csv, after the module columns
+KEY_COLUMNS = ("name", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location", "module")
+CPU_NOTE = ("CPU: torch counts only memory allocated while the profiler records; tensors alive from before "
+            "(parameters, inputs, what an earlier step kept) are not in these numbers")
+
+
+@dataclass
+class MemoryProfile:
+    """What the memory events say, ready for ops.csv, summary.json and the memory-growth rule."""
+
+    # ops.csv row key (op, input dims, dtypes, strides, concrete inputs, source line, module) ->
+    # (bytes allocated, bytes freed, calls) summed over the recorded calls of that row
+    per_key: dict[tuple, tuple[float, float, int]]
+    summary: dict[str, Any]  # summary.json "memory"
+    # allocations of each step still alive when the recording ended, grouped by the row that made them:
+    # {"step", "op", "source_location", "module", "bytes", "tensors"}
+    retained: list[dict[str, Any]] = field(default_factory=list)
+    steps: int = 0
+
+
+def memory_profile(trace: TraceData, ev: pd.DataFrame, source: str) -> MemoryProfile | None:
+    """The memory profile of a trace with `[memory]` events (None without them). `ev` is the trace's
+    event table (analysis.events.build_events); `source` says where the events came from ("memory pass"
+    for profile's own untimed pass, "trace")."""
+    mem = trace.memory
+    if mem is None or not len(mem):
+        return None
+    device, device_id = _device(mem, trace.has_gpu)
+    mem = mem[(mem["device_type"].to_numpy() == device) & (mem["device_id"].to_numpy() == device_id)]
+    if not len(mem):
+        return None
+    mem = mem.sort_values("ts", kind="stable").reset_index(drop=True)
+    ts = mem["ts"].to_numpy()
+    nbytes = mem["bytes"].to_numpy(dtype=float)
+    addr = mem["addr"].to_numpy()
+    total = mem["total_allocated"].to_numpy(dtype=float)
+    level = np.where(np.isfinite(total), total, np.cumsum(nbytes))
+
+    # the op row each event happened in
+    threads = thread_keys(np.concatenate([ev["pid"].to_numpy(), mem["pid"].to_numpy()]),
+                          np.concatenate([ev["tid"].to_numpy(), mem["tid"].to_numpy()]))
+    op = innermost(threads[: len(ev)], ev["ts"].to_numpy(), ev["end"].to_numpy(), threads[len(ev):], ts)
+    row = _charged_rows(ev, op)
+
+    step = assign_steps(trace, ts)
+    keys = _row_keys(ev)
+    per_key = _per_key(ev, keys, row, nbytes)
+
+    names = ev["name"].tolist()
+    locs = ev["source_location"].tolist()
+    modules = ev["module"].tolist() if "module" in ev.columns else [""] * len(ev)
+    classes = ev["module_class"].tolist() if "module_class" in ev.columns else [""] * len(ev)
+
+    def who(r: int) -> dict[str, Any]:
+        if r < 0:
+            return {"op": None, "source_location": None, "module": None}
+        return {"op": names[r], "source_location": locs[r] or None, "module": modules[r] if classes[r] else None}
+
+    step_ids = sorted({int(s) for s in step.tolist() if s >= 0})
+    peak_at: dict[int, int] = {}  # step -> index of the event at its peak
+    end_at: dict[int, int] = {}
+    for s in step_ids:
+        idx = np.flatnonzero(step == s)
+        peak_at[s] = int(idx[np.argmax(level[idx])])
+        end_at[s] = int(idx[-1])
+    snapshots: dict[int, dict[int, tuple[float, int]]] = {}  # event index -> alive bytes by allocating row
+    snap_points = {i: s for s, i in peak_at.items()}
+    alive: dict[int, tuple[float, int, int]] = {}  # addr -> (bytes, allocating row, step)
+    for i, (b, a) in enumerate(zip(nbytes.tolist(), addr.tolist(), strict=True)):
+        if b > 0:
+            alive[a] = (b, int(row[i]), int(step[i]))
+        elif b < 0:
+            alive.pop(a, None)
+        if i in snap_points:
+            snapshots[i] = _by_row(alive.values())
+
+    per_step = []
+    for s in step_ids:
+        i = peak_at[s]
+        groups = _groups(snapshots[i], keys, who)
+        per_step.append({"step": s, "peak_allocated_bytes": float(level[i]),
+                         "end_allocated_bytes": float(level[end_at[s]]),
+                         **{f"peak_{k}": v for k, v in who(int(row[i])).items()},
+                         "alive_at_peak": groups[:TOP_ALIVE_STEP]})
+    summary: dict[str, Any] = {"source": source, "device": DEVICE_NAMES.get(device, str(device)),
+                               "steps": len(step_ids)}
+    if per_step:
+        top = max(per_step, key=lambda p: p["peak_allocated_bytes"])
+        i = peak_at[top["step"]]
+        groups = _groups(snapshots[i], keys, who)
+        listed = sum(g["bytes"] for g in groups)
+        summary.update({
+            "peak_allocated_bytes": top["peak_allocated_bytes"],
+            "peak_step": top["step"],
+            "peak_op": top["peak_op"], "peak_source_location": top["peak_source_location"],
+            "peak_module": top["peak_module"],
+            "alive_at_peak": groups[:TOP_ALIVE],
+            # alive at the peak but allocated before the recording, or not by any op row
+            "alive_at_peak_other_bytes": max(float(level[i]) - listed, 0.0),
+        })
+        ends = [p["end_allocated_bytes"] for p in per_step]
+        if len(ends) >= 2:
+            summary["growth_bytes_per_step"] = statistics.median(b - a for a, b in zip(ends, ends[1:], strict=False))
+    summary["per_step"] = per_step
+    if device == CPU_DEVICE:
+        summary["note"] = CPU_NOTE
+
+    retained: dict[tuple[int, int], tuple[float, int]] = {}
+    for b, r, s in alive.values():
+        if s >= 0:
+            got = retained.get((s, r), (0.0, 0))
+            retained[(s, r)] = (got[0] + b, got[1] + 1)
+    retained_list = [{"step": s, **who(r), "bytes": b, "tensors": n}
+                     for (s, r), (b, n) in sorted(retained.items(), key=lambda kv: (kv[0][0], -kv[1][0]))]
+    return MemoryProfile(per_key=per_key, summary=summary, retained=retained_list, steps=len(step_ids))
+
+
+# Ops that only allocate: inside another op they allocate for it (its output or workspace).
+ALLOCATORS = frozenset({"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
+                        "aten::new_empty_strided", "aten::resize_"})
+
+
+def _charged_rows(ev: pd.DataFrame, op: np.ndarray) -> np.ndarray:
+    """Per memory event, the op row it is charged to (-1: none): the innermost row around it, lifted out
+    of allocation-only ops nested in another row."""
+    row_anc = ev["row_anc"].to_numpy()
+    row_parent = ev["row_parent"].to_numpy()
+    names = ev["name"].tolist()
+    lifted: dict[int, int] = {}
+
+    def lift(r: int) -> int:
+        if r not in lifted:
+            x = r
+            while x >= 0 and names[x] in ALLOCATORS and row_parent[x] >= 0:
+                x = row_parent[x]
+            lifted[r] = x
+        return lifted[r]
+
+    return np.asarray([lift(int(row_anc[o])) if o >= 0 and row_anc[o] >= 0 else -1 for o in op.tolist()],
+                      dtype=np.int64)
+
+
+def _device(mem: pd.DataFrame, gpu: bool) -> tuple[int, int]:
+    """(device type, device id) whose memory the run is about: the GPU's on GPU traces, else the CPU's;
+    among several, the one with the most events."""
+    kinds = mem.groupby(["device_type", "device_id"]).size().sort_values(ascending=False)
+    pairs = [(int(t), int(d)) for t, d in kinds.index]
+    preferred = [p for p in pairs if (p[0] != CPU_DEVICE) == gpu]
+    return (preferred or pairs)[0]
+
+
+def _row_keys(ev: pd.DataFrame) -> list[tuple | None]:
+    cols = [ev[c].tolist() if c in ev.columns else [""] * len(ev) for c in KEY_COLUMNS]
+    is_row = ev["is_row"].tolist()
+    return [tuple(c[i] for c in cols) if is_row[i] else None for i in range(len(ev))]
+
+
+def _per_key(ev: pd.DataFrame, keys: list[tuple | None], row: np.ndarray,
+             nbytes: np.ndarray) -> dict[tuple, tuple[float, float, int]]:
+    alloc: dict[tuple, float] = {}
+    freed: dict[tuple, float] = {}
+    for r, b in zip(row.tolist(), nbytes.tolist(), strict=True):
+        if r < 0 or keys[r] is None:
+            continue
+        if b > 0:
+            alloc[keys[r]] = alloc.get(keys[r], 0.0) + b
+        else:
+            freed[keys[r]] = freed.get(keys[r], 0.0) - b
+    calls: dict[tuple, int] = {}
+    steps = ev["step"].to_numpy() if "step" in ev.columns else np.zeros(len(ev), dtype=np.int64)
+    for i, k in enumerate(keys):
+        if k is not None and steps[i] >= 0:
+            calls[k] = calls.get(k, 0) + 1
+    return {k: (alloc.get(k, 0.0), freed.get(k, 0.0), n) for k, n in calls.items()}
+
+
+def _by_row(alive: Any) -> dict[int, tuple[float, int]]:
+    out: dict[int, tuple[float, int]] = {}
+    for b, r, _ in alive:
+        got = out.get(r, (0.0, 0))
+        out[r] = (got[0] + b, got[1] + 1)
+    return out
+
+
+def _groups(by_row: dict[int, tuple[float, int]], keys: list[tuple | None], who: Any) -> list[dict[str, Any]]:
+    """Alive tensors grouped by (op, source line, module) of the row that allocated them, largest first;
+    tensors allocated outside any row are left out (they are in the '_other_bytes' remainder)."""
+    groups: dict[tuple, dict[str, Any]] = {}
+    for r, (b, n) in by_row.items():
+        if r < 0:
+            continue
+        w = who(r)
+        g = groups.setdefault((w["op"], w["source_location"], w["module"]), {**w, "bytes": 0.0, "tensors": 0})
+        g["bytes"] += b
+        g["tensors"] += n
+    return sorted(groups.values(), key=lambda g: -g["bytes"])
+
+
+def add_memory_columns(ops: pd.DataFrame, memory: MemoryProfile | None) -> pd.DataFrame:
+    """ops.csv's MEMORY_COLUMNS: bytes allocated and freed during one call of the row (mean over the calls
+    the memory events cover); empty where they cover none of the row's calls, or the run has none."""
+    out = ops.copy()
+    alloc, freed = np.full(len(out), np.nan), np.full(len(out), np.nan)
+    if memory is not None:
+        cols = [out[c].fillna("").tolist() if c in out.columns else [""] * len(out) for c in ("op", *KEY_COLUMNS[1:])]
+        for i in range(len(out)):
+            hit = memory.per_key.get(tuple(c[i] for c in cols))
+            if hit is not None and hit[2] > 0:
+                alloc[i], freed[i] = hit[0] / hit[2], hit[1] / hit[2]
+    out[MEMORY_COLUMNS[0]] = alloc
+    out[MEMORY_COLUMNS[1]] = freed
+    return out
