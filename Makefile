@@ -28,9 +28,12 @@ browser:
 		echo "opscope: chromium is not installed (installing needs root and apt-get); the browser tests will be skipped"; \
 	fi
 
+# Two phases: everything else 2-wide, then the `serial` tests (CPU hogs, quiet-machine checks) alone, so
+# they neither slow the others down nor read the other worker as noise.
 test: install browser
 	$(BIN)/ruff check opscope reference_kernels tests benchmarks examples
-	$(BIN)/python -m pytest -n 2 -q
+	$(BIN)/python -m pytest -n 2 -q -m "not serial"
+	$(BIN)/python -m pytest -q -m serial
 
 lint: install
 	$(BIN)/ruff check opscope reference_kernels tests benchmarks examples

@@ -437,13 +437,17 @@ def calibrate(
     from opscope import calibrate as cal
 
     stderr.print("measuring memory bandwidth and GEMM throughput (about 20 s)…")
-    result = cal.measure_cpu(threads, quick=False)
-    path = cal.save(result)
+    calibration = cal.obtain(threads, quick=False, refresh=True, progress=_warn)
     if json_out:
-        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+        sys.stdout.write(json.dumps(calibration.result.to_json(), indent=2) + "\n")
     else:
-        Console(highlight=False).print(cal.format_report(result), markup=False, soft_wrap=True)
-    stderr.print(f"cached in {path}")
+        Console(highlight=False).print(cal.format_report(calibration.result), markup=False, soft_wrap=True)
+    if calibration.path is None:
+        stderr.print("not cached: unstable (the machine was busy; see the notes); the cache keeps what it had",
+                     markup=False)
+    else:
+        reused = "another opscope process measured it meanwhile; " if calibration.how == "reused" else ""
+        stderr.print(f"{reused}cached in {calibration.path}", markup=False)
 
 
 @app.command()

@@ -400,14 +400,25 @@ def _check_meta(path: Path, meta: dict[str, Any]) -> None:
     origin = peaks.get("origin", {})
     _check(path, isinstance(origin, dict) and all(isinstance(v, str) for v in origin.values()),
            "'peaks.origin' must map to text")
+    calibration = meta.get("calibration")
+    _check(path, calibration is None or (isinstance(calibration, dict) and all(
+        isinstance(v, bool) for v in calibration.values())), "'calibration' must be an object of true/false")
 
 
 def _check_summary(path: Path, summary: dict[str, Any]) -> None:
     steps = summary.get("steps", 1)
     _check(path, isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0, "'steps' must be a whole number")
-    for key in ("total_time_us", "step_time_us", "ops_covered_time_share"):
+    for key in ("total_time_us", "step_time_us", "ops_covered_time_share", "step_time_us_p50",
+                "step_time_us_max", "step_time_cv"):
         v = summary.get(key)
         _check(path, v is None or _is_num(v), f"{key!r} must be a number")
+    noise = summary.get("noise")
+    _check(path, noise is None or (
+        isinstance(noise, dict) and _opt_num(noise.get("other_cpu_share"))
+        and (noise.get("other_cpu_share") is None or 0 <= noise["other_cpu_share"] <= 1)
+        and all(noise.get(k) is None or isinstance(noise.get(k), str) for k in ("verdict", "reason"))
+        and all(_opt_num(noise.get(k)) for k in ("cores", "threads", "window_s"))),
+        "'noise' must be an object with 'other_cpu_share' a share (0-1) or null and 'verdict', 'reason' text")
     busy = summary.get("device_busy_share")
     _check(path, busy is None or _is_num(busy), "'device_busy_share' must be a number")
     shares = summary.get("bound_time_share", {})

@@ -17,27 +17,34 @@ from opscope.analysis.ops_table import BOUNDS, JSON_TEXT_COLUMNS, build_ops_tabl
 from opscope.findings import Context, run_rules
 from opscope.findings.base import DtypeProbe, LayoutProbe
 from opscope.hardware import Peaks
+from opscope.noise import step_spread, unknown
 from opscope.run import FORMAT_VERSION, Run
 from opscope.trace import TraceData, no_gc
+
+# A trace recorded elsewhere says nothing about what else ran on its machine.
+TRACE_NOISE_REASON = "a trace recorded elsewhere: other processes' CPU use on its machine is not known"
 
 
 def analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str,
             source_override: SourceOverride | None = None,
             layout_probe: LayoutProbe | None = None, dtype_probe: DtypeProbe | None = None,
-            module_classes: dict[str, str] | None = None, memory: MemoryProfile | None = None) -> Run:
+            module_classes: dict[str, str] | None = None, memory: MemoryProfile | None = None,
+            noise: dict[str, Any] | None = None, step_us: list[float] | None = None) -> Run:
     """`module_classes`: qualified module name -> class for every module of the model (profile), so
     modules.csv can name modules that issued no op of their own. `memory`: profile's untimed memory
-    pass; without it, the trace's own memory events (if it has any) are read."""
+    pass; without it, the trace's own memory events (if it has any) are read. `noise`:
+    opscope.noise.assess() of the timed pass (profile), else "unknown"; `step_us`: each step's measured
+    wall time (profile), else the ProfilerStep annotations' durations are used."""
     with no_gc():
         return _analyze(trace, peaks=peaks, meta=meta, source=source, source_override=source_override,
                         layout_probe=layout_probe, dtype_probe=dtype_probe, module_classes=module_classes,
-                        memory=memory)
+                        memory=memory, noise=noise or unknown(TRACE_NOISE_REASON), step_us=step_us)
 
 
 def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str,
              source_override: SourceOverride | None, layout_probe: LayoutProbe | None,
              dtype_probe: DtypeProbe | None, module_classes: dict[str, str] | None,
-             memory: MemoryProfile | None) -> Run:
+             memory: MemoryProfile | None, noise: dict[str, Any], step_us: list[float] | None) -> Run:
     ev = build_events(trace, source_override)
     gpu = trace.has_gpu
     ev = ev.join(event_costs(ev))
@@ -54,11 +61,13 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
     timeline = gpu_summary(trace, ev, steps=steps, step_time_us=step_time_us) if gpu else None
     ctx = Context(ops=ops, events=ev, peaks=peaks, gpu=gpu, source=source, steps=steps,
                   step_time_us=step_time_us, device_busy_share=busy, meta=meta, layout_probe=layout_probe,
-                  gpu_timeline=timeline, dtype_probe=dtype_probe, memory=memory)
+                  gpu_timeline=timeline, dtype_probe=dtype_probe, memory=memory, noise=noise)
     findings = run_rules(ctx)
     finding_modules(findings, ops)
+    if step_us is None:
+        step_us = trace.steps["dur"].tolist() if len(trace.steps) else [step_time_us]
     summary = summarize(ops, steps=steps, step_time_us=step_time_us, n_findings=len(findings), busy=busy,
-                        gpu_keys=timeline)
+                        step_us=step_us, noise=noise, gpu_keys=timeline)
     if memory is not None:
         summary["memory"] = memory.summary
     summary["step_source"] = "annotations" if len(trace.steps) else "whole trace"
@@ -108,7 +117,10 @@ def union_length(start: np.ndarray, end: np.ndarray) -> float:
 
 
 def summarize(ops: pd.DataFrame, *, steps: int, step_time_us: float, n_findings: int,
-              busy: float | None, gpu_keys: dict[str, Any] | None = None) -> dict[str, Any]:
+              busy: float | None, step_us: list[float] | None = None, noise: dict[str, Any] | None = None,
+              gpu_keys: dict[str, Any] | None = None) -> dict[str, Any]:
+    """summary.json. `step_us`: each step's wall time (default: one step of `step_time_us`); `noise`:
+    opscope.noise.assess() of the timed pass (default: unknown, as for a file recorded elsewhere)."""
     total = float(ops["time_us_total"].sum())
     covered = ops["flops_per_call"].notna() & ops["bytes_per_call"].notna()
     bound_share = {b: 0.0 for b in BOUNDS}
@@ -119,6 +131,8 @@ def summarize(ops: pd.DataFrame, *, steps: int, step_time_us: float, n_findings:
         "total_time_us": total,
         "steps": int(steps),
         "step_time_us": float(step_time_us),
+        **step_spread(step_us if step_us is not None else [step_time_us]),
+        "noise": noise or unknown(TRACE_NOISE_REASON),
         "ops_covered_time_share": float(ops.loc[covered, "time_us_total"].sum()) / total if total > 0 else 0.0,
         "bound_time_share": bound_share,
         "findings": int(n_findings),

@@ -70,7 +70,7 @@ def trace_peaks(trace: TraceData, device: dict[str, str], peak_bw: float | None,
     elif not overridden:
         from opscope.calibrate import cached_cpu_peaks
 
-        peaks = cached_cpu_peaks()
+        peaks = cached_cpu_peaks(warn)
         if peaks is None:
             warn("CPU trace: the recording machine's ceilings are unknown and this machine has no cached "
                  "calibration; pass --peak-bw/--peak-flops (or run `opscope calibrate`) for % of peak and bound")

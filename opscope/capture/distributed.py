@@ -80,7 +80,7 @@ def launch_ranks(opts: ProfileOptions, script: ScriptSpec | None, launch: Launch
                                f"it has {torch.cuda.device_count()}")
     else:
         torch.set_num_threads(threads)  # the ceilings of one rank's thread count, measured once for all
-        peaks = machine_peaks(opts, device, progress).to_json()
+        peaks = machine_peaks(opts, device, progress)[0].to_json()
     with staging_folder(out.parent if out is not None else reports) as staging:
         ranks_dir = staging / "ranks"
         ranks_dir.mkdir()

@@ -275,8 +275,9 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
     if opts.threads:
         torch.set_num_threads(opts.threads)
     device = resolve_device(opts.device)
+    calibration = None  # a rank's launcher calibrated once for all ranks
     if peaks is None:
-        peaks = machine_peaks(opts, device, progress)
+        peaks, calibration = machine_peaks(opts, device, progress)
     with tempfile.TemporaryDirectory(prefix="opscope-") as tmp:
         trace_path = Path(tmp) / "trace.json"
         window = StepWindow(opts.warmup, opts.steps, profiler_activities(device), trace_path,
@@ -320,6 +321,8 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
                       layout_probe=conv_layout_probe(device), dtype_probe=float32_probe(device))
         meta["dtype"] = dominant_dtype(run.events)
         meta["mode"] = trace_mode(run.events)
+        if calibration is not None:
+            meta["calibration"] = calibration
         meta["script"] = {"args": list(script.args), "steps_from": script.step_fn or "optimizer step",
                           "skip_steps": opts.warmup, "stopped_after_window": bool(script.stop_after and window.done),
                           "source_lines": "next step" if records else "none"}

@@ -29,6 +29,7 @@ from opscope.capture.lines import join_lines, module_classes, module_origins, re
 from opscope.capture.nvtx_ranges import module_ranges, step_range
 from opscope.errors import OpscopeError
 from opscope.hardware import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
+from opscope.noise import CpuSampler, window_noise
 from opscope.run import DEFAULT_REPORTS_DIR, Run, check_out_dir, write_run
 from opscope.target import load_target
 from opscope.trace import TraceData, load_trace
@@ -90,7 +91,10 @@ def cpu_name() -> str:
     return cpu_model_name()
 
 
-def machine_peaks(opts: ProfileOptions, device: torch.device, progress: Progress) -> Peaks:
+def machine_peaks(opts: ProfileOptions, device: torch.device,
+                  progress: Progress) -> tuple[Peaks, dict[str, Any] | None]:
+    """The ceilings, and for a measured CPU calibration meta.json's "calibration" entry."""
+    calibration = None
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         peaks = gpu_peaks(name)
@@ -100,10 +104,12 @@ def machine_peaks(opts: ProfileOptions, device: torch.device, progress: Progress
         if opts.peak_bw and opts.peak_flops:
             peaks = None  # fully overridden: no need to measure
         else:
-            from opscope.calibrate import cpu_peaks
+            from opscope.calibrate import obtain
 
-            peaks, cached = cpu_peaks(torch.get_num_threads(), progress=progress.warn)
-    return apply_overrides(peaks, opts.peak_bw, opts.peak_flops)
+            got = obtain(torch.get_num_threads(), quick=True, progress=progress.warn)
+            peaks = got.result.peaks()
+            calibration = {"stable": got.result.stable, "cached": got.path is not None, "quick": got.result.quick}
+    return apply_overrides(peaks, opts.peak_bw, opts.peak_flops), calibration
 
 
 def profiler_activities(device: torch.device) -> list:
@@ -114,18 +120,23 @@ def profiler_activities(device: torch.device) -> list:
 
 
 def timed_pass(harness: Harness, steps: int, activities: list,
-               nvtx: bool = False) -> tuple[torch.profiler.profile, float]:
-    """The only timed part of a profile: shapes recorded, nothing else. Returns (profiler, seconds).
-    With `nvtx`, each step is also an NVTX range and each top-level module forward one (--nvtx)."""
-    t0 = time.perf_counter()
+               nvtx: bool = False) -> tuple[torch.profiler.profile, float, list[float]]:
+    """The only timed part of a profile: shapes recorded, nothing else. Returns (profiler, seconds,
+    each step's wall seconds including its synchronize). With `nvtx`, each step is also an NVTX range and
+    each top-level module forward one (--nvtx)."""
+    step_s: list[float] = []
+    clock = time.perf_counter
+    t0 = clock()
     with module_ranges(harness.model, nvtx), torch.profiler.profile(activities=activities,
                                                                     record_shapes=True) as prof:
         for i in range(steps):
+            start = clock()
             # The same step annotation torch.profiler's schedule would add, without a schedule.
             with step_range(nvtx), torch.profiler.record_function(f"ProfilerStep#{i}"):
                 harness.step()
                 harness.synchronize()
-    return prof, time.perf_counter() - t0
+            step_s.append(clock() - start)
+    return prof, clock() - t0, step_s
 
 
 MEMORY_STEPS = 3  # steps of the memory pass: memory-growth compares what each of them leaves allocated
@@ -201,7 +212,10 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
     timings.load = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    peaks = peaks if peaks is not None else machine_peaks(opts, device, progress)
+    if peaks is None:
+        peaks, calibration = machine_peaks(opts, device, progress)
+    else:  # a rank of a multi-process job: its launcher calibrated once for all ranks
+        calibration = None
     timings.calibration = time.perf_counter() - t0
 
     progress.phase("warmup", total=opts.warmup)
@@ -216,7 +230,10 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
     activities = profiler_activities(device)
     with tempfile.TemporaryDirectory(prefix="opscope-") as tmp:
         trace_path = Path(tmp) / "trace.json"
-        prof, timings.timed = timed_pass(harness, opts.steps, activities, nvtx=opts.nvtx)
+        sampler = CpuSampler()
+        before = sampler.sample()
+        prof, timings.timed, step_s = timed_pass(harness, opts.steps, activities, nvtx=opts.nvtx)
+        after = sampler.sample()
         timings.timed_step_s = timings.timed / opts.steps
         t0 = time.perf_counter()
         prof.export_chrome_trace(str(trace_path))
@@ -227,6 +244,7 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
         records = record_lines(harness.step, harness.model)
         harness.synchronize()
         timings.lines = time.perf_counter() - t0
+        noise = window_noise(sampler, before, after, torch.get_num_threads())
 
         progress.phase("recording memory")
         t0 = time.perf_counter()
@@ -239,11 +257,14 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
         t0 = time.perf_counter()
         trace = load_trace(trace_path, with_python=False)
         meta = profile_meta(opts, device, harness, peaks)
+        if calibration is not None:
+            meta["calibration"] = calibration
         probe = conv_layout_probe(device) if opts.mode in ("inference", "train") else None
         classes = module_classes(harness.model)
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",
                       source_override=lambda ev: join_lines(records, ev), layout_probe=probe,
-                      dtype_probe=float32_probe(device), module_classes=classes, memory=memory)
+                      dtype_probe=float32_probe(device), module_classes=classes, memory=memory,
+                      noise=noise, step_us=[t * 1e6 for t in step_s])
         # `opscope analyze RUN/trace.json.gz` reproduces this run's table from what is embedded here
         embed(trace_path, make_block(run.events, classes, memory))
         if finish is not None:

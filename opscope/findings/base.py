@@ -61,6 +61,9 @@ class Context:
     dtype_probe: DtypeProbe | None = None
     # GPU runs: opscope.analysis.gpu_timeline's summary keys (graph_replay, idle_gaps, streams, ...)
     gpu_timeline: dict[str, Any] | None = None
+    # summary.json "noise": other processes' CPU use during the timed steps (opscope.noise.assess);
+    # verdict "unknown" for traces. Rules resting on achieved rates append noise.noise_caveat(ctx.noise).
+    noise: dict[str, Any] | None = None
     memory: Any = None  # analysis.memory.MemoryProfile when the run recorded memory events
     # A merged run of a multi-process job: ranks.csv (opscope.analysis.ranks); None for one process.
     ranks: pd.DataFrame | None = None

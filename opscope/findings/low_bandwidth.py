@@ -38,6 +38,7 @@ from opscope.findings.common import (
 from opscope.findings.copies import claimed_events
 from opscope.findings.fusion import fused_events
 from opscope.findings.strided_reduction import strided_rows
+from opscope.noise import noise_caveat
 
 BW_FRACTION = 0.70
 MIN_IDEAL_US = 5.0
@@ -100,6 +101,7 @@ def low_bandwidth(ctx: Context) -> Iterator[Finding]:
         message = (f"{row['op']} {row['input_dims']} moves {fmt_bytes(nbytes)} per call at "
                    f"{units.gbps(row['achieved_gbps'])}, {pct:.0f}% of the peak {units.gbps(bw)} "
                    f"({per_step(calls, ctx):g} calls per step, {fmt_us(time)} in all); {why}.")
+        message += noise_caveat(ctx.noise)
         yield Finding(rule="low-bandwidth", severity=severity(saving, ctx), op=row["op"],
                       source_location=row["source_location"], message=message, suggestion=suggestion,
                       est_savings_us=saving)

@@ -40,6 +40,7 @@ from opscope.findings.common import (
     short,
     user_mask,
 )
+from opscope.noise import noise_caveat
 from opscope.sources import HARNESS
 
 MIN_SHARE = 0.25
@@ -100,6 +101,7 @@ def overhead(ctx: Context) -> Iterator[Finding]:
                    f"ops: their work would take under 1 µs at the peaks, so per-op dispatch (Python, the dispatcher, "
                    f"allocation) sets their time ({n_ops:.0f} ops per step; e.g. {example}). Most of it: {what}; "
                    f"lines: {where}. Saving is an upper bound (all per-op cost removed).")
+    message += noise_caveat(ctx.noise)
     yield Finding(rule="overhead", severity=severity(saving, ctx), op=top_ops[0][0] if top_ops else "",
                   source_location=next((loc for loc, _ in lines if loc != NO_LINE), ""), message=message,
                   suggestion=GPU_SUGGESTION if ctx.gpu else CPU_SUGGESTION, est_savings_us=saving)

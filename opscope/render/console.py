@@ -16,6 +16,7 @@ from rich.text import Text
 from opscope import units
 from opscope.analysis.kernels import short_kernel_name
 from opscope.analysis.ops_table import GPU_ONLY_NOTE, GRAPH_KERNEL_NOTE, LOOSE_KERNEL_NOTE
+from opscope.noise import remedy
 from opscope.render.text import clean, cleaned_run
 from opscope.run import Run
 from opscope.units import UNKNOWN, number
@@ -75,10 +76,16 @@ def summary_panel(run: Run) -> Panel:
     origin = peaks.get("origin", {})
     lines.append(f"peaks   {si((bw or float('nan')) * 1e9, 'B/s')} ({origin.get('memory_bandwidth', '?')}); "
                  f"{ceil or 'unknown'} ({origin.get('flops', '?')})\n")
+    if (m.get("calibration") or {}).get("stable") is False:
+        lines.append("        calibration unstable (the machine was busy): used for this run only, not cached\n",
+                     style="yellow")
     steps = s.get("steps", 1)
     whole = " (the whole trace: no step annotations)" if s.get("step_source") == "whole trace" else ""
     lines.append(f"steps   {steps} × {fmt_us(s.get('step_time_us'))}{whole}   op time {fmt_us(s.get('total_time_us'))}"
                  f"   cost model covers {fmt_pct(s.get('ops_covered_time_share'), 100)} of it\n")
+    noise = noise_line(s)
+    if noise:
+        lines.append(noise + "\n", style="bold yellow")
     shares = s.get("bound_time_share", {})
     lines.append("bound   ")
     for b in ("compute", "memory", "overhead", "unknown"):
@@ -91,6 +98,19 @@ def summary_panel(run: Run) -> Panel:
     if memory:
         lines.append(f"\nmemory  {memory}")
     return Panel(lines, title="opscope", title_align="left", box=box.ROUNDED)
+
+
+def noise_line(summary: dict[str, Any]) -> str | None:
+    """The header line of a noisy run: why (summary "noise" reason), how much step times varied, and
+    what to do; None on quiet runs and traces."""
+    noise = summary.get("noise")
+    if not isinstance(noise, dict) or noise.get("verdict") != "noisy":
+        return None
+    text = f"noise   noisy: {noise.get('reason')}"
+    cv = _num(summary.get("step_time_cv"))
+    if cv is not None:
+        text += f"; step time varied {cv:.0%} (cv)"
+    return f"{text}; {remedy(noise)}"
 
 
 def memory_line(run: Run) -> str:
@@ -108,7 +128,6 @@ def memory_line(run: Run) -> str:
     if growth:
         line += f"; {'+' if growth > 0 else ''}{units.nbytes(growth)} per step"
     return line
-
 
 
 def gpu_lines(s: dict[str, Any]) -> Text:
