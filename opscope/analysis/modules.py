@@ -96,6 +96,7 @@ def module_table(ops: pd.DataFrame, findings: list[dict[str, Any]],
     node_bytes: dict[str, float] = {}
     node_bound: dict[str, dict[str, float]] = {}
     node_class: dict[str, str] = dict(classes or {})
+    chains: dict[str, list[str]] = {}  # own node -> it and its enclosing modules (rows share a few modules)
     for k, (module, cls, bound) in enumerate(zip(ops["module"].fillna("").tolist(),
                                                   ops["module_class"].fillna("").tolist(),
                                                   ops["bound"].fillna("unknown").tolist(), strict=True)):
@@ -103,7 +104,10 @@ def module_table(ops: pd.DataFrame, findings: list[dict[str, Any]],
         if cls:
             node_class.setdefault(module, cls)
         node_self[own] = node_self.get(own, 0.0) + time[k]
-        for node in (parents(module) if cls else [OUTSIDE]):
+        up = chains.get(own)
+        if up is None:
+            up = chains[own] = parents(module) if cls else [OUTSIDE]
+        for node in up:
             node_time[node] = node_time.get(node, 0.0) + time[k]
             if not math.isnan(flops[k]):
                 node_flops[node] = node_flops.get(node, 0.0) + flops[k]
