@@ -245,10 +245,20 @@ def write_csv(frame: pd.DataFrame, path: Path) -> None:
             return "" if v != v else float.__repr__(v)
         return v
 
+    text = float.__repr__
+    columns = []
+    for c in frame.columns:  # converted a column at a time, by dtype: most cells need no test at all
+        values = frame[c].tolist()
+        kind = frame[c].dtype.kind
+        if kind == "f":
+            values = [text(v) if v == v else "" for v in values]
+        elif kind not in "iub":
+            values = [v if type(v) is str else cell(v) for v in values]
+        columns.append(values)
     with open(path, "w", encoding="utf-8", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow([str(c) for c in frame.columns])
-        w.writerows([[cell(v) for v in row] for row in zip(*(frame[c].tolist() for c in frame.columns), strict=True)])
+        w.writerows(zip(*columns, strict=True))
 
 
 def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
