@@ -187,6 +187,7 @@ def test_default_run_dirs_never_collide(tmp_path):
 def test_an_interrupted_write_leaves_nothing_that_looks_complete(tmp_path, monkeypatch):
     import pandas as pd
 
+    import opscope.run
     from opscope.run import Run, write_run
 
     run = Run(meta={"format_version": 1}, ops=pd.DataFrame({"op": ["aten::mm"]}), findings=[],
@@ -195,7 +196,7 @@ def test_an_interrupted_write_leaves_nothing_that_looks_complete(tmp_path, monke
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pd.DataFrame, "to_csv", interrupted)
+    monkeypatch.setattr(opscope.run, "write_csv", interrupted)  # interrupted while writing ops.csv
     target = tmp_path / "reports" / "run"
     with pytest.raises(KeyboardInterrupt):
         write_run(run, target, "m", None)
