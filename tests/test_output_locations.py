@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 from test_cli_errors import assert_clean_error
 
+import opscope.run
 from conftest import TRACES, run_cli, write_model
 from opscope.errors import OutputError
 from opscope.run import Run, check_out_dir, write_run
@@ -125,7 +126,7 @@ def test_a_write_failure_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, c
     def failing(*args, **kwargs):
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(pd.DataFrame, "to_csv", failing)
+    monkeypatch.setattr(opscope.run, "write_csv", failing)  # the disk fails while ops.csv is written
     with pytest.raises(OutputError, match=os.strerror(code)) as info:
         write_run(_tiny_run(), None, "m", None, base=tmp_path / "reports")
     assert "\n" not in str(info.value)

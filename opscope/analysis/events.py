@@ -56,7 +56,16 @@ def compiled_kind(name: str) -> str:
 
 
 def thread_keys(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
-    return pd.MultiIndex.from_arrays([pid, tid]).factorize()[0] if len(pid) else np.zeros(0, np.int64)
+    """A code per (pid, tid) pair, numbered in order of first appearance (as pandas' factorize)."""
+    if not len(pid):
+        return np.zeros(0, np.int64)
+    _, pid_code = np.unique(pid, return_inverse=True)
+    tid_values, tid_code = np.unique(tid, return_inverse=True)
+    pair = pid_code.astype(np.int64) * len(tid_values) + tid_code
+    _, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    return rank[inverse.reshape(-1)]
 
 
 def nest(keys: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

@@ -186,7 +186,7 @@ def _device(mem: pd.DataFrame, gpu: bool) -> tuple[int, int]:
 def _row_keys(ev: pd.DataFrame) -> list[tuple | None]:
     cols = [ev[c].tolist() if c in ev.columns else [""] * len(ev) for c in KEY_COLUMNS]
     is_row = ev["is_row"].tolist()
-    return [tuple(c[i] for c in cols) if is_row[i] else None for i in range(len(ev))]
+    return [k if r else None for k, r in zip(zip(*cols, strict=True), is_row, strict=True)]
 
 
 def _per_key(ev: pd.DataFrame, keys: list[tuple | None], row: np.ndarray,
@@ -201,9 +201,9 @@ def _per_key(ev: pd.DataFrame, keys: list[tuple | None], row: np.ndarray,
         else:
             freed[keys[r]] = freed.get(keys[r], 0.0) - b
     calls: dict[tuple, int] = {}
-    steps = ev["step"].to_numpy() if "step" in ev.columns else np.zeros(len(ev), dtype=np.int64)
-    for i, k in enumerate(keys):
-        if k is not None and steps[i] >= 0:
+    steps = ev["step"].tolist() if "step" in ev.columns else [0] * len(ev)
+    for k, step in zip(keys, steps, strict=True):
+        if k is not None and step >= 0:
             calls[k] = calls.get(k, 0) + 1
     return {k: (alloc.get(k, 0.0), freed.get(k, 0.0), n) for k, n in calls.items()}
 
@@ -237,8 +237,8 @@ def add_memory_columns(ops: pd.DataFrame, memory: MemoryProfile | None) -> pd.Da
     alloc, freed = np.full(len(out), np.nan), np.full(len(out), np.nan)
     if memory is not None:
         cols = [out[c].fillna("").tolist() if c in out.columns else [""] * len(out) for c in ("op", *KEY_COLUMNS[1:])]
-        for i in range(len(out)):
-            hit = memory.per_key.get(tuple(c[i] for c in cols))
+        for i, key in enumerate(zip(*cols, strict=True)):
+            hit = memory.per_key.get(key)
             if hit is not None and hit[2] > 0:
                 alloc[i], freed[i] = hit[0] / hit[2], hit[1] / hit[2]
     out[MEMORY_COLUMNS[0]] = alloc

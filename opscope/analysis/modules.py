@@ -11,6 +11,7 @@ OUTSIDE) add up to the run's op time.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -83,16 +84,19 @@ def module_table(ops: pd.DataFrame, findings: list[dict[str, Any]],
     a ModuleList, a block whose forward only calls submodules)."""
     if not has_module_columns(ops):
         return None
-    time = ops["time_us_total"].to_numpy(dtype=float)
-    flops = (ops["flops_per_call"].to_numpy(dtype=float) * ops["calls"].to_numpy(dtype=float))
-    nbytes = (ops["bytes_per_call"].to_numpy(dtype=float) * ops["calls"].to_numpy(dtype=float))
-    total = float(np.nansum(time))
+    time_arr = ops["time_us_total"].to_numpy(dtype=float)
+    total = float(np.nansum(time_arr))
+    # Plain lists: the loop below reads every cell, and a numpy scalar read costs several times more.
+    time = time_arr.tolist()
+    flops = (ops["flops_per_call"].to_numpy(dtype=float) * ops["calls"].to_numpy(dtype=float)).tolist()
+    nbytes = (ops["bytes_per_call"].to_numpy(dtype=float) * ops["calls"].to_numpy(dtype=float)).tolist()
     node_time: dict[str, float] = {}
     node_self: dict[str, float] = {}
     node_flops: dict[str, float] = {}
     node_bytes: dict[str, float] = {}
     node_bound: dict[str, dict[str, float]] = {}
     node_class: dict[str, str] = dict(classes or {})
+    chains: dict[str, list[str]] = {}  # own node -> it and its enclosing modules (rows share a few modules)
     for k, (module, cls, bound) in enumerate(zip(ops["module"].fillna("").tolist(),
                                                   ops["module_class"].fillna("").tolist(),
                                                   ops["bound"].fillna("unknown").tolist(), strict=True)):
@@ -100,11 +104,14 @@ def module_table(ops: pd.DataFrame, findings: list[dict[str, Any]],
         if cls:
             node_class.setdefault(module, cls)
         node_self[own] = node_self.get(own, 0.0) + time[k]
-        for node in (parents(module) if cls else [OUTSIDE]):
+        up = chains.get(own)
+        if up is None:
+            up = chains[own] = parents(module) if cls else [OUTSIDE]
+        for node in up:
             node_time[node] = node_time.get(node, 0.0) + time[k]
-            if not np.isnan(flops[k]):
+            if not math.isnan(flops[k]):
                 node_flops[node] = node_flops.get(node, 0.0) + flops[k]
-            if not np.isnan(nbytes[k]):
+            if not math.isnan(nbytes[k]):
                 node_bytes[node] = node_bytes.get(node, 0.0) + nbytes[k]
             shares = node_bound.setdefault(node, {})
             shares[bound] = shares.get(bound, 0.0) + time[k]

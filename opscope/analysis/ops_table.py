@@ -250,9 +250,12 @@ CUSTOM_OP_NOTE = "custom op: family from its kernels; no cost model for it"
 
 
 def _custom_op_families(table: pd.DataFrame) -> None:
-    ops = table["op"].astype(str)
-    custom = (ops.map(is_row_name) & ~ops.str.startswith("aten::") & table["flops_per_call"].isna()
-              & table["kernel_family"].isin(list(KERNEL_TO_COST_FAMILY))).to_numpy()
+    # Plain lists: a custom op with GEMM/attention kernels is rare, and pandas' string methods cost more
+    # than the whole test on a small table.
+    no_cost = np.isnan(table["flops_per_call"].to_numpy(dtype=float)).tolist()
+    custom = np.asarray([fam in KERNEL_TO_COST_FAMILY and unknown and not op.startswith("aten::") and is_row_name(op)
+                         for op, fam, unknown in zip(table["op"].astype(str).tolist(), table["kernel_family"].tolist(),
+                                                     no_cost, strict=True)], dtype=bool)
     if custom.any():
         table.loc[custom, "family"] = table.loc[custom, "kernel_family"].map(KERNEL_TO_COST_FAMILY)
         table.loc[custom, "note"] = CUSTOM_OP_NOTE

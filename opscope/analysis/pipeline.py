@@ -16,6 +16,7 @@ from opscope.analysis.modules import finding_modules, module_table
 from opscope.analysis.ops_table import BOUNDS, JSON_TEXT_COLUMNS, build_ops_table, event_costs
 from opscope.findings import Context, run_rules
 from opscope.findings.base import DtypeProbe, LayoutProbe
+from opscope.findings.common import records
 from opscope.hardware import Peaks
 from opscope.noise import step_spread, unknown
 from opscope.run import FORMAT_VERSION, Run
@@ -160,7 +161,7 @@ def swap_candidates(ops: pd.DataFrame) -> list[dict[str, Any]]:
 def top_ops(ops: pd.DataFrame, n: int) -> list[dict[str, Any]]:
     """First n rows as objects: numbers as numbers, empty as null, JSON-text columns kept as text."""
     out = []
-    for rec in ops.head(n).to_dict("records"):
+    for rec in records(ops.head(n)):
         row = {}
         for k, v in rec.items():
             if isinstance(v, float) and np.isnan(v) or isinstance(v, str) and v == "" and k not in JSON_TEXT_COLUMNS and k != "source_location":

@@ -73,7 +73,10 @@ class Context:
 
     @property
     def total_time_us(self) -> float:
-        return float(self.ops["time_us_total"].sum())
+        # Read by every rule's severity and share: summed once (the ops table does not change).
+        if "total_time_us" not in self.cache:
+            self.cache["total_time_us"] = float(self.ops["time_us_total"].sum())
+        return self.cache["total_time_us"]
 
 
 Rule = Callable[[Context], Iterable[Finding]]

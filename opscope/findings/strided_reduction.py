@@ -21,6 +21,7 @@ from typing import Any
 from opscope.findings.base import Context, Finding, rule
 from opscope.findings.common import (
     cached,
+    col,
     concrete,
     events_by_ops_row,
     fmt_bytes,
@@ -68,8 +69,7 @@ def reduced_dims(ctx: Context, i: int, name: str, family: str, ndim: int) -> lis
 
 def strided_reduction_info(ctx: Context, i: int) -> dict[str, Any] | None:
     """The reduced dims and their smallest stride (elements) when event i is a strided reduction."""
-    ev = ctx.events
-    name, family = ev["name"].iat[i], ev["family"].iat[i]
+    name, family = col(ctx, "name")[i], col(ctx, "family")[i]
     if family not in REDUCTION_FAMILIES:
         return None
     t = tensor(ctx, i, 0)
