@@ -7,6 +7,7 @@ import importlib
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +25,12 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # as the CLI does: no kineto lin
 # other test modules can import triton indirectly, so it is set here, once, for the whole session.
 if not os.path.exists("/dev/nvidia0") and not os.path.exists("/dev/kfd"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# torch.compile's on-disk cache, private to this test run (its xdist workers share it). Inductor's cache
+# key leaves out the CPU code path torch was told to take (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA): an
+# AVX-512 run's compiled graphs, reused by an AVX2 run on the same machine, computed wrong results.
+_RUN_ID = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                      os.path.join(tempfile.gettempdir(), f"opscope-tests-inductor-{_RUN_ID}"))
 
 
 @pytest.fixture(autouse=True)
