@@ -171,6 +171,7 @@ class TraceCompressor:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._made_folder: Path | None = None
+        self._discarded = False
         if data is None:
             with open(src, "rb") as f:
                 if f.read(2) == b"\x1f\x8b":
@@ -189,6 +190,8 @@ class TraceCompressor:
             raise
 
     def _run(self) -> None:
+        if self._discarded:  # discard() came while start() was still waiting for this thread
+            return
         try:
             if self.data is not None:
                 _gzip_bytes(self.data, self.path)
@@ -210,9 +213,13 @@ class TraceCompressor:
         """Removes the temporary file (and the folder this created, if still empty). Safe to interrupt:
         a signal during the join still removes the file (the thread may keep writing to the unlinked
         file until it ends)."""
+        self._discarded = True
         try:
             if self._thread is not None:
-                self._thread.join()
+                # RuntimeError: a signal interrupted start() before the thread ran; it is not running yet,
+                # and when it does, _run sees _discarded and writes nothing
+                with contextlib.suppress(RuntimeError):
+                    self._thread.join()
         finally:
             if self.path is not None:
                 with contextlib.suppress(OSError):

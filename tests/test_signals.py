@@ -119,3 +119,28 @@ def test_analyze_stopped_by_a_signal_leaves_nothing(tmp_path, sig):
     assert proc.returncode == 128 + sig, err
     assert "Traceback" not in err
     assert _leftovers(tmp_path, tmp) == []
+
+
+class _Stopped(BaseException):
+    """Stands in for opscope.cli.Terminated: a signal handler raising inside Thread.start()."""
+
+
+def test_a_signal_while_the_trace_compressor_starts_leaves_nothing(tmp_path, monkeypatch):
+    """A signal raised while Thread.start() waits for the new thread (seen in CI under load): the
+    compressor's cleanup must not fail with "cannot join thread before it is started", and must leave no
+    temporary file or created folder behind."""
+    import threading
+
+    from opscope.run import TraceCompressor
+
+    trace = tmp_path / "t.json"
+    trace.write_text('{"traceEvents": []}')
+    folder = tmp_path / "reports"
+
+    def interrupted_start(self: threading.Thread) -> None:
+        raise _Stopped  # before the thread ever ran
+
+    monkeypatch.setattr(threading.Thread, "start", interrupted_start)
+    with pytest.raises(_Stopped):
+        TraceCompressor(trace, folder)
+    assert not folder.exists()
