@@ -6,6 +6,8 @@ a burst of load on a shared machine hits every job alike):
 
 - opscope: `analyze_trace_file` (read, decode, call tree, kernel attribution, cost model, roofline,
   findings, run directory written);
+- opscope CLI: the whole `opscope analyze TRACE --out DIR` command, console report included (its output
+  is discarded), as a user runs it;
 - HTA load: `TraceAnalysis(trace_dir=...)` (what HTA does before any analysis);
 - HTA load + kernel breakdown: the same and `get_gpu_kernel_breakdown()`.
 
@@ -54,6 +56,13 @@ JOBS = {
     "opscope": _JOB.format(
         imports="from opscope.analysis.trace_file import analyze_trace_file",
         work="with tempfile.TemporaryDirectory() as d:\n    analyze_trace_file(Path(sys.argv[1]), out=Path(d) / 'run')"),
+    "opscope_cli": _JOB.format(
+        imports="import contextlib, io\nfrom opscope.cli import main",
+        work="with tempfile.TemporaryDirectory() as d:\n"
+             "    sys.argv = ['opscope', 'analyze', sys.argv[1], '--out', str(Path(d) / 'run')]\n"
+             "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+             "        try:\n            main()\n        except SystemExit as exc:\n"
+             "            if exc.code:\n                raise"),
     "hta_load": _JOB.format(imports=_HTA_IMPORT, work=_HTA_LOAD),
     "hta_breakdown": _JOB.format(imports=_HTA_IMPORT,
                                  work=_HTA_LOAD + "\nanalysis.get_gpu_kernel_breakdown(visualize=False)"),
@@ -62,7 +71,7 @@ JOBS = {
 
 def run_job(job: str, trace: Path, folder: Path) -> dict:
     """One fresh process; adds its whole wall time ("process_s"). HTA reads a folder of traces."""
-    arg = str(trace) if job == "opscope" else str(folder)
+    arg = str(trace) if job.startswith("opscope") else str(folder)
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", JOBS[job], arg], capture_output=True, text=True, env=env)
@@ -122,14 +131,16 @@ def main() -> None:
     print(f"{args.repeats} fresh processes per job, medians; ratio = HTA / opscope (>1: opscope faster or smaller)")
     print(f"{'trace':<34} {'opscope work/proc s, MiB':>25} {'HTA load work/proc s, MiB':>26} "
           f"{'HTA +breakdown work/proc s, MiB':>32}  {'time vs load (work/proc)':>25} "
-          f"{'time vs +bd (work/proc)':>24} {'mem vs load':>11} {'mem vs +bd':>10}")
+          f"{'time vs +bd (work/proc)':>24} {'mem vs load':>11} {'mem vs +bd':>10} "
+          f"{'CLI proc s':>10} {'CLI vs load (proc)':>18}")
     for label, path in cases:
         r = measure(path, args.repeats)
-        o, hl, hb = r["opscope"], r["hta_load"], r["hta_breakdown"]
+        o, hl, hb, cli = r["opscope"], r["hta_load"], r["hta_breakdown"], r["opscope_cli"]
         print(f"{label:<34} {_cell(o):>25} {_cell(hl):>26} {_cell(hb):>32}  "
               f"{_ratio(hl, o, 'work_s') + ' / ' + _ratio(hl, o, 'process_s'):>25} "
               f"{_ratio(hb, o, 'work_s') + ' / ' + _ratio(hb, o, 'process_s'):>24} "
-              f"{_ratio(hl, o, 'rss_mib'):>11} {_ratio(hb, o, 'rss_mib'):>10}", flush=True)
+              f"{_ratio(hl, o, 'rss_mib'):>11} {_ratio(hb, o, 'rss_mib'):>10} "
+              f"{cli.get('process_s', float('nan')):>10.2f} {_ratio(hl, cli, 'process_s'):>18}", flush=True)
 
 
 if __name__ == "__main__":
