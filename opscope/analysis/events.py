@@ -65,7 +65,7 @@ def thread_keys(pid: Sequence, tid: Sequence) -> list[int]:
     return group_codes([_values(pid), _values(tid)])
 
 
-def start_order(keys: Sequence, starts: Sequence[float], ends: Sequence[float]) -> list[int]:
+def _start_order(keys: Sequence, starts: Sequence[float], ends: Sequence[float]) -> list[int]:
     """Interval indices by key, then start, then longest first (then index): a parent before its
     children, siblings in time order."""
     sort_key = list(zip(keys, starts, [-e for e in ends], strict=True))
@@ -75,7 +75,7 @@ def start_order(keys: Sequence, starts: Sequence[float], ends: Sequence[float]) 
 def nest(keys: Sequence, starts: Sequence[float], ends: Sequence[float]) -> list[int]:
     """Parent (innermost enclosing interval on the same key) of each interval, -1 for roots."""
     keys, starts, ends = _values(keys), _values(starts), _values(ends)
-    return _nest(keys, starts, ends, start_order(keys, starts, ends))
+    return _nest(keys, starts, ends, _start_order(keys, starts, ends))
 
 
 def _nest(keys: list, starts: list[float], ends: list[float], order: list[int]) -> list[int]:
@@ -152,7 +152,7 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
     keys = thread_keys(ev["pid"], ev["tid"])
     ev["thread"] = keys
     # Walk the tree in start-time order so a parent is always resolved before its children.
-    order = start_order(keys, ts, end)
+    order = _start_order(keys, ts, end)
     par = _nest(keys, ts, end, order)
     ev["parent"] = par
 
@@ -499,7 +499,7 @@ def _trace_modules(trace: TraceData, ev: Table) -> list[tuple[str, str]]:
     m_end = _intervals_end(mods)
     all_threads = thread_keys(mods["pid"] + ev["pid"], mods["tid"] + ev["tid"])
     m_keys, o_keys = all_threads[:n_mods], all_threads[n_mods:]
-    parents_first = start_order(m_keys, m_ts, m_end)
+    parents_first = _start_order(m_keys, m_ts, m_end)
     parent = _nest(m_keys, m_ts, m_end, parents_first)
     names = mods["name"]
     classes = [m.group("cls") if (m := _INSTANCE_RE.match(x)) else x for x in names]
