@@ -16,14 +16,13 @@ its graph's time.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from bisect import bisect_right
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-
-import numpy as np
-import pandas as pd
 
 from opscope.analysis.kernels import kernel_family
 from opscope.sources import location_from_call_stack
+from opscope.table import Table, group_codes, nrows
 from opscope.trace import COMPILED_GRAPH_RE, TraceData
 
 ROW_RE = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_][\w.]*$")
@@ -55,65 +54,72 @@ def compiled_kind(name: str) -> str:
     return ""
 
 
-def thread_keys(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+def _values(column: Sequence) -> list:
+    """A column as a list of Python objects (a numpy array from a caller still on pandas, too)."""
+    tolist = getattr(column, "tolist", None)
+    return tolist() if tolist is not None else list(column)
+
+
+def thread_keys(pid: Sequence, tid: Sequence) -> list[int]:
     """A code per (pid, tid) pair, numbered in order of first appearance (as pandas' factorize)."""
-    if not len(pid):
-        return np.zeros(0, np.int64)
-    _, pid_code = np.unique(pid, return_inverse=True)
-    tid_values, tid_code = np.unique(tid, return_inverse=True)
-    pair = pid_code.astype(np.int64) * len(tid_values) + tid_code
-    _, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
-    rank = np.empty(len(first), np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
-    return rank[inverse.reshape(-1)]
+    return group_codes([_values(pid), _values(tid)])
 
 
-def nest(keys: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+def _start_order(keys: Sequence, starts: Sequence[float], ends: Sequence[float]) -> list[int]:
+    """Interval indices by key, then start, then longest first (then index): a parent before its
+    children, siblings in time order."""
+    sort_key = list(zip(keys, starts, [-e for e in ends], strict=True))
+    return sorted(range(len(sort_key)), key=sort_key.__getitem__)
+
+
+def nest(keys: Sequence, starts: Sequence[float], ends: Sequence[float]) -> list[int]:
     """Parent (innermost enclosing interval on the same key) of each interval, -1 for roots."""
-    n = len(starts)
-    parent = [-1] * n
-    if n == 0:
-        return np.asarray(parent, dtype=np.int64)
-    order = np.lexsort((np.arange(n), -ends, starts, keys))
+    keys, starts, ends = _values(keys), _values(starts), _values(ends)
+    return _nest(keys, starts, ends, _start_order(keys, starts, ends))
+
+
+def _nest(keys: list, starts: list[float], ends: list[float], order: list[int]) -> list[int]:
+    parent = [-1] * len(starts)
     # One sequential pass in start order with a stack of open intervals per thread.
     stack_end: list[float] = []
     stack_idx: list[int] = []
     push_end, push_idx, pop_end, pop_idx = stack_end.append, stack_idx.append, stack_end.pop, stack_idx.pop
     cur_key = None
-    for k, s, e, i in zip(keys[order].tolist(), starts[order].tolist(), ends[order].tolist(), order.tolist(),
-                          strict=True):
+    for i in order:
+        k = keys[i]
         if k != cur_key:
             stack_end.clear()
             stack_idx.clear()
             cur_key = k
-        limit = s + _EPS
+        limit = starts[i] + _EPS
         while stack_end and stack_end[-1] <= limit:
             pop_end()
             pop_idx()
         if stack_idx:
             parent[i] = stack_idx[-1]
-        push_end(e)
+        push_end(ends[i])
         push_idx(i)
-    return np.asarray(parent, dtype=np.int64)
+    return parent
 
 
-def innermost(c_keys: np.ndarray, c_starts: np.ndarray, c_ends: np.ndarray,
-              p_keys: np.ndarray, p_times: np.ndarray) -> np.ndarray:
+def innermost(c_keys: Sequence, c_starts: Sequence[float], c_ends: Sequence[float],
+              p_keys: Sequence, p_times: Sequence[float]) -> list[int]:
     """For each point, the innermost container interval on the same key containing it (-1 if none)."""
     n_c, n_p = len(c_starts), len(p_times)
     result = [-1] * n_p
     if n_c == 0 or n_p == 0:
-        return np.asarray(result, dtype=np.int64)
-    keys = np.concatenate([c_keys, p_keys])
-    times = np.concatenate([c_starts, p_times])
-    kind = np.concatenate([np.zeros(n_c, np.int8), np.ones(n_p, np.int8)])  # containers first on ties
-    ends = np.concatenate([c_ends, np.zeros(n_p)])
-    order = np.lexsort((-ends, kind, times, keys))
+        return result
+    keys = _values(c_keys) + _values(p_keys)
+    times = _values(c_starts) + _values(p_times)
+    ends = _values(c_ends)
+    # by key, time, containers before points on ties, longest container first (then index)
+    sort_key = [(keys[j], times[j], 0, -ends[j]) for j in range(n_c)]
+    sort_key += [(keys[j], times[j], 1, 0.0) for j in range(n_c, n_c + n_p)]
     stack_end: list[float] = []
     stack_idx: list[int] = []
     cur_key = None
-    for k, t, e, j in zip(keys[order].tolist(), times[order].tolist(), ends[order].tolist(), order.tolist(),
-                          strict=True):
+    for j in sorted(range(n_c + n_p), key=sort_key.__getitem__):
+        k, t = keys[j], times[j]
         if k != cur_key:
             stack_end.clear()
             stack_idx.clear()
@@ -122,45 +128,44 @@ def innermost(c_keys: np.ndarray, c_starts: np.ndarray, c_ends: np.ndarray,
             stack_end.pop()
             stack_idx.pop()
         if j < n_c:
-            stack_end.append(e)
+            stack_end.append(ends[j])
             stack_idx.append(j)
         elif stack_idx:
             result[j - n_c] = stack_idx[-1]
-    return np.asarray(result, dtype=np.int64)
+    return result
 
 
-SourceOverride = Mapping[int, str] | Callable[[pd.DataFrame], Mapping[int, str]]
+SourceOverride = Mapping[int, str] | Callable[[Table], Mapping[int, str]]
 
 
-def build_events(trace: TraceData, source_override: SourceOverride | None = None) -> pd.DataFrame:
+def build_events(trace: TraceData, source_override: SourceOverride | None = None) -> Table:
     """The per-event table. `source_override` maps event index -> exact source location (from
     `opscope profile`'s untimed line pass), or is a function computing that map from the event table
     (tree, steps and kernels already filled in); without it, locations come from the trace's Python
     stacks or "Call stack" args."""
-    ev = trace.ops.copy()
-    n = len(ev)
-    ts = ev["ts"].to_numpy()
-    dur = ev["dur"].to_numpy()
-    end = ts + dur
+    ev: Table = {c: list(v) for c, v in trace.ops.items()}
+    n = nrows(ev)
+    ts = ev["ts"]
+    dur = ev["dur"]
+    end = [t + d for t, d in zip(ts, dur, strict=True)]
     ev["end"] = end
-    keys = thread_keys(ev["pid"].to_numpy(), ev["tid"].to_numpy())
+    keys = thread_keys(ev["pid"], ev["tid"])
     ev["thread"] = keys
-    parent = nest(keys, ts, end)
-    ev["parent"] = parent
+    # Walk the tree in start-time order so a parent is always resolved before its children.
+    order = _start_order(keys, ts, end)
+    par = _nest(keys, ts, end, order)
+    ev["parent"] = par
 
-    names = ev["name"].tolist()
+    names = ev["name"]
     kinds = {x: "op" if is_row_name(x) else compiled_kind(x) for x in set(names)}
     kind = [kinds[x] for x in names]
-    if "kernel_backend" in ev.columns:  # a Triton kernel launch under any name (user-written kernels too)
-        for i in np.flatnonzero(ev["kernel_backend"].to_numpy() != "").tolist():
-            if kind[i] != "op":
+    if "kernel_backend" in ev:  # a Triton kernel launch under any name (user-written kernels too)
+        for i, backend in enumerate(ev["kernel_backend"]):
+            if backend != "" and kind[i] != "op":
                 kind[i] = "kernel"
     is_row = [k != "" for k in kind]
 
-    # Walk the tree in start-time order so a parent is always resolved before its children.
-    order = np.lexsort((np.arange(n), -end, ts, keys)).tolist()
-    par = parent.tolist()
-    inputs = [ev[c].tolist() for c in ("input_dims", "input_dtypes", "input_strides", "concrete_inputs")]
+    inputs = [ev[c] for c in ("input_dims", "input_dtypes", "input_strides", "concrete_inputs")]
     row_anc = [-1] * n
     bwd_root = [-1] * n
     depth = [0] * n
@@ -186,8 +191,7 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
                 folded[i] = True
             else:
                 row_anc[i] = i
-    is_row_arr = np.asarray(is_row, dtype=bool)
-    ev["is_row"] = is_row_arr
+    ev["is_row"] = is_row
     ev["folded"] = folded
     ev["row_kind"] = [k if r else "" for k, r in zip(kind, is_row, strict=True)]
     ev["compiled_graph"] = graph
@@ -195,39 +199,48 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
     ev["row_anc"] = row_anc
     ev["bwd_root"] = bwd_root
     # Row ancestor strictly above an event (used to find composite parents and copy sources).
-    row_parent = np.asarray([row_anc[p] if p >= 0 else -1 for p in par], dtype=np.int64)
+    row_parent = [row_anc[p] if p >= 0 else -1 for p in par]
     ev["row_parent"] = row_parent
-    ev["self_us"] = _self_times(dur, parent, row_parent, is_row_arr)
+    ev["self_us"] = _self_times(dur, par, row_parent, is_row)
 
     ev["step"] = assign_steps(trace, ts)
-    if "captured" in ev.columns:  # a graph capture's ops copied into a replay (opscope.analysis.capture_merge)
-        copies = ev["captured"].to_numpy(dtype=bool)
-        ev.loc[copies, "self_us"] = 0.0  # they ran during capture, not in the replay
-        ev.loc[copies, "step"] = assign_steps(trace, ev.loc[copies, "replay_ts"].to_numpy())
-    _attribute_kernels(trace, ev, keys)
+    if "captured" in ev:  # a graph capture's ops copied into a replay (opscope.analysis.capture_merge)
+        copies = [i for i, c in enumerate(ev["captured"]) if c]
+        replay_ts = ev["replay_ts"]
+        self_us, step = ev["self_us"], ev["step"]
+        for i, s in zip(copies, assign_steps(trace, [replay_ts[i] for i in copies]), strict=True):
+            self_us[i] = 0.0  # they ran during capture, not in the replay
+            step[i] = s
+    _attribute_kernels(trace, ev)
     if callable(source_override):
         source_override = source_override(ev)
     ev["dispatch_input_types"] = _dispatch_input_types(source_override, n)
-    ev["source_location"] = _sources(trace, ev, keys, order, source_override)
+    ev["source_location"] = _sources(trace, ev, order, source_override)
     modules = _modules(trace, ev, order, source_override)
     ev["module"] = [m for m, _ in modules]
     ev["module_class"] = [c for _, c in modules]
-    if len(trace.kernels):
+    if nrows(trace.kernels):
         trace.kernels["launcher_loc"] = launcher_locations(trace, ev)
     return ev
 
 
-def _self_times(dur: np.ndarray, parent: np.ndarray, row_parent: np.ndarray, is_row: np.ndarray) -> np.ndarray:
+def _self_times(dur: list[float], parent: list[int], row_parent: list[int], is_row: list[bool]) -> list[float]:
     """A row's self time is its time minus that of the rows directly below it: what runs inside it in no
     row of its own (a compiled graph's C++ kernels, a folded inner call) is its work. An event inside a
     row that is not a row itself has 0 (its time is that row's); other events keep their time minus
     their children's."""
-    below = np.zeros(len(dur))
-    into = np.where(row_parent >= 0, np.where(is_row, row_parent, -1), parent)
-    has = into >= 0
-    np.add.at(below, into[has], dur[has])
-    out = np.maximum(dur - below, 0.0)
-    out[~is_row & (row_parent >= 0)] = 0.0
+    below = [0.0] * len(dur)
+    for i, d in enumerate(dur):  # in event order, as the sums were always made
+        into = (row_parent[i] if is_row[i] else -1) if row_parent[i] >= 0 else parent[i]
+        if into >= 0:
+            below[into] += d
+    out = []
+    for d, b, r, rp in zip(dur, below, is_row, row_parent, strict=True):
+        if not r and rp >= 0:
+            out.append(0.0)
+        else:
+            x = d - b
+            out.append(0.0 if x < 0.0 else x)
     return out
 
 
@@ -241,22 +254,24 @@ def _dispatch_input_types(source_override: Mapping[int, str] | None, n: int) -> 
     return out
 
 
-def assign_steps(trace: TraceData, ts: np.ndarray) -> np.ndarray:
+def assign_steps(trace: TraceData, ts: Sequence[float]) -> list[int]:
     """Index of the ProfilerStep range each time falls in (-1: none; 0 for all when there are none)."""
     steps = trace.steps
-    if steps.empty:
-        return np.zeros(len(ts), dtype=np.int64)
-    starts = steps["ts"].to_numpy()
-    ends = starts + steps["dur"].to_numpy()
-    idx = np.searchsorted(starts, ts, side="right") - 1
-    inside = (idx >= 0) & (ts < ends[np.clip(idx, 0, None)])
-    return np.where(inside, idx, -1)
+    if not nrows(steps):
+        return [0] * len(ts)
+    starts = steps["ts"]
+    ends = [s + d for s, d in zip(starts, steps["dur"], strict=True)]
+    out = []
+    for t in _values(ts):
+        i = bisect_right(starts, t) - 1
+        out.append(i if i >= 0 and t < ends[i] else -1)
+    return out
 
 
 GRAPH_LAUNCH_RE = re.compile(r"GraphLaunch", re.IGNORECASE)  # cudaGraphLaunch, hipGraphLaunch, cuGraphLaunch
 
 
-def _attribute_kernels(trace: TraceData, ev: pd.DataFrame, keys: np.ndarray) -> None:
+def _attribute_kernels(trace: TraceData, ev: Table) -> None:
     """Links each kernel/memcpy/memset to the op that launched it: the kernel's correlation id names a
     runtime launch event; the innermost op enclosing that launch on its thread is the launcher (falling
     back to the shared "External id"). Work is credited to the nearest ancestor that is a row.
@@ -270,54 +285,52 @@ def _attribute_kernels(trace: TraceData, ev: pd.DataFrame, keys: np.ndarray) -> 
     unattributed. Adds to trace.kernels: op (row event index or -1), kernel_row, launcher_op /
     launcher_ann (event / annotation index naming the launcher, or -1), launcher (its name),
     graph_launch (index of the graph launch that ran it, or -1) and family (opscope.analysis.kernels)."""
-    n = len(ev)
+    n = nrows(ev)
     kern = trace.kernels
-    ev["device_us"] = 0.0
-    ev["kernels"] = ""
-    ev["n_kernels"] = 0
-    nk = len(kern)
-    kern_op = np.full(nk, -1, dtype=np.int64)
-    kernel_row = np.zeros(nk, dtype=bool)
-    launcher_op = np.full(nk, -1, dtype=np.int64)
-    launcher_ann = np.full(nk, -1, dtype=np.int64)
-    graph_launch = np.full(nk, -1, dtype=np.int64)
+    ev["device_us"] = [0.0] * n
+    ev["kernels"] = [""] * n
+    ev["n_kernels"] = [0] * n
+    nk = nrows(kern)
+    kern_op = [-1] * nk
+    kernel_row = [False] * nk
+    launcher_op = [-1] * nk
+    launcher_ann = [-1] * nk
+    graph_launch = [-1] * nk
     launcher = [""] * nk
-    replayed = kern["replay_launch"].to_numpy() if "replay_launch" in kern.columns else None
     if nk == 0:
-        trace.kernels = kern.assign(op=kern_op, kernel_row=kernel_row, launcher_op=launcher_op,
-                                    launcher_ann=launcher_ann, launcher=launcher, graph_launch=graph_launch,
-                                    family=[])
+        trace.kernels = {**kern, "op": kern_op, "kernel_row": kernel_row, "launcher_op": launcher_op,
+                         "launcher_ann": launcher_ann, "launcher": launcher, "graph_launch": graph_launch,
+                         "family": []}
         return
     launches = trace.launches
-    names = ev["name"].tolist()
-    row_anc = ev["row_anc"].tolist()
-    ann_names = trace.annotations["name"].tolist()
+    names = ev["name"]
+    row_anc = ev["row_anc"]
+    ann = trace.annotations
+    ann_names = ann["name"]
     corr_to_launch: dict[int, int] = {}
     enclosing_op: list[int] = []
     enclosing_ann: list[int] = []
     is_graph: list[bool] = []
     launch_names: list[str] = []
-    if len(launches):
-        l_pid, l_tid, l_ts = launches["pid"].to_numpy(), launches["tid"].to_numpy(), launches["ts"].to_numpy()
-        enclosing_op = _enclosing(ev["pid"].to_numpy(), ev["tid"].to_numpy(), ev["ts"].to_numpy(),
-                                  ev["end"].to_numpy(), l_pid, l_tid, l_ts).tolist()
-        ann = trace.annotations
-        a_ts = ann["ts"].to_numpy()
-        enclosing_ann = _enclosing(ann["pid"].to_numpy(), ann["tid"].to_numpy(), a_ts, a_ts + ann["dur"].to_numpy(),
-                                   l_pid, l_tid, l_ts).tolist()
-        launch_names = launches["name"].tolist()
+    if nrows(launches):
+        l_pid, l_tid, l_ts = launches["pid"], launches["tid"], launches["ts"]
+        enclosing_op = _enclosing(ev["pid"], ev["tid"], ev["ts"], ev["end"], l_pid, l_tid, l_ts)
+        a_ts = ann["ts"]
+        a_end = [t + d for t, d in zip(a_ts, ann["dur"], strict=True)]
+        enclosing_ann = _enclosing(ann["pid"], ann["tid"], a_ts, a_end, l_pid, l_tid, l_ts)
+        launch_names = launches["name"]
         is_graph = [bool(GRAPH_LAUNCH_RE.search(x)) for x in launch_names]
-        corr_to_launch = {c: j for j, c in enumerate(launches["correlation"].tolist())}
+        corr_to_launch = {c: j for j, c in enumerate(launches["correlation"])}
     ext_to_op: dict[int, int] = {}
-    for i, x in enumerate(ev["ext_id"].tolist()):
+    for i, x in enumerate(ev["ext_id"]):
         if x >= 0 and x not in ext_to_op:
             ext_to_op[x] = i
     gpu_only = n == 0
-    dev_us = np.zeros(n)
+    dev_us = [0.0] * n
     names_by_op: dict[int, dict[str, None]] = {}
-    counts = np.zeros(n, dtype=np.int64)
-    for j, (corr, ext, kname, kdur) in enumerate(zip(kern["correlation"].tolist(), kern["ext_id"].tolist(),
-                                                      kern["name"].tolist(), kern["dur"].tolist(), strict=True)):
+    counts = [0] * n
+    for j, (corr, ext, kname, kdur) in enumerate(zip(kern["correlation"], kern["ext_id"], kern["name"], kern["dur"],
+                                                      strict=True)):
         li = corr_to_launch.get(corr, -1)
         op = enclosing_op[li] if li >= 0 else -1
         row = row_anc[op] if op >= 0 else -1
@@ -349,54 +362,55 @@ def _attribute_kernels(trace: TraceData, ev: pd.DataFrame, keys: np.ndarray) -> 
             launcher_op[j], launcher[j] = op, names[op]
         elif gpu_only:
             kernel_row[j] = True
-    if replayed is not None:  # captured kernels: attributed to their ops, still replayed by a graph launch
-        graph_launch = np.where(replayed >= 0, replayed, graph_launch)
+    if "replay_launch" in kern:  # captured kernels: attributed to their ops, still replayed by a graph launch
+        graph_launch = [r if r >= 0 else g for r, g in zip(kern["replay_launch"], graph_launch, strict=True)]
     ev["device_us"] = dev_us
     ev["n_kernels"] = counts
     kernels_col = [""] * n
     for op, kn in names_by_op.items():
         kernels_col[op] = ";".join(kn)
     ev["kernels"] = kernels_col
-    family = [kernel_family(k, c) for k, c in zip(kern["name"].tolist(), kern["cat"].tolist(), strict=True)]
-    trace.kernels = kern.assign(op=kern_op, kernel_row=kernel_row, launcher_op=launcher_op, launcher_ann=launcher_ann,
-                                launcher=launcher, graph_launch=graph_launch, family=family)
+    family = [kernel_family(k, c) for k, c in zip(kern["name"], kern["cat"], strict=True)]
+    trace.kernels = {**kern, "op": kern_op, "kernel_row": kernel_row, "launcher_op": launcher_op,
+                     "launcher_ann": launcher_ann, "launcher": launcher, "graph_launch": graph_launch,
+                     "family": family}
 
 
-def _enclosing(c_pid: np.ndarray, c_tid: np.ndarray, c_start: np.ndarray, c_end: np.ndarray,
-               p_pid: np.ndarray, p_tid: np.ndarray, p_time: np.ndarray) -> np.ndarray:
+def _enclosing(c_pid: Sequence, c_tid: Sequence, c_start: Sequence[float], c_end: Sequence[float],
+               p_pid: Sequence, p_tid: Sequence, p_time: Sequence[float]) -> list[int]:
     """For each point (pid, tid, time), the innermost container interval on the same thread holding it
     (-1 if none)."""
     if not len(c_start) or not len(p_time):
-        return np.full(len(p_time), -1, dtype=np.int64)
-    threads = thread_keys(np.concatenate([c_pid, p_pid]), np.concatenate([c_tid, p_tid]))
+        return [-1] * len(p_time)
+    threads = thread_keys(_values(c_pid) + _values(p_pid), _values(c_tid) + _values(p_tid))
     return innermost(threads[: len(c_start)], c_start, c_end, threads[len(c_start):], p_time)
 
 
-def launcher_locations(trace: TraceData, ev: pd.DataFrame) -> list[str]:
+def _intervals_end(table: Table) -> list[float]:
+    return [t + d for t, d in zip(table["ts"], table["dur"], strict=True)]
+
+
+def launcher_locations(trace: TraceData, ev: Table) -> list[str]:
     """Source location of each kernel row's launcher: the launching event's, or for an annotation the
     innermost user frame around its start (from the trace's Python events; "" without them)."""
     kern = trace.kernels
-    if not len(kern) or "launcher_op" not in kern.columns:
-        return [""] * len(kern)
-    ops_loc = ev["source_location"].tolist()
+    nk = nrows(kern)
+    if not nk or "launcher_op" not in kern:
+        return [""] * nk
+    ops_loc = ev["source_location"]
     ann = trace.annotations
-    ann_loc: list[str] = [""] * len(ann)
+    ann_loc: list[str] = [""] * nrows(ann)
     py = trace.python
-    if len(ann) and len(py):
-        p_ts = py["ts"].to_numpy()
-        frames = _enclosing(py["pid"].to_numpy(), py["tid"].to_numpy(), p_ts, p_ts + py["dur"].to_numpy(),
-                            ann["pid"].to_numpy(), ann["tid"].to_numpy(), ann["ts"].to_numpy())
-        where = py["name"].tolist()
-        ann_loc = [where[f] if f >= 0 else "" for f in frames.tolist()]
-    out = []
-    for o, a in zip(kern["launcher_op"].tolist(), kern["launcher_ann"].tolist(), strict=True):
-        out.append(ops_loc[o] if o >= 0 else ann_loc[a] if a >= 0 else "")
-    return out
+    if nrows(ann) and nrows(py):
+        frames = _enclosing(py["pid"], py["tid"], py["ts"], _intervals_end(py), ann["pid"], ann["tid"], ann["ts"])
+        where = py["name"]
+        ann_loc = [where[f] if f >= 0 else "" for f in frames]
+    return [ops_loc[o] if o >= 0 else ann_loc[a] if a >= 0 else ""
+            for o, a in zip(kern["launcher_op"], kern["launcher_ann"], strict=True)]
 
 
-def _sources(trace: TraceData, ev: pd.DataFrame, keys: np.ndarray, order: list[int],
-             source_override: SourceOverride | None) -> list[str]:
-    n = len(ev)
+def _sources(trace: TraceData, ev: Table, order: list[int], source_override: SourceOverride | None) -> list[str]:
+    n = nrows(ev)
     loc = [""] * n
     if callable(source_override):
         source_override = source_override(ev)
@@ -404,21 +418,20 @@ def _sources(trace: TraceData, ev: pd.DataFrame, keys: np.ndarray, order: list[i
         for i, where in source_override.items():
             if 0 <= i < n:
                 loc[i] = where
-    elif len(trace.python):
+    elif nrows(trace.python):
         loc = _python_locations(trace, ev)
     else:
-        stacks = ev["call_stack"].tolist()
-        loc = [location_from_call_stack(s) if s else "" for s in stacks]
+        loc = [location_from_call_stack(s) if s else "" for s in ev["call_stack"]]
 
     return _inherit(loc, ev, order, bool)
 
 
-def _inherit(values: list, ev: pd.DataFrame, order: list[int], known: Callable[[Any], bool]) -> list:
+def _inherit(values: list, ev: Table, order: list[int], known: Callable[[Any], bool]) -> list:
     """Fills in per-event labels (source lines, modules) the capture did not give: an op without one
     takes its parent's (it ran inside it); a composite parent without one its first labelled child's
     (the same statement issued both), and what is still missing then its parent's again. Backward ops
     take the label of the forward op they differentiate (autograd sequence number)."""
-    par = ev["parent"].tolist()
+    par = ev["parent"]
     for i in order:
         if not known(values[i]) and par[i] >= 0:
             values[i] = values[par[i]]
@@ -433,8 +446,8 @@ def _inherit(values: list, ev: pd.DataFrame, order: list[int], known: Callable[[
         if not known(values[i]) and par[i] >= 0:
             values[i] = values[par[i]]
 
-    seqs = ev["seq"].tolist()
-    bwd_root = ev["bwd_root"].tolist()
+    seqs = ev["seq"]
+    bwd_root = ev["bwd_root"]
     fwd: dict[int, Any] = {}
     for i in order:
         if bwd_root[i] < 0 and seqs[i] >= 0 and seqs[i] not in fwd and known(values[i]):
@@ -451,18 +464,18 @@ def _inherit(values: list, ev: pd.DataFrame, order: list[int], known: Callable[[
 NO_MODULE = ("", "")
 
 
-def _modules(trace: TraceData, ev: pd.DataFrame, order: list[int],
+def _modules(trace: TraceData, ev: Table, order: list[int],
              source_override: SourceOverride | None) -> list[tuple[str, str]]:
     """(qualified module name, class) per event: from `profile`'s dispatch pass (LineJoin.modules) when
     given, else from the trace's `nn.Module: ...` events (with_modules); NO_MODULE outside the model."""
-    n = len(ev)
+    n = nrows(ev)
     captured = getattr(source_override, "modules", None)
     if captured is not None:
         values = [NO_MODULE] * n
         for i, m in captured.items():
             if 0 <= i < n:
                 values[i] = m
-    elif len(trace.modules):
+    elif nrows(trace.modules):
         values = _trace_modules(trace, ev)
     else:
         return [NO_MODULE] * n
@@ -472,7 +485,7 @@ def _modules(trace: TraceData, ev: pd.DataFrame, order: list[int],
 _INSTANCE_RE = re.compile(r"^(?P<cls>.+)_(?P<n>\d+)$")
 
 
-def _trace_modules(trace: TraceData, ev: pd.DataFrame) -> list[tuple[str, str]]:
+def _trace_modules(trace: TraceData, ev: Table) -> list[tuple[str, str]]:
     """Module paths from with_modules traces. torch.profiler names each module call `<Class>_<N>`, N
     counting instances of that class across the model; the path names each module `<Class>_<k>`, k its
     instance's index among the modules of its class called directly inside its parent (in order of
@@ -481,18 +494,19 @@ def _trace_modules(trace: TraceData, ev: pd.DataFrame) -> list[tuple[str, str]]:
     .Linear_1` is every layer's second Linear). When one module encloses all the others (the model), it
     is the root: its path is "" and the others' paths start below it."""
     mods = trace.modules
-    m_ts = mods["ts"].to_numpy()
-    m_end = m_ts + mods["dur"].to_numpy()
-    all_threads = thread_keys(np.concatenate([mods["pid"].to_numpy(), ev["pid"].to_numpy()]),
-                              np.concatenate([mods["tid"].to_numpy(), ev["tid"].to_numpy()]))
-    m_keys, o_keys = all_threads[: len(mods)], all_threads[len(mods):]
-    parent = nest(m_keys, m_ts, m_end).tolist()
-    names = mods["name"].tolist()
+    n_mods = nrows(mods)
+    m_ts = mods["ts"]
+    m_end = _intervals_end(mods)
+    all_threads = thread_keys(mods["pid"] + ev["pid"], mods["tid"] + ev["tid"])
+    m_keys, o_keys = all_threads[:n_mods], all_threads[n_mods:]
+    parents_first = _start_order(m_keys, m_ts, m_end)
+    parent = _nest(m_keys, m_ts, m_end, parents_first)
+    names = mods["name"]
     classes = [m.group("cls") if (m := _INSTANCE_RE.match(x)) else x for x in names]
     # (parent's path, class) -> {trace name: local index}; paths are tuples of (class, local index)
     index: dict[tuple[tuple, str], dict[str, int]] = {}
-    raw: list[tuple] = [()] * len(mods)
-    for j in np.lexsort((np.arange(len(mods)), -m_end, m_ts, m_keys)).tolist():  # parents first
+    raw: list[tuple] = [()] * n_mods
+    for j in parents_first:
         up = raw[parent[j]] if parent[j] >= 0 else ()
         instances = index.setdefault((up, classes[j]), {})
         raw[j] = (*up, (classes[j], instances.setdefault(names[j], len(instances))))
@@ -501,25 +515,20 @@ def _trace_modules(trace: TraceData, ev: pd.DataFrame) -> list[tuple[str, str]]:
         shown[path] = ".".join(c if len(index[(path[:d], c)]) == 1 else f"{c}_{k}"
                                for d, (c, k) in enumerate(path))
     paths = [shown[p] for p in raw]
-    roots = {paths[j] for j in range(len(mods)) if parent[j] < 0}
+    roots = {paths[j] for j in range(n_mods) if parent[j] < 0}
     if len(roots) == 1:
         (root,) = roots
         cut = len(root) + 1
         paths = [p[cut:] if p != root else "" for p in paths]
     trace.module_classes = dict(zip(paths, classes, strict=True))
-    enclosing = innermost(m_keys, m_ts, m_end, o_keys, ev["ts"].to_numpy()).tolist()
+    enclosing = innermost(m_keys, m_ts, m_end, o_keys, ev["ts"])
     return [(paths[j], classes[j]) if j >= 0 else NO_MODULE for j in enclosing]
 
 
-def _python_locations(trace: TraceData, ev: pd.DataFrame) -> list[str]:
+def _python_locations(trace: TraceData, ev: Table) -> list[str]:
     """Innermost user frame around each op, from python_function events (function-level lines). The
     reader keeps only user (and harness) frames, each already as 'file:line'."""
     py = trace.python
-    p_ts = py["ts"].to_numpy()
-    p_end = p_ts + py["dur"].to_numpy()
-    all_threads = thread_keys(np.concatenate([py["pid"].to_numpy(), ev["pid"].to_numpy()]),
-                              np.concatenate([py["tid"].to_numpy(), ev["tid"].to_numpy()]))
-    p_keys, o_keys = all_threads[: len(py)], all_threads[len(py):]
-    enclosing = innermost(p_keys, p_ts, p_end, o_keys, ev["ts"].to_numpy())
-    locations = py["name"].tolist()
-    return [locations[j] if j >= 0 else "" for j in enclosing.tolist()]
+    enclosing = _enclosing(py["pid"], py["tid"], py["ts"], _intervals_end(py), ev["pid"], ev["tid"], ev["ts"])
+    locations = py["name"]
+    return [locations[j] if j >= 0 else "" for j in enclosing]

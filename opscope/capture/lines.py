@@ -34,9 +34,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import pandas as pd
-
 from opscope.sources import HARNESS, frame_location
+from opscope.table import Table
 
 WINDOW = 8  # records a join may skip when the timed trace lacks one (e.g. an op not recorded)
 
@@ -266,20 +265,24 @@ def _trace_signature(dims_text: str) -> tuple:
     return tuple(out)
 
 
-def join_lines(records: list[LineRecord], ev: pd.DataFrame) -> LineJoin:
+def join_lines(records: list[LineRecord], ev: Table) -> LineJoin:
     """Event index -> exact line, matching `records` (one step's worth) against every profiled step; with
     the TensorList element dtypes of the matched events and their subtrees (LineJoin.input_types)."""
     out = LineJoin()
     if not records:
         return out
-    parent = ev["parent"].tolist()
-    for _, group in ev.groupby("step", sort=True):
-        order = group.sort_values(["ts", "end"], ascending=[True, False], kind="stable").index.tolist()
-        _join_step(records, ev, order, parent, out)
+    by_step: dict[Any, list[int]] = {}
+    for i, s in enumerate(ev["step"]):
+        by_step.setdefault(s, []).append(i)
+    ts, end = ev["ts"], ev["end"]
+    for s in sorted(by_step):
+        # each step's events in start order, the longer first on ties (a parent before its children)
+        order = sorted(by_step[s], key=lambda i: (ts[i], -end[i]))
+        _join_step(records, ev, order, ev["parent"], out)
     return out
 
 
-def _join_step(records: list[LineRecord], ev: pd.DataFrame, order: list[int], parent: list[int],
+def _join_step(records: list[LineRecord], ev: Table, order: list[int], parent: list[int],
                out: LineJoin) -> None:
     names = ev["name"]
     dims = ev["input_dims"]

@@ -43,15 +43,16 @@ def hold_run(folder: Path):  # noqa: ANN201
     which adds the Nsight measurements and writes the run (opscope.nsight.session)."""
     def sink(run: Any, trace_path: Path) -> None:
         import dataclasses
+        import pickle
         import shutil
-
-        import pandas as pd
 
         from opscope.nsight.measured import kernel_plan
 
         plan = kernel_plan(run)
-        pd.to_pickle({"run": dataclasses.replace(run, events=None, kernels=None), "plan": plan},
-                     folder / "held.pkl")
+        # what pandas.to_pickle wrote (the parent reads it with pandas.read_pickle), without importing pandas
+        with open(folder / "held.pkl", "wb") as f:
+            pickle.dump({"run": dataclasses.replace(run, events=None, kernels=None), "plan": plan}, f,
+                        protocol=pickle.HIGHEST_PROTOCOL)
         shutil.copyfile(trace_path, folder / "trace.json")
     return sink
 

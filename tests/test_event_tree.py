@@ -1,0 +1,91 @@
+"""The event tree's building blocks on hand-made tables (opscope.analysis.events): thread numbering, nesting
+and containment with their tie rules, step assignment at the boundaries, and one small trace through
+build_events with every number worked out by hand."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from opscope.analysis.events import assign_steps, build_events, innermost, nest, thread_keys
+
+
+def test_threads_are_numbered_in_order_of_first_appearance():
+    # sorted, (1, 7) would come after (1, 3); first appearance puts it first
+    assert thread_keys([1, 1, 1, 2, 1], [7, 3, 7, 3, 3]) == [0, 1, 0, 2, 1]
+    assert thread_keys([], []) == []
+
+
+def test_nest_tie_rules():
+    keys = [0, 0, 0, 0, 1, 0]
+    starts = [0.0, 0.0, 0.0, 9.9995, 1.0, 2.0]
+    ends = [5.0, 10.0, 10.0, 12.0, 2.0, 3.0]
+    # same start: the longer one encloses; the same interval twice: the first is the parent;
+    # a start less than 1 ns before an end is after it (timestamps' resolution: 3 is no child of 1 or 2);
+    # 4 is on another thread
+    assert nest(keys, starts, ends) == [2, -1, 1, -1, -1, 0]
+    assert nest([], [], []) == []
+
+
+def test_innermost_tie_rules():
+    c_keys, c_starts, c_ends = [0, 0, 0], [0.0, 0.0, 4.0], [10.0, 6.0, 6.0]
+    # a point at a container's start is inside it (the shorter of two starting there); at its end it
+    # is not; on another key nothing holds it
+    points = [0.0, 4.0, 6.0, 10.0, 5.0]
+    keys = [0, 0, 0, 0, 1]
+    assert innermost(c_keys, c_starts, c_ends, keys, points) == [1, 2, 0, -1, -1]
+    assert innermost([], [], [], [0], [1.0]) == [-1]
+
+
+def test_steps_start_inclusive_end_exclusive():
+    trace = SimpleNamespace(steps={"ts": [10.0, 20.0], "dur": [5.0, 5.0]})
+    assert assign_steps(trace, [9.0, 10.0, 14.9, 15.0, 20.0, 26.0]) == [-1, 0, 0, -1, 1, -1]
+    assert assign_steps(SimpleNamespace(steps={"ts": [], "dur": []}), [1.0, 2.0]) == [0, 0]
+
+
+def _intervals(rows: list[tuple]) -> dict[str, list]:
+    return {c: [r[k] for r in rows] for k, c in enumerate(("name", "pid", "tid", "ts", "dur"))}
+
+
+def test_build_events_by_hand():
+    # thread (1, 7): linear [0, 10) holding addmm [1, 7) and t [8, 9); thread (1, 3): autograd's
+    # evaluate_function [2, 7) holding mm [3, 5). Listed interleaved.
+    ops = _intervals([("aten::linear", 1, 7, 0.0, 10.0),
+                      ("autograd::engine::evaluate_function: AddmmBackward0", 1, 3, 2.0, 5.0),
+                      ("aten::addmm", 1, 7, 1.0, 6.0), ("aten::mm", 1, 3, 3.0, 2.0), ("aten::t", 1, 7, 8.0, 1.0)])
+    n = 5
+    ops.update({c: [""] * n for c in ("input_dims", "input_dtypes", "input_strides", "concrete_inputs", "call_stack")})
+    ops.update(ext_id=[-1] * n, seq=[-1] * n)
+    # kernels: one launched inside addmm, one inside mm, one by a graph launch at 9.5 (inside linear,
+    # after t), one whose launch is not in the trace
+    launches = _intervals([("cudaLaunchKernel", 1, 7, 2.0, 0.5), ("cudaLaunchKernel", 1, 3, 4.0, 0.5),
+                           ("cudaGraphLaunch", 1, 7, 9.5, 0.2)])
+    launches["correlation"] = [100, 101, 102]
+    kernels = {"cat": ["kernel"] * 4, "name": ["gemm_a", "gemm_b", "graph_k", "lost_k"],
+               "ts": [20.0, 21.0, 22.0, 23.0], "dur": [4.0, 2.5, 1.0, 0.5],
+               "correlation": [100, 101, 102, 999], "ext_id": [-1] * 4}
+    empty = _intervals([])
+    trace = SimpleNamespace(ops=ops, kernels=kernels, launches=launches, python=empty, annotations=empty,
+                            modules=empty, steps={"ts": [0.0], "dur": [8.0]}, module_classes={})
+    ev = build_events(trace)
+
+    assert list(ev) == [*ops, "end", "thread", "parent", "is_row", "folded", "row_kind", "compiled_graph", "depth",
+                        "row_anc", "bwd_root", "row_parent", "self_us", "step", "device_us", "kernels", "n_kernels",
+                        "dispatch_input_types", "source_location", "module", "module_class"]
+    assert ev["thread"] == [0, 1, 0, 1, 0]
+    assert ev["parent"] == [-1, -1, 0, 1, 0]
+    assert ev["is_row"] == [True, False, True, True, True]
+    assert ev["bwd_root"] == [-1, 1, -1, 1, -1]
+    assert ev["row_parent"] == [-1, -1, 0, -1, 0]
+    # linear: 10 - addmm 6 - t 1; evaluate_function: 5 - mm 2
+    assert ev["self_us"] == [3.0, 3.0, 6.0, 2.0, 1.0]
+    assert ev["step"] == [0, 0, 0, 0, -1]  # t starts at the step's end
+    assert ev["device_us"] == [0.0, 0.0, 4.0, 2.5, 0.0]
+    assert ev["n_kernels"] == [0, 0, 1, 1, 0]
+    assert ev["kernels"] == ["", "", "gemm_a", "gemm_b", ""]
+    k = trace.kernels
+    assert k["op"] == [2, 3, -1, -1]
+    assert k["kernel_row"] == [False, False, True, False]
+    assert k["launcher_op"] == [-1, -1, 0, -1] and k["launcher"] == ["", "", "aten::linear", ""]
+    assert k["graph_launch"] == [-1, -1, 2, -1]
+    assert list(k)[-8:] == ["op", "kernel_row", "launcher_op", "launcher_ann", "launcher", "graph_launch", "family",
+                            "launcher_loc"]
