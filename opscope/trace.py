@@ -615,7 +615,8 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
                 for k, v in (("step", int(m.group(1))), ("pid", ops["pid"][i]), ("tid", ops["tid"][i]),
                              ("ts", ops["ts"][i]), ("dur", ops["dur"][i])):
                     steps[k].append(v)
-        ops = take(ops, sorted(set(range(nrows(ops))) - set(is_step)))
+        dropped = set(is_step)
+        ops = take(ops, [i for i in range(nrows(ops)) if i not in dropped])
     for table in (ops, launch, ann, steps, py, mods, mem):
         table["pid"] = _ids(table["pid"])
         table["tid"] = _ids(table["tid"])
