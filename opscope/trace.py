@@ -16,7 +16,6 @@ import os
 import re
 import stat
 import zlib
-from array import array
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,11 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import numpy as np
-import pandas as pd
 
 from opscope.errors import TraceError
 from opscope.sources import trace_frame_location as frame_location_of
+from opscope.table import Table, empty, nrows, take
 
 DEVICE_ACTIVITY_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
@@ -109,26 +107,26 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 # Event times beyond these are not a profiler's: a duration of more than 30 days, or a timestamp that
 # is not a finite number.
 MAX_DURATION_US = 30 * 86_400 * 1e6
-_ANNOTATION_COLUMNS = ("name", "pid", "tid", "ts", "dur")
+_INTERVAL_COLUMNS = ("name", "pid", "tid", "ts", "dur")  # annotations, modules, python frames
 # A tensor of more elements than this (2**50, a petabyte of bytes) is not a real recorded shape.
 MAX_NUMEL = 1 << 50
 
 
 @dataclass
 class TraceData:
-    """One trace as column tables. Times are microseconds, as the trace writes them."""
+    """One trace as column tables (opscope.table: column -> list; pid/tid are ints, times floats).
+    Times are microseconds, as the trace writes them."""
 
     path: str
-    ops: pd.DataFrame
-    kernels: pd.DataFrame
-    launches: pd.DataFrame
-    steps: pd.DataFrame
-    python: pd.DataFrame  # user (and harness) frames only; "name" holds their 'file:line' location
+    ops: Table
+    kernels: Table
+    launches: Table
+    steps: Table
+    python: Table  # user (and harness) frames only; "name" holds their 'file:line' location
     # record_function ranges (user_annotation) other than ProfilerStep#N and compiled graphs: name, pid,
     # tid, ts, dur. Not ops; they name the code that launched kernels no op encloses (a CUDA graph
     # replay inside an inference server's `step[DECODE bs=32]`).
-    annotations: pd.DataFrame = field(
-        default_factory=lambda: _frame(dict.fromkeys(_ANNOTATION_COLUMNS, ()), floats=("ts", "dur")))
+    annotations: Table = field(default_factory=lambda: empty(_INTERVAL_COLUMNS))
     # ops: besides cpu_op events, torch.compile's `## Call CompiledFxGraph <key> ##` ranges; columns
     # kernel_backend / kernel_flop / kernel_num_gb carry inductor's launch args ("" / NaN elsewhere)
     device_properties: list[dict[str, Any]] = field(default_factory=list)
@@ -138,10 +136,10 @@ class TraceData:
     n_events: int = 0
     # with_modules traces: one row per `nn.Module: <Class>_<N>` python_function event (name without the
     # prefix, pid, tid, ts, dur)
-    modules: pd.DataFrame = field(default_factory=lambda: _empty_intervals())
+    modules: Table = field(default_factory=lambda: empty(_INTERVAL_COLUMNS))
     # profile_memory traces: one row per `[memory]` instant event (pid, tid, ts, bytes (negative: a
     # free), addr, total_allocated, device_type, device_id)
-    memory: pd.DataFrame = field(default_factory=lambda: _empty_memory())
+    memory: Table = field(default_factory=lambda: empty(_MEMORY_COLUMNS))
     # filled by analysis.events from `modules`: module path -> class, for every module the trace names
     module_classes: dict[str, str] = field(default_factory=dict)
     opscope_block: Any = None  # the trace's "opscope" key, as decoded JSON (analysis.annotations reads it)
@@ -151,27 +149,19 @@ class TraceData:
 
     @property
     def has_gpu(self) -> bool:
-        return len(self.kernels) > 0
+        return nrows(self.kernels) > 0
 
     @property
     def gpu_only(self) -> bool:
         """A trace of GPU activity only (no cpu_op events): its report is kernel-level."""
-        return self.ops.empty and self.has_gpu
+        return nrows(self.ops) == 0 and self.has_gpu
 
 
 MODULE_PREFIX = "nn.Module: "
 MEMORY_EVENT = "[memory]"
+_OP_COLUMNS = ("name", "pid", "tid", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "call_stack",
+               "ts", "dur", "ext_id", "seq", "fwd_tid")  # then kernel_backend, kernel_flop, kernel_num_gb
 _MEMORY_COLUMNS = ("pid", "tid", "ts", "bytes", "addr", "total_allocated", "device_type", "device_id")
-
-
-def _empty_intervals() -> pd.DataFrame:
-    return pd.DataFrame({"name": pd.Series([], dtype=object), "pid": np.zeros(0, np.int64),
-                         "tid": np.zeros(0, np.int64), "ts": np.zeros(0), "dur": np.zeros(0)})
-
-
-def _empty_memory() -> pd.DataFrame:
-    return pd.DataFrame({k: np.zeros(0, np.float64 if k in ("ts", "bytes", "total_allocated") else np.int64)
-                         for k in _MEMORY_COLUMNS})
 
 
 class _Rejects:
@@ -433,7 +423,7 @@ def _load(path: str, data: bytes | bytearray, with_python: bool) -> TraceData:
     trace = _columnize(path, doc, with_python=with_python, rejects=rejects)
     del doc, data
     trace.warnings = [f"{path}: skipped {line}" for line in rejects.lines()]
-    if trace.ops.empty and not trace.has_gpu:
+    if nrows(trace.ops) == 0 and not trace.has_gpu:
         raise TraceError(f"{path} has no operator (cpu_op) events and no GPU kernels: nothing to analyze "
                          "(record it with torch.profiler's CPU and/or CUDA activity)")
     return trace
@@ -489,17 +479,14 @@ def _device_properties(value: Any, rejects: _Rejects) -> list[dict[str, Any]]:
 
 
 def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejects) -> TraceData:
-    # Numbers go to typed arrays (8 bytes each instead of a Python object per value).
-    ops: dict[str, Any] = {k: [] for k in (
-        "name", "pid", "tid", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "call_stack")}
-    ops.update(ts=array("d"), dur=array("d"), ext_id=array("q"), seq=array("q"), fwd_tid=array("q"))
-    kern: dict[str, list] = {k: [] for k in ("cat", "name", "ts", "dur", "correlation", "ext_id", "stream", "device")}
-    launch: dict[str, list] = {k: [] for k in ("name", "pid", "tid", "ts", "dur", "correlation", "ext_id", "kernel")}
-    ann: dict[str, list] = {k: [] for k in _ANNOTATION_COLUMNS}
-    steps: dict[str, list] = {k: [] for k in ("step", "pid", "tid", "ts", "dur")}
-    py: dict[str, Any] = {"name": [], "pid": [], "tid": [], "ts": array("d"), "dur": array("d")}
-    mods: dict[str, Any] = {"name": [], "pid": [], "tid": [], "ts": array("d"), "dur": array("d")}
-    mem: dict[str, list] = {k: [] for k in _MEMORY_COLUMNS}
+    ops = empty(_OP_COLUMNS)
+    kern = empty(("cat", "name", "ts", "dur", "correlation", "ext_id", "stream", "device"))
+    launch = empty(("name", "pid", "tid", "ts", "dur", "correlation", "ext_id", "kernel"))
+    ann = empty(_INTERVAL_COLUMNS)
+    steps = empty(("step", "pid", "tid", "ts", "dur"))
+    py = empty(_INTERVAL_COLUMNS)
+    mods = empty(_INTERVAL_COLUMNS)
+    mem = empty(_MEMORY_COLUMNS)
     dims_text = _TextCache(rejects, "Input Dims", check_sizes=True).text
     types_text = _TextCache(rejects, "Input type").text
     strides_text = _TextCache(rejects, "Input Strides").text
@@ -618,38 +605,37 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
     elif gpu_runtime is None and kern["name"]:
         gpu_runtime = "cuda"
 
-    ops_df = _frame(ops, floats=("ts", "dur"), ints=("ext_id", "seq", "fwd_tid"))
-    _add_inductor_columns(ops_df, inductor)
+    _add_inductor_columns(ops, inductor)
     # ProfilerStep#N is recorded as a cpu_op by some torch versions: it is a step annotation, not an op.
-    if not ops_df.empty:
-        is_step = ops_df["name"].str.startswith("ProfilerStep#")
-        if is_step.any():
-            for _, r in ops_df[is_step].iterrows():
-                m = STEP_RE.match(r["name"])
-                if m:
-                    for k, v in (("step", int(m.group(1))), ("pid", r["pid"]), ("tid", r["tid"]), ("ts", r["ts"]), ("dur", r["dur"])):
-                        steps[k].append(v)
-            ops_df = ops_df[~is_step].reset_index(drop=True)
-    steps_df = _frame(steps, floats=("ts", "dur"), ints=("step",))
-    if not steps_df.empty:
-        steps_df = steps_df.sort_values("ts").drop_duplicates(["step", "ts"]).reset_index(drop=True)
+    is_step = [i for i, name in enumerate(ops["name"]) if name.startswith("ProfilerStep#")]
+    if is_step:
+        for i in is_step:
+            m = STEP_RE.match(ops["name"][i])
+            if m:
+                for k, v in (("step", int(m.group(1))), ("pid", ops["pid"][i]), ("tid", ops["tid"][i]),
+                             ("ts", ops["ts"][i]), ("dur", ops["dur"][i])):
+                    steps[k].append(v)
+        dropped = set(is_step)
+        ops = take(ops, [i for i in range(nrows(ops)) if i not in dropped])
+    for table in (ops, launch, ann, steps, py, mods, mem):
+        table["pid"] = _ids(table["pid"])
+        table["tid"] = _ids(table["tid"])
     return TraceData(
         path=path,
-        ops=ops_df,
-        kernels=_frame(kern, floats=("ts", "dur"), ints=("correlation", "ext_id", "stream", "device")),
-        launches=_frame(launch, floats=("ts", "dur"), ints=("correlation", "ext_id")),
-        steps=steps_df,
-        python=_frame(py, floats=("ts", "dur")),
-        annotations=_frame(ann, floats=("ts", "dur")),
+        ops=ops,
+        kernels=kern,
+        launches=launch,
+        steps=_distinct_steps(steps),
+        python=py,
+        annotations=ann,
         device_properties=_device_properties(doc.deviceProperties, rejects),
         torch_version=_text_field(doc.torch_version) or _text_field(doc.pytorch_version),
         gpu_runtime=gpu_runtime,
         distributed=doc.distributedInfo if isinstance(doc.distributedInfo, dict) else None,
         n_events=n_events,
-        modules=_frame(mods, floats=("ts", "dur")),
+        modules=mods,
         opscope_block=doc.opscope,
-        memory=_frame(mem, floats=("ts", "bytes", "total_allocated"),
-                      ints=("addr", "device_type", "device_id")),
+        memory=mem,
     )
 
 
@@ -671,31 +657,38 @@ def _nan_if_none(x: float | None) -> float:
     return float("nan") if x is None else float(x)
 
 
-def _add_inductor_columns(ops: pd.DataFrame, inductor: dict[int, tuple[str, float, float]]) -> None:
-    n = len(ops)
+def _add_inductor_columns(ops: Table, inductor: dict[int, tuple[str, float, float]]) -> None:
+    n = nrows(ops)
     backend = [""] * n
-    flop = np.full(n, np.nan)
-    num_gb = np.full(n, np.nan)
+    flop = [math.nan] * n
+    num_gb = [math.nan] * n
     for i, (b, f, g) in inductor.items():
         backend[i], flop[i], num_gb[i] = b, f, g
-    ops["kernel_backend"] = pd.Series(backend, dtype=object)
+    ops["kernel_backend"] = backend
     ops["kernel_flop"] = flop
     ops["kernel_num_gb"] = num_gb
 
 
-def _frame(cols: dict[str, list], floats: tuple = (), ints: tuple = ()) -> pd.DataFrame:
-    out = {}
-    for k, v in cols.items():
-        if isinstance(v, array):
-            out[k] = np.frombuffer(v, dtype=np.float64 if v.typecode == "d" else np.int64)
-        elif k in floats:
-            out[k] = np.asarray(v, dtype=np.float64)
-        elif k in ints:
-            out[k] = np.asarray(v, dtype=np.int64)
-        elif k in ("pid", "tid"):
-            # pids/tids are ints in torch traces but strings in some synthetic rows; keep one type
-            lo, hi = _INT64
-            out[k] = np.asarray([x if isinstance(x, int) and lo <= x <= hi else hash(x) for x in v], dtype=np.int64)
-        else:
-            out[k] = pd.Series(v, dtype=object)
-    return pd.DataFrame(out)
+def _ids(values: list) -> list[int]:
+    """pids/tids are ints in torch traces but strings in some synthetic rows: one type, int (a string, or
+    an int out of the 64-bit range, becomes its hash)."""
+    lo, hi = _INT64
+    try:
+        if not values or (lo <= min(values) and max(values) <= hi):
+            return values  # all ints in range (min() of strings makes the comparison raise TypeError)
+    except TypeError:
+        pass
+    return [x if type(x) is int and lo <= x <= hi else hash(x) for x in values]
+
+
+def _distinct_steps(steps: Table) -> Table:
+    """Steps in time order, a step recorded twice (as an annotation and as a cpu_op) once."""
+    order = sorted(range(nrows(steps)), key=steps["ts"].__getitem__)
+    seen: set[tuple[int, float]] = set()
+    keep = []
+    for i in order:
+        key = (steps["step"][i], steps["ts"][i])
+        if key not in seen:
+            seen.add(key)
+            keep.append(i)
+    return take(steps, keep)

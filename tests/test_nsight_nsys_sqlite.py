@@ -11,7 +11,7 @@ import sqlite3
 import pandas as pd
 import pytest
 
-from conftest import run_cli
+from conftest import TRACES, run_cli
 from nsight_fixtures import (
     ADD,
     AUTOGRAD,
@@ -27,6 +27,7 @@ from nsight_fixtures import (
 )
 from opscope.errors import NsightError
 from opscope.nsight.nsys_sqlite import attribute, parse_op_range, read_nsys_sqlite, to_trace_data
+from opscope.trace import load_trace
 
 
 @pytest.fixture
@@ -79,14 +80,15 @@ def test_op_ranges():
 
 def test_as_a_trace(export):
     trace = to_trace_data(read_nsys_sqlite(export))
-    ops = trace.ops
-    assert ops["name"].tolist()[:5] == ["aten::linear", "aten::addmm", "aten::add", "aten::_local_scalar_dense",
-                                        "aten::zero_"]
-    assert ops["input_dims"].iloc[1] == "[[256], [64, 128], [128, 256], [], []]" and (ops["input_dtypes"] == "").all()
-    assert ops["dur"].iloc[1] == pytest.approx(160.0) and ops["tid"].iloc[4] == AUTOGRAD and ops["pid"].iloc[0] == PID
-    assert trace.kernels["cat"].tolist()[3:5] == ["gpu_memcpy", "gpu_memset"]
-    assert trace.kernels["dur"].tolist()[1] == pytest.approx(100.0)
-    assert trace.steps["step"].tolist() == [0, 1] and trace.steps["dur"].tolist() == [900.0, 900.0]
+    ops = trace.ops  # a Table, as load_trace gives: the columns of a torch trace's ops, as Python lists
+    assert list(ops) == list(load_trace(TRACES / "h100_bert-small_bf16.json.gz").ops)
+    assert ops["name"][:5] == ["aten::linear", "aten::addmm", "aten::add", "aten::_local_scalar_dense", "aten::zero_"]
+    assert ops["input_dims"][1] == "[[256], [64, 128], [128, 256], [], []]" and set(ops["input_dtypes"]) == {""}
+    assert ops["dur"][1] == pytest.approx(160.0) and ops["tid"][4] == AUTOGRAD and ops["pid"][0] == PID
+    assert type(ops["pid"][0]) is int and type(ops["ts"][0]) is float and math.isnan(ops["kernel_flop"][0])
+    assert trace.kernels["cat"][3:5] == ["gpu_memcpy", "gpu_memset"]
+    assert trace.kernels["dur"][1] == pytest.approx(100.0)
+    assert trace.steps["step"] == [0, 1] and trace.steps["dur"] == [900.0, 900.0]
     assert trace.device_properties == [{"name": GPU}] and trace.gpu_runtime == "cuda"
 
 
@@ -94,9 +96,8 @@ def test_without_op_ranges_each_launch_is_a_row(tmp_path):
     data = scenario()
     data["NVTX_EVENTS"] = [r for r in data["NVTX_EVENTS"] if "aten::" not in str(r.get("text", ""))]
     trace = to_trace_data(read_nsys_sqlite(build_nsys_sqlite(tmp_path / "r.sqlite", data)))
-    assert trace.ops["name"].tolist()[:5] == ["kernel::warmup_kernel", "kernel::Kernel2",
-                                              "kernel::vectorized_elementwise_kernel", "cuda::memcpy_DtoH",
-                                              "cuda::memset"]
+    assert trace.ops["name"][:5] == ["kernel::warmup_kernel", "kernel::Kernel2", "kernel::vectorized_elementwise_kernel",
+                                     "cuda::memcpy_DtoH", "cuda::memset"]
     assert "each launch is a row named after its kernel" in trace.warnings[-1]
 
 

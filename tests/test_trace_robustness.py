@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import math
 import random
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import pytest
 from conftest import TRACES, run_cli
 from opscope.analysis.trace_file import analyze_trace_file
 from opscope.errors import OpscopeError, TraceError
+from opscope.table import nrows
 from opscope.trace import load_trace, read_bytes
 
 BERT = TRACES / "h100_bert-small_bf16.json.gz"
@@ -108,7 +110,7 @@ def test_negative_and_absurd_durations_are_excluded_with_a_count(tmp_path):
     ops[6]["dur"] = 1e18
     ops[7]["dur"] = -0.5
     trace = load_trace(_write(tmp_path, doc))
-    assert len(trace.ops) == len(ops) - 3
+    assert nrows(trace.ops) == len(ops) - 3
     (line,) = [w for w in trace.warnings if "duration" in w]
     assert "skipped 3 events with a negative or absurd duration" in line
 
@@ -120,7 +122,7 @@ def test_absurd_shapes_are_ignored_with_a_count(tmp_path):
     ops[0]["args"]["Input Dims"] = [[-4, 8]]
     ops[1]["args"]["Input Dims"] = [[2**40, 2**40]]
     trace = load_trace(_write(tmp_path, doc))
-    assert (trace.ops["input_dims"] == "").sum() >= 2
+    assert trace.ops["input_dims"].count("") >= 2
     assert any('2 events with an unusable "Input Dims"' in w for w in trace.warnings), trace.warnings
 
 
@@ -138,7 +140,38 @@ def test_wrong_typed_metadata_does_not_sink_the_trace(tmp_path):
 def test_json_array_format_is_read(tmp_path):
     events = _doc()["traceEvents"]
     trace = load_trace(_write(tmp_path, json.dumps(events)))
-    assert len(trace.ops) == sum(1 for e in events if e.get("cat") == "cpu_op" and e.get("ph") == "X")
+    assert nrows(trace.ops) == sum(1 for e in events if e.get("cat") == "cpu_op" and e.get("ph") == "X")
+
+
+def test_tables_hold_python_values_of_one_type_per_column(tmp_path):
+    """TraceData's tables are lists of Python values: pids/tids always ints (a string, or an int past 64
+    bits, becomes its hash), times floats (a JSON int too), missing inductor numbers NaN; a step recorded
+    both as an annotation and as a cpu_op is one step, steps in time order."""
+    big = 2**70
+
+    def x(name: str, ts: int, dur: int, cat: str = "cpu_op", pid: int | str = 1, tid: int | str = 1, **args) -> dict:
+        return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+    events = [x("ProfilerStep#1", 100, 50, "user_annotation"), x("ProfilerStep#1", 100, 50),
+              x("ProfilerStep#0", 0, 50, "user_annotation", pid="Spans", tid=big),
+              x("aten::mm", 10, 5, pid="Spans", tid=big, **{"External id": 3}),
+              x("aten::add", 110, 5, tid=2, **{"Sequence number": 7}),
+              x("my_range", 20, 5, "user_annotation", pid="Spans")]
+    trace = load_trace(_write(tmp_path, json.dumps({"traceEvents": events})))
+    ops = trace.ops
+    assert list(ops) == ["name", "pid", "tid", "input_dims", "input_dtypes", "input_strides", "concrete_inputs",
+                         "call_stack", "ts", "dur", "ext_id", "seq", "fwd_tid", "kernel_backend", "kernel_flop",
+                         "kernel_num_gb"]
+    assert ops["name"] == ["aten::mm", "aten::add"]
+    assert ops["pid"] == [hash("Spans"), 1] and ops["tid"] == [hash(big), 2]
+    assert ops["ts"] == [10.0, 110.0] and all(type(v) is float for v in ops["ts"] + ops["dur"])
+    assert (ops["ext_id"], ops["seq"], ops["fwd_tid"]) == ([3, -1], [-1, 7], [-1, -1])
+    assert ops["kernel_backend"] == ["", ""] and all(math.isnan(v) for v in ops["kernel_flop"] + ops["kernel_num_gb"])
+    assert trace.steps == {"step": [0, 1], "pid": [hash("Spans"), 1], "tid": [hash(big), 1], "ts": [0.0, 100.0],
+                           "dur": [50.0, 50.0]}
+    assert trace.annotations == {"name": ["my_range"], "pid": [hash("Spans")], "tid": [1], "ts": [20.0], "dur": [5.0]}
+    assert trace.kernels["name"] == [] and not trace.has_gpu and not trace.gpu_only
+    assert list(trace.memory) == ["pid", "tid", "ts", "bytes", "addr", "total_allocated", "device_type", "device_id"]
 
 
 # --- whole files that are not traces: one clean line ---------------------------------------------

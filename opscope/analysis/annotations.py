@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
-
 from opscope.analysis.memory import KEY_COLUMNS, MemoryProfile
 from opscope.run import json_safe
+from opscope.table import Table
 
 ANNOTATION_KEY = "opscope"
 BLOCK_VERSION = 1
@@ -36,7 +35,7 @@ class EmbeddedLines(dict):
         self.input_types: dict[int, str] = {}
 
 
-def make_block(ev: pd.DataFrame, module_classes: dict[str, str], memory: MemoryProfile | None) -> dict[str, Any]:
+def make_block(ev: Table, module_classes: dict[str, str], memory: MemoryProfile | None) -> dict[str, Any]:
     """The block for a profiled trace: per cpu_op with a unique External id its final source line, module
     and dispatch-pass input types (strings by index into one table), the model's module classes and
     the memory pass."""
@@ -45,15 +44,17 @@ def make_block(ev: pd.DataFrame, module_classes: dict[str, str], memory: MemoryP
     def ref(text: str) -> int:
         return strings.setdefault(text, len(strings))
 
-    ext = ev["ext_id"].to_numpy()
-    unique = pd.Series(ext).map(pd.Series(ext).value_counts()).to_numpy() == 1
+    ext = ev["ext_id"]
+    count = Counter(ext)
     cols: dict[str, list[int]] = {"external_id": [], "source_location": [], "module": [], "module_class": [],
                                   "input_types": []}
-    values = [ev[c].tolist() for c in ("source_location", "module", "module_class", "dispatch_input_types")]
-    for i in np.flatnonzero((ext >= 0) & unique).tolist():
+    values = [ev[c] for c in ("source_location", "module", "module_class", "dispatch_input_types")]
+    for i, x in enumerate(ext):
+        if x < 0 or count[x] != 1:
+            continue
         row = [ref(v[i]) for v in values]
         if any(row):
-            cols["external_id"].append(int(ext[i]))
+            cols["external_id"].append(x)
             for name, value in zip(("source_location", "module", "module_class", "input_types"), row, strict=True):
                 cols[name].append(value)
     block: dict[str, Any] = {"format_version": BLOCK_VERSION, "strings": list(strings), "ops": cols,
@@ -149,10 +150,10 @@ def _memory(block: Any) -> MemoryProfile | None:
     return MemoryProfile(per_key=per_key, summary=summary, retained=retained, steps=block["steps"])
 
 
-def embedded_lines(by_ext: dict[int, tuple[str, str, str, str]], ev: pd.DataFrame) -> EmbeddedLines:
+def embedded_lines(by_ext: dict[int, tuple[str, str, str, str]], ev: Table) -> EmbeddedLines:
     """The block's per-op data on this trace's event table (matched by External id)."""
     out = EmbeddedLines()
-    for i, ext in enumerate(ev["ext_id"].tolist()):
+    for i, ext in enumerate(ev["ext_id"]):
         hit = by_ext.get(ext) if ext >= 0 else None
         if hit is None:
             continue

@@ -35,15 +35,14 @@ step (column `replay_ts`).
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 
-import numpy as np
-import pandas as pd
-
 from opscope.analysis.events import GRAPH_LAUNCH_RE
 from opscope.errors import TraceError
+from opscope.table import Table, concat, from_records, nrows, take
 from opscope.trace import TraceData
 
 BEGIN_RE = re.compile(r"StreamBeginCapture", re.IGNORECASE)
@@ -107,21 +106,22 @@ def _launch_name(api: str, kernel: str) -> str:
 def captured_graphs(capture: TraceData) -> list[_Graph]:
     """The captured graphs of a capture trace, each with its launches in CPU order (rule 1)."""
     cl = capture.launches
-    if not len(cl):
+    n = nrows(cl)
+    if not n:
         raise TraceError(f"{capture.path} has no launch calls: not a trace recorded during graph capture")
-    names = cl["name"].tolist()
-    kernel_arg = cl["kernel"].tolist() if "kernel" in cl.columns else [""] * len(cl)
+    names = cl["name"]
+    kernel_arg = cl["kernel"] if "kernel" in cl else [""] * n
     by_corr: dict[int, str] = {}
     k = capture.kernels
-    for corr, name in zip(k["correlation"].tolist(), k["name"].tolist(), strict=True):
+    for corr, name in zip(k["correlation"], k["name"], strict=True):
         by_corr.setdefault(corr, name)
-    corr = cl["correlation"].tolist()
-    pid, tid, ts = cl["pid"].tolist(), cl["tid"].tolist(), cl["ts"].tolist()
-    end = (cl["ts"] + cl["dur"]).tolist()
+    corr = cl["correlation"]
+    pid, tid, ts = cl["pid"], cl["tid"], cl["ts"]
+    end = [t + d for t, d in zip(ts, cl["dur"], strict=True)]
     is_launch = [bool(LAUNCH_API_RE.search(n)) and not GRAPH_LAUNCH_RE.search(n) for n in names]
     launch_name = [_launch_name(n, kernel_arg[i] or by_corr.get(corr[i], "")) if is_launch[i] else ""
                    for i, n in enumerate(names)]
-    order = sorted(range(len(cl)), key=lambda i: ts[i])
+    order = sorted(range(n), key=lambda i: ts[i])
     spans: list[tuple[tuple[int, int] | None, float, float]] = []
     open_at: dict[tuple[int, int], float] = {}
     for i in order:
@@ -130,7 +130,7 @@ def captured_graphs(capture: TraceData) -> list[_Graph]:
         elif END_RE.search(names[i]) and (pid[i], tid[i]) in open_at:
             spans.append(((pid[i], tid[i]), open_at.pop((pid[i], tid[i])), end[i]))
     if not spans:
-        spans = [(None, -np.inf, np.inf)]
+        spans = [(None, -math.inf, math.inf)]
     graphs = []
     for thread, a, b in spans:
         members = [i for i in order if is_launch[i] and a <= ts[i] <= b
@@ -150,32 +150,36 @@ def merge_capture(replay: TraceData, capture: TraceData) -> tuple[TraceData, Cap
     graphs = captured_graphs(capture)
     report.captured_graphs = len(graphs)
     rl, rk = replay.launches, replay.kernels
-    graph_idx = [i for i, n in enumerate(rl["name"].tolist()) if GRAPH_LAUNCH_RE.search(n)]
+    graph_idx = [i for i, n in enumerate(rl["name"]) if GRAPH_LAUNCH_RE.search(n)]
     report.graph_launches = len(graph_idx)
     if not graph_idx:
         report.warnings.append(f"--capture: {replay.path} has no CUDA/HIP graph launches; the capture trace is "
                                "not used")
         return replay, report
-    corr_of = dict(zip(graph_idx, rl["correlation"].to_numpy()[graph_idx].tolist(), strict=True))
+    corr_of = {i: rl["correlation"][i] for i in graph_idx}
     kernels_of: dict[int, list[int]] = defaultdict(list)
-    k_corr = rk["correlation"].tolist()
+    k_corr = rk["correlation"]
     launch_by_corr = {c: i for i, c in corr_of.items()}
     for j, c in enumerate(k_corr):
         if c in launch_by_corr:
             kernels_of[launch_by_corr[c]].append(j)
-    k_ts = rk["ts"].to_numpy()
-    k_key = [_COPY_CAT.get(c, "") or _node_key(n) for c, n in zip(rk["cat"].tolist(), rk["name"].tolist(), strict=True)]
+    k_ts = rk["ts"]
+    k_key = [_COPY_CAT.get(c, "") or _node_key(n) for c, n in zip(rk["cat"], rk["name"], strict=True)]
     graph_keys = [g.keys() for g in graphs]
     signatures = [Counter(keys) for keys in graph_keys]
     report.by_name = all(g.named for g in graphs)
 
-    new_ops, new_py, new_mods, new_launches = [], [], [], []
-    new_corr = np.asarray(k_corr, dtype=np.int64).copy()
-    captured = np.zeros(len(rk), dtype=bool)
-    replay_launch = np.full(len(rk), -1, dtype=np.int64)
-    next_corr = int(max([*k_corr, *rl["correlation"].tolist(), *capture.launches["correlation"].tolist(), 0])) + 1
+    new_ops: list[Table] = []
+    new_py: list[Table] = []
+    new_mods: list[Table] = []
+    new_launches: list[dict] = []
+    new_corr = list(k_corr)
+    captured = [False] * len(k_corr)
+    replay_launch = [-1] * len(k_corr)
+    next_corr = int(max([*k_corr, *rl["correlation"], *capture.launches["correlation"], 0])) + 1
     ambiguous = unmatched = 0
     multi_stream = False
+    cl = capture.launches
     for copy_no, li in enumerate(graph_idx):
         ks = sorted(kernels_of.get(li, []), key=lambda j: k_ts[j])
         if not ks:
@@ -192,18 +196,17 @@ def merge_capture(replay: TraceData, capture: TraceData) -> tuple[TraceData, Cap
             queues[key].append(pos)
         positions = [queues[key].popleft() for key in _replay_keys([k_key[j] for j in ks], g.named)]
         if not g.named:
-            multi_stream |= len(set(rk["stream"].to_numpy()[ks].tolist())) > 1
+            multi_stream |= len({rk["stream"][j] for j in ks}) > 1
         thread = (COPY_THREAD_PID, -1 - copy_no)
-        launch_ts = float(rl["ts"].iloc[li])
+        launch_ts = float(rl["ts"][li])
         shift = launch_ts - _segment_start(capture, g)
         new_ops.append(_copy_ops(capture, g, thread, shift, launch_ts))
         new_py.append(_copy_frames(capture.python, g, thread, shift))
         new_mods.append(_copy_frames(capture.modules, g, thread, shift))
-        cl = capture.launches
         for j, pos in zip(ks, positions, strict=True):
             c = g.launches[pos]
-            new_launches.append({"name": cl["name"].iloc[c], "pid": thread[0], "tid": thread[1],
-                                 "ts": float(cl["ts"].iloc[c]) + shift, "dur": float(cl["dur"].iloc[c]),
+            new_launches.append({"name": cl["name"][c], "pid": thread[0], "tid": thread[1],
+                                 "ts": float(cl["ts"][c]) + shift, "dur": float(cl["dur"][c]),
                                  "correlation": next_corr, "ext_id": -1, "kernel": ""})
             new_corr[j] = next_corr
             captured[j] = True
@@ -228,8 +231,9 @@ def merge_capture(replay: TraceData, capture: TraceData) -> tuple[TraceData, Cap
     if not report.merged_launches:
         return replay, report
     merged = _with_copies(replay, new_ops, new_py, new_mods, new_launches)
-    merged.kernels = rk.assign(correlation=new_corr, ext_id=np.where(captured, -1, rk["ext_id"].to_numpy()),
-                               captured=captured, replay_launch=replay_launch)
+    merged.kernels = {**rk, "correlation": new_corr,
+                      "ext_id": [-1 if c else x for c, x in zip(captured, rk["ext_id"], strict=True)],
+                      "captured": captured, "replay_launch": replay_launch}
     return merged, report
 
 
@@ -248,58 +252,60 @@ def _fits(replayed: list[str], captured: Counter) -> bool:
 
 
 def _segment_start(capture: TraceData, g: _Graph) -> float:
-    if np.isfinite(g.start):
+    if math.isfinite(g.start):
         return g.start
-    starts = [float(capture.launches["ts"].iloc[g.launches[0]])]
-    if len(capture.ops):
-        starts.append(float(capture.ops["ts"].min()))
+    starts = [float(capture.launches["ts"][g.launches[0]])]
+    if nrows(capture.ops):
+        starts.append(float(min(capture.ops["ts"])))
     return min(starts)
 
 
-def _in_graph(df: pd.DataFrame, g: _Graph) -> np.ndarray:
-    ts = df["ts"].to_numpy()
-    inside = (ts >= g.start) & (ts + df["dur"].to_numpy() <= g.end)
-    if g.thread is not None:
-        inside &= (df["pid"].to_numpy() == g.thread[0]) & (df["tid"].to_numpy() == g.thread[1])
-    return inside
+def _moved(table: Table, rows: list[int], thread: tuple[int, int], shift: float) -> Table:
+    """`rows` of `table` on `thread`, `shift` later."""
+    out = take(table, rows)
+    out["pid"] = [thread[0]] * len(rows)
+    out["tid"] = [thread[1]] * len(rows)
+    out["ts"] = [t + shift for t in out["ts"]]
+    return out
 
 
-def _copy_ops(capture: TraceData, g: _Graph, thread: tuple[int, int], shift: float, launch_ts: float) -> pd.DataFrame:
-    ops = capture.ops[_in_graph(capture.ops, g)].copy()
-    ops["pid"], ops["tid"] = thread
-    ops["ts"] = ops["ts"] + shift
+def _copy_ops(capture: TraceData, g: _Graph, thread: tuple[int, int], shift: float, launch_ts: float) -> Table:
+    ops = capture.ops
+    ts, dur, pid, tid = ops["ts"], ops["dur"], ops["pid"], ops["tid"]
+    rows = [i for i in range(nrows(ops)) if ts[i] >= g.start and ts[i] + dur[i] <= g.end
+            and (g.thread is None or (pid[i], tid[i]) == g.thread)]
+    out = _moved(ops, rows, thread, shift)
     for col in ("ext_id", "seq", "fwd_tid"):
-        ops[col] = -1
-    ops["captured"] = True
-    ops["replay_ts"] = launch_ts
-    return ops
+        out[col] = [-1] * len(rows)
+    out["captured"] = [True] * len(rows)
+    out["replay_ts"] = [launch_ts] * len(rows)
+    return out
 
 
-def _copy_frames(py: pd.DataFrame, g: _Graph, thread: tuple[int, int], shift: float) -> pd.DataFrame:
+def _copy_frames(py: Table, g: _Graph, thread: tuple[int, int], shift: float) -> Table:
     """The Python frames (or nn.Module calls) around the captured ops: those overlapping the capture (a
     frame opened before it began still encloses its ops)."""
-    if len(py):
-        ts = py["ts"].to_numpy()
-        keep = (ts <= g.end) & (ts + py["dur"].to_numpy() >= g.start)
-        if g.thread is not None:
-            keep &= (py["pid"].to_numpy() == g.thread[0]) & (py["tid"].to_numpy() == g.thread[1])
-        py = py[keep]
-    py = py.copy()
-    py["pid"], py["tid"] = thread
-    py["ts"] = py["ts"] + shift
-    return py
+    ts, dur, pid, tid = py["ts"], py["dur"], py["pid"], py["tid"]
+    rows = [i for i in range(nrows(py)) if ts[i] <= g.end and ts[i] + dur[i] >= g.start
+            and (g.thread is None or (pid[i], tid[i]) == g.thread)]
+    return _moved(py, rows, thread, shift)
 
 
-def _with_copies(replay: TraceData, ops: list[pd.DataFrame], py: list[pd.DataFrame], mods: list[pd.DataFrame],
+def _concat(tables: list[Table]) -> Table:
+    """Rows of each table in turn, as pandas.concat: the columns of all tables in order of first
+    appearance, NaN where a table lacks one."""
+    return concat(tables, list(dict.fromkeys(c for t in tables for c in t)), lambda c: math.nan)
+
+
+def _with_copies(replay: TraceData, ops: list[Table], py: list[Table], mods: list[Table],
                  launches: list[dict]) -> TraceData:
-    base = replay.ops.assign(captured=False, replay_ts=np.nan)
-    all_ops = pd.concat([base, *ops], ignore_index=True)
-    all_ops["captured"] = all_ops["captured"].astype(bool)
-    python = pd.concat([replay.python, *py], ignore_index=True) if any(len(p) for p in py) else replay.python
-    modules = pd.concat([replay.modules, *mods], ignore_index=True) if any(len(m) for m in mods) else replay.modules
-    new_l = pd.DataFrame(launches).astype({"pid": np.int64, "tid": np.int64, "correlation": np.int64,
-                                           "ext_id": np.int64})
-    all_launches = pd.concat([replay.launches, new_l], ignore_index=True)
+    n = nrows(replay.ops)
+    base = {**replay.ops, "captured": [False] * n, "replay_ts": [math.nan] * n}
+    all_ops = _concat([base, *ops])
+    python = _concat([replay.python, *py]) if any(nrows(p) for p in py) else replay.python
+    modules = _concat([replay.modules, *mods]) if any(nrows(m) for m in mods) else replay.modules
+    new_l = from_records(launches, list(launches[0]))
+    all_launches = _concat([replay.launches, new_l])
     return TraceData(path=replay.path, ops=all_ops, kernels=replay.kernels, launches=all_launches,
                      steps=replay.steps, python=python, annotations=replay.annotations,
                      device_properties=replay.device_properties, torch_version=replay.torch_version,

@@ -21,18 +21,22 @@ an error.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from opscope.analysis.events import innermost
 from opscope.errors import NsightError
 from opscope.nsight.commands import MODULE_RANGE_PREFIX, STEP_RANGE, kernel_base_name
+from opscope.table import from_frame
 from opscope.trace import TraceData
+
+if TYPE_CHECKING:  # imported where used: `opscope analyze` of a torch trace imports this module, not pandas
+    import numpy as np
+    import pandas as pd
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 MEMCPY_TABLE = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -129,7 +133,7 @@ def _read(con: sqlite3.Connection, path: Path) -> NsysData:
     def name_of(value: object) -> str:
         if value is None:
             return ""
-        if isinstance(value, (int, np.integer)):
+        if isinstance(value, numbers.Integral):
             return strings.get(int(value), f"<string {int(value)}>")
         return str(value)
 
@@ -158,6 +162,9 @@ def _pid(global_id: object) -> int:
 
 
 def _activities(schema: _Schema, name_of, warnings: list[str], path: Path) -> pd.DataFrame:  # noqa: ANN001
+    import numpy as np
+    import pandas as pd
+
     out: list[tuple] = []
     if _has_times(schema, KERNEL_TABLE, warnings, path):
         cols = schema.columns(KERNEL_TABLE)
@@ -202,6 +209,9 @@ def _activities(schema: _Schema, name_of, warnings: list[str], path: Path) -> pd
 
 
 def _launches(schema: _Schema, name_of, warnings: list[str], path: Path) -> pd.DataFrame:  # noqa: ANN001
+    import numpy as np
+    import pandas as pd
+
     rows: list[tuple] = []
     if _has_times(schema, RUNTIME_TABLE, warnings, path):
         cols = schema.columns(RUNTIME_TABLE)
@@ -222,6 +232,9 @@ def _launches(schema: _Schema, name_of, warnings: list[str], path: Path) -> pd.D
 
 
 def _ranges(schema: _Schema, name_of, warnings: list[str], path: Path) -> pd.DataFrame:  # noqa: ANN001
+    import numpy as np
+    import pandas as pd
+
     columns = ["text", "start", "end", "gtid", "domain"]
     if not _has_times(schema, NVTX_TABLE, warnings, path):
         return pd.DataFrame(columns=columns)
@@ -293,6 +306,8 @@ def attribute(data: NsysData) -> pd.DataFrame:
     the same correlation id in the same process), the step (opscope's step range around the launch, on any
     thread: backward kernels launch from autograd's thread), and the innermost module range and op range
     around the launch on the launching thread."""
+    import numpy as np
+
     act = data.activities.copy()
     n = len(act)
     act["gtid"] = np.int64(-1)
@@ -333,6 +348,8 @@ def _launch_of(act: pd.DataFrame, launches: pd.DataFrame) -> list[int]:
 
 
 def _step_of(times: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    import numpy as np
+
     if len(starts) == 0:
         return np.zeros(len(times), dtype=np.int64)
     idx = np.searchsorted(starts, times, side="right") - 1
@@ -347,7 +364,7 @@ def _innermost_text(ranges: pd.DataFrame, mask: np.ndarray, act: pd.DataFrame, l
     j = innermost(chosen["gtid"].to_numpy(), chosen["start"].to_numpy().astype(float),
                   chosen["end"].to_numpy().astype(float), act["gtid"].to_numpy(), act["launch"].to_numpy())
     texts = chosen["text"].tolist()
-    return [label(texts[k]) if k >= 0 else "" for k in j.tolist()]
+    return [label(texts[k]) if k >= 0 else "" for k in (int(x) for x in j)]
 
 
 # --- as a trace ------------------------------------------------------------------------------------
@@ -374,6 +391,9 @@ def to_trace_data(data: NsysData) -> TraceData:
     analyze` runs its whole analysis on it: ops are the NVTX op ranges (emit_nvtx(record_shapes=True):
     name, sizes; no dtypes, strides or values), kernels are joined to them through their launches, steps
     are opscope's step ranges. A report without op ranges gets one op per launch, named after its kernel."""
+    import numpy as np
+    import pandas as pd
+
     act = data.activities
     launches = data.launches
     ranges = data.ranges
@@ -426,16 +446,18 @@ def to_trace_data(data: NsysData) -> TraceData:
     steps = pd.DataFrame({"step": np.arange(len(step_ranges), dtype=np.int64), "pid": spid, "tid": stid,
                           "ts": us(step_ranges["start"]),
                           "dur": (step_ranges["end"].to_numpy() - step_ranges["start"].to_numpy()) / 1e3})
-    python = pd.DataFrame({"name": pd.Series([], dtype=object), "pid": np.zeros(0, np.int64),
-                           "tid": np.zeros(0, np.int64), "ts": np.zeros(0), "dur": np.zeros(0)})
-    return TraceData(path=data.path, ops=ops.reset_index(drop=True), kernels=kernels, launches=launch_df,
-                     steps=steps, python=python,
+    python = {c: [] for c in ("name", "pid", "tid", "ts", "dur")}
+    return TraceData(path=data.path, ops=from_frame(ops), kernels=from_frame(kernels), launches=from_frame(launch_df),
+                     steps=from_frame(steps), python=python,
                      device_properties=[{"name": data.gpu_name}] if data.gpu_name else [],
                      torch_version=None, gpu_runtime="cuda" if len(act) else None,
                      n_events=len(act) + len(launches) + len(ranges), warnings=warnings)
 
 
 def _launch_ops(act: pd.DataFrame, launches: pd.DataFrame, us) -> pd.DataFrame:  # noqa: ANN001
+    import numpy as np
+    import pandas as pd
+
     if not len(launches) or not len(act):
         return pd.DataFrame()
     launched: dict[int, str] = {}
