@@ -406,12 +406,13 @@ def add_roofline(table: Any, peaks: Peaks, *, gpu: bool) -> Any:
 
 def roofline_columns(table: Table, peaks: Peaks) -> Table:
     """The columns add_roofline adds (ROOFLINE_COLUMNS), from calls, time_us_total, flops_per_call,
-    bytes_per_call, family, dtype and kernels."""
+    bytes_per_call, family, dtype and (if there) kernels."""
     bw = peaks.memory_bandwidth_gbps
     bw_div = bw if bw else NAN
     out: Table = {c: [] for c in ROOFLINE_COLUMNS}
+    kernels = table["kernels"] if "kernels" in table else [""] * nrows(table)  # CPU: no kernel names
     cols = zip(table["calls"], table["time_us_total"], table["flops_per_call"], table["bytes_per_call"],
-               table["family"], table["dtype"], table["kernels"], strict=True)
+               table["family"], table["dtype"], kernels, strict=True)
     for calls, time_total, f, b, fam, dt, kern in cols:
         calls, time_total, f, b = float(calls), float(time_total), float(f), float(b)
         per_call = time_total / calls if calls > 0 else NAN
