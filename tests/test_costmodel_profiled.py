@@ -135,10 +135,12 @@ def test_gpu_addmm_without_a_bias_copy_counts_everything():
     from conftest import TRACES
     from opscope.analysis.events import build_events
     from opscope.analysis.ops_table import event_costs
+    from opscope.table import as_table, to_frame
     from opscope.trace import load_trace
 
-    ev = build_events(load_trace(TRACES / "h100_bert-small_bf16.json.gz"))
-    ev = ev.join(event_costs(ev))
+    ev = as_table(build_events(load_trace(TRACES / "h100_bert-small_bf16.json.gz")))
+    ev.update(event_costs(ev))
+    ev = to_frame(ev)
     addmm = ev[(ev["name"] == "aten::addmm") & (ev["input_dims"] == "[[512], [141, 512], [512, 512], [], []]")]
     assert len(addmm) and not (ev["name"].eq("aten::copy_") & ev["row_parent"].isin(addmm.index)).any()
     bf16 = 2  # bias + A + B + output, all counted at the op
