@@ -18,8 +18,7 @@ from opscope.analysis.events import is_row_name
 from opscope.costmodel import Cost, OpCall, estimate, floating_dtype
 from opscope.costmodel.base import BIAS_COPIED_BY_CHILD, DELEGATES_TO_ANY_CHILD, DTYPE_NAMES
 from opscope.hardware import Peaks, ceiling_key
-from opscope.table import NAN, Table, as_table, concat, nrows, pairwise_sum, take
-from opscope.table import group_codes as _table_group_codes
+from opscope.table import NAN, Table, as_table, concat, group_codes, nrows, pairwise_sum, take
 
 # A row is one (op, inputs, source line, module): the same call in two modules (every block's c_attn runs
 # the same line of a shared Conv1D) is two rows.
@@ -41,7 +40,6 @@ BOUNDS = ("memory", "compute", "overhead", "unknown")
 # An op whose work would take under this long at the machine's peaks cannot be limited by that work:
 # per-op dispatch (CPU, a few µs) or kernel launch latency (GPU) dominates. See README, "bound".
 OVERHEAD_IDEAL_US = 1.0
-
 
 
 def series_sum(values: Sequence[float]) -> float:
@@ -193,16 +191,6 @@ def _descending(x: float) -> tuple[bool, float]:
 
 def _ascending(x: float) -> tuple[bool, float]:
     return (True, 0.0) if x != x else (False, x)
-
-
-_AGG_COLUMNS = ["calls", "time_us_total", "cpu_time_us_total", "flops_per_call", "bytes_per_call", "family",
-                "dtype", "note", "kernels", "compiled_graph", "first_ts"]
-
-
-def group_codes(columns: Sequence[Sequence[Any]]) -> list[int]:
-    """Group number of each row by the values of `columns`, numbered in order of first appearance (what
-    pandas' groupby(sort=False) does)."""
-    return _table_group_codes(columns)
 
 
 def first_index(codes: Sequence[int], n_groups: int, valid: Sequence[bool] | None = None) -> list[int]:
