@@ -405,6 +405,7 @@ def roofline_columns(table: Table, peaks: Peaks) -> Table:
     bw_div = bw if bw else NAN
     out: Table = {c: [] for c in ROOFLINE_COLUMNS}
     kernels = table["kernels"] if "kernels" in table else [""] * nrows(table)  # CPU: no kernel names
+    ceilings: dict[tuple, tuple[str, float | None]] = {}  # (family, dtype, kernels) -> ceiling, its peak
     cols = zip(table["calls"], table["time_us_total"], table["flops_per_call"], table["bytes_per_call"],
                table["family"], table["dtype"], kernels, strict=True)
     for calls, time_total, f, b, fam, dt, kern in cols:
@@ -413,8 +414,11 @@ def roofline_columns(table: Table, peaks: Peaks) -> Table:
         timed = per_call > 0
         gflops = f / per_call / 1e3 if timed and f == f else NAN
         gbps = b / per_call / 1e3 if timed and b == b else NAN
-        key = ceiling_key(fam or "", dt or None, kern or "") if fam else ""
-        pf = peaks.flops_for(key) if key else None
+        hit = ceilings.get((fam, dt, kern))
+        if hit is None:
+            key = ceiling_key(fam or "", dt or None, kern or "") if fam else ""
+            hit = ceilings[(fam, dt, kern)] = (key, peaks.flops_for(key) if key else None)
+        key, pf = hit
         out["time_us_per_call"].append(per_call)
         out["arithmetic_intensity"].append(f / b if b > 0 else NAN)
         out["achieved_gflops"].append(gflops)
@@ -424,6 +428,8 @@ def roofline_columns(table: Table, peaks: Peaks) -> Table:
         out["ceiling"].append(key)
         out["bound"].append(classify_bound(f, b, fam, pf, bw))
     return out
+
+
 def classify_bound(flops: float, nbytes: float, family: str, peak_gflops: float | None,
                    peak_gbps: float | None) -> str:
     """memory / compute / overhead / unknown for one op (see README "How to read the numbers")."""
