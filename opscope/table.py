@@ -100,3 +100,37 @@ def to_frame(table: Table, columns: Sequence[str] | None = None) -> pd.DataFrame
         else:
             data[c] = values
     return pd.DataFrame(data, columns=cols)
+
+
+def as_table(data: Any) -> Table:
+    """A table as is; a pandas DataFrame (from a caller that still has one) converted by from_frame."""
+    return data if isinstance(data, dict) else from_frame(data)
+
+
+def pairwise_sum(values: Sequence[float]) -> float:
+    """Sum of floats exactly as pandas' Series.sum() gives it (NaN counts as 0): numpy's pairwise
+    summation, so that tables summed here and DataFrames summed before agree to the last bit."""
+    a = [0.0 if v != v else float(v) for v in values]
+    return 0.0 + _pairwise(a, 0, len(a))  # numpy starts the reduction at 0.0 (so -0.0 sums to 0.0)
+
+
+def _pairwise(a: list[float], lo: int, n: int) -> float:
+    # numpy's pairwise_sum (loops_utils.h): sequential under 8 values, 8 accumulators up to 128, else halves
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    if n <= 128:
+        r = a[lo:lo + 8]
+        end = lo + n - n % 8
+        for i in range(lo + 8, end, 8):
+            for j in range(8):
+                r[j] += a[i + j]
+        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        for i in range(end, lo + n):
+            res += a[i]
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _pairwise(a, lo, n2) + _pairwise(a, lo + n2, n - n2)

@@ -99,14 +99,15 @@ def test_a_correct_kernel_passes_every_check_in_train_mode():
 
 
 def test_candidates_need_every_op_of_an_entry_at_one_source_line():
-    ops = pd.DataFrame({
+    ops = {
         "op": ["aten::mul", "aten::silu", "aten::mul", "aten::pow", "aten::mean", "aten::add", "aten::rsqrt",
                "aten::sum", "aten::gelu"],
         "source_location": ["m.py:5", "m.py:5", "m.py:9", "m.py:9", "m.py:9", "m.py:9", "m.py:9",
                             "opscope:harness", "m.py:12"],
         "time_us_total": [10.0, 5.0, 4.0, 3.0, 2.0, 1.0, 1.0, 7.0, 8.0],
-    })
+    }
     found = {c["kernel"]: c for c in catalog.candidates(ops)}
+    assert catalog.candidates(pd.DataFrame(ops)) == list(found.values())  # a DataFrame reads the same
     assert found["swiglu"]["rows"] == [0, 1] and found["swiglu"]["time_us"] == 15.0
     assert found["rms_norm"]["rows"] == [2, 3, 4, 5, 6]  # *RMSNorm and the expression: pow, mean, add, rsqrt, mul
     assert {e["target"] for e in found["rms_norm"]["replaces"]} == {

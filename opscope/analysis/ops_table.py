@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import math
-
-import numpy as np
-import pandas as pd
+from collections.abc import Sequence
+from typing import Any
 
 from opscope.analysis.events import is_row_name
 from opscope.costmodel import Cost, OpCall, estimate, floating_dtype
 from opscope.costmodel.base import BIAS_COPIED_BY_CHILD, DELEGATES_TO_ANY_CHILD, DTYPE_NAMES
 from opscope.hardware import Peaks, ceiling_key
+from opscope.table import NAN, Table, as_table, concat, group_codes, nrows, pairwise_sum, take
 
 # A row is one (op, inputs, source line, module): the same call in two modules (every block's c_attn runs
 # the same line of a shared Conv1D) is two rows.
@@ -42,20 +42,31 @@ BOUNDS = ("memory", "compute", "overhead", "unknown")
 OVERHEAD_IDEAL_US = 1.0
 
 
-def event_costs(ev: pd.DataFrame) -> pd.DataFrame:
+def series_sum(values: Sequence[float]) -> float:
+    """pandas' Series.sum() of a float column, to the last bit: NaN skipped, the rest added in numpy's
+    pairwise order, from 0.0 (so that -0.0s sum to 0.0, as there)."""
+    return 0.0 + pairwise_sum([0.0 if v != v else float(v) for v in values])
+
+
+def _float(x: Any) -> float:
+    return NAN if x is None else float(x)
+
+
+def event_costs(ev: Table) -> Table:
     """Per event: flops, bytes, family, note after composite resolution (NaN flops/bytes = unknown)."""
-    n = len(ev)
-    flops = np.full(n, np.nan)
-    nbytes = np.full(n, np.nan)
+    n = nrows(ev)
+    flops = [NAN] * n
+    nbytes = [NAN] * n
     family = [""] * n
     note = [""] * n
     dtype = [""] * n
     cache: dict[tuple, tuple[Cost | None, str]] = {}
     list_dtype = dominant_float_type(ev)
+    names = ev["name"]
     # TensorList element dtypes seen by `profile`'s dispatch pass, where it ran (events.py)
-    seen = ev["dispatch_input_types"].tolist() if "dispatch_input_types" in ev.columns else [""] * n
-    cols = zip(ev["name"].tolist(), ev["input_dims"].tolist(), ev["input_dtypes"].tolist(),
-               ev["input_strides"].tolist(), ev["concrete_inputs"].tolist(), ev["is_row"].tolist(), seen, strict=True)
+    seen = ev["dispatch_input_types"] if "dispatch_input_types" in ev else [""] * n
+    cols = zip(names, ev["input_dims"], ev["input_dtypes"], ev["input_strides"], ev["concrete_inputs"], ev["is_row"],
+               seen, strict=True)
     for i, (name, dims, types, strides, concrete, row, seen_types) in enumerate(cols):
         if not row:
             continue
@@ -72,150 +83,176 @@ def event_costs(ev: pd.DataFrame) -> pd.DataFrame:
         cost, dt = hit
         dtype[i] = dt
         if cost is not None:
-            flops[i], nbytes[i], family[i], note[i] = cost.flops, cost.bytes, cost.family, cost.note
+            flops[i], nbytes[i], family[i], note[i] = _float(cost.flops), _float(cost.bytes), cost.family, cost.note
 
     # A row ancestor doing the same family of work as a descendant with real work only dispatches.
     # So does an op that runs its work as child ops of other families on this backend.
-    row_parent = ev["row_parent"].to_numpy()
-    names = ev["name"].tolist()
-    delegates = np.zeros(n, dtype=bool)
-    for i in np.flatnonzero((flops > 0) | (nbytes > 0)).tolist():
+    row_parent = ev["row_parent"]
+    delegates = [False] * n
+    for i in range(n):
+        if not (flops[i] > 0 or nbytes[i] > 0):
+            continue
         fam = family[i]
         a = row_parent[i]
         while a >= 0:
             if family[a] == fam or names[a] in DELEGATES_TO_ANY_CHILD:
                 delegates[a] = True
             a = row_parent[a]
-    for i in np.flatnonzero(delegates).tolist():
-        flops[i], nbytes[i], family[i] = 0.0, 0.0, "composite"
+    for i in range(n):
+        if delegates[i]:
+            flops[i], nbytes[i], family[i] = 0.0, 0.0, "composite"
 
     # An op whose bias a child aten::copy_ wrote into its output (CPU addmm): the child counts the bias
     # read and the output write, the op what is left (BIAS_COPIED_BY_CHILD).
-    parents_of_copies = {row_parent[j] for j in np.flatnonzero(ev["name"].to_numpy() == "aten::copy_").tolist()
-                         if row_parent[j] >= 0}
+    parents_of_copies = {row_parent[j] for j in range(n) if names[j] == "aten::copy_" and row_parent[j] >= 0}
     for i in sorted(parents_of_copies):
         if names[i] in BIAS_COPIED_BY_CHILD and not delegates[i] and family[i] == "matmul":
-            row = ev.iloc[i]
-            call = OpCall.from_json_text(names[i], row["input_dims"], row["input_dtypes"], row["input_strides"],
-                                         row["concrete_inputs"])
+            call = OpCall.from_json_text(names[i], ev["input_dims"][i], ev["input_dtypes"][i], ev["input_strides"][i],
+                                         ev["concrete_inputs"][i])
             cost = estimate(call, bias_copied_by_child=True)
             if cost is not None:
-                flops[i], nbytes[i], note[i] = cost.flops, cost.bytes, cost.note
-    return pd.DataFrame({"flops": flops, "bytes": nbytes, "family": family, "note": note, "dtype": dtype},
-                        index=ev.index)
+                flops[i], nbytes[i], note[i] = _float(cost.flops), _float(cost.bytes), cost.note
+    return {"flops": flops, "bytes": nbytes, "family": family, "note": note, "dtype": dtype}
 
 
-def dominant_float_type(ev: pd.DataFrame) -> str:
+def dominant_float_type(ev: Table) -> str:
     """The most common floating "Input type" among row ops: the guess for TensorList elements whose dtype
     neither the trace nor the dispatch pass recorded (the cost's note says so)."""
+    texts: dict[str, int] = {}
+    for text, row in zip(ev["input_dtypes"], ev["is_row"], strict=True):
+        if row and text == text:
+            texts[text] = texts.get(text, 0) + 1
     counts: dict[str, int] = {}
-    for text, k in ev.loc[ev["is_row"], "input_dtypes"].value_counts().items():
+    # most frequent text first (pandas' value_counts order, which the tie between dtypes below follows)
+    for text, k in sorted(texts.items(), key=lambda tk: -tk[1]):
         try:
             types = json.loads(text) if text else []
         except ValueError:
             continue
         first = next((t for t in types if isinstance(t, str) and t in DTYPE_NAMES), None)
         if first:
-            counts[first] = counts.get(first, 0) + int(k)
-    return max(counts, key=counts.get) if counts else ""
+            counts[first] = counts.get(first, 0) + k
+    return max(counts, key=counts.__getitem__) if counts else ""
 
 
-def build_ops_table(ev: pd.DataFrame, *, gpu: bool, peaks: Peaks, kernels: pd.DataFrame | None = None) -> pd.DataFrame:
+# The columns of ev that make the ops table (the others stay behind).
+_ROW_COLUMNS = ["name", *KEY[1:], "module_class", "row_kind", "kernel_num_gb", "kernel_flop", "flops", "bytes",
+                "family", "note", "dtype", "self_us", "device_us", "ts", "kernels", "compiled_graph"]
+
+
+def build_ops_table(ev: Table, *, gpu: bool, peaks: Peaks, kernels: Table | None = None) -> Table:
     """Groups row events into ops.csv rows and adds the cost and roofline columns."""
-    if "flops" not in ev.columns:
-        ev = ev.join(event_costs(ev))
-    rows = ev[ev["is_row"]].copy()
+    if "flops" not in ev:
+        ev = {**ev, **event_costs(ev)}
+    row_events = [i for i, r in enumerate(ev["is_row"]) if r]
+    rows = take({c: ev[c] for c in _ROW_COLUMNS if c in ev}, row_events)
     rows["op"] = rows["name"]
     for col in MODULE_COLUMNS:
-        if col not in rows.columns:
-            rows[col] = ""
+        if col not in rows:
+            rows[col] = [""] * len(row_events)
     _compiled_costs(rows)
     rows["time"] = rows["device_us"] if gpu else rows["self_us"]
-    codes = group_codes([rows[k].to_numpy(dtype=object) for k in KEY])
+    codes = group_codes([rows[k] for k in KEY])
     table = _aggregate(rows, codes)
-    kern = kernels if gpu and kernels is not None and len(kernels) else None
+    kern = kernels if gpu and kernels is not None and nrows(kernels) else None
     if kern is not None:
-        table["kernel_family"] = _row_families(kern, codes, rows.index.to_numpy(), len(table))
-        table["launcher"] = ""
+        n = nrows(table)
+        table["kernel_family"] = _row_families(kern, codes, row_events, n)
+        table["launcher"] = [""] * n
         _custom_op_families(table)
-        extra = [_kernel_rows(kern[kern["kernel_row"].to_numpy()]), _unattributed_row(kern)]
-        table = pd.concat([table] + [x for x in extra if x is not None and len(x)], ignore_index=True)
-    total = float(table["time_us_total"].sum())
-    table["time_share"] = table["time_us_total"] / total if total > 0 else 0.0
+        kernel_rows = [i for i, k in enumerate(kern["kernel_row"]) if k]
+        extra = [_kernel_rows(take(kern, kernel_rows)), _unattributed_row(kern)]
+        parts = [table] + [x for x in extra if x is not None and nrows(x)]
+        # a column the kernel rows lack (module_class) is missing there, as pandas' concat left it
+        table = concat(parts, list(dict.fromkeys(c for t in parts for c in t)), fill=lambda c: NAN)
+    times = table["time_us_total"]
+    total = series_sum(times)
+    table["time_share"] = [t / total for t in times] if total > 0 else [0.0] * len(times)
     table = add_roofline(table, peaks, gpu=gpu)
-    table = table.sort_values(["time_us_total", "first_ts"], ascending=[False, True], kind="stable")
+    order = sorted(range(len(times)), key=lambda i: (_descending(table["time_us_total"][i]),
+                                                     _ascending(table["first_ts"][i])))
     columns = CONTRACT_COLUMNS + (GPU_COLUMNS if gpu else []) + EXTRA_COLUMNS
+    n = nrows(table)
     if gpu:
         for col in GPU_EXTRA_COLUMNS:
-            if col not in table.columns:
-                table[col] = ""
+            if col not in table:
+                table[col] = [""] * n
         columns += GPU_EXTRA_COLUMNS
     for col in MODULE_COLUMNS:
-        table[col] = table[col].fillna("") if col in table.columns else ""
+        table[col] = [v if v == v else "" for v in table[col]] if col in table else [""] * n
     columns += MODULE_COLUMNS
-    return table[columns].reset_index(drop=True)
+    return take({c: table[c] for c in columns}, order)
 
 
-_AGG_COLUMNS = ["calls", "time_us_total", "cpu_time_us_total", "flops_per_call", "bytes_per_call", "family",
-                "dtype", "note", "kernels", "compiled_graph", "first_ts"]
+def _descending(x: float) -> tuple[bool, float]:
+    """Sort key of a number sorted largest first, NaN last (pandas' sort_values)."""
+    return (True, 0.0) if x != x else (False, -x)
 
 
-def group_codes(columns: list[np.ndarray]) -> np.ndarray:
-    """Group number of each row by the values of `columns`, numbered in order of first appearance (what
-    pandas' groupby(sort=False) does, without its per-aggregation overhead)."""
-    n = len(columns[0]) if columns else 0
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    codes = np.zeros(n, dtype=np.int64)
-    for col in columns:
-        c, uniques = pd.factorize(col)
-        codes = codes * len(uniques) + c
-        codes = pd.factorize(codes)[0]  # compact again: no overflow however many columns
-    return codes.astype(np.int64)
+def _ascending(x: float) -> tuple[bool, float]:
+    return (True, 0.0) if x != x else (False, x)
 
 
-def first_index(codes: np.ndarray, n_groups: int, valid: np.ndarray | None = None) -> np.ndarray:
+def first_index(codes: Sequence[int], n_groups: int, valid: Sequence[bool] | None = None) -> list[int]:
     """Per group, the first row (of the `valid` ones); len(codes) where there is none."""
-    idx = np.arange(len(codes))
-    first = np.full(n_groups, len(codes), dtype=np.int64)
-    if valid is None:
-        np.minimum.at(first, codes, idx)
-    else:
-        np.minimum.at(first, codes[valid], idx[valid])
+    first = [len(codes)] * n_groups
+    for i in range(len(codes) - 1, -1, -1):
+        if valid is None or valid[i]:
+            first[codes[i]] = i
     return first
 
 
-def _aggregate(rows: pd.DataFrame, codes: np.ndarray) -> pd.DataFrame:
+def _sum_by_group(codes: Sequence[int], values: Sequence[float], n_groups: int) -> list[float]:
+    """Per group, its rows' values added in row order (as np.bincount adds them)."""
+    out = [0.0] * n_groups
+    for g, v in zip(codes, values, strict=True):
+        out[g] += v
+    return out
+
+
+def _count_by_group(codes: Sequence[int], n_groups: int) -> list[int]:
+    out = [0] * n_groups
+    for g in codes:
+        out[g] += 1
+    return out
+
+
+def _min_by_group(codes: Sequence[int], values: Sequence[float], n_groups: int) -> list[float]:
+    out = [math.inf] * n_groups
+    for g, v in zip(codes, values, strict=True):
+        if v < out[g] or v != v:
+            out[g] = v
+    return out
+
+
+def _aggregate(rows: Table, codes: list[int]) -> Table:
     """One row per group: sums, the first value (pandas' "first": first non-missing), the union of
     kernel names and compiled graphs, the earliest start."""
-    g = int(codes.max()) + 1 if len(codes) else 0
+    g = max(codes) + 1 if codes else 0
     first = first_index(codes, g)
-    out: dict[str, object] = {k: rows[k].to_numpy(dtype=object)[first] for k in KEY}
-    out["calls"] = np.bincount(codes, minlength=g)
-    out["time_us_total"] = np.bincount(codes, weights=rows["time"].to_numpy(dtype=float), minlength=g)
-    out["cpu_time_us_total"] = np.bincount(codes, weights=rows["self_us"].to_numpy(dtype=float), minlength=g)
+    out: Table = {k: [rows[k][i] for i in first] for k in KEY}
+    out["calls"] = _count_by_group(codes, g)
+    out["time_us_total"] = _sum_by_group(codes, [float(t) for t in rows["time"]], g)
+    out["cpu_time_us_total"] = _sum_by_group(codes, [float(t) for t in rows["self_us"]], g)
     for src, dst in (("flops", "flops_per_call"), ("bytes", "bytes_per_call")):
-        values = rows[src].to_numpy(dtype=float)
-        f = first_index(codes, g, ~np.isnan(values))
-        out[dst] = np.where(f < len(values), values[np.minimum(f, max(len(values) - 1, 0))], np.nan) if g else values[:0]
+        values = rows[src]
+        f = first_index(codes, g, [v == v for v in values])
+        out[dst] = [values[i] if i < len(values) else NAN for i in f]
     for col in ("family", "dtype", "note", "module_class"):
-        out[col] = rows[col].to_numpy(dtype=object)[first]
+        out[col] = [rows[col][i] for i in first]
     for col in ("kernels", "compiled_graph"):
-        out[col] = _join_unique_by_group(rows[col].to_numpy(dtype=object), codes, g)
-    first_ts = np.full(g, np.inf)
-    np.minimum.at(first_ts, codes, rows["ts"].to_numpy(dtype=float))
-    out["first_ts"] = first_ts
-    return pd.DataFrame(out)
+        out[col] = _join_unique_by_group(rows[col], codes, g)
+    out["first_ts"] = _min_by_group(codes, [float(t) for t in rows["ts"]], g)
+    return out
 
 
-def _join_unique_by_group(values: np.ndarray, codes: np.ndarray, n_groups: int) -> list[str]:
+def _join_unique_by_group(values: Sequence[Any], codes: Sequence[int], n_groups: int) -> list[str]:
     """Per group, the distinct `;`-separated names of its rows, in order of appearance."""
     seen: list[dict[str, None]] = [{} for _ in range(n_groups)]
-    for i in np.flatnonzero(values != "").tolist():
-        v = values[i]
-        if isinstance(v, str):
+    for v, g in zip(values, codes, strict=True):
+        if v != "" and isinstance(v, str):
             for k in v.split(";"):
-                seen[codes[i]][k] = None
+                seen[g][k] = None
     return [";".join(d) for d in seen]
 
 
@@ -226,17 +263,16 @@ GPU_ONLY_NOTE = "GPU-only trace: no op or shapes recorded"
 
 
 def _dominant(times: dict[str, float]) -> str:
-    return max(times, key=times.get) if times else ""
+    return max(times, key=times.__getitem__) if times else ""
 
 
-def _row_families(kern: pd.DataFrame, group_of_row: np.ndarray, row_events: np.ndarray, n_groups: int) -> list[str]:
+def _row_families(kern: Table, group_of_row: Sequence[int], row_events: Sequence[int], n_groups: int) -> list[str]:
     """Per op row (group), the kernel family with the most of its kernels' time."""
-    group_of_event = dict(zip(row_events.tolist(), group_of_row.tolist(), strict=True))
+    group_of_event = dict(zip(row_events, group_of_row, strict=True))
     times: list[dict[str, float]] = [{} for _ in range(n_groups)]
-    ops = kern["op"].to_numpy()
-    linked = np.flatnonzero(ops >= 0)
-    fams, durs = kern["family"].to_numpy(dtype=object)[linked].tolist(), kern["dur"].to_numpy()[linked].tolist()
-    for op, fam, dur in zip(ops[linked].tolist(), fams, durs, strict=True):
+    for op, fam, dur in zip(kern["op"], kern["family"], kern["dur"], strict=True):
+        if op < 0:
+            continue
         g = group_of_event.get(op, -1)
         if g >= 0:
             times[g][fam] = times[g].get(fam, 0.0) + dur
@@ -249,134 +285,148 @@ KERNEL_TO_COST_FAMILY = {"attention": "attention", "gemm": "matmul"}
 CUSTOM_OP_NOTE = "custom op: family from its kernels; no cost model for it"
 
 
-def _custom_op_families(table: pd.DataFrame) -> None:
-    # Plain lists: a custom op with GEMM/attention kernels is rare, and pandas' string methods cost more
-    # than the whole test on a small table.
-    no_cost = np.isnan(table["flops_per_call"].to_numpy(dtype=float)).tolist()
-    custom = np.asarray([fam in KERNEL_TO_COST_FAMILY and unknown and not op.startswith("aten::") and is_row_name(op)
-                         for op, fam, unknown in zip(table["op"].astype(str).tolist(), table["kernel_family"].tolist(),
-                                                     no_cost, strict=True)], dtype=bool)
-    if custom.any():
-        table.loc[custom, "family"] = table.loc[custom, "kernel_family"].map(KERNEL_TO_COST_FAMILY)
-        table.loc[custom, "note"] = CUSTOM_OP_NOTE
+def _custom_op_families(table: Table) -> None:
+    cols = zip(table["op"], table["kernel_family"], table["flops_per_call"], strict=True)
+    for i, (op, fam, flops) in enumerate(cols):
+        op = str(op)
+        if fam in KERNEL_TO_COST_FAMILY and flops != flops and not op.startswith("aten::") and is_row_name(op):
+            table["family"][i] = KERNEL_TO_COST_FAMILY[fam]
+            table["note"][i] = CUSTOM_OP_NOTE
 
 
-def _kernel_rows(kern: pd.DataFrame) -> pd.DataFrame | None:
+def _kernel_rows(kern: Table) -> Table | None:
     """One row per (launcher, kernel name, launcher's source location): kernels no op row launched."""
-    if not len(kern):
+    n = nrows(kern)
+    if not n:
         return None
-    codes = group_codes([kern[k].to_numpy(dtype=object) for k in ("launcher", "name", "launcher_loc")])
-    g = int(codes.max()) + 1
+    codes = group_codes([kern[k] for k in ("launcher", "name", "launcher_loc")])
+    g = max(codes) + 1
     first = first_index(codes, g)
-    first_ts = np.full(g, np.inf)
-    np.minimum.at(first_ts, codes, kern["ts"].to_numpy(dtype=float))
-    graph = np.full(g, -1, dtype=np.int64)
-    np.maximum.at(graph, codes, kern["graph_launch"].to_numpy())
-    table = pd.DataFrame({k: kern[k].to_numpy(dtype=object)[first] for k in ("launcher", "name", "launcher_loc")})
-    table["calls"] = np.bincount(codes, minlength=g)
-    table["time_us_total"] = np.bincount(codes, weights=kern["dur"].to_numpy(dtype=float), minlength=g)
-    table["first_ts"] = first_ts
-    table["kernel_family"] = kern["family"].to_numpy(dtype=object)[first]
-    table["graph"] = graph
-    gpu_only = "launcher_op" in kern.columns and (kern["launcher"] == "").all() and (kern["launcher_op"] < 0).all()
-    out = pd.DataFrame({k: "" for k in KEY}, index=table.index)
-    out["op"] = table["name"]
-    out["source_location"] = table["launcher_loc"]
-    out["launcher"] = table["launcher"]
-    out["calls"] = table["calls"]
-    out["time_us_total"] = table["time_us_total"]
-    out["cpu_time_us_total"] = 0.0
-    out["flops_per_call"] = np.nan
-    out["bytes_per_call"] = np.nan
-    out["family"] = ""
-    out["dtype"] = ""
-    out["note"] = np.where(table["graph"].to_numpy() >= 0, GRAPH_KERNEL_NOTE,
-                           GPU_ONLY_NOTE if gpu_only else LOOSE_KERNEL_NOTE)
-    out["kernels"] = table["name"]
-    out["compiled_graph"] = ""
-    out["first_ts"] = table["first_ts"]
-    out["kernel_family"] = table["kernel_family"]
+    first_ts = _min_by_group(codes, [float(t) for t in kern["ts"]], g)
+    graph = [-1] * g
+    for c, launch in zip(codes, kern["graph_launch"], strict=True):
+        graph[c] = max(graph[c], launch)
+    gpu_only = "launcher_op" in kern and all(x == "" for x in kern["launcher"]) and all(x < 0 for x in kern["launcher_op"])
+    names = [kern["name"][i] for i in first]
+    out: Table = {k: [""] * g for k in KEY}
+    out["op"] = names
+    out["source_location"] = [kern["launcher_loc"][i] for i in first]
+    out["launcher"] = [kern["launcher"][i] for i in first]
+    out["calls"] = _count_by_group(codes, g)
+    out["time_us_total"] = _sum_by_group(codes, [float(d) for d in kern["dur"]], g)
+    out["cpu_time_us_total"] = [0.0] * g
+    out["flops_per_call"] = [NAN] * g
+    out["bytes_per_call"] = [NAN] * g
+    out["family"] = [""] * g
+    out["dtype"] = [""] * g
+    loose = GPU_ONLY_NOTE if gpu_only else LOOSE_KERNEL_NOTE
+    out["note"] = [GRAPH_KERNEL_NOTE if x >= 0 else loose for x in graph]
+    out["kernels"] = list(names)
+    out["compiled_graph"] = [""] * g
+    out["first_ts"] = first_ts
+    out["kernel_family"] = [kern["family"][i] for i in first]
     return out
 
 
-def _unattributed_row(kern: pd.DataFrame) -> pd.DataFrame | None:
-    lost = kern[(kern["op"].to_numpy() < 0) & ~kern["kernel_row"].to_numpy()]
-    if not len(lost):
+def _unattributed_row(kern: Table) -> Table | None:
+    lost = [i for i, (op, row) in enumerate(zip(kern["op"], kern["kernel_row"], strict=True)) if op < 0 and not row]
+    if not lost:
         return None
     times: dict[str, float] = {}
-    for fam, dur in zip(lost["family"].tolist(), lost["dur"].tolist(), strict=True):
-        times[fam] = times.get(fam, 0.0) + dur
-    extra = {k: "" for k in KEY}
-    extra.update(op=UNATTRIBUTED, calls=len(lost), time_us_total=float(lost["dur"].sum()),
-                 cpu_time_us_total=0.0, flops_per_call=np.nan, bytes_per_call=np.nan, family="",
+    for i in lost:
+        fam = kern["family"][i]
+        times[fam] = times.get(fam, 0.0) + kern["dur"][i]
+    extra: dict[str, Any] = {k: "" for k in KEY}
+    extra.update(op=UNATTRIBUTED, calls=len(lost), time_us_total=series_sum([kern["dur"][i] for i in lost]),
+                 cpu_time_us_total=0.0, flops_per_call=NAN, bytes_per_call=NAN, family="",
                  dtype="", note="", compiled_graph="", launcher="", kernel_family=_dominant(times),
-                 kernels=";".join(dict.fromkeys(lost["name"].tolist())),
-                 first_ts=float(lost["ts"].min()))
-    return pd.DataFrame([extra])
+                 kernels=";".join(dict.fromkeys(kern["name"][i] for i in lost)),
+                 first_ts=_nanmin(float(kern["ts"][i]) for i in lost))
+    return {k: [v] for k, v in extra.items()}
+
+
+def _nanmin(values: Any) -> float:
+    """The smallest non-NaN value (pandas' min), NaN if none."""
+    return min((v for v in values if v == v), default=NAN)
 
 
 GRAPH_NOTE = "compiled code: time inside it outside the rows below it; no cost model"
 KERNEL_NOTE = "inductor kernel: the trace records no cost for it"
 
 
-def _compiled_costs(rows: pd.DataFrame) -> None:
+def _compiled_costs(rows: Table) -> None:
     """torch.compile rows (README, ops.csv `op`): regions and graphs have no cost; an inductor kernel
     has the cost inductor estimated when the trace records it (kernel_flop, kernel_num_gb), else none."""
-    kind = rows["row_kind"].to_numpy()
-    graph = kind == "graph"
-    kernel = kind == "kernel"
-    if not (graph.any() or kernel.any()):
+    kinds = rows["row_kind"]
+    compiled = [i for i, kind in enumerate(kinds) if kind in ("graph", "kernel")]
+    if not compiled:
         return
-    for col in ("flops", "bytes"):
-        rows.loc[graph | kernel, col] = np.nan
-    rows.loc[graph | kernel, "family"] = ""
-    rows.loc[graph, "note"] = GRAPH_NOTE
-    rows.loc[kernel, "note"] = KERNEL_NOTE
-    if "kernel_num_gb" not in rows.columns:
-        return
-    # inductor reports 0 where it has no estimate (its FLOP count covers matmul-like nodes only)
-    gb = rows["kernel_num_gb"].to_numpy(dtype=float)
-    flop = rows["kernel_flop"].to_numpy(dtype=float)
-    known_bytes = kernel & (gb > 0)
-    known_flops = known_bytes & (flop > 0)
-    rows.loc[known_bytes, "bytes"] = gb[known_bytes] * 1e9
-    rows.loc[known_flops, "flops"] = flop[known_flops]
-    template = rows["name"].str.startswith("triton_tem_").to_numpy()
-    rows.loc[known_flops, "family"] = np.where(template[known_flops], "matmul", "compiled")
-    rows.loc[known_bytes, "note"] = np.where(
-        known_flops[known_bytes], "inductor kernel: FLOPs and bytes as inductor estimated them",
-        "inductor kernel: bytes as inductor estimated them; FLOPs unknown")
+    flops, nbytes, family, note = rows["flops"], rows["bytes"], rows["family"], rows["note"]
+    has_estimates = "kernel_num_gb" in rows
+    for i in compiled:
+        flops[i], nbytes[i], family[i] = NAN, NAN, ""
+        note[i] = GRAPH_NOTE if kinds[i] == "graph" else KERNEL_NOTE
+        if not has_estimates or kinds[i] != "kernel":
+            continue
+        # inductor reports 0 where it has no estimate (its FLOP count covers matmul-like nodes only)
+        gb, flop = float(rows["kernel_num_gb"][i]), float(rows["kernel_flop"][i])
+        if not gb > 0:
+            continue
+        nbytes[i] = gb * 1e9
+        if flop > 0:
+            flops[i] = flop
+            family[i] = "matmul" if rows["name"][i].startswith("triton_tem_") else "compiled"
+            note[i] = "inductor kernel: FLOPs and bytes as inductor estimated them"
+        else:
+            note[i] = "inductor kernel: bytes as inductor estimated them; FLOPs unknown"
 
 
-def add_roofline(table: pd.DataFrame, peaks: Peaks, *, gpu: bool) -> pd.DataFrame:
-    """Arithmetic intensity, achieved rates, % of the applicable peaks and the bound class per row."""
+ROOFLINE_COLUMNS = ["time_us_per_call", "arithmetic_intensity", "achieved_gflops", "achieved_gbps",
+                    "pct_peak_flops", "pct_peak_bandwidth", "ceiling", "bound"]
+
+
+def add_roofline(table: Any, peaks: Peaks, *, gpu: bool) -> Any:
+    """Arithmetic intensity, achieved rates, % of the applicable peaks and the bound class per row.
+    A table gets a new table; a DataFrame (opscope.analysis.ranks, Nsight imports) a new DataFrame."""
+    if isinstance(table, dict):
+        return {**table, **roofline_columns(table, peaks)}
+    import numpy as np
+
     out = table.copy()
-    calls = out["calls"].astype(float).to_numpy()
-    time_total = out["time_us_total"].astype(float).to_numpy()
-    per_call = np.divide(time_total, calls, out=np.full(len(out), np.nan), where=calls > 0)
-    out["time_us_per_call"] = per_call
-    flops = out["flops_per_call"].astype(float).to_numpy()
-    nbytes = out["bytes_per_call"].astype(float).to_numpy()
-    timed = per_call > 0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out["arithmetic_intensity"] = np.where(nbytes > 0, flops / nbytes, np.nan)
-        out["achieved_gflops"] = np.where(timed & ~np.isnan(flops), flops / per_call / 1e3, np.nan)
-        out["achieved_gbps"] = np.where(timed & ~np.isnan(nbytes), nbytes / per_call / 1e3, np.nan)
-    ceilings, peak_flops, bounds = [], [], []
+    for col, values in roofline_columns(as_table(table), peaks).items():
+        out[col] = values if col in ("ceiling", "bound") else np.asarray(values, dtype=float)
+    return out
+
+
+def roofline_columns(table: Table, peaks: Peaks) -> Table:
+    """The columns add_roofline adds (ROOFLINE_COLUMNS), from calls, time_us_total, flops_per_call,
+    bytes_per_call, family, dtype and (if there) kernels."""
     bw = peaks.memory_bandwidth_gbps
-    for fam, dt, kern, f, b in zip(out["family"].tolist(), out["dtype"].tolist(), out["kernels"].tolist(),
-                                   flops.tolist(), nbytes.tolist(), strict=True):
-        key = ceiling_key(fam or "", dt or None, kern or "") if fam else ""
-        pf = peaks.flops_for(key) if key else None
-        ceilings.append(key)
-        peak_flops.append(pf if pf else np.nan)
-        bounds.append(classify_bound(f, b, fam, pf, bw))
-    pf_arr = np.asarray(peak_flops, dtype=float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out["pct_peak_flops"] = out["achieved_gflops"].to_numpy() / pf_arr * 100.0
-        out["pct_peak_bandwidth"] = out["achieved_gbps"].to_numpy() / (bw if bw else np.nan) * 100.0
-    out["ceiling"] = ceilings
-    out["bound"] = bounds
+    bw_div = bw if bw else NAN
+    out: Table = {c: [] for c in ROOFLINE_COLUMNS}
+    kernels = table["kernels"] if "kernels" in table else [""] * nrows(table)  # CPU: no kernel names
+    ceilings: dict[tuple, tuple[str, float | None]] = {}  # (family, dtype, kernels) -> ceiling, its peak
+    cols = zip(table["calls"], table["time_us_total"], table["flops_per_call"], table["bytes_per_call"],
+               table["family"], table["dtype"], kernels, strict=True)
+    for calls, time_total, f, b, fam, dt, kern in cols:
+        calls, time_total, f, b = float(calls), float(time_total), float(f), float(b)
+        per_call = time_total / calls if calls > 0 else NAN
+        timed = per_call > 0
+        gflops = f / per_call / 1e3 if timed and f == f else NAN
+        gbps = b / per_call / 1e3 if timed and b == b else NAN
+        hit = ceilings.get((fam, dt, kern))
+        if hit is None:
+            key = ceiling_key(fam or "", dt or None, kern or "") if fam else ""
+            hit = ceilings[(fam, dt, kern)] = (key, peaks.flops_for(key) if key else None)
+        key, pf = hit
+        out["time_us_per_call"].append(per_call)
+        out["arithmetic_intensity"].append(f / b if b > 0 else NAN)
+        out["achieved_gflops"].append(gflops)
+        out["achieved_gbps"].append(gbps)
+        out["pct_peak_flops"].append(gflops / (pf if pf else NAN) * 100.0)
+        out["pct_peak_bandwidth"].append(gbps / bw_div * 100.0)
+        out["ceiling"].append(key)
+        out["bound"].append(classify_bound(f, b, fam, pf, bw))
     return out
 
 

@@ -3,23 +3,22 @@ so that a profile run and an analyzed trace go through exactly the same numbers.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
-
-import numpy as np
-import pandas as pd
 
 from opscope.analysis.events import SourceOverride, build_events
 from opscope.analysis.gpu_timeline import gpu_summary
 from opscope.analysis.memory import MemoryProfile, add_memory_columns, memory_profile
 from opscope.analysis.modules import finding_modules, module_table
-from opscope.analysis.ops_table import BOUNDS, JSON_TEXT_COLUMNS, build_ops_table, event_costs
+from opscope.analysis.ops_table import BOUNDS, JSON_TEXT_COLUMNS, build_ops_table, event_costs, series_sum
 from opscope.findings import Context, run_rules
 from opscope.findings.base import DtypeProbe, LayoutProbe
-from opscope.findings.common import records
 from opscope.hardware import Peaks
 from opscope.noise import step_spread, unknown
 from opscope.run import FORMAT_VERSION, Run
+from opscope.table import Table, as_table, nrows, records, take
 from opscope.trace import TraceData, no_gc
 
 # A trace recorded elsewhere says nothing about what else ran on its machine.
@@ -48,11 +47,11 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
              memory: MemoryProfile | None, noise: dict[str, Any], step_us: list[float] | None) -> Run:
     ev = build_events(trace, source_override)
     gpu = trace.has_gpu
-    ev = ev.join(event_costs(ev))
+    ev.update(event_costs(ev))
     if source == "trace":
         meta["dtype"] = dominant_dtype(ev)
         meta["mode"] = trace_mode(ev)
-    ev["time_us"] = ev["device_us"] if gpu else ev["self_us"]
+    ev["time_us"] = list(ev["device_us"] if gpu else ev["self_us"])
     ops = build_ops_table(ev, gpu=gpu, peaks=peaks, kernels=trace.kernels)
     if memory is None:
         memory = memory_profile(trace, ev, "trace")
@@ -66,49 +65,66 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
     findings = run_rules(ctx)
     finding_modules(findings, ops)
     if step_us is None:
-        step_us = trace.steps["dur"].tolist() if len(trace.steps) else [step_time_us]
+        step_us = list(trace.steps["dur"]) if nrows(trace.steps) else [step_time_us]
     summary = summarize(ops, steps=steps, step_time_us=step_time_us, n_findings=len(findings), busy=busy,
                         step_us=step_us, noise=noise, gpu_keys=timeline)
     if memory is not None:
         summary["memory"] = memory.summary
-    summary["step_source"] = "annotations" if len(trace.steps) else "whole trace"
+    summary["step_source"] = "annotations" if nrows(trace.steps) else "whole trace"
     return Run(meta=meta, ops=ops, findings=findings, summary=summary, events=ev, kernels=trace.kernels,
                modules=module_table(ops, findings, module_classes or trace.module_classes))
 
 
-def step_stats(trace: TraceData, ev: pd.DataFrame) -> tuple[int, float]:
+def step_stats(trace: TraceData, ev: Table) -> tuple[int, float]:
     """(number of ProfilerStep#N annotations, their mean wall time); without annotations one step
     spanning every op and kernel."""
-    if len(trace.steps):
-        return len(trace.steps), float(trace.steps["dur"].mean())
-    if "captured" in ev.columns:  # copies of a graph capture's ops did not run in this trace
-        ev = ev[~ev["captured"].to_numpy(dtype=bool)]
-    starts = [ev["ts"].min()] if len(ev) else []  # a GPU-only trace has no CPU events
-    ends = [ev["end"].max()] if len(ev) else []
-    if len(trace.kernels):
-        starts.append(trace.kernels["ts"].min())
-        ends.append((trace.kernels["ts"] + trace.kernels["dur"]).max())
+    if nrows(trace.steps):
+        return nrows(trace.steps), _mean(trace.steps["dur"])
+    ts, end = ev["ts"], ev["end"]
+    if "captured" in ev:  # copies of a graph capture's ops did not run in this trace
+        ran = [i for i, c in enumerate(ev["captured"]) if not c]
+        ts, end = [ts[i] for i in ran], [end[i] for i in ran]
+    starts = [_nanmin(ts)] if ts else []  # a GPU-only trace has no CPU events
+    ends = [_nanmax(end)] if end else []
+    k = trace.kernels
+    if nrows(k):
+        starts.append(_nanmin(k["ts"]))
+        ends.append(_nanmax([t + d for t, d in zip(k["ts"], k["dur"], strict=True)]))
     return 1, float(max(ends) - min(starts))
+
+
+def _mean(values: Sequence[float]) -> float:
+    """pandas' Series.mean(): its (pairwise) sum over the values that are not NaN."""
+    n = sum(1 for v in values if v == v)
+    return series_sum(values) / n if n else math.nan
+
+
+def _nanmin(values: Sequence[float]) -> float:
+    return min((v for v in values if v == v), default=math.nan)
+
+
+def _nanmax(values: Sequence[float]) -> float:
+    return max((v for v in values if v == v), default=math.nan)
 
 
 def device_busy_share(trace: TraceData, steps: int, step_time_us: float) -> float | None:
     """Union of kernel intervals over the profiled steps' wall time (capped at 1)."""
     k = trace.kernels
-    if not len(k) or step_time_us <= 0:
+    if not nrows(k) or step_time_us <= 0:
         return None
-    start = k["ts"].to_numpy()
-    busy = union_length(start, start + k["dur"].to_numpy())
+    start = k["ts"]
+    busy = union_length(start, [s + d for s, d in zip(start, k["dur"], strict=True)])
     return float(min(busy / (steps * step_time_us), 1.0))
 
 
-def union_length(start: np.ndarray, end: np.ndarray) -> float:
+def union_length(start: Sequence[float], end: Sequence[float]) -> float:
     """Total length of the union of the intervals [start, end)."""
     if not len(start):
         return 0.0
-    order = np.argsort(start, kind="stable")
-    start, end = start[order], end[order]
-    busy, cur_s, cur_e = 0.0, start[0], end[0]
-    for s, e in zip(start[1:].tolist(), end[1:].tolist(), strict=True):
+    order = sorted(range(len(start)), key=start.__getitem__)
+    busy, cur_s, cur_e = 0.0, float(start[order[0]]), float(end[order[0]])
+    for i in order[1:]:
+        s, e = float(start[i]), float(end[i])
         if s > cur_e:
             busy += cur_e - cur_s
             cur_s, cur_e = s, e
@@ -117,16 +133,21 @@ def union_length(start: np.ndarray, end: np.ndarray) -> float:
     return float(busy + cur_e - cur_s)
 
 
-def summarize(ops: pd.DataFrame, *, steps: int, step_time_us: float, n_findings: int,
+def summarize(ops: Any, *, steps: int, step_time_us: float, n_findings: int,
               busy: float | None, step_us: list[float] | None = None, noise: dict[str, Any] | None = None,
               gpu_keys: dict[str, Any] | None = None) -> dict[str, Any]:
-    """summary.json. `step_us`: each step's wall time (default: one step of `step_time_us`); `noise`:
+    """summary.json from the ops table (a DataFrame from a caller that still has one is read too).
+    `step_us`: each step's wall time (default: one step of `step_time_us`); `noise`:
     opscope.noise.assess() of the timed pass (default: unknown, as for a file recorded elsewhere)."""
-    total = float(ops["time_us_total"].sum())
-    covered = ops["flops_per_call"].notna() & ops["bytes_per_call"].notna()
+    ops = as_table(ops)
+    times = [float(t) for t in ops["time_us_total"]]
+    # pandas' sums, so that the shares stay the same to the last bit
+    total = series_sum(times)
+    covered = [t for t, f, b in zip(times, ops["flops_per_call"], ops["bytes_per_call"], strict=True)
+               if _present(f) and _present(b)]
     bound_share = {b: 0.0 for b in BOUNDS}
-    for b, t in ops.groupby("bound")["time_us_total"].sum().items():
-        bound_share[b] = float(t) / total if total > 0 else 0.0
+    for b, t in sorted(_group_sums(ops["bound"], times).items()):
+        bound_share[b] = t / total if total > 0 else 0.0
     summary: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "total_time_us": total,
@@ -134,7 +155,7 @@ def summarize(ops: pd.DataFrame, *, steps: int, step_time_us: float, n_findings:
         "step_time_us": float(step_time_us),
         **step_spread(step_us if step_us is not None else [step_time_us]),
         "noise": noise or unknown(TRACE_NOISE_REASON),
-        "ops_covered_time_share": float(ops.loc[covered, "time_us_total"].sum()) / total if total > 0 else 0.0,
+        "ops_covered_time_share": series_sum(covered) / total if total > 0 else 0.0,
         "bound_time_share": bound_share,
         "findings": int(n_findings),
         "top_ops": top_ops(ops, 10),
@@ -146,7 +167,32 @@ def summarize(ops: pd.DataFrame, *, steps: int, step_time_us: float, n_findings:
     return summary
 
 
-def swap_candidates(ops: pd.DataFrame) -> list[dict[str, Any]]:
+def _present(x: Any) -> bool:
+    """pandas' notna for one value."""
+    return x is not None and x == x
+
+
+def _group_sums(keys: Sequence[Any], values: Sequence[float]) -> dict[Any, float]:
+    """Per key (missing keys left out), its values summed as pandas' groupby().sum() does: in row order,
+    Kahan-compensated, NaN skipped."""
+    sums: dict[Any, float] = {}
+    comp: dict[Any, float] = {}
+    for k, v in zip(keys, values, strict=True):
+        if not _present(k):
+            continue
+        s = sums.setdefault(k, 0.0)
+        if v != v:
+            continue
+        c = comp.get(k, 0.0)
+        y = v - c
+        t = s + y
+        c = t - s - y
+        comp[k] = c if math.isfinite(c) else 0.0
+        sums[k] = t
+    return sums
+
+
+def swap_candidates(ops: Table) -> list[dict[str, Any]]:
     """The bundled kernels that could replace ops of the run (opscope.swap.catalog.candidates); empty when
     the manifests cannot be read (that is `opscope kernels`' error to report, not the analysis')."""
     from opscope.errors import OpscopeError
@@ -158,13 +204,15 @@ def swap_candidates(ops: pd.DataFrame) -> list[dict[str, Any]]:
         return []
 
 
-def top_ops(ops: pd.DataFrame, n: int) -> list[dict[str, Any]]:
-    """First n rows as objects: numbers as numbers, empty as null, JSON-text columns kept as text."""
+def top_ops(ops: Any, n: int) -> list[dict[str, Any]]:
+    """First n rows (of a table, or a DataFrame) as objects: numbers as numbers, empty as null, JSON-text
+    columns kept as text."""
+    ops = as_table(ops)
     out = []
-    for rec in records(ops.head(n)):
+    for rec in records(take(ops, range(min(n, nrows(ops))))):
         row = {}
         for k, v in rec.items():
-            if isinstance(v, float) and np.isnan(v) or isinstance(v, str) and v == "" and k not in JSON_TEXT_COLUMNS and k != "source_location":
+            if isinstance(v, float) and v != v or isinstance(v, str) and v == "" and k not in JSON_TEXT_COLUMNS and k != "source_location":
                 v = None
             elif hasattr(v, "item"):
                 v = v.item()
@@ -173,13 +221,18 @@ def top_ops(ops: pd.DataFrame, n: int) -> list[dict[str, Any]]:
     return out
 
 
-def dominant_dtype(ev: pd.DataFrame) -> str | None:
+def _column(data: Any, name: str) -> list:
+    """One column of a table, or of a DataFrame (profile's run.events), as a list."""
+    return data[name] if isinstance(data, dict) else data[name].tolist()
+
+
+def dominant_dtype(ev: Any) -> str | None:
     """The most common floating dtype among row ops (meta.json 'dtype' for traces)."""
-    dts = [d for d in ev.loc[ev["is_row"], "dtype"].tolist() if d]
+    dts = [d for d, row in zip(_column(ev, "dtype"), _column(ev, "is_row"), strict=True) if row and d]
     return Counter(dts).most_common(1)[0][0] if dts else None
 
 
-def trace_mode(ev: pd.DataFrame) -> str:
-    names = ev["name"]
-    backward = names.str.startswith("autograd::engine::evaluate_function") | names.str.endswith("_backward")
-    return "train" if bool(backward.any()) else "inference"
+def trace_mode(ev: Any) -> str:
+    backward = any(isinstance(name, str) and (name.startswith("autograd::engine::evaluate_function")
+                                              or name.endswith("_backward")) for name in _column(ev, "name"))
+    return "train" if backward else "inference"

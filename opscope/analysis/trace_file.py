@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from opscope.analysis.pipeline import analyze
 from opscope.findings.common import fmt_us
 from opscope.hardware import Peaks, apply_overrides, gpu_from_properties, gpu_peaks, unknown_gpu_warning
 from opscope.run import DEFAULT_REPORTS_DIR, Run, TraceCompressor, check_out_dir, write_run
+from opscope.table import nrows
 from opscope.trace import TraceData, load_trace, max_trace_bytes, read_bytes
 
 UNKNOWN_GPU = "unknown GPU (not recorded in the trace)"
@@ -40,7 +42,7 @@ def gpu_name(trace: TraceData, runtime: str) -> tuple[str, str]:
     known = gpu_from_properties(props, runtime)
     if known is not None:
         return known[0], f"deviceProperties without a name: {known[1]}"
-    arch = architecture_from_kernels(trace.kernels["name"].tolist()) if len(trace.kernels) else None
+    arch = architecture_from_kernels(list(trace.kernels["name"])) if nrows(trace.kernels) else None
     if arch is not None:
         return arch[0], f"kernel names (e.g. {short_kernel_name(arch[1])})"
     return UNKNOWN_GPU, "none"
@@ -51,12 +53,19 @@ def _device_props(trace: TraceData) -> dict:
     props = trace.device_properties
     if not props:
         return {}
-    if len(props) > 1 and len(trace.kernels):
-        device = int(trace.kernels["device"].mode().iloc[0])
+    if len(props) > 1 and nrows(trace.kernels):
+        device = _mode(trace.kernels["device"])
         for p in props:
             if p.get("id") == device:
                 return p
     return props[0]
+
+
+def _mode(values: list[int]) -> int:
+    """The most frequent value, the smallest of those tied (pandas' Series.mode().iloc[0])."""
+    counts = Counter(values)
+    most = max(counts.values())
+    return int(min(v for v, c in counts.items() if c == most))
 
 
 def trace_peaks(trace: TraceData, device: dict[str, str], peak_bw: float | None, peak_flops: list[str] | None,

@@ -13,9 +13,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opscope.errors import OpscopeError
+from opscope.table import Table, as_table, nrows
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 COMPILE = "compile"  # --kernel compile: torch.compile of the whole model, the built-in baseline
 HARNESS = "opscope:harness"
@@ -141,8 +145,9 @@ def check_op_name(op: str) -> None:
 # --- swap candidates of a run ------------------------------------------------------------------------
 
 
-def candidates(ops: Any, manifest_list: list[Any] | None = None) -> list[dict[str, Any]]:
-    """The bundled kernels that could replace ops of a run (summary.json `swap_candidates`).
+def candidates(ops: Table | pd.DataFrame, manifest_list: list[Any] | None = None) -> list[dict[str, Any]]:
+    """The bundled kernels that could replace ops of a run (summary.json `swap_candidates`): `ops` is the
+    run's ops table (or its DataFrame).
 
     A manifest `[[replaces]]` entry matches at a source location when every op it lists (`ops`) ran
     there (forward or backward rows with that `source_location`; the harness's own ops never match);
@@ -151,15 +156,16 @@ def candidates(ops: Any, manifest_list: list[Any] | None = None) -> list[dict[st
     matched rows' total time), largest time first."""
     if manifest_list is None:
         manifest_list = manifests()
-    if "op" not in ops.columns or "source_location" not in ops.columns or not len(ops):
+    ops = as_table(ops)
+    if "op" not in ops or "source_location" not in ops or not nrows(ops):
         return []
     by_location: dict[str, dict[str, list[int]]] = {}
-    for i, (op, loc) in enumerate(zip(ops["op"].tolist(), ops["source_location"].tolist(), strict=True)):
+    for i, (op, loc) in enumerate(zip(ops["op"], ops["source_location"], strict=True)):
         if not isinstance(loc, str) or not loc or loc == HARNESS or not isinstance(op, str):
             continue
         by_location.setdefault(loc, {}).setdefault(op, []).append(i)
-    times = [float(t) if t == t else 0.0 for t in ops["time_us_total"].tolist()] if "time_us_total" in ops.columns \
-        else [0.0] * len(ops)
+    times = [float(t) if t == t else 0.0 for t in ops["time_us_total"]] if "time_us_total" in ops \
+        else [0.0] * nrows(ops)
     out = []
     for m in manifest_list:
         rows: set[int] = set()
