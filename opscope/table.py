@@ -100,3 +100,33 @@ def to_frame(table: Table, columns: Sequence[str] | None = None) -> pd.DataFrame
         else:
             data[c] = values
     return pd.DataFrame(data, columns=cols)
+
+
+def pairwise_sum(values: Sequence[float]) -> float:
+    """The float sum numpy's (and pandas') .sum() returns, to the last bit: pairwise summation in blocks of
+    8 lanes, as numpy's pairwise_sum (a plain left-to-right sum differs in the last digits). NaN-skipping
+    sums (np.nansum, pandas' skipna) equal this sum with each NaN replaced by 0.0."""
+    return _pairwise(values, 0, len(values))
+
+
+def _pairwise(a: Sequence[float], lo: int, n: int) -> float:
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    if n <= 128:
+        r = [float(x) for x in a[lo:lo + 8]]
+        i = 8
+        stop = n - n % 8
+        while i < stop:
+            for j in range(8):
+                r[j] += a[lo + i + j]
+            i += 8
+        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        for x in a[lo + stop:lo + n]:
+            res += x
+        return res
+    half = n // 2
+    half -= half % 8
+    return _pairwise(a, lo, half) + _pairwise(a, lo + half, n - half)
