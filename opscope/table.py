@@ -130,3 +130,8 @@ def _pairwise(a: Sequence[float], lo: int, n: int) -> float:
     half = n // 2
     half -= half % 8
     return _pairwise(a, lo, half) + _pairwise(a, lo + half, n - half)
+
+
+def filled(values: Iterable[Any], fill: Any = "") -> list:
+    """The values with each missing one (NaN, None) replaced by `fill` (pandas' fillna)."""
+    return [fill if v is None or v != v else v for v in values]

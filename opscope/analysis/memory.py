@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opscope.analysis.events import assign_steps, innermost, thread_keys
-from opscope.table import Table, nrows, take
+from opscope.table import Table, filled, nrows, take
 from opscope.trace import TraceData
 
 CPU_DEVICE = 0  # c10::DeviceType
@@ -245,7 +245,7 @@ def add_memory_columns(ops: Table, memory: MemoryProfile | None) -> Table:
     n = nrows(ops)
     alloc, freed = [math.nan] * n, [math.nan] * n
     if memory is not None:
-        cols = [[_text(v) for v in out[c]] if c in out else [""] * n for c in ("op", *KEY_COLUMNS[1:])]
+        cols = [filled(out[c]) if c in out else [""] * n for c in ("op", *KEY_COLUMNS[1:])]
         for i, key in enumerate(zip(*cols, strict=True)):
             hit = memory.per_key.get(key)
             if hit is not None and hit[2] > 0:
@@ -254,7 +254,3 @@ def add_memory_columns(ops: Table, memory: MemoryProfile | None) -> Table:
     out[MEMORY_COLUMNS[1]] = freed
     return out
 
-
-def _text(value: Any) -> Any:
-    """A missing cell (NaN, None) as "" (pandas' fillna(""))."""
-    return "" if value is None or value != value else value

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from opscope.table import Table, pairwise_sum
+from opscope.table import Table, filled, pairwise_sum
 
 OUTSIDE = "(outside the model)"
 COLUMNS = ["module", "module_class", "depth", "time_us_total", "time_share", "self_time_us", "flops_total",
@@ -25,16 +25,7 @@ BOUNDS = ("memory", "compute", "overhead", "unknown")
 
 
 def has_module_columns(ops: Table) -> bool:
-    return "module_class" in ops and any(_text(c) != "" for c in ops["module_class"])
-
-
-def _text(value: Any, missing: str = "") -> Any:
-    """A missing cell (NaN, None) as `missing` (pandas' fillna)."""
-    return missing if value is None or value != value else value
-
-
-def _texts(ops: Table, column: str, missing: str = "") -> list:
-    return [_text(v, missing) for v in ops[column]]
+    return "module_class" in ops and any(c != "" for c in filled(ops["module_class"]))
 
 
 def parents(path: str) -> list[str]:
@@ -71,8 +62,8 @@ def finding_modules(findings: list[dict[str, Any]], ops: Table) -> None:
         return
     by_op_line: dict[tuple[str, str], list[str | None]] = {}
     by_line: dict[str, list[str | None]] = {}
-    for op, loc, module, cls in zip(ops["op"], _texts(ops, "source_location"), _texts(ops, "module"),
-                                    _texts(ops, "module_class"), strict=True):
+    for op, loc, module, cls in zip(ops["op"], filled(ops["source_location"]), filled(ops["module"]),
+                                    filled(ops["module_class"]), strict=True):
         inside = module if cls else None
         by_op_line.setdefault((op, loc), []).append(inside)
         by_line.setdefault(loc, []).append(inside)
@@ -103,8 +94,8 @@ def module_table(ops: Table, findings: list[dict[str, Any]],
     node_bound: dict[str, dict[str, float]] = {}
     node_class: dict[str, str] = dict(classes or {})
     chains: dict[str, list[str]] = {}  # own node -> it and its enclosing modules (rows share a few modules)
-    for k, (module, cls, bound) in enumerate(zip(_texts(ops, "module"), _texts(ops, "module_class"),
-                                                  _texts(ops, "bound", "unknown"), strict=True)):
+    for k, (module, cls, bound) in enumerate(zip(filled(ops["module"]), filled(ops["module_class"]),
+                                                  filled(ops["bound"], "unknown"), strict=True)):
         own = module if cls else OUTSIDE
         if cls:
             node_class.setdefault(module, cls)
