@@ -134,3 +134,8 @@ def _pairwise(a: list[float], lo: int, n: int) -> float:
     n2 = n // 2
     n2 -= n2 % 8
     return _pairwise(a, lo, n2) + _pairwise(a, lo + n2, n - n2)
+
+
+def filled(values: Iterable[Any], fill: Any = "") -> list:
+    """The values with each missing one (NaN, None) replaced by `fill` (pandas' fillna)."""
+    return [fill if v is None or v != v else v for v in values]

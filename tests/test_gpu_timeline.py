@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
-from opscope.analysis.gpu_timeline import merge
+from opscope.analysis.gpu_timeline import _overlap_with, merge
 from opscope.analysis.trace_file import analyze_trace_file
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"
@@ -72,5 +71,14 @@ def test_idle_gaps_by_hand(summary):
 
 
 def test_merge_intervals():
-    s, e = merge(np.array([5.0, 0.0, 2.0, 10.0, 10.0]), np.array([6.0, 3.0, 4.0, 12.0, 11.0]))
-    assert s.tolist() == [0.0, 5.0, 10.0] and e.tolist() == [4.0, 6.0, 12.0]
+    s, e = merge([5.0, 0.0, 2.0, 10.0, 10.0], [6.0, 3.0, 4.0, 12.0, 11.0])
+    assert s == [0.0, 5.0, 10.0] and e == [4.0, 6.0, 12.0]
+    # touching intervals merge; an interval inside an earlier, longer one leaves its end alone
+    assert merge([0.0, 2.0, 1.0], [2.0, 3.0, 1.5]) == ([0.0], [3.0])
+    assert merge([], []) == ([], [])
+
+
+def test_overlap_with_union():
+    # union [0, 4] and [6, 10]: [3, 7] shares 1 + 1, [4, 6] nothing, [-5, 20] all 8, [8, 9] 1
+    assert _overlap_with([3.0, 4.0, -5.0, 8.0], [7.0, 6.0, 20.0, 9.0], [0.0, 6.0], [4.0, 10.0]) == [2.0, 0.0, 8.0, 1.0]
+    assert _overlap_with([1.0], [2.0], [], []) == [0.0]

@@ -27,6 +27,7 @@ from opscope.render.console_report import render_report
 from opscope.render.html import PAGE_ROWS, plotly_js, render_html, script_json
 from opscope.render.report_data import verdict_line
 from opscope.run import read_run, write_run
+from opscope.table import from_frame, to_frame
 
 BERT = TRACES / "h100_bert-small_bf16.json.gz"
 HOSTILE_PATH = "models/<img src=x onerror=alert(1)>/m.py"
@@ -56,7 +57,7 @@ def hostile_run(folder: Path) -> Path:
     ops["module_class"] = "Attention"
     ops.to_csv(out / "ops.csv", index=False)
     run = read_run(out)
-    module_table(run.ops, run.findings).to_csv(out / "modules.csv", index=False)
+    to_frame(module_table(from_frame(run.ops), run.findings)).to_csv(out / "modules.csv", index=False)
     summary = json.loads((out / "summary.json").read_text())
     summary.update(step_time_us_p50=4400.0, step_time_us_max=4700.0, step_time_cv=0.04,
                    noise={"other_cpu_share": 0.02, "verdict": "quiet"},

@@ -8,19 +8,18 @@ import io
 import math
 import statistics
 
-import numpy as np
-import pandas as pd
 import pytest
 from rich.console import Console
 from test_models_end_to_end import GPT2
 
 from conftest import TRACES, run_cli, write_model
-from opscope.analysis.modules import OUTSIDE, common_module, finding_modules, module_table
+from opscope.analysis.modules import COLUMNS, OUTSIDE, common_module, finding_modules, module_table
 from opscope.analysis.trace_file import analyze_trace_file
 from opscope.capture.torch_profiler import ProfileOptions, profile_target
 from opscope.render.console import ops_table
 from opscope.render.report_data import tree_lines
 from opscope.run import Run, read_run
+from opscope.table import to_frame
 
 FAST = dict(warmup=1, peak_bw=20.0, peak_flops=["100"], threads=1)
 
@@ -203,20 +202,26 @@ def test_trace_without_module_events_has_no_module_tree(tmp_path):
 
 
 def test_findings_count_in_the_innermost_module_around_their_ops():
-    ops = pd.DataFrame({
+    ops = {  # an ops Table (opscope.table)
         "op": ["aten::add", "aten::add", "aten::mm", "aten::mul"],
         "source_location": ["m.py:3", "m.py:3", "m.py:9", "opscope:harness"],
         "module": ["enc.h.0.mlp", "enc.h.1.mlp", "head", ""],
         "module_class": ["MLP", "MLP", "Linear", ""],
         "time_us_total": [10.0, 20.0, 35.0, 5.0], "calls": [1, 1, 1, 1],
-        "flops_per_call": [1.0, 1.0, np.nan, 2.0], "bytes_per_call": [4.0, 4.0, 8.0, 8.0],
+        "flops_per_call": [1.0, 1.0, math.nan, 2.0], "bytes_per_call": [4.0, 4.0, 8.0, 8.0],
         "bound": ["memory", "memory", "compute", "overhead"],
-    })
+    }
     findings = [{"op": "aten::add", "source_location": "m.py:3"}, {"op": "aten::mm", "source_location": "m.py:9"},
                 {"op": "aten::mul", "source_location": "opscope:harness"}, {"op": "x", "source_location": "m.py:9"}]
     finding_modules(findings, ops)
     assert [f["module"] for f in findings] == ["enc.h", "head", None, "head"]
-    table = module_table(ops, findings).set_index("module")
+    modules = module_table(ops, findings)
+    # tree order: children by inclusive time, largest first (head 35 µs before enc 30 µs), OUTSIDE last
+    assert list(modules) == COLUMNS and modules["module"] == ["", "head", "enc", "enc.h", "enc.h.1", "enc.h.1.mlp",
+                                                              "enc.h.0", "enc.h.0.mlp", OUTSIDE]
+    assert modules["depth"] == [0, 1, 1, 2, 3, 4, 3, 4, 0]
+    assert modules["time_share"][0] == 65.0 / 70.0 and modules["self_time_us"][:3] == [0.0, 35.0, 0.0]
+    table = to_frame(modules).set_index("module")
     assert table.loc["enc.h", "findings"] == 1 and table.loc["", "findings"] == 3
     assert table.loc[OUTSIDE, "findings"] == 1 and table.loc[OUTSIDE, "time_us_total"] == 5.0
     assert table.loc["enc", "time_us_total"] == 30.0 and table.loc["", "time_us_total"] == 65.0

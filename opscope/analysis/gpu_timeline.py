@@ -9,12 +9,12 @@ directory format").
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-import pandas as pd
-
 from opscope.analysis.kernels import FAMILY_NAMES, OTHER
+from opscope.table import Table, nrows, pairwise_sum
 from opscope.trace import TraceData
 
 TOP_GAPS = 5  # idle gaps listed
@@ -23,75 +23,84 @@ COMM_FAMILY = "communication"
 TRANSFER_CATS = ("gpu_memcpy", "gpu_memset")  # DMA transfers: neither communication nor compute
 
 
-def merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def merge(starts: Sequence[float], ends: Sequence[float]) -> tuple[list[float], list[float]]:
     """The union of intervals as sorted, disjoint (starts, ends)."""
     if not len(starts):
-        return np.zeros(0), np.zeros(0)
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    reach = np.maximum.accumulate(e)
-    new = np.ones(len(s), dtype=bool)
-    new[1:] = s[1:] > reach[:-1]
-    idx = np.flatnonzero(new)
-    return s[idx], np.append(reach[idx[1:] - 1], reach[-1])
+        return [], []
+    order = sorted(range(len(starts)), key=starts.__getitem__)
+    out_s: list[float] = []
+    out_e: list[float] = []
+    reach = None  # the latest end so far
+    for i in order:
+        s, e = float(starts[i]), float(ends[i])
+        if reach is None or s > reach:  # starts after everything before it: a new interval
+            if reach is not None:
+                out_e.append(reach)
+            out_s.append(s)
+        reach = e if reach is None else max(reach, e)
+    out_e.append(reach)
+    return out_s, out_e
 
 
-def _length(starts: np.ndarray, ends: np.ndarray) -> float:
-    return float((ends - starts).sum())
+def _length(starts: Sequence[float], ends: Sequence[float]) -> float:
+    return pairwise_sum([e - s for s, e in zip(starts, ends, strict=True)])
 
 
-def _overlap_with(k_start: np.ndarray, k_end: np.ndarray, u_start: np.ndarray, u_end: np.ndarray) -> np.ndarray:
+def _overlap_with(k_start: Sequence[float], k_end: Sequence[float], u_start: Sequence[float],
+                  u_end: Sequence[float]) -> list[float]:
     """Per interval k, the time it shares with the disjoint sorted union u (prefix sums over u)."""
     if not len(u_start) or not len(k_start):
-        return np.zeros(len(k_start))
-    cum = np.concatenate([[0.0], np.cumsum(u_end - u_start)])
+        return [0.0] * len(k_start)
+    lengths = [e - s for s, e in zip(u_start, u_end, strict=True)]
+    cum = [0.0]
+    for x in lengths:
+        cum.append(cum[-1] + x)
 
-    def covered(t: np.ndarray) -> np.ndarray:  # union length in (-inf, t]
-        i = np.searchsorted(u_start, t, side="right")  # unions starting at or before t
-        full = cum[np.maximum(i - 1, 0)]
-        last = np.where(i > 0, np.clip(t - u_start[np.maximum(i - 1, 0)], 0.0,
-                                       (u_end - u_start)[np.maximum(i - 1, 0)]), 0.0)
-        return np.where(i > 0, full + last, 0.0)
+    def covered(t: float) -> float:  # union length in (-inf, t]
+        i = bisect_right(u_start, t)  # unions starting at or before t
+        if i == 0:
+            return 0.0
+        return cum[i - 1] + min(max(t - u_start[i - 1], 0.0), lengths[i - 1])
 
-    return np.maximum(covered(k_end) - covered(k_start), 0.0)
+    return [max(covered(e) - covered(s), 0.0) for s, e in zip(k_start, k_end, strict=True)]
 
 
-def gpu_summary(trace: TraceData, ev: pd.DataFrame, *, steps: int, step_time_us: float) -> dict[str, Any]:
+def gpu_summary(trace: TraceData, ev: Table, *, steps: int, step_time_us: float) -> dict[str, Any]:
     """summary.json keys for a GPU run (empty for a CPU run): kernel_family_time_share,
     kernel_families_cover_share, unattributed_time_share, graph_replay (when a graph replayed kernels),
     streams, comm_compute_overlap_share, idle_gaps, gpu_only (when the trace has no CPU ops)."""
     k = trace.kernels
-    if not len(k) or "family" not in k.columns:
+    if not nrows(k) or "family" not in k:
         return {}
-    dur = k["dur"].to_numpy(dtype=float)
-    total = float(dur.sum())
-    fam = k["family"].to_numpy(dtype=object)
-    index = {f: i for i, f in enumerate(FAMILY_NAMES)}
-    fam_code = np.fromiter((index[f] for f in fam.tolist()), dtype=np.int64, count=len(fam))
-    by_family = np.bincount(fam_code, weights=dur, minlength=len(FAMILY_NAMES))
-    shares = {f: float(by_family[i]) / total if total > 0 else 0.0 for i, f in enumerate(FAMILY_NAMES)}
-    lost = (k["op"].to_numpy() < 0) & ~k["kernel_row"].to_numpy(dtype=bool)
+    dur = [float(x) for x in k["dur"]]
+    total = pairwise_sum(dur)
+    fam = k["family"]
+    by_family = dict.fromkeys(FAMILY_NAMES, 0.0)
+    for f, d in zip(fam, dur, strict=True):
+        by_family[f] += d
+    shares = {f: by_family[f] / total if total > 0 else 0.0 for f in FAMILY_NAMES}
+    lost = [d for d, op, row in zip(dur, k["op"], k["kernel_row"], strict=True) if op < 0 and not row]
     out: dict[str, Any] = {
         "kernel_family_time_share": shares,
         "kernel_families_cover_share": 1.0 - shares[OTHER] if total > 0 else 0.0,
-        "unattributed_time_share": float(dur[lost].sum()) / total if total > 0 else 0.0,
+        "unattributed_time_share": pairwise_sum(lost) / total if total > 0 else 0.0,
     }
-    graph = k["graph_launch"].to_numpy() >= 0
-    if graph.any():
-        replayed = k[graph]
+    graph = [i for i, g in enumerate(k["graph_launch"]) if g >= 0]
+    if graph:
+        launch, launcher = k["graph_launch"], k["launcher"]
         out["graph_replay"] = {
-            "launches": int(replayed["graph_launch"].nunique()),
-            "kernels": int(graph.sum()),
-            "kernel_time_share": float(dur[graph].sum()) / total if total > 0 else 0.0,
-            "launchers": [x for x in dict.fromkeys(replayed["launcher"].tolist()) if x][:5],
+            "launches": len({launch[i] for i in graph}),
+            "kernels": len(graph),
+            "kernel_time_share": pairwise_sum([dur[i] for i in graph]) / total if total > 0 else 0.0,
+            "launchers": [x for x in dict.fromkeys(launcher[i] for i in graph) if x][:5],
         }
-    if "captured" in k.columns and k["captured"].to_numpy(dtype=bool).any():
-        cap = k["captured"].to_numpy(dtype=bool)
+    cap = [i for i, c in enumerate(k["captured"]) if c] if "captured" in k else []
+    if cap:
         out.setdefault("graph_replay", {}).update(
-            captured_kernels=int(cap.sum()),
-            captured_time_share=float(dur[cap].sum()) / total if total > 0 else 0.0)
-    start = k["ts"].to_numpy(dtype=float)
-    end = start + dur
+            captured_kernels=len(cap),
+            captured_time_share=pairwise_sum([dur[i] for i in cap]) / total if total > 0 else 0.0)
+    start = [float(x) for x in k["ts"]]
+    end = [s + d for s, d in zip(start, dur, strict=True)]
     window = steps * step_time_us
     out["streams"] = _streams(k, start, end, window)
     out["comm_compute_overlap_share"] = _comm_overlap(k, fam, start, end)
@@ -101,76 +110,80 @@ def gpu_summary(trace: TraceData, ev: pd.DataFrame, *, steps: int, step_time_us:
     return out
 
 
-def _streams(k: pd.DataFrame, start: np.ndarray, end: np.ndarray, window: float) -> list[dict[str, Any]]:
+def _streams(k: Table, start: list[float], end: list[float], window: float) -> list[dict[str, Any]]:
+    members: dict[tuple, list[int]] = {}
+    for i, pair in enumerate(zip(k["device"], k["stream"], strict=True)):
+        members.setdefault(pair, []).append(i)
     rows = []
-    pairs = np.stack([k["device"].to_numpy(), k["stream"].to_numpy()], axis=1)
-    uniques, codes = np.unique(pairs, axis=0, return_inverse=True)
-    codes = codes.reshape(-1)
-    for c, (device, stream) in enumerate(uniques.tolist()):
-        sel = codes == c
-        s, e = merge(start[sel], end[sel])
+    for (device, stream), sel in sorted(members.items()):
+        s, e = merge([start[i] for i in sel], [end[i] for i in sel])
         busy = _length(s, e)
-        rows.append({"device": int(device), "stream": int(stream), "kernels": int(sel.sum()),
-                     "kernel_time_us": float((end[sel] - start[sel]).sum()), "busy_us": busy,
+        rows.append({"device": int(device), "stream": int(stream), "kernels": len(sel),
+                     "kernel_time_us": pairwise_sum([end[i] - start[i] for i in sel]), "busy_us": busy,
                      "busy_share": min(busy / window, 1.0) if window > 0 else None})
     rows.sort(key=lambda r: -r["busy_us"])
     return rows
 
 
-def _comm_overlap(k: pd.DataFrame, fam: np.ndarray, start: np.ndarray, end: np.ndarray) -> float | None:
+def _comm_overlap(k: Table, fam: list[str], start: list[float], end: list[float]) -> float | None:
     """Share of communication kernel time during which a compute kernel (anything but communication and
     memcpy/memset) ran; None without communication kernels."""
-    comm = fam == COMM_FAMILY
-    if not comm.any():
+    comm = [i for i, f in enumerate(fam) if f == COMM_FAMILY]
+    if not comm:
         return None
-    compute = ~comm & ~np.isin(k["cat"].to_numpy(dtype=object), TRANSFER_CATS)
-    u_s, u_e = merge(start[compute], end[compute])
-    comm_time = float((end[comm] - start[comm]).sum())
+    compute = [i for i, (f, c) in enumerate(zip(fam, k["cat"], strict=True))
+               if f != COMM_FAMILY and c not in TRANSFER_CATS]
+    u_s, u_e = merge([start[i] for i in compute], [end[i] for i in compute])
+    c_s, c_e = [start[i] for i in comm], [end[i] for i in comm]
+    comm_time = _length(c_s, c_e)
     if comm_time <= 0:
         return None
-    return float(_overlap_with(start[comm], end[comm], u_s, u_e).sum()) / comm_time
+    return pairwise_sum(_overlap_with(c_s, c_e, u_s, u_e)) / comm_time
 
 
-def _idle_gaps(trace: TraceData, ev: pd.DataFrame, k: pd.DataFrame, start: np.ndarray,
-               end: np.ndarray) -> list[dict[str, Any]]:
+def _idle_gaps(trace: TraceData, ev: Table, k: Table, start: list[float],
+               end: list[float]) -> list[dict[str, Any]]:
     """The TOP_GAPS longest stretches with no kernel on any stream, inside the profiled steps (between
     the first and last kernel when the trace has no step annotations)."""
     u_s, u_e = merge(start, end)
     gap_s, gap_e = u_e[:-1], u_s[1:]
-    if len(trace.steps):  # a step that starts (or ends) with the GPU idle: that idle time counts too
-        st = trace.steps["ts"].to_numpy(dtype=float)
-        se = st + trace.steps["dur"].to_numpy(dtype=float)
+    n_steps = nrows(trace.steps)
+    if n_steps:  # a step that starts (or ends) with the GPU idle: that idle time counts too
+        st = [float(x) for x in trace.steps["ts"]]
+        se = [a + float(d) for a, d in zip(st, trace.steps["dur"], strict=True)]
         lead_s, lead_e, tail_s, tail_e = [], [], [], []
-        for a, b in zip(st.tolist(), se.tolist(), strict=True):
-            inside = np.flatnonzero((u_e > a) & (u_s < b))
-            if not len(inside):
+        for a, b in zip(st, se, strict=True):
+            # the unions overlapping the step: they are sorted and disjoint, so a contiguous run
+            first, stop = bisect_right(u_e, a), bisect_left(u_s, b)
+            if first >= stop:
                 lead_s.append(a)
                 lead_e.append(b)
                 continue
             lead_s.append(a)
-            lead_e.append(max(a, float(u_s[inside[0]])))
-            tail_s.append(min(b, float(u_e[inside[-1]])))
+            lead_e.append(max(a, u_s[first]))
+            tail_s.append(min(b, u_e[stop - 1]))
             tail_e.append(b)
-        gap_s = np.concatenate([gap_s, lead_s, tail_s])
-        gap_e = np.concatenate([gap_e, lead_e, tail_e])
-        keep = np.zeros(len(gap_s), dtype=bool)
-        for a, b in zip(st.tolist(), se.tolist(), strict=True):
-            keep |= (gap_s >= a) & (gap_e <= b)
-        gap_s, gap_e = gap_s[keep], gap_e[keep]
-    length = gap_e - gap_s
-    order = [i for i in np.argsort(-length, kind="stable").tolist() if length[i] >= MIN_GAP_US][:TOP_GAPS]
+        gap_s = gap_s + lead_s + tail_s
+        gap_e = gap_e + lead_e + tail_e
+        keep = [i for i, (gs, ge) in enumerate(zip(gap_s, gap_e, strict=True))
+                if any(gs >= a and ge <= b for a, b in zip(st, se, strict=True))]
+        gap_s, gap_e = [gap_s[i] for i in keep], [gap_e[i] for i in keep]
+    length = [e - s for s, e in zip(gap_s, gap_e, strict=True)]
+    order = [i for i in sorted(range(len(length)), key=lambda i: -length[i]) if length[i] >= MIN_GAP_US][:TOP_GAPS]
     if not order:
         return []
-    origin = float(trace.steps["ts"].min()) if len(trace.steps) else float(start.min())
-    by_end = np.argsort(end, kind="stable")
-    by_start = np.argsort(start, kind="stable")
-    names = k["name"].tolist()
+    origin = min(float(x) for x in trace.steps["ts"]) if n_steps else min(start)
+    by_end = sorted(range(len(end)), key=end.__getitem__)
+    by_start = sorted(range(len(start)), key=start.__getitem__)
+    end_sorted = [end[i] for i in by_end]
+    start_sorted = [start[i] for i in by_start]
+    names = k["name"]
     cpu = _CpuTimeline(trace, ev)
     out = []
     for i in order:
-        a, b = float(gap_s[i]), float(gap_e[i])
-        before = np.searchsorted(end[by_end], a, side="right") - 1
-        after = np.searchsorted(start[by_start], b, side="left")
+        a, b = gap_s[i], gap_e[i]
+        before = bisect_right(end_sorted, a) - 1
+        after = bisect_left(start_sorted, b)
         op, where = cpu.during((a + b) / 2)
         out.append({"start_us": a - origin, "duration_us": b - a,
                     "kernel_before": names[by_end[before]] if before >= 0 else "",
@@ -183,34 +196,36 @@ class _CpuTimeline:
     """What ran on the CPU at a given time: the innermost op event holding it on a thread that launches
     GPU work (reported as its op row when it has one), else the innermost annotation holding it."""
 
-    def __init__(self, trace: TraceData, ev: pd.DataFrame) -> None:
-        self.ts = ev["ts"].to_numpy()
-        self.end = ev["end"].to_numpy() if len(ev) else self.ts
-        self.depth = ev["depth"].to_numpy() if len(ev) else self.ts
-        live = np.ones(len(ev), dtype=bool)
-        if "captured" in ev.columns:  # copies of a graph capture's ops did not run then
-            live &= ~ev["captured"].to_numpy(dtype=bool)
-        if len(ev) and len(trace.launches):
-            launching = set(zip(trace.launches["pid"].tolist(), trace.launches["tid"].tolist(), strict=True))
-            live &= np.fromiter(((p, t) in launching for p, t in zip(ev["pid"].tolist(), ev["tid"].tolist(),
-                                                                      strict=True)), dtype=bool, count=len(ev))
-        self.live = live
+    def __init__(self, trace: TraceData, ev: Table) -> None:
+        n = nrows(ev)
+        live = [True] * n
+        if "captured" in ev:  # copies of a graph capture's ops did not run then
+            live = [not c for c in ev["captured"]]
+        if n and nrows(trace.launches):
+            launching = set(zip(trace.launches["pid"], trace.launches["tid"], strict=True))
+            live = [x and pt in launching for x, pt in zip(live, zip(ev["pid"], ev["tid"], strict=True), strict=True)]
+        self.live = [i for i, x in enumerate(live) if x]
+        self.ev = ev
         self.ann = trace.annotations
-        self.row_anc = ev["row_anc"].to_numpy() if len(ev) else self.ts
-        self.names = ev["name"].to_numpy(dtype=object) if len(ev) else self.ts
-        self.where = ev["source_location"].to_numpy(dtype=object) if len(ev) else self.ts
 
     def during(self, t: float) -> tuple[str, str]:
-        idx = np.flatnonzero(self.live & (self.ts <= t) & (self.end >= t))
-        if len(idx):
-            i = int(idx[np.argmax(self.depth[idx])])
-            row = int(self.row_anc[i])
-            j = row if row >= 0 else i
-            return str(self.names[j]), str(self.where[j])
+        ev = self.ev
+        best, best_depth = -1, None
+        if self.live:
+            ts, end, depth = ev["ts"], ev["end"], ev["depth"]
+            for i in self.live:  # the first of the deepest events holding t
+                if ts[i] <= t <= end[i] and (best_depth is None or depth[i] > best_depth):
+                    best, best_depth = i, depth[i]
+        if best >= 0:
+            row = int(ev["row_anc"][best])
+            j = row if row >= 0 else best
+            return str(ev["name"][j]), str(ev["source_location"][j])
         ann = self.ann
-        if len(ann):
-            a_ts = ann["ts"].to_numpy()
-            holds = np.flatnonzero((a_ts <= t) & (a_ts + ann["dur"].to_numpy() >= t))
-            if len(holds):
-                return str(ann["name"].iat[int(holds[np.argmax(a_ts[holds])])]), ""
+        if nrows(ann):
+            holder, latest = -1, None
+            for i, (a, d) in enumerate(zip(ann["ts"], ann["dur"], strict=True)):
+                if a <= t <= a + d and (latest is None or a > latest):
+                    holder, latest = i, a
+            if holder >= 0:
+                return str(ann["name"][holder]), ""
         return "", ""

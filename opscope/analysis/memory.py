@@ -18,14 +18,14 @@ recorded either; so CPU peaks are above the memory at the start of the recording
 
 from __future__ import annotations
 
+import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import pandas as pd
-
 from opscope.analysis.events import assign_steps, innermost, thread_keys
+from opscope.table import Table, filled, nrows, take
 from opscope.trace import TraceData
 
 CPU_DEVICE = 0  # c10::DeviceType
@@ -52,57 +52,63 @@ class MemoryProfile:
     steps: int = 0
 
 
-def memory_profile(trace: TraceData, ev: pd.DataFrame, source: str) -> MemoryProfile | None:
+def memory_profile(trace: TraceData, ev: Table, source: str) -> MemoryProfile | None:
     """The memory profile of a trace with `[memory]` events (None without them). `ev` is the trace's
     event table (analysis.events.build_events); `source` says where the events came from ("memory pass"
     for profile's own untimed pass, "trace")."""
     mem = trace.memory
-    if mem is None or not len(mem):
+    if mem is None or not nrows(mem):
         return None
     device, device_id = _device(mem, trace.has_gpu)
-    mem = mem[(mem["device_type"].to_numpy() == device) & (mem["device_id"].to_numpy() == device_id)]
-    if not len(mem):
+    mine = [i for i, (t, d) in enumerate(zip(mem["device_type"], mem["device_id"], strict=True))
+            if t == device and d == device_id]
+    if not mine:
         return None
-    mem = mem.sort_values("ts", kind="stable").reset_index(drop=True)
-    ts = mem["ts"].to_numpy()
-    nbytes = mem["bytes"].to_numpy(dtype=float)
-    addr = mem["addr"].to_numpy()
-    total = mem["total_allocated"].to_numpy(dtype=float)
-    level = np.where(np.isfinite(total), total, np.cumsum(nbytes))
+    mem_ts = mem["ts"]
+    mem = take(mem, sorted(mine, key=mem_ts.__getitem__))  # stable: events at the same time keep their order
+    ts = mem["ts"]
+    nbytes = [float(b) for b in mem["bytes"]]
+    addr = mem["addr"]
+    level = []  # allocated bytes after each event: the trace's count, else the running sum of the events
+    running = 0.0
+    for b, t in zip(nbytes, mem["total_allocated"], strict=True):
+        running = b if not level else running + b
+        level.append(float(t) if math.isfinite(t) else running)
 
     # the op row each event happened in
-    threads = thread_keys(np.concatenate([ev["pid"].to_numpy(), mem["pid"].to_numpy()]),
-                          np.concatenate([ev["tid"].to_numpy(), mem["tid"].to_numpy()]))
-    op = innermost(threads[: len(ev)], ev["ts"].to_numpy(), ev["end"].to_numpy(), threads[len(ev):], ts)
+    n_ev = nrows(ev)
+    threads = [int(x) for x in thread_keys(list(ev["pid"]) + list(mem["pid"]), list(ev["tid"]) + list(mem["tid"]))]
+    op = innermost(threads[:n_ev], ev["ts"], ev["end"], threads[n_ev:], ts)
     row = _charged_rows(ev, op)
 
-    step = assign_steps(trace, ts)
+    step = [int(s) for s in assign_steps(trace, ts)]
     keys = _row_keys(ev)
     per_key = _per_key(ev, keys, row, nbytes)
 
-    names = ev["name"].tolist()
-    locs = ev["source_location"].tolist()
-    modules = ev["module"].tolist() if "module" in ev.columns else [""] * len(ev)
-    classes = ev["module_class"].tolist() if "module_class" in ev.columns else [""] * len(ev)
+    names = ev["name"]
+    locs = ev["source_location"]
+    modules = ev["module"] if "module" in ev else [""] * n_ev
+    classes = ev["module_class"] if "module_class" in ev else [""] * n_ev
 
     def who(r: int) -> dict[str, Any]:
         if r < 0:
             return {"op": None, "source_location": None, "module": None}
         return {"op": names[r], "source_location": locs[r] or None, "module": modules[r] if classes[r] else None}
 
-    step_ids = sorted({int(s) for s in step.tolist() if s >= 0})
-    peak_at: dict[int, int] = {}  # step -> index of the event at its peak
+    step_ids = sorted({s for s in step if s >= 0})
+    peak_at: dict[int, int] = {}  # step -> index of the event at its peak (the first, on a tie)
     end_at: dict[int, int] = {}
-    for s in step_ids:
-        idx = np.flatnonzero(step == s)
-        peak_at[s] = int(idx[np.argmax(level[idx])])
-        end_at[s] = int(idx[-1])
+    for i, s in enumerate(step):
+        if s >= 0:
+            if s not in peak_at or level[i] > level[peak_at[s]]:
+                peak_at[s] = i
+            end_at[s] = i
     snapshots: dict[int, dict[int, tuple[float, int]]] = {}  # event index -> alive bytes by allocating row
     snap_points = {i: s for s, i in peak_at.items()}
     alive: dict[int, tuple[float, int, int]] = {}  # addr -> (bytes, allocating row, step)
-    for i, (b, a) in enumerate(zip(nbytes.tolist(), addr.tolist(), strict=True)):
+    for i, (b, a) in enumerate(zip(nbytes, addr, strict=True)):
         if b > 0:
-            alive[a] = (b, int(row[i]), int(step[i]))
+            alive[a] = (b, row[i], step[i])
         elif b < 0:
             alive.pop(a, None)
         if i in snap_points:
@@ -112,9 +118,9 @@ def memory_profile(trace: TraceData, ev: pd.DataFrame, source: str) -> MemoryPro
     for s in step_ids:
         i = peak_at[s]
         groups = _groups(snapshots[i], keys, who)
-        per_step.append({"step": s, "peak_allocated_bytes": float(level[i]),
-                         "end_allocated_bytes": float(level[end_at[s]]),
-                         **{f"peak_{k}": v for k, v in who(int(row[i])).items()},
+        per_step.append({"step": s, "peak_allocated_bytes": level[i],
+                         "end_allocated_bytes": level[end_at[s]],
+                         **{f"peak_{k}": v for k, v in who(row[i]).items()},
                          "alive_at_peak": groups[:TOP_ALIVE_STEP]})
     summary: dict[str, Any] = {"source": source, "device": DEVICE_NAMES.get(device, str(device)),
                                "steps": len(step_ids)}
@@ -130,7 +136,7 @@ def memory_profile(trace: TraceData, ev: pd.DataFrame, source: str) -> MemoryPro
             "peak_module": top["peak_module"],
             "alive_at_peak": groups[:TOP_ALIVE],
             # alive at the peak but allocated before the recording, or not by any op row
-            "alive_at_peak_other_bytes": max(float(level[i]) - listed, 0.0),
+            "alive_at_peak_other_bytes": max(level[i] - listed, 0.0),
         })
         ends = [p["end_allocated_bytes"] for p in per_step]
         if len(ends) >= 2:
@@ -154,46 +160,48 @@ ALLOCATORS = frozenset({"aten::empty", "aten::empty_like", "aten::empty_strided"
                         "aten::new_empty_strided", "aten::resize_"})
 
 
-def _charged_rows(ev: pd.DataFrame, op: np.ndarray) -> np.ndarray:
+def _charged_rows(ev: Table, op: Sequence[int]) -> list[int]:
     """Per memory event, the op row it is charged to (-1: none): the innermost row around it, lifted out
     of allocation-only ops nested in another row."""
-    row_anc = ev["row_anc"].to_numpy()
-    row_parent = ev["row_parent"].to_numpy()
-    names = ev["name"].tolist()
+    row_anc = ev["row_anc"]
+    row_parent = ev["row_parent"]
+    names = ev["name"]
     lifted: dict[int, int] = {}
 
     def lift(r: int) -> int:
         if r not in lifted:
             x = r
             while x >= 0 and names[x] in ALLOCATORS and row_parent[x] >= 0:
-                x = row_parent[x]
+                x = int(row_parent[x])
             lifted[r] = x
         return lifted[r]
 
-    return np.asarray([lift(int(row_anc[o])) if o >= 0 and row_anc[o] >= 0 else -1 for o in op.tolist()],
-                      dtype=np.int64)
+    return [lift(int(row_anc[o])) if o >= 0 and row_anc[o] >= 0 else -1 for o in op]
 
 
-def _device(mem: pd.DataFrame, gpu: bool) -> tuple[int, int]:
+def _device(mem: Table, gpu: bool) -> tuple[int, int]:
     """(device type, device id) whose memory the run is about: the GPU's on GPU traces, else the CPU's;
-    among several, the one with the most events."""
-    kinds = mem.groupby(["device_type", "device_id"]).size().sort_values(ascending=False)
-    pairs = [(int(t), int(d)) for t, d in kinds.index]
+    among several, the one with the most events (the lowest pair on a tie)."""
+    counts: dict[tuple[int, int], int] = {}
+    for t, d in zip(mem["device_type"], mem["device_id"], strict=True):
+        pair = (int(t), int(d))
+        counts[pair] = counts.get(pair, 0) + 1
+    pairs = sorted(sorted(counts), key=lambda p: -counts[p])
     preferred = [p for p in pairs if (p[0] != CPU_DEVICE) == gpu]
     return (preferred or pairs)[0]
 
 
-def _row_keys(ev: pd.DataFrame) -> list[tuple | None]:
-    cols = [ev[c].tolist() if c in ev.columns else [""] * len(ev) for c in KEY_COLUMNS]
-    is_row = ev["is_row"].tolist()
+def _row_keys(ev: Table) -> list[tuple | None]:
+    cols = [ev[c] if c in ev else [""] * nrows(ev) for c in KEY_COLUMNS]
+    is_row = ev["is_row"]
     return [k if r else None for k, r in zip(zip(*cols, strict=True), is_row, strict=True)]
 
 
-def _per_key(ev: pd.DataFrame, keys: list[tuple | None], row: np.ndarray,
-             nbytes: np.ndarray) -> dict[tuple, tuple[float, float, int]]:
+def _per_key(ev: Table, keys: list[tuple | None], row: list[int],
+             nbytes: list[float]) -> dict[tuple, tuple[float, float, int]]:
     alloc: dict[tuple, float] = {}
     freed: dict[tuple, float] = {}
-    for r, b in zip(row.tolist(), nbytes.tolist(), strict=True):
+    for r, b in zip(row, nbytes, strict=True):
         if r < 0 or keys[r] is None:
             continue
         if b > 0:
@@ -201,7 +209,7 @@ def _per_key(ev: pd.DataFrame, keys: list[tuple | None], row: np.ndarray,
         else:
             freed[keys[r]] = freed.get(keys[r], 0.0) - b
     calls: dict[tuple, int] = {}
-    steps = ev["step"].tolist() if "step" in ev.columns else [0] * len(ev)
+    steps = ev["step"] if "step" in ev else [0] * len(keys)
     for k, step in zip(keys, steps, strict=True):
         if k is not None and step >= 0:
             calls[k] = calls.get(k, 0) + 1
@@ -230,13 +238,14 @@ def _groups(by_row: dict[int, tuple[float, int]], keys: list[tuple | None], who:
     return sorted(groups.values(), key=lambda g: -g["bytes"])
 
 
-def add_memory_columns(ops: pd.DataFrame, memory: MemoryProfile | None) -> pd.DataFrame:
+def add_memory_columns(ops: Table, memory: MemoryProfile | None) -> Table:
     """ops.csv's MEMORY_COLUMNS: bytes allocated and freed during one call of the row (mean over the calls
     the memory events cover); empty where they cover none of the row's calls, or the run has none."""
-    out = ops.copy()
-    alloc, freed = np.full(len(out), np.nan), np.full(len(out), np.nan)
+    out = dict(ops)
+    n = nrows(ops)
+    alloc, freed = [math.nan] * n, [math.nan] * n
     if memory is not None:
-        cols = [out[c].fillna("").tolist() if c in out.columns else [""] * len(out) for c in ("op", *KEY_COLUMNS[1:])]
+        cols = [filled(out[c]) if c in out else [""] * n for c in ("op", *KEY_COLUMNS[1:])]
         for i, key in enumerate(zip(*cols, strict=True)):
             hit = memory.per_key.get(key)
             if hit is not None and hit[2] > 0:
@@ -244,3 +253,4 @@ def add_memory_columns(ops: pd.DataFrame, memory: MemoryProfile | None) -> pd.Da
     out[MEMORY_COLUMNS[0]] = alloc
     out[MEMORY_COLUMNS[1]] = freed
     return out
+

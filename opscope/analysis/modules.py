@@ -16,8 +16,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-import pandas as pd
+from opscope.table import Table, filled, pairwise_sum
 
 OUTSIDE = "(outside the model)"
 COLUMNS = ["module", "module_class", "depth", "time_us_total", "time_share", "self_time_us", "flops_total",
@@ -25,8 +24,8 @@ COLUMNS = ["module", "module_class", "depth", "time_us_total", "time_share", "se
 BOUNDS = ("memory", "compute", "overhead", "unknown")
 
 
-def has_module_columns(ops: pd.DataFrame) -> bool:
-    return "module_class" in ops.columns and bool((ops["module_class"].fillna("") != "").any())
+def has_module_columns(ops: Table) -> bool:
+    return "module_class" in ops and any(c != "" for c in filled(ops["module_class"]))
 
 
 def parents(path: str) -> list[str]:
@@ -54,7 +53,7 @@ def common_module(paths: Iterable[str]) -> str:
     return ".".join(common)
 
 
-def finding_modules(findings: list[dict[str, Any]], ops: pd.DataFrame) -> None:
+def finding_modules(findings: list[dict[str, Any]], ops: Table) -> None:
     """Adds "module" to each finding: the innermost module enclosing every ops.csv row with the finding's
     op and source line (else every row at its source line); None when no such row ran inside the model."""
     if not has_module_columns(ops):
@@ -63,9 +62,8 @@ def finding_modules(findings: list[dict[str, Any]], ops: pd.DataFrame) -> None:
         return
     by_op_line: dict[tuple[str, str], list[str | None]] = {}
     by_line: dict[str, list[str | None]] = {}
-    for op, loc, module, cls in zip(ops["op"].tolist(), ops["source_location"].fillna("").tolist(),
-                                    ops["module"].fillna("").tolist(), ops["module_class"].fillna("").tolist(),
-                                    strict=True):
+    for op, loc, module, cls in zip(ops["op"], filled(ops["source_location"]), filled(ops["module"]),
+                                    filled(ops["module_class"]), strict=True):
         inside = module if cls else None
         by_op_line.setdefault((op, loc), []).append(inside)
         by_line.setdefault(loc, []).append(inside)
@@ -76,20 +74,19 @@ def finding_modules(findings: list[dict[str, Any]], ops: pd.DataFrame) -> None:
         f["module"] = common_module(inside) if inside and len(inside) == len(found) else None
 
 
-def module_table(ops: pd.DataFrame, findings: list[dict[str, Any]],
-                 classes: dict[str, str] | None = None) -> pd.DataFrame | None:
+def module_table(ops: Table, findings: list[dict[str, Any]],
+                 classes: dict[str, str] | None = None) -> Table | None:
     """modules.csv: one row per module that ran ops (and each module enclosing one), in tree order
     (children by inclusive time, largest first), then OUTSIDE; None when the run has no module paths.
     `classes` (qualified name -> class) names modules that issued no op of their own (a container such as
     a ModuleList, a block whose forward only calls submodules)."""
     if not has_module_columns(ops):
         return None
-    time_arr = ops["time_us_total"].to_numpy(dtype=float)
-    total = float(np.nansum(time_arr))
-    # Plain lists: the loop below reads every cell, and a numpy scalar read costs several times more.
-    time = time_arr.tolist()
-    flops = (ops["flops_per_call"].to_numpy(dtype=float) * ops["calls"].to_numpy(dtype=float)).tolist()
-    nbytes = (ops["bytes_per_call"].to_numpy(dtype=float) * ops["calls"].to_numpy(dtype=float)).tolist()
+    time = [float(t) for t in ops["time_us_total"]]
+    total = pairwise_sum([0.0 if t != t else t for t in time])  # as np.nansum: NaN counts 0, same order
+    calls = [float(c) for c in ops["calls"]]
+    flops = [float(f) * c for f, c in zip(ops["flops_per_call"], calls, strict=True)]
+    nbytes = [float(b) * c for b, c in zip(ops["bytes_per_call"], calls, strict=True)]
     node_time: dict[str, float] = {}
     node_self: dict[str, float] = {}
     node_flops: dict[str, float] = {}
@@ -97,9 +94,8 @@ def module_table(ops: pd.DataFrame, findings: list[dict[str, Any]],
     node_bound: dict[str, dict[str, float]] = {}
     node_class: dict[str, str] = dict(classes or {})
     chains: dict[str, list[str]] = {}  # own node -> it and its enclosing modules (rows share a few modules)
-    for k, (module, cls, bound) in enumerate(zip(ops["module"].fillna("").tolist(),
-                                                  ops["module_class"].fillna("").tolist(),
-                                                  ops["bound"].fillna("unknown").tolist(), strict=True)):
+    for k, (module, cls, bound) in enumerate(zip(filled(ops["module"]), filled(ops["module_class"]),
+                                                  filled(ops["bound"], "unknown"), strict=True)):
         own = module if cls else OUTSIDE
         if cls:
             node_class.setdefault(module, cls)
@@ -138,7 +134,7 @@ def module_table(ops: pd.DataFrame, findings: list[dict[str, Any]],
         visit("")
     if OUTSIDE in node_time:
         order.append(OUTSIDE)
-    rows = []
+    rows = []  # modules.csv's rows, in COLUMNS order
     for node in order:
         shares = node_bound[node]
         rows.append({
@@ -148,12 +144,12 @@ def module_table(ops: pd.DataFrame, findings: list[dict[str, Any]],
             "time_us_total": node_time[node],
             "time_share": node_time[node] / total if total > 0 else 0.0,
             "self_time_us": node_self.get(node, 0.0),
-            "flops_total": node_flops.get(node, np.nan),
-            "bytes_total": node_bytes.get(node, np.nan),
+            "flops_total": node_flops.get(node, math.nan),
+            "bytes_total": node_bytes.get(node, math.nan),
             "bound": max(BOUNDS, key=lambda b: (shares.get(b, 0.0), -BOUNDS.index(b))),
             "findings": node_findings[node],
         })
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return {c: [r[c] for r in rows] for c in COLUMNS}
 
 
 def _natural(name: str) -> list:
