@@ -100,3 +100,35 @@ def to_frame(table: Table, columns: Sequence[str] | None = None) -> pd.DataFrame
         else:
             data[c] = values
     return pd.DataFrame(data, columns=cols)
+
+
+def pairwise_sum(values: Iterable[float]) -> float:
+    """The float sum of `values` (NaN counts as 0) in numpy's order: pairwise over blocks of 128 with
+    8 accumulators, as `np.sum` and pandas' `Series.sum()` add a float64 column. Keeps outputs that
+    were a pandas sum byte-identical (a sequential `sum()` differs in the last bits)."""
+    a = [0.0 if v != v else float(v) for v in values]
+    return _pairwise(a, 0, len(a)) if a else 0.0
+
+
+def _pairwise(a: list[float], lo: int, n: int) -> float:
+    # numpy/_core/src/umath/loops_utils.h.src: <type>_pairwise_sum
+    if n < 8:
+        res = -0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    if n <= 128:
+        r = a[lo:lo + 8]
+        i = 8
+        while i < n - n % 8:
+            base = lo + i
+            for j in range(8):
+                r[j] += a[base + j]
+            i += 8
+        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        for k in range(lo + i, lo + n):
+            res += a[k]
+        return res
+    half = n // 2
+    half -= half % 8
+    return _pairwise(a, lo, half) + _pairwise(a, lo + half, n - half)

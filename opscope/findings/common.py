@@ -10,15 +10,17 @@ import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opscope.costmodel.base import DTYPE_NAMES, TensorArg
 from opscope.findings.base import Context
 from opscope.sources import HARNESS
+from opscope.table import Table
+from opscope.table import records as table_records
 from opscope.units import UNKNOWN
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 T = TypeVar("T")
 
@@ -41,47 +43,56 @@ def cached(ctx: Context, key: str, build: Callable[[], T]) -> T:
 
 # --- which events ---------------------------------------------------------------------------------
 
-def user_mask(ctx: Context) -> np.ndarray:
+def user_mask(ctx: Context) -> list[bool]:
     """Events inside a profiled step that the user's code issued: not opscope's harness (loss,
     backward seed, optimizer), not outside the ProfilerStep annotations."""
-    def build() -> np.ndarray:
-        ev = ctx.events
-        return (ev["step"].to_numpy() >= 0) & (ev["source_location"].to_numpy() != HARNESS)
+    def build() -> list[bool]:
+        return [step >= 0 and loc != HARNESS
+                for step, loc in zip(col(ctx, "step"), col(ctx, "source_location"), strict=True)]
     return cached(ctx, "user_mask", build)
 
 
 def names(ctx: Context) -> list[str]:
-    return cached(ctx, "names", lambda: ctx.events["name"].tolist())
+    return ctx.events["name"]
 
 
 def col(ctx: Context, column: str) -> list[Any]:
-    return cached(ctx, f"col:{column}", lambda: ctx.events[column].tolist())
+    """A column of the event table (a list: the table's own, not a copy)."""
+    return ctx.events[column]
 
 
 def ops_rows(ctx: Context) -> list[dict[str, Any]]:
-    """ops.csv rows as dicts, built once: rules read rows one by one, and a DataFrame row lookup
-    (`.iloc[r]`, iterrows) costs tens of µs each, which made the findings most of a small analysis."""
+    """ops.csv rows as dicts, built once: rules read rows one by one."""
     return cached(ctx, "ops_rows", lambda: records(ctx.ops))
 
 
-def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """`frame.to_dict("records")` (native Python values) at a fraction of its cost: one `tolist()` per
-    column instead of boxing every cell."""
-    cols = [str(c) for c in frame.columns]
-    return [dict(zip(cols, vals, strict=True))
-            for vals in zip(*(frame[c].tolist() for c in frame.columns), strict=True)]
+def records(table: Table | pd.DataFrame) -> list[dict[str, Any]]:
+    """One dict per row of a table (opscope.table.records); a DataFrame (the commands that read runs
+    back) is read one `tolist()` per column, native Python values, at a fraction of to_dict's cost."""
+    return table_records(table if isinstance(table, dict) else _columns(table))
 
 
-def subtree_sum(ctx: Context, column: str) -> np.ndarray:
+def _columns(table: Table | pd.DataFrame) -> Table:
+    """A table's columns as lists; a DataFrame's converted without copying a table."""
+    if isinstance(table, dict):
+        return table
+    return {str(c): table[c].tolist() for c in table.columns}
+
+
+def subtree_sum(ctx: Context, column: str) -> list[float]:
     """Per event: `column` summed over the event and everything nested in it (NaN counts as 0)."""
-    def build() -> np.ndarray:
-        ev = ctx.events
-        acc = np.nan_to_num(ev[column].to_numpy(dtype=float), nan=0.0).copy()
-        parent = ev["parent"].to_numpy()
-        depth = ev["depth"].to_numpy()
-        for d in range(int(depth.max()) if len(depth) else 0, 0, -1):
-            idx = np.flatnonzero(depth == d)
-            np.add.at(acc, parent[idx], acc[idx])
+    def build() -> list[float]:
+        acc = [0.0 if v != v else float(v) for v in col(ctx, column)]
+        parent, depth = col(ctx, "parent"), col(ctx, "depth")
+        by_depth: dict[int, list[int]] = {}
+        for i, d in enumerate(depth):
+            if d > 0:
+                by_depth.setdefault(d, []).append(i)
+        # Deepest level first, each level in event order: every event's total is final before its parent
+        # adds it, and the additions come in the order np.add.at made them (same floats).
+        for d in sorted(by_depth, reverse=True):
+            for i in by_depth[d]:
+                acc[parent[i]] += acc[i]
         return acc
     return cached(ctx, f"subtree:{column}", build)
 
@@ -89,8 +100,9 @@ def subtree_sum(ctx: Context, column: str) -> np.ndarray:
 def children(ctx: Context) -> list[list[int]]:
     """Direct children of each event (any event type), in trace order."""
     def build() -> list[list[int]]:
-        kids: list[list[int]] = [[] for _ in range(len(ctx.events))]
-        for i, p in enumerate(ctx.events["parent"].tolist()):
+        parent = col(ctx, "parent")
+        kids: list[list[int]] = [[] for _ in range(len(parent))]
+        for i, p in enumerate(parent):
             if p >= 0:
                 kids[p].append(i)
         return kids
@@ -173,30 +185,29 @@ def row_ancestors(ctx: Context, i: int) -> list[int]:
     return out
 
 
-def ops_row_of_events(ctx: Context) -> np.ndarray:
+def ops_row_of_events(ctx: Context) -> list[int]:
     """Per event: index of its ops.csv row in ctx.ops (-1 for non-row events)."""
     return cached(ctx, "ops_row", lambda: ops_rows_for_events(ctx.ops, ctx.events))
 
 
-def ops_rows_for_events(ops: pd.DataFrame, ev: pd.DataFrame) -> np.ndarray:
-    """Per event of the event table `ev`: index of its row in the ops table `ops` (-1 for non-row events)."""
-    key_cols = ["op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location",
-                "module"]
-    lookup = {tuple(r): k for k, r in enumerate(ops[key_cols].itertuples(index=False, name=None))}
-    keys = zip(ev["name"].tolist(), ev["input_dims"].tolist(), ev["input_dtypes"].tolist(),
-               ev["input_strides"].tolist(), ev["concrete_inputs"].tolist(), ev["source_location"].tolist(),
-               ev["module"].tolist(), strict=True)
+ROW_KEY = ("op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location", "module")
+
+
+def ops_rows_for_events(ops: Table | pd.DataFrame, ev: Table | pd.DataFrame) -> list[int]:
+    """Per event of the event table `ev`: index of its row in the ops table `ops` (-1 for non-row events).
+    Tables or DataFrames (the Nsight commands read runs back as DataFrames)."""
+    ops, ev = _columns(ops), _columns(ev)
+    lookup = {key: k for k, key in enumerate(zip(*(ops[c] for c in ROW_KEY), strict=True))}
+    keys = zip(ev["name"], *(ev[c] for c in ROW_KEY[1:]), strict=True)
     get = lookup.get
-    out = [get(key, -1) if is_row else -1 for key, is_row in zip(keys, ev["is_row"].tolist(), strict=True)]
-    return np.asarray(out, dtype=np.int64).reshape(len(ev))
+    return [get(key, -1) if is_row else -1 for key, is_row in zip(keys, ev["is_row"], strict=True)]
 
 
 def event_bound(ctx: Context) -> list[str]:
     """Per event: the `bound` of its ops.csv row ('' for non-row events)."""
     def build() -> list[str]:
-        rows = ops_row_of_events(ctx)
-        bounds = ctx.ops["bound"].tolist()
-        return [bounds[r] if r >= 0 else "" for r in rows.tolist()]
+        bounds = ctx.ops["bound"]
+        return [bounds[r] if r >= 0 else "" for r in ops_row_of_events(ctx)]
     return cached(ctx, "event_bound", build)
 
 
@@ -464,11 +475,10 @@ def per_step(x: float, ctx: Context) -> float:
 def events_by_ops_row(ctx: Context) -> dict[int, list[int]]:
     """ops.csv row index -> the user events (see user_mask) grouped into it, in trace order."""
     def build() -> dict[int, list[int]]:
-        rows = ops_row_of_events(ctx)
-        mask = user_mask(ctx)
         out: dict[int, list[int]] = {}
-        for i in np.flatnonzero((rows >= 0) & mask).tolist():
-            out.setdefault(int(rows[i]), []).append(i)
+        for i, (r, user) in enumerate(zip(ops_row_of_events(ctx), user_mask(ctx), strict=True)):
+            if r >= 0 and user:
+                out.setdefault(r, []).append(i)
         return out
     return cached(ctx, "events_by_row", build)
 
@@ -484,11 +494,16 @@ def ideal_memory_us(nbytes: float, ctx: Context, fraction: float = 1.0) -> float
 def ideal_row_us(row: Any, ctx: Context, fraction: float = 1.0) -> float | None:
     """Per-call roofline time of an ops.csv row at `fraction` of the peaks that apply to it: the larger of
     bytes / bandwidth and FLOPs / the row's ceiling. None when bytes or the bandwidth are unknown."""
-    nbytes = float(row["bytes_per_call"]) if pd.notna(row["bytes_per_call"]) else math.nan
+    nbytes = float(row["bytes_per_call"]) if _known(row["bytes_per_call"]) else math.nan
     mem = ideal_memory_us(nbytes, ctx, fraction)
     if mem is None:
         return None
-    flops = float(row["flops_per_call"]) if pd.notna(row["flops_per_call"]) else 0.0
+    flops = float(row["flops_per_call"]) if _known(row["flops_per_call"]) else 0.0
     peak = ctx.peaks.flops_for(row["ceiling"]) if row.get("ceiling") else None
     comp = flops / (peak * fraction * 1e3) if peak and flops > 0 else 0.0
     return max(mem, comp)
+
+
+def _known(x: Any) -> bool:
+    """Not missing (None or NaN), as pandas.notna for a scalar."""
+    return x is not None and x == x

@@ -43,7 +43,7 @@ def _num(value: object) -> float:
 
 @rule("excess-traffic")
 def excess_traffic(ctx: Context) -> Iterator[Finding]:
-    if "measured_dram_bytes_per_call" not in ctx.ops.columns:
+    if "measured_dram_bytes_per_call" not in ctx.ops:
         return
     for row in ops_rows(ctx):
         measured = _num(row.get("measured_dram_bytes_per_call"))
