@@ -16,8 +16,8 @@ from conftest import EXAMPLES, REPO, line_of, run_cli, share_gates_off, write_mo
 from opscope.analysis.trace_file import analyze_trace_file
 from opscope.capture.torch_profiler import ProfileOptions, profile_target
 from opscope.findings import Context, run_rules
-from opscope.findings.common import Tensor
 from opscope.findings.copies import all_copies, layout_family, preferred_layout
+from opscope.findings.layout import Tensor
 from opscope.hardware import Peaks
 from opscope.table import from_frame
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opscope.hardware import Peaks
 from opscope.sources import HARNESS
@@ -88,6 +88,16 @@ class Context:
         if "total_time_us" not in self.cache:
             self.cache["total_time_us"] = pairwise_sum(self.ops["time_us_total"])
         return self.cache["total_time_us"]
+
+
+T = TypeVar("T")
+
+
+def cached(ctx: Context, key: str, build: Callable[[], T]) -> T:
+    """`build()`, computed once per Context (tables derived from the event table, shared between rules)."""
+    if key not in ctx.cache:
+        ctx.cache[key] = build()
+    return ctx.cache[key]
 
 
 Rule = Callable[[Context], Iterable[Finding]]

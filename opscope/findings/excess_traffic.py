@@ -19,7 +19,8 @@ import math
 from collections.abc import Iterator
 
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import fmt_bytes, fmt_us, ops_rows, per_step, severity, share, short
+from opscope.findings.common import fmt_bytes, fmt_us, per_step, severity, share, short
+from opscope.findings.tree import ops_rows
 
 EXCESS_RATIO = 2.0
 MIN_EXCESS_BYTES = 1 << 20  # per call: a few hundred KB of sector overfetch is not worth a finding

@@ -24,26 +24,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from opscope import units
-from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import (
-    Tensor,
-    base_name,
-    cached,
-    col,
-    event_bound,
-    fmt_bytes,
-    fmt_us,
-    inside_worker_flags,
-    is_worker,
-    names,
-    per_step,
-    severity,
-    share,
-    short,
-    tensors,
-    user_mask,
-)
+from opscope.findings.base import Context, Finding, cached, rule
+from opscope.findings.common import base_name, fmt_bytes, fmt_us, per_step, severity, share, short
+from opscope.findings.layout import Tensor, tensors
 from opscope.findings.strided_reduction import reduced_dims
+from opscope.findings.tree import col, event_bound, inside_worker_flags, is_worker, names, user_mask
 
 FUSABLE_FAMILIES = frozenset({"elementwise", "reduction", "norm", "softmax"})
 FUSABLE_BOUNDS = frozenset({"memory", "overhead"})

@@ -27,17 +27,8 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import (
-    events_by_ops_row,
-    fmt_us,
-    ideal_row_us,
-    ops_rows,
-    per_step,
-    severity,
-    share,
-    short,
-    user_mask,
-)
+from opscope.findings.common import fmt_us, ideal_row_us, per_step, severity, share, short
+from opscope.findings.tree import events_by_ops_row, ops_rows, user_mask
 from opscope.noise import noise_caveat
 from opscope.sources import HARNESS
 from opscope.table import pairwise_sum
