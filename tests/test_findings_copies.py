@@ -16,9 +16,10 @@ from conftest import EXAMPLES, REPO, line_of, run_cli, share_gates_off, write_mo
 from opscope.analysis.trace_file import analyze_trace_file
 from opscope.capture.torch_profiler import ProfileOptions, profile_target
 from opscope.findings import Context, run_rules
-from opscope.findings.common import Tensor
 from opscope.findings.copies import all_copies, layout_family, preferred_layout
+from opscope.findings.layout import Tensor
 from opscope.hardware import Peaks
+from opscope.table import from_frame
 
 AVX2_CL_TRAIN = REPO / "tests" / "fixtures" / "cpu_traces" / "avx2_channels_last_after_train.json.gz"
 USER_COPY_RULES = {"implicit-copy", "contiguous-call"}
@@ -72,7 +73,7 @@ def _derive(dst: Path, new_strides: list[int] | None = None) -> Path:
 
 
 def _context(run) -> Context:
-    return Context(ops=run.ops, events=run.events, peaks=Peaks(20.0, {"float32": 1000.0}), gpu=False,
+    return Context(ops=from_frame(run.ops), events=from_frame(run.events), peaks=Peaks(20.0, {"float32": 1000.0}), gpu=False,
                    source="trace", steps=run.summary["steps"], step_time_us=run.summary["step_time_us"])
 
 

@@ -25,6 +25,7 @@ from opscope.findings import Context, run_rules
 from opscope.findings import dtype_slow_path as rule
 from opscope.findings.dtype_slow_path import replay_spec
 from opscope.hardware import Peaks
+from opscope.table import from_frame
 
 FIXTURES = REPO / "tests" / "fixtures" / "cpu_traces"
 AVX2 = FIXTURES / "avx2_convnet_bf16_train.json.gz"
@@ -148,7 +149,7 @@ def bf16_run(tmp_path_factory):
 
 
 def context(run, probe) -> Context:
-    return Context(ops=run.ops, events=run.events, peaks=Peaks(20.0, {"float32": 1000.0}), gpu=False,
+    return Context(ops=from_frame(run.ops), events=from_frame(run.events), peaks=Peaks(20.0, {"float32": 1000.0}), gpu=False,
                    source="profile", steps=2, step_time_us=run.summary["step_time_us"], dtype_probe=probe)
 
 

@@ -23,6 +23,7 @@ from opscope.findings import RULES, Context, run_rules
 from opscope.findings.common import fmt_us
 from opscope.hardware import Peaks
 from opscope.sources import HARNESS
+from opscope.table import from_frame
 
 LAYOUT_RULES = {"implicit-copy", "contiguous-call", "channels-last", "dtype-conversion", "strided-reduction"}
 PEAK_BW = 20.0
@@ -129,7 +130,7 @@ def profile(path: Path, out: Path, mode: str = "inference", probe: StubProbe | N
 def rules_context(run, peak_bw: float = 100.0, layout_probe=None) -> Context:
     """A fresh Context over a profiled run's tables, to rerun rules on it (rules cache derived tables
     on their Context, so each rerun needs its own)."""
-    return Context(ops=run.ops, events=run.events, peaks=Peaks(peak_bw, {"float32": 1000.0}), gpu=False,
+    return Context(ops=from_frame(run.ops), events=from_frame(run.events), peaks=Peaks(peak_bw, {"float32": 1000.0}), gpu=False,
                    source="profile", steps=2, step_time_us=run.summary["step_time_us"], layout_probe=layout_probe)
 
 

@@ -31,6 +31,7 @@ from opscope.nsight.measured import (
 from opscope.nsight.ncu_csv import read_ncu_csv
 from opscope.nsight.nsys_sqlite import read_nsys_sqlite
 from opscope.run import Run
+from opscope.table import from_frame
 from opscope.trace import load_trace
 
 BERT = TRACES / "h100_bert-small_bf16.json.gz"
@@ -152,8 +153,8 @@ def test_excess_traffic_does_not_fire_at_1_1x(run):
 def _ctx(rows: list[dict]) -> Context:
     base = {"op": "aten::copy_", "input_dims": "[[1024, 1024]]", "source_location": "m.py:3", "calls": 10,
             "time_us_total": 1000.0, "bytes_per_call": 8 << 20, "measured_kernels": "k1;k2"}
-    ops = pd.DataFrame([{**base, **r} for r in rows])
-    return Context(ops=ops, events=pd.DataFrame(), peaks=Peaks(3350.0, {"float32": 66900.0}), gpu=True,
+    ops = from_frame(pd.DataFrame([{**base, **r} for r in rows]))  # a missing key: NaN
+    return Context(ops=ops, events={}, peaks=Peaks(3350.0, {"float32": 66900.0}), gpu=True,
                    source="trace", steps=10, step_time_us=100.0)
 
 

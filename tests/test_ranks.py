@@ -207,8 +207,8 @@ def test_straggler_rule_fires_from_ten_percent_and_the_line_says_so():
     def findings(compute: list[float]) -> list[dict]:
         ranks = pd.DataFrame({"rank": range(len(compute)), "compute_time_us": compute,
                               "collective_time_us": [5.0] * len(compute)})
-        ops = pd.DataFrame({"op": ["aten::mm"], "time_us_total": [1000.0]})
-        ctx = Context(ops=ops, events=pd.DataFrame(), peaks=Peaks(None), gpu=False, source="trace", steps=8,
+        ops = {"op": ["aten::mm"], "time_us_total": [1000.0]}
+        ctx = Context(ops=ops, events={}, peaks=Peaks(None), gpu=False, source="trace", steps=8,
                       step_time_us=100.0, ranks=ranks)
         return run_rules(ctx, only=["straggler"])
 

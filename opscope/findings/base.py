@@ -6,12 +6,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opscope.hardware import Peaks
 from opscope.sources import HARNESS
+from opscope.table import Table, from_frame, pairwise_sum
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SEVERITIES = ("high", "medium", "low")
 
@@ -48,8 +50,10 @@ DtypeProbe = Callable[[dict[str, Any]], "tuple[float | None, float] | None"]
 
 @dataclass
 class Context:
-    ops: pd.DataFrame  # ops.csv rows (contract columns + family, dtype, ceiling, time_us_per_call, note)
-    events: pd.DataFrame  # one row per cpu_op event: call tree, times, costs, source_location, step
+    # Tables (opscope.table). A DataFrame given here (the commands that merge runs or attach measurements
+    # read them back as DataFrames) becomes a table: the rules read tables only.
+    ops: Table  # ops.csv rows (contract columns + family, dtype, ceiling, time_us_per_call, note)
+    events: Table  # one row per cpu_op event: call tree, times, costs, source_location, step
     peaks: Peaks
     gpu: bool
     source: str  # "profile" | "trace"
@@ -66,17 +70,34 @@ class Context:
     noise: dict[str, Any] | None = None
     memory: Any = None  # analysis.memory.MemoryProfile when the run recorded memory events
     # A merged run of a multi-process job: ranks.csv (opscope.analysis.ranks); None for one process.
+    # A DataFrame: merging ranks reads runs back with pandas anyway.
     ranks: pd.DataFrame | None = None
     # Derived tables shared between rules (call tree, subtree times, copy classification, ...), filled
     # lazily by opscope.findings.common; never written anywhere.
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.ops, dict):
+            self.ops = from_frame(self.ops)
+        if not isinstance(self.events, dict):
+            self.events = from_frame(self.events)
+
     @property
     def total_time_us(self) -> float:
         # Read by every rule's severity and share: summed once (the ops table does not change).
         if "total_time_us" not in self.cache:
-            self.cache["total_time_us"] = float(self.ops["time_us_total"].sum())
+            self.cache["total_time_us"] = pairwise_sum(self.ops["time_us_total"])
         return self.cache["total_time_us"]
+
+
+T = TypeVar("T")
+
+
+def cached(ctx: Context, key: str, build: Callable[[], T]) -> T:
+    """`build()`, computed once per Context (tables derived from the event table, shared between rules)."""
+    if key not in ctx.cache:
+        ctx.cache[key] = build()
+    return ctx.cache[key]
 
 
 Rule = Callable[[Context], Iterable[Finding]]

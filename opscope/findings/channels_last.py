@@ -24,22 +24,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import (
-    col,
-    concrete,
-    descendants,
-    fmt_bytes,
-    fmt_shape,
-    fmt_us,
-    is_nchw,
-    names,
-    per_step,
-    severity,
-    subtree_sum,
-    tensor,
-    user_mask,
-)
+from opscope.findings.common import fmt_bytes, fmt_shape, fmt_us, per_step, severity
 from opscope.findings.copies import PINGPONG_MIN_PER_STEP, copies_of_kind, group
+from opscope.findings.layout import concrete, is_nchw, tensor
+from opscope.findings.tree import col, descendants, names, subtree_sum, user_mask
 
 MIN_GAIN = 0.10
 MIN_US_PER_STEP = 5.0

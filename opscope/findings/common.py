@@ -1,23 +1,17 @@
-"""Helpers shared by the findings rules: which events count, the op call tree, tensor layouts from the
-recorded dims/strides, severity and formatting. No rule lives here.
-
-Everything derived from the event table is computed once per run and kept in `Context.cache`.
+"""Numbers and text shared by the findings rules: severity from the saving's share of op time, roofline
+times, formatting. The event table's queries are in findings.tree, tensor layouts in findings.layout.
+No rule lives here.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-import numpy as np
-import pandas as pd
-
-from opscope.costmodel.base import DTYPE_NAMES, TensorArg
 from opscope.findings.base import Context
-from opscope.sources import HARNESS
+from opscope.findings.layout import Tensor
+from opscope.findings.tree import ops_rows_for_events, records  # noqa: F401  (read outside the findings)
 from opscope.units import UNKNOWN
 
 T = TypeVar("T")
@@ -27,373 +21,6 @@ T = TypeVar("T")
 HIGH_SHARE = 0.10
 MEDIUM_SHARE = 0.02
 
-# Views and wrappers that never move data (skipped when looking for "the next op").
-VIEW_FAMILIES = frozenset({"view", "composite"})
-NON_TENSOR = frozenset({"Scalar", "ScalarList", "TensorList", "GenericList", "Device", "Layout", "None",
-                        "String", ""})
-
-
-def cached(ctx: Context, key: str, build: Callable[[], T]) -> T:
-    if key not in ctx.cache:
-        ctx.cache[key] = build()
-    return ctx.cache[key]
-
-
-# --- which events ---------------------------------------------------------------------------------
-
-def user_mask(ctx: Context) -> np.ndarray:
-    """Events inside a profiled step that the user's code issued: not opscope's harness (loss,
-    backward seed, optimizer), not outside the ProfilerStep annotations."""
-    def build() -> np.ndarray:
-        ev = ctx.events
-        return (ev["step"].to_numpy() >= 0) & (ev["source_location"].to_numpy() != HARNESS)
-    return cached(ctx, "user_mask", build)
-
-
-def names(ctx: Context) -> list[str]:
-    return cached(ctx, "names", lambda: ctx.events["name"].tolist())
-
-
-def col(ctx: Context, column: str) -> list[Any]:
-    return cached(ctx, f"col:{column}", lambda: ctx.events[column].tolist())
-
-
-def ops_rows(ctx: Context) -> list[dict[str, Any]]:
-    """ops.csv rows as dicts, built once: rules read rows one by one, and a DataFrame row lookup
-    (`.iloc[r]`, iterrows) costs tens of µs each, which made the findings most of a small analysis."""
-    return cached(ctx, "ops_rows", lambda: records(ctx.ops))
-
-
-def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """`frame.to_dict("records")` (native Python values) at a fraction of its cost: one `tolist()` per
-    column instead of boxing every cell."""
-    cols = [str(c) for c in frame.columns]
-    return [dict(zip(cols, vals, strict=True))
-            for vals in zip(*(frame[c].tolist() for c in frame.columns), strict=True)]
-
-
-def subtree_sum(ctx: Context, column: str) -> np.ndarray:
-    """Per event: `column` summed over the event and everything nested in it (NaN counts as 0)."""
-    def build() -> np.ndarray:
-        ev = ctx.events
-        acc = np.nan_to_num(ev[column].to_numpy(dtype=float), nan=0.0).copy()
-        parent = ev["parent"].to_numpy()
-        depth = ev["depth"].to_numpy()
-        for d in range(int(depth.max()) if len(depth) else 0, 0, -1):
-            idx = np.flatnonzero(depth == d)
-            np.add.at(acc, parent[idx], acc[idx])
-        return acc
-    return cached(ctx, f"subtree:{column}", build)
-
-
-def children(ctx: Context) -> list[list[int]]:
-    """Direct children of each event (any event type), in trace order."""
-    def build() -> list[list[int]]:
-        kids: list[list[int]] = [[] for _ in range(len(ctx.events))]
-        for i, p in enumerate(ctx.events["parent"].tolist()):
-            if p >= 0:
-                kids[p].append(i)
-        return kids
-    return cached(ctx, "children", build)
-
-
-def descendants(ctx: Context, i: int) -> list[int]:
-    kids = children(ctx)
-    out: list[int] = []
-    stack = list(reversed(kids[i]))
-    while stack:
-        j = stack.pop()
-        out.append(j)
-        stack.extend(reversed(kids[j]))
-    return out
-
-
-def is_worker(ctx: Context) -> list[bool]:
-    """Per event: a row op that does work of its own, i.e. neither a view, a composite wrapper, nor an
-    op the cost model does not know that has row ops beneath it (an unknown wrapper)."""
-    def build() -> list[bool]:
-        fam = col(ctx, "family")
-        is_row = col(ctx, "is_row")
-        has_row_child = [False] * len(fam)
-        for p in col(ctx, "row_parent"):
-            if p >= 0:
-                has_row_child[p] = True
-        out = []
-        for f, row, kids in zip(fam, is_row, has_row_child, strict=True):
-            f = f if isinstance(f, str) else ""
-            out.append(bool(row) and f not in VIEW_FAMILIES and not (f == "" and kids))
-        return out
-    return cached(ctx, "is_worker", build)
-
-
-def inside_worker(ctx: Context, i: int) -> bool:
-    """Event i runs inside another row op that does work (e.g. fill_ initializing sum's output, copy_
-    writing addmm's bias): part of that op's implementation."""
-    return inside_worker_flags(ctx)[i]
-
-
-def inside_worker_flags(ctx: Context) -> list[bool]:
-    """inside_worker() for every event."""
-    return cached(ctx, "inside_worker", lambda: _inside_worker_all(ctx))
-
-
-def _inside_worker_all(ctx: Context) -> list[bool]:
-    work = is_worker(ctx)
-    rp = col(ctx, "row_parent")
-    memo: list[bool | None] = [None] * len(rp)
-
-    def resolve(i: int) -> bool:
-        chain = []
-        while memo[i] is None:
-            a = rp[i]
-            if a < 0:
-                memo[i] = False
-                break
-            if work[a]:
-                memo[i] = True
-                break
-            chain.append(i)
-            i = a
-        value = memo[i]
-        for k in chain:
-            memo[k] = value
-        return value
-
-    return [resolve(i) for i in range(len(rp))]
-
-
-def row_ancestors(ctx: Context, i: int) -> list[int]:
-    """Row (ns::op) ancestors of event i, innermost first (not including i)."""
-    rp = col(ctx, "row_parent")
-    out = []
-    a = rp[i]
-    while a >= 0:
-        out.append(a)
-        a = rp[a]
-    return out
-
-
-def ops_row_of_events(ctx: Context) -> np.ndarray:
-    """Per event: index of its ops.csv row in ctx.ops (-1 for non-row events)."""
-    return cached(ctx, "ops_row", lambda: ops_rows_for_events(ctx.ops, ctx.events))
-
-
-def ops_rows_for_events(ops: pd.DataFrame, ev: pd.DataFrame) -> np.ndarray:
-    """Per event of the event table `ev`: index of its row in the ops table `ops` (-1 for non-row events)."""
-    key_cols = ["op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location",
-                "module"]
-    lookup = {tuple(r): k for k, r in enumerate(ops[key_cols].itertuples(index=False, name=None))}
-    keys = zip(ev["name"].tolist(), ev["input_dims"].tolist(), ev["input_dtypes"].tolist(),
-               ev["input_strides"].tolist(), ev["concrete_inputs"].tolist(), ev["source_location"].tolist(),
-               ev["module"].tolist(), strict=True)
-    get = lookup.get
-    out = [get(key, -1) if is_row else -1 for key, is_row in zip(keys, ev["is_row"].tolist(), strict=True)]
-    return np.asarray(out, dtype=np.int64).reshape(len(ev))
-
-
-def event_bound(ctx: Context) -> list[str]:
-    """Per event: the `bound` of its ops.csv row ('' for non-row events)."""
-    def build() -> list[str]:
-        rows = ops_row_of_events(ctx)
-        bounds = ctx.ops["bound"].tolist()
-        return [bounds[r] if r >= 0 else "" for r in rows.tolist()]
-    return cached(ctx, "event_bound", build)
-
-
-# --- tensors as recorded --------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Tensor(TensorArg):
-    """A tensor input as the trace records it (the cost model's TensorArg), with layout predicates."""
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def known_strides(self) -> bool:
-        return len(self.stride) == len(self.shape)
-
-    @property
-    def contiguous(self) -> bool:
-        return self.is_contiguous
-
-    @property
-    def broadcast(self) -> bool:
-        """Some dimension of size > 1 has stride 0 (an expanded view)."""
-        return self.known_strides and any(st == 0 and n > 1 for n, st in zip(self.shape, self.stride, strict=True))
-
-    @property
-    def dtype_name(self) -> str:
-        return DTYPE_NAMES.get(self.dtype, self.dtype)
-
-
-def is_nchw(t: Tensor | None) -> bool:
-    """A 4-D tensor with the contiguous (NCHW) strides that is not also channels_last (C == 1 or
-    H*W == 1 make both layouts the same)."""
-    return (t is not None and t.ndim == 4 and t.known_strides and t.contiguous
-            and not _layout_ambiguous(t))
-
-
-def is_channels_last(t: Tensor | None) -> bool:
-    """A 4-D tensor with channels_last strides [H*W*C, 1, W*C, C] (size-1 dims' strides ignored), not
-    also NCHW-contiguous."""
-    if t is None or t.ndim != 4 or not t.known_strides or _layout_ambiguous(t):
-        return False
-    n, c, h, w = t.shape
-    expected = (h * w * c, 1, w * c, c)
-    return all(size == 1 or st == e for size, st, e in zip(t.shape, t.stride, expected, strict=True))
-
-
-def _layout_ambiguous(t: Tensor) -> bool:
-    _, c, h, w = t.shape
-    return c == 1 or h * w == 1
-
-
-def _loads(text: str) -> list:
-    if not text:
-        return []
-    try:
-        v = json.loads(text)
-    except ValueError:
-        return []
-    return v if isinstance(v, list) else []
-
-
-def _tensor_at(dims: list, types: list, strides: list, k: int) -> Tensor | None:
-    if k >= len(dims):
-        return None
-    shape = dims[k]
-    dtype = types[k] if k < len(types) else ""
-    if not isinstance(shape, list) or not isinstance(dtype, str) or dtype in NON_TENSOR:
-        return None
-    if shape and isinstance(shape[0], list):
-        return None  # a TensorList
-    if not all(isinstance(s, int) for s in shape):
-        return None
-    stride = strides[k] if k < len(strides) and isinstance(strides[k], list) else []
-    if not all(isinstance(s, int) for s in stride):
-        stride = []
-    return Tensor(tuple(shape), dtype, tuple(stride))
-
-
-def tensors(ctx: Context, i: int) -> list[Tensor | None]:
-    """Event i's inputs by position: a Tensor for each plain tensor argument, None otherwise."""
-    # Keyed by the recorded text, not the event: a million events hold a few thousand distinct inputs.
-    memo = ctx.cache.setdefault("tensors", {})
-    key = (col(ctx, "input_dims")[i], col(ctx, "input_dtypes")[i], col(ctx, "input_strides")[i])
-    hit = memo.get(key)
-    if hit is None:
-        dims, types, strides = _loads(key[0]), _loads(key[1]), _loads(key[2])
-        hit = [_tensor_at(dims, types, strides, k) for k in range(len(dims))]
-        memo[key] = hit
-    return hit
-
-
-def tensor(ctx: Context, i: int, k: int) -> Tensor | None:
-    ts = tensors(ctx, i)
-    return ts[k] if k < len(ts) else None
-
-
-def concrete(ctx: Context, i: int, k: int, default: Any = None) -> Any:
-    """Concrete input k of event i as a Python value ("[1]" -> [1], "2" -> 2, "" -> default)."""
-    memo = ctx.cache.setdefault("concrete", {})
-    vals = memo.get(i)
-    if vals is None:
-        vals = _loads(col(ctx, "concrete_inputs")[i])
-        memo[i] = vals
-    if k >= len(vals) or vals[k] in ("", None):
-        return default
-    text = vals[k]
-    if not isinstance(text, str):
-        return text
-    try:
-        return json.loads(text)
-    except ValueError:
-        low = text.strip().lower()
-        if low in ("true", "false"):
-            return low == "true"
-        return text
-
-
-def memory_order(t: Tensor) -> tuple[int, ...]:
-    """Dims of size > 1 from outermost to innermost in memory (by stride; ties keep logical order)."""
-    dims = [k for k in range(t.ndim) if t.shape[k] > 1]
-    return tuple(sorted(dims, key=lambda k: (-abs(t.stride[k]), -k)))
-
-
-def is_dense(t: Tensor) -> bool:
-    """Non-overlapping and dense: some permutation of the dims is contiguous (a transposed or
-    channels_last tensor is dense; a slice with gaps or an expanded tensor is not)."""
-    if not t.known_strides:
-        return True
-    expected = 1
-    for k in reversed(memory_order(t)):
-        if abs(t.stride[k]) != expected:
-            return False
-        expected *= t.shape[k]
-    return True
-
-
-def layout_cause(ts: Sequence[Tensor | None], *, allow_broadcast: bool = True) -> str | None:
-    """Why a memory-bound op reading these inputs may miss peak bandwidth, judged from strides alone:
-    - 'strided': an input with gaps whose innermost stride is not 1 (e.g. every other element), or
-      same-shaped dense inputs in different memory orders (one transposed/permuted, the other not), so
-      one of them is read against its layout. (A transposed or channels_last tensor alone is fine:
-      kernels iterate in memory order.)
-    - 'small-inner': an input with gaps whose contiguous runs are under SMALL_INNER_BYTES (a narrow
-      slice of a wider tensor).
-    - 'broadcast': an expanded input (stride 0) along the innermost memory dim of the op's largest
-      dense input (not used when allow_broadcast is False).
-    None when nothing in the strides explains it."""
-    real = [t for t in ts if t is not None and t.known_strides and t.numel > 1]
-    if not real:
-        return None
-    for t in real:
-        if t.broadcast or is_dense(t):
-            continue
-        order = memory_order(t)
-        if not order:
-            continue
-        if abs(t.stride[order[-1]]) != 1:
-            return "strided"
-        run, expected = 1, 1
-        for k in reversed(order):
-            if abs(t.stride[k]) != expected:
-                break
-            run *= t.shape[k]
-            expected *= t.shape[k]
-        if run * t.itemsize < SMALL_INNER_BYTES:
-            return "small-inner"
-    dense = [t for t in real if not t.broadcast and is_dense(t)]
-    if not dense:
-        return None
-    ref = max(dense, key=lambda t: t.numel)
-    same = [t for t in dense if t.shape == ref.shape]
-    if len({memory_order(t) for t in same}) > 1:
-        return "strided"
-    order = memory_order(ref)
-    if allow_broadcast and order:
-        inner = order[-1]
-        for t in real:
-            k = inner - (ref.ndim - t.ndim)
-            if t.broadcast and 0 <= k < t.ndim and t.shape[k] > 1 and t.stride[k] == 0:
-                return "broadcast"
-    return None
-
-
-SMALL_INNER_BYTES = 64  # a cache line / two 32-byte GPU sectors
-CAUSE_TEXT = {
-    "broadcast": "an input is expanded (stride 0) along the innermost dim in memory, so the kernel re-reads "
-                 "it instead of streaming",
-    "strided": "an input is read against its memory layout (a strided slice, or a transposed/permuted tensor "
-               "combined with one in another order), so reads are not contiguous",
-    "small-inner": f"an input's contiguous inner runs are under {SMALL_INNER_BYTES} bytes (a small innermost "
-                   "dim), so each memory transaction carries little useful data",
-}
-
-
-# --- numbers --------------------------------------------------------------------------------------
 
 def severity(saving_us: float | None, ctx: Context) -> str:
     total = ctx.total_time_us
@@ -461,18 +88,6 @@ def per_step(x: float, ctx: Context) -> float:
     return x / max(ctx.steps, 1)
 
 
-def events_by_ops_row(ctx: Context) -> dict[int, list[int]]:
-    """ops.csv row index -> the user events (see user_mask) grouped into it, in trace order."""
-    def build() -> dict[int, list[int]]:
-        rows = ops_row_of_events(ctx)
-        mask = user_mask(ctx)
-        out: dict[int, list[int]] = {}
-        for i in np.flatnonzero((rows >= 0) & mask).tolist():
-            out.setdefault(int(rows[i]), []).append(i)
-        return out
-    return cached(ctx, "events_by_row", build)
-
-
 def ideal_memory_us(nbytes: float, ctx: Context, fraction: float = 1.0) -> float | None:
     """Time to move nbytes at `fraction` of the peak memory bandwidth (µs), None if the peak is unknown."""
     bw = ctx.peaks.memory_bandwidth_gbps
@@ -484,11 +99,16 @@ def ideal_memory_us(nbytes: float, ctx: Context, fraction: float = 1.0) -> float
 def ideal_row_us(row: Any, ctx: Context, fraction: float = 1.0) -> float | None:
     """Per-call roofline time of an ops.csv row at `fraction` of the peaks that apply to it: the larger of
     bytes / bandwidth and FLOPs / the row's ceiling. None when bytes or the bandwidth are unknown."""
-    nbytes = float(row["bytes_per_call"]) if pd.notna(row["bytes_per_call"]) else math.nan
+    nbytes = float(row["bytes_per_call"]) if _known(row["bytes_per_call"]) else math.nan
     mem = ideal_memory_us(nbytes, ctx, fraction)
     if mem is None:
         return None
-    flops = float(row["flops_per_call"]) if pd.notna(row["flops_per_call"]) else 0.0
+    flops = float(row["flops_per_call"]) if _known(row["flops_per_call"]) else 0.0
     peak = ctx.peaks.flops_for(row["ceiling"]) if row.get("ceiling") else None
     comp = flops / (peak * fraction * 1e3) if peak and flops > 0 else 0.0
     return max(mem, comp)
+
+
+def _known(x: Any) -> bool:
+    """Not missing (None or NaN), as pandas.notna for a scalar."""
+    return x is not None and x == x

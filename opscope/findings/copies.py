@@ -27,23 +27,10 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-from opscope.findings.base import Context
-from opscope.findings.common import (
-    Tensor,
-    base_name,
-    cached,
-    col,
-    descendants,
-    is_channels_last,
-    is_dense,
-    is_nchw,
-    names,
-    row_ancestors,
-    subtree_sum,
-    tensor,
-    tensors,
-    user_mask,
-)
+from opscope.findings.base import Context, cached
+from opscope.findings.common import base_name
+from opscope.findings.layout import Tensor, is_channels_last, is_dense, is_nchw, tensor, tensors
+from opscope.findings.tree import col, descendants, names, row_ancestors, subtree_sum, user_mask
 
 COPY_OPS = frozenset({
     "aten::clone", "aten::contiguous", "aten::copy_", "aten::_to_copy", "aten::to", "aten::type_as",

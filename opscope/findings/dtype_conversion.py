@@ -49,6 +49,6 @@ def dtype_conversion(ctx: Context) -> Iterator[Finding]:
                    f"moved per call, {per_step(len(items), ctx):g} calls per step, {fmt_bytes(nbytes)} and "
                    f"{fmt_us(time)} in all ({fmt_us(per_step(time, ctx))} per step).")
         suggestion = DTYPE_SUGGESTION if biggest.dtype_change else DEVICE_SUGGESTION
-        op = ctx.events["name"].iat[biggest.root]
+        op = ctx.events["name"][biggest.root]
         yield Finding(rule="dtype-conversion", severity=severity(time, ctx), op=op, source_location=loc,
                       message=message, suggestion=suggestion, est_savings_us=time)

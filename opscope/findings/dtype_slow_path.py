@@ -36,20 +36,9 @@ from typing import Any
 from opscope import units
 from opscope.costmodel.base import DTYPE_NAMES, OpCall, parse_scalar
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import (
-    col,
-    fmt_shape,
-    fmt_us,
-    names,
-    ops_row_of_events,
-    per_step,
-    severity,
-    share,
-    short,
-    subtree_sum,
-    tensor,
-    user_mask,
-)
+from opscope.findings.common import fmt_shape, fmt_us, per_step, severity, share, short
+from opscope.findings.layout import tensor
+from opscope.findings.tree import col, names, ops_row_of_events, subtree_sum, user_mask
 
 SLOW_DTYPES = ("bfloat16", "float16")
 WORK_FAMILIES = frozenset({"conv", "matmul"})

@@ -19,7 +19,8 @@ import math
 from collections.abc import Iterator
 
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import fmt_bytes, fmt_us, ops_rows, per_step, severity, share, short
+from opscope.findings.common import fmt_bytes, fmt_us, per_step, severity, share, short
+from opscope.findings.tree import ops_rows
 
 EXCESS_RATIO = 2.0
 MIN_EXCESS_BYTES = 1 << 20  # per call: a few hundred KB of sector overfetch is not worth a finding
@@ -43,7 +44,7 @@ def _num(value: object) -> float:
 
 @rule("excess-traffic")
 def excess_traffic(ctx: Context) -> Iterator[Finding]:
-    if "measured_dram_bytes_per_call" not in ctx.ops.columns:
+    if "measured_dram_bytes_per_call" not in ctx.ops:
         return
     for row in ops_rows(ctx):
         measured = _num(row.get("measured_dram_bytes_per_call"))

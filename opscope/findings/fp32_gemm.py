@@ -15,15 +15,8 @@ from collections.abc import Iterator
 
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import (
-    events_by_ops_row,
-    fmt_us,
-    ideal_memory_us,
-    ops_rows,
-    per_step,
-    severity,
-    share,
-)
+from opscope.findings.common import fmt_us, ideal_memory_us, per_step, severity, share
+from opscope.findings.tree import events_by_ops_row, ops_rows
 
 TF32_KERNEL = re.compile(r"tf32|xf32|tensorop_s1688|s1688gemm", re.IGNORECASE)
 FAMILIES = ("matmul", "conv")

@@ -23,29 +23,12 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from opscope import units
-from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import (
-    Tensor,
-    base_name,
-    cached,
-    col,
-    event_bound,
-    fmt_bytes,
-    fmt_us,
-    inside_worker_flags,
-    is_worker,
-    names,
-    per_step,
-    severity,
-    share,
-    short,
-    tensors,
-    user_mask,
-)
+from opscope.findings.base import Context, Finding, cached, rule
+from opscope.findings.common import base_name, fmt_bytes, fmt_us, per_step, severity, share, short
+from opscope.findings.layout import Tensor, tensors
 from opscope.findings.strided_reduction import reduced_dims
+from opscope.findings.tree import col, event_bound, inside_worker_flags, is_worker, names, user_mask
 
 FUSABLE_FAMILIES = frozenset({"elementwise", "reduction", "norm", "softmax"})
 FUSABLE_BOUNDS = frozenset({"memory", "overhead"})
@@ -139,15 +122,14 @@ def _out_bytes(ctx: Context, i: int, family: str) -> float:
 
 
 def _runs(ctx: Context) -> list[tuple[list[int], set[str], tuple[int, ...]]]:
-    ev = ctx.events
     mask = user_mask(ctx)
-    is_row = ev["is_row"].to_numpy()
+    is_row = col(ctx, "is_row")
     fam = col(ctx, "family")
     bound = event_bound(ctx)
     nm = names(ctx)
     step, thread, ts = col(ctx, "step"), col(ctx, "thread"), col(ctx, "ts")
     work = is_worker(ctx)
-    workers = np.flatnonzero(is_row & (ev["step"].to_numpy() >= 0)).tolist()
+    workers = [i for i, (row, s) in enumerate(zip(is_row, step, strict=True)) if row and s >= 0]
     workers.sort(key=lambda i: (step[i], thread[i], ts[i]))
     runs: list[tuple[list[int], set[str], tuple[int, ...]]] = []
     cur: _Run | None = None
@@ -217,8 +199,8 @@ def _groups(ctx: Context) -> dict[tuple, dict]:
     nm = names(ctx)
     fam = col(ctx, "family")
     locs = col(ctx, "source_location")
-    times = ctx.events["time_us"].to_numpy(dtype=float)
-    nbytes = np.nan_to_num(ctx.events["bytes"].to_numpy(dtype=float), nan=0.0)
+    times = col(ctx, "time_us")
+    nbytes = [0.0 if b != b else float(b) for b in col(ctx, "bytes")]
     groups: dict[tuple, dict] = {}
     for ops, run_names, ref in _runs(ctx):
         total_b = float(sum(nbytes[i] for i in ops))

@@ -15,16 +15,9 @@ import math
 from collections.abc import Iterator
 
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import (
-    col,
-    events_by_ops_row,
-    fmt_us,
-    ops_rows,
-    per_step,
-    severity,
-    share,
-    tensor,
-)
+from opscope.findings.common import fmt_us, per_step, severity, share
+from opscope.findings.layout import tensor
+from opscope.findings.tree import col, events_by_ops_row, ops_rows
 
 ALIGN = 8
 HALF = ("float16", "bfloat16")

@@ -15,7 +15,8 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import col, fmt_us, names, per_step, row_ancestors, severity, short, user_mask
+from opscope.findings.common import fmt_us, per_step, severity, short
+from opscope.findings.tree import col, names, row_ancestors, user_mask
 
 SYNC_OPS = frozenset({"aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero",
                       "aten::equal", "aten::nonzero_numpy", "aten::masked_select", "aten::unique",

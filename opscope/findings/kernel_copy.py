@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import col, descendants, fmt_bytes, fmt_shape, fmt_us, names, per_step, share
+from opscope.findings.common import fmt_bytes, fmt_shape, fmt_us, per_step, share
 from opscope.findings.copies import COPY_OPS, copies_of_kind, group, layout_family
+from opscope.findings.tree import col, descendants, names
 
 MIN_SHARE = 0.05  # of the run's total op time: below that the kernel's copies are not worth a note
 

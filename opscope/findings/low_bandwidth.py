@@ -20,24 +20,12 @@ from collections.abc import Iterator
 
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import (
-    CAUSE_TEXT,
-    col,
-    events_by_ops_row,
-    fmt_bytes,
-    fmt_us,
-    ideal_memory_us,
-    inside_worker,
-    layout_cause,
-    ops_rows,
-    per_step,
-    severity,
-    share,
-    tensors,
-)
+from opscope.findings.common import fmt_bytes, fmt_us, ideal_memory_us, per_step, severity, share
 from opscope.findings.copies import claimed_events
 from opscope.findings.fusion import fused_events
+from opscope.findings.layout import CAUSE_TEXT, layout_cause, tensors
 from opscope.findings.strided_reduction import strided_rows
+from opscope.findings.tree import col, events_by_ops_row, inside_worker, ops_rows
 from opscope.noise import noise_caveat
 
 BW_FRACTION = 0.70

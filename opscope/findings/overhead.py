@@ -26,22 +26,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 
-import numpy as np
-
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import (
-    events_by_ops_row,
-    fmt_us,
-    ideal_row_us,
-    ops_rows,
-    per_step,
-    severity,
-    share,
-    short,
-    user_mask,
-)
+from opscope.findings.common import fmt_us, ideal_row_us, per_step, severity, share, short
+from opscope.findings.tree import events_by_ops_row, ops_rows, user_mask
 from opscope.noise import noise_caveat
 from opscope.sources import HARNESS
+from opscope.table import pairwise_sum
 
 MIN_SHARE = 0.25
 MIN_US_PER_STEP = 20.0
@@ -61,15 +51,16 @@ NO_LINE = "(no source line)"
 @rule("overhead")
 def overhead(ctx: Context) -> Iterator[Finding]:
     ops = ctx.ops
-    mask = ((ops["bound"] == "overhead") & (ops["source_location"] != HARNESS)).to_numpy()
-    sel = ops[mask]
-    time = float(sel["time_us_total"].sum())
+    picked = [r for r, (bound, loc) in enumerate(zip(ops["bound"], ops["source_location"], strict=True))
+              if bound == "overhead" and loc != HARNESS]
+    times = [ops["time_us_total"][r] for r in picked]
+    time = pairwise_sum(times)
     if share(time, ctx) < MIN_SHARE or per_step(time, ctx) < MIN_US_PER_STEP:
         return
     saving = ideal_total = 0.0
     by_line: dict[str, float] = defaultdict(float)
     by_op: dict[str, float] = defaultdict(float)
-    rows = [r for r, keep in zip(ops_rows(ctx), mask.tolist(), strict=True) if keep]
+    rows = [ops_rows(ctx)[r] for r in picked]
     for row in rows:
         ideal = int(row["calls"]) * (ideal_row_us(row, ctx) or 0.0)
         ideal_total += ideal
@@ -80,12 +71,12 @@ def overhead(ctx: Context) -> Iterator[Finding]:
     top_ops = sorted(by_op.items(), key=lambda kv: -kv[1])[:TOP]
     where = ", ".join(f"{loc} ({fmt_us(t)})" for loc, t in lines[:TOP])
     what = ", ".join(f"{short(op)} ({fmt_us(t)})" for op, t in top_ops)
-    big = rows[int(np.argmax(sel["time_us_total"].to_numpy()))]
+    big = rows[_argmax(times)]
     ideal = ideal_row_us(big, ctx)
     example = (f"{short(big['op'])} at {big['source_location'] or NO_LINE} takes {fmt_us(big['time_us_per_call'])} per "
                "call" + (f" against {fmt_us(ideal)} at the peaks" if ideal is not None else ""))
     if ctx.gpu:
-        kernels = _kernels(ctx, np.flatnonzero(mask).tolist())
+        kernels = _kernels(ctx, picked)
         mean = f"{fmt_us(time / kernels)} per kernel on average against {fmt_us(ideal_total / kernels)} at the peaks" \
             if kernels else "no kernels"
         message = (f"{share(time, ctx):.0%} of GPU kernel time ({fmt_us(per_step(time, ctx))} per step) is in latency-bound "
@@ -96,7 +87,8 @@ def overhead(ctx: Context) -> Iterator[Finding]:
                    f"each more work can reclaim; CUDA graphs do not shorten kernels (the GPU's idle time between "
                    f"kernels is the launch-bound finding's).")
     else:
-        n_ops = per_step(float(np.count_nonzero(ctx.events["is_row"].to_numpy() & user_mask(ctx))), ctx)
+        n_ops = per_step(float(sum(1 for row, user in zip(ctx.events["is_row"], user_mask(ctx), strict=True)
+                                   if row and user)), ctx)
         message = (f"{share(time, ctx):.0%} of op time ({fmt_us(per_step(time, ctx))} per step) is in overhead-bound "
                    f"ops: their work would take under 1 µs at the peaks, so per-op dispatch (Python, the dispatcher, "
                    f"allocation) sets their time ({n_ops:.0f} ops per step; e.g. {example}). Most of it: {what}; "
@@ -109,6 +101,17 @@ def overhead(ctx: Context) -> Iterator[Finding]:
 
 def _kernels(ctx: Context, rows: list[int]) -> int:
     """GPU kernels launched by the user's events of these ops.csv rows (by position; views launch none)."""
-    n_kernels = ctx.events["n_kernels"].to_numpy()
+    n_kernels = ctx.events["n_kernels"]
     groups = events_by_ops_row(ctx)
     return int(sum(n_kernels[i] for r in rows for i in groups.get(r, [])))
+
+
+def _argmax(values: list[float]) -> int:
+    """Position of the first largest value; a NaN wins, as in np.argmax."""
+    best = 0
+    for k, v in enumerate(values):
+        if v != v:
+            return k
+        if v > values[best]:
+            best = k
+    return best

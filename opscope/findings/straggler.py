@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import pandas as pd
-
 from opscope.findings.base import Context, Finding, rule
 from opscope.findings.common import fmt_us, severity
 
@@ -32,6 +30,8 @@ def straggler(ctx: Context) -> Iterator[Finding]:
     ranks = ctx.ranks
     if ranks is None or len(ranks) < 2 or "compute_time_us" not in ranks.columns:
         return
+    import pandas as pd  # only a merged run has ranks, and merging ranks reads runs with pandas anyway
+
     compute = pd.to_numeric(ranks["compute_time_us"], errors="coerce")
     if compute.notna().sum() < 2:
         return

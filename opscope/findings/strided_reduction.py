@@ -18,22 +18,10 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import (
-    cached,
-    col,
-    concrete,
-    events_by_ops_row,
-    fmt_bytes,
-    fmt_shape,
-    fmt_us,
-    ideal_row_us,
-    ops_rows,
-    per_step,
-    severity,
-    share,
-    tensor,
-)
+from opscope.findings.base import Context, Finding, cached, rule
+from opscope.findings.common import fmt_bytes, fmt_shape, fmt_us, ideal_row_us, per_step, severity, share
+from opscope.findings.layout import concrete, tensor
+from opscope.findings.tree import col, events_by_ops_row, ops_rows
 
 MIN_STRIDE_BYTES = 256
 MIN_KEPT_RUN_BYTES = 64
