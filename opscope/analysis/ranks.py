@@ -71,7 +71,8 @@ def _union_in(starts: np.ndarray, ends: np.ndarray, win_s: np.ndarray, win_e: np
         return 0.0
     u_s, u_e = merge(np.asarray(starts, dtype=float), np.asarray(ends, dtype=float))
     w_s, w_e = merge(np.asarray(win_s, dtype=float), np.asarray(win_e, dtype=float))
-    return float(overlap_with(u_s, u_e, w_s, w_e).sum())
+    # numpy's sum of the per-interval overlaps (as ranks.csv had them before gpu_timeline gave lists)
+    return float(np.asarray(overlap_with(u_s, u_e, w_s, w_e), dtype=float).sum())
 
 
 def _intervals(df: pd.DataFrame, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
