@@ -80,6 +80,10 @@ class _Tabular:
 
 @dataclass(repr=False, eq=False)
 class Run:
+    """One run: what the run directory holds (and, in memory, the events and kernels it came from).
+    ops, modules, ranks, events and kernels may be given as Tables (the analysis) or DataFrames (a run
+    read back); run.ops etc. are DataFrames (_Tabular), run.ops_table etc. Tables."""
+
     meta: dict[str, Any]
     ops: pd.DataFrame = _Tabular(required=True)
     findings: list[dict[str, Any]]
