@@ -315,15 +315,12 @@ def analyze(
         _emit(analyze_rank_folder(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []), warn=_warn,
                                   max_trace_gb=max_trace_gb), json_out, top)
         return
-    from opscope.analysis.trace_file import analyze_trace_file
-    from opscope.nsight.imports import (
-        analyze_nsight_file,
-        check_measurement_files,
-        measurement_hook,
-        nsight_kind,
-    )
+    # A plain trace imports neither pandas nor numpy (the Nsight modules do: imported only when used).
+    from opscope.nsight.imports import check_measurement_files, nsight_kind
 
     if nsight_kind(trace) is not None:
+        from opscope.nsight.imports import analyze_nsight_file
+
         if nsys is not None or ncu is not None or capture is not None:
             raise OpscopeError(f"--nsys/--ncu/--capture go with a torch.profiler trace; {trace} is itself an "
                                "Nsight file (analyze each on its own)")
@@ -333,8 +330,14 @@ def analyze(
     check_measurement_files(nsys, ncu)
     import tempfile
 
+    from opscope.analysis.trace_file import analyze_trace_file
+
     with tempfile.TemporaryDirectory(prefix="opscope-nsight-") as tmp:
-        measure = measurement_hook(nsys, ncu, Path(tmp), _warn) if nsys is not None or ncu is not None else None
+        measure = None
+        if nsys is not None or ncu is not None:
+            from opscope.nsight.imports import measurement_hook
+
+            measure = measurement_hook(nsys, ncu, Path(tmp), _warn)
         run = analyze_trace_file(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
                                  warn=_warn, max_trace_gb=max_trace_gb, capture=capture, measure=measure)
     _emit(run, json_out, top)

@@ -14,18 +14,20 @@ import json
 import math
 import os
 import shutil
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from opscope.errors import OpscopeError, OutputError
+from opscope.table import Table, from_frame, nrows, to_frame
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FORMAT_VERSION = 1
 RUN_FILES = ("meta.json", "ops.csv", "findings.json", "summary.json", "trace.json.gz")
@@ -48,20 +50,102 @@ def shown_path(path: Path) -> str:
         return str(path)
 
 
-@dataclass
+class _Tabular:
+    """A table of a Run (ops, modules, ranks, events, kernels), held as given: an opscope.table Table, a
+    pandas DataFrame or None. Reading the attribute gives a DataFrame, built from the Table on first
+    access and kept: from then on the DataFrame is the run's table (callers edit run.ops in place, e.g.
+    Nsight's measured columns). `<name>_table` (Run.table) gives a Table without importing pandas while
+    no DataFrame was built."""
+
+    def __init__(self, *, required: bool = False) -> None:
+        self.required = required
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+        self.slot = f"_{name}"
+
+    def __get__(self, run: Run | None, owner: type | None = None) -> Any:
+        if run is None:  # the dataclass asks for the field's default
+            if self.required:
+                raise AttributeError(self.name)
+            return None
+        held = run.__dict__.get(self.slot)
+        if isinstance(held, dict):
+            held = run.__dict__[self.slot] = to_frame(held)
+        return held
+
+    def __set__(self, run: Run, value: Any) -> None:
+        run.__dict__[self.slot] = value
+
+
+@dataclass(repr=False, eq=False)
 class Run:
+    """One run: what the run directory holds (and, in memory, the events and kernels it came from).
+    ops, modules, ranks, events and kernels may be given as Tables (the analysis) or DataFrames (a run
+    read back); run.ops etc. are DataFrames (_Tabular), run.ops_table etc. Tables."""
+
     meta: dict[str, Any]
-    ops: pd.DataFrame
+    ops: pd.DataFrame = _Tabular(required=True)
     findings: list[dict[str, Any]]
     summary: dict[str, Any]
     path: Path | None = None
-    events: pd.DataFrame | None = field(default=None, repr=False)  # in-memory only; not written
-    modules: pd.DataFrame | None = None  # modules.csv (analysis.modules); None when the run has no modules
+    events: pd.DataFrame | None = _Tabular()  # in-memory only; not written
+    modules: pd.DataFrame | None = _Tabular()  # modules.csv (analysis.modules); None when the run has no modules
     # A run merged from the ranks of a multi-process job (opscope.analysis.ranks): ranks.csv, one row per
     # rank; None for a one-process run.
-    ranks: pd.DataFrame | None = None
+    ranks: pd.DataFrame | None = _Tabular()
     # in-memory only: the trace's kernels/memcpy/memset with the event that launched each ("op")
-    kernels: pd.DataFrame | None = field(default=None, repr=False)
+    kernels: pd.DataFrame | None = _Tabular()
+
+    def table(self, name: str) -> Table | None:
+        """The table `name` (ops, modules, ranks, events, kernels) as a Table: the one given, or the
+        DataFrame's current content once one was built (opscope.table.from_frame). None when absent."""
+        held = self.held(name)
+        return held if held is None or isinstance(held, dict) else from_frame(held)
+
+    def held(self, name: str) -> Table | pd.DataFrame | None:
+        """The table `name` as held now (a Table or a DataFrame), converting nothing."""
+        if name not in TABLES:
+            raise KeyError(name)
+        return self.__dict__.get(f"_{name}")
+
+    @property
+    def ops_table(self) -> Table:
+        return self.table("ops")
+
+    @property
+    def modules_table(self) -> Table | None:
+        return self.table("modules")
+
+    @property
+    def ranks_table(self) -> Table | None:
+        return self.table("ranks")
+
+    @property
+    def events_table(self) -> Table | None:
+        return self.table("events")
+
+    @property
+    def kernels_table(self) -> Table | None:
+        return self.table("kernels")
+
+    def copy_with(self, **changes: Any) -> Run:
+        """A shallow copy with `changes` (as dataclasses.replace, but the tables are passed as held: no
+        DataFrame is built for them)."""
+        fields = {"meta": self.meta, "findings": self.findings, "summary": self.summary, "path": self.path,
+                  **{name: self.held(name) for name in TABLES}}
+        return Run(**{**fields, **changes})
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{name}={_rows(self.held(name))}" for name in TABLES if self.held(name) is not None)
+        return f"Run(path={self.path!r}, {sizes}, findings={len(self.findings)})"
+
+
+TABLES = ("ops", "modules", "ranks", "events", "kernels")
+
+
+def _rows(held: Table | pd.DataFrame) -> str:
+    return f"<{nrows(held) if isinstance(held, dict) else len(held)} rows>"
 
 
 def check_out_dir(out: Path | None, base: Path | None = None) -> None:
@@ -247,30 +331,28 @@ def _gzip_bytes(data: bytes | bytearray, dst: Path) -> None:
             fo.write(view[i:i + (8 << 20)])
 
 
-def write_csv(frame: pd.DataFrame, path: Path) -> None:
-    """`frame.to_csv(path, index=False)`, byte for byte, in a fraction of its time on a small table (its
-    per-call setup outweighs the rows): floats by repr, missing cells empty, minimal quoting."""
-    def cell(v: Any) -> Any:
-        if v is None or v is pd.NA:
-            return ""
-        if isinstance(v, float):  # np.float64 too; float.__repr__ keeps numpy's scalar repr out
-            return "" if v != v else float.__repr__(v)
-        return v
-
-    text = float.__repr__
-    columns = []
-    for c in frame.columns:  # converted a column at a time, by dtype: most cells need no test at all
-        values = frame[c].tolist()
-        kind = frame[c].dtype.kind
-        if kind == "f":
-            values = [text(v) if v == v else "" for v in values]
-        elif kind not in "iub":
-            values = [v if type(v) is str else cell(v) for v in values]
-        columns.append(values)
+def write_csv(table: Table | pd.DataFrame, path: Path) -> None:
+    """The table as CSV, byte for byte what `DataFrame.to_csv(path, index=False)` wrote (opscope's format
+    before tables), without pandas: floats by repr, NaN and None empty, bools True/False, minimal
+    quoting. A DataFrame is written through opscope.table.from_frame."""
+    if not isinstance(table, dict):
+        table = from_frame(table)
+    columns = [[v if type(v) is str else _csv_cell(v) for v in values] for values in table.values()]
     with open(path, "w", encoding="utf-8", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
-        w.writerow([str(c) for c in frame.columns])
+        w.writerow([str(c) for c in table])
         w.writerows(zip(*columns, strict=True))
+
+
+def _csv_cell(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, float):  # np.float64 too; float.__repr__ keeps numpy's scalar repr out
+        return "" if v != v else float.__repr__(v)
+    pandas = sys.modules.get("pandas")  # pd.NA can only come from a DataFrame, so pandas is loaded then
+    if pandas is not None and v is pandas.NA:
+        return ""
+    return v  # int, bool: csv writes str(v), as pandas did
 
 
 def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
@@ -295,13 +377,15 @@ def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
         folder.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=folder))
         (tmp / "meta.json").write_text(dumps(run.meta) + "\n")
-        write_csv(run.ops, tmp / "ops.csv")
-        if run.modules is not None:
-            write_csv(run.modules, tmp / "modules.csv")
+        write_csv(run.ops_table, tmp / "ops.csv")
+        modules = run.modules_table
+        if modules is not None:
+            write_csv(modules, tmp / "modules.csv")
         (tmp / "findings.json").write_text(dumps(run.findings) + "\n")
         (tmp / "summary.json").write_text(dumps(run.summary) + "\n")
-        if run.ranks is not None:
-            run.ranks.to_csv(tmp / RANKS_FILE, index=False)
+        ranks = run.ranks_table
+        if ranks is not None:
+            write_csv(ranks, tmp / RANKS_FILE)
         for name, text in (extra_texts or {}).items():
             (tmp / name).write_text(text)
         if compressor is not None:
@@ -518,6 +602,8 @@ REQUIRED_COLUMNS = ("op", "calls", "time_us_total", "time_share")
 
 
 def read_ops_csv(path: Path) -> pd.DataFrame:
+    import pandas as pd
+
     try:
         head = pd.read_csv(path, nrows=0).columns
         dtypes = {c: str for c in TEXT_COLUMNS if c in head}
@@ -528,8 +614,8 @@ def read_ops_csv(path: Path) -> pd.DataFrame:
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
     _check(path, not missing, f"missing column(s) {', '.join(missing)}")
     _numbers(path, df, NUMBER_COLUMNS)
-    calls = df["calls"].to_numpy()
-    _check(path, bool(np.isfinite(calls).all() and (calls >= 0).all()), "column 'calls' must hold counts")
+    calls = df["calls"]
+    _check(path, bool((calls.abs() < math.inf).all() and (calls >= 0).all()), "column 'calls' must hold counts")
     return df
 
 
@@ -541,6 +627,8 @@ RANKS_NUMBER_COLUMNS = ("rank", "steps", "step_time_us", "op_time_us", "collecti
 
 def read_ranks_csv(path: Path) -> pd.DataFrame:
     """ranks.csv of a merged run, checked like ops.csv: damaged is one OpscopeError naming the file."""
+    import pandas as pd
+
     try:
         df = pd.read_csv(path, dtype={c: str for c in RANKS_TEXT_COLUMNS}, keep_default_na=False,
                          na_values={c: [""] for c in RANKS_NUMBER_COLUMNS})
@@ -554,6 +642,8 @@ def read_ranks_csv(path: Path) -> pd.DataFrame:
 
 def _numbers(path: Path, df: pd.DataFrame, columns: tuple[str, ...]) -> None:
     """Converts `columns` (those present) to floats in place; anything else in them makes the file damaged."""
+    import pandas as pd
+
     for col in columns:
         if col in df.columns:
             values = pd.to_numeric(df[col], errors="coerce")
@@ -570,6 +660,8 @@ MODULE_NUMBER_COLUMNS = ("depth", "time_us_total", "time_share", "self_time_us",
 def read_modules_csv(path: Path) -> pd.DataFrame | None:
     """modules.csv (analysis.modules.COLUMNS), or None when the run has none. It is derived from ops.csv
     and findings.json, so a damaged one is left out (the report shows everything else), not an error."""
+    import pandas as pd
+
     if not path.is_file():
         return None
     try:

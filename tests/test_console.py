@@ -11,8 +11,18 @@ from rich.console import Console
 
 from conftest import TRACES
 from opscope.analysis.trace_file import analyze_trace_file
-from opscope.render.console import _COLUMNS, fit_op, fmt_us, op_name, op_shapes, render_run
-from opscope.run import Run
+from opscope.render.console import (
+    _COLUMNS,
+    ceiling_warnings,
+    fit_op,
+    fmt_us,
+    measured_notes,
+    op_name,
+    op_shapes,
+    render_run,
+)
+from opscope.run import Run, read_run
+from opscope.table import to_frame
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +93,37 @@ def test_op_names_are_abbreviated_for_display():
     assert op_name({"op": "aten::_efficient_attention_forward"}) == "_eff_attn_forward"
     assert op_name({"op": "(unattributed kernels)"}) == "(unattributed kernels)"
     assert op_shapes({"input_dims": "[[4, 197, 768], [], [[2, 3], [2, 3]], [768]]"}) == ["[4,197,768]", "[768]"]
+
+
+@pytest.mark.parametrize("width", [100, 200])
+def test_a_run_read_back_prints_as_the_analyzed_one(runs, width):
+    """The console right after the analysis renders the run's Tables; `opscope report` renders the same
+    run read back from its directory (DataFrames): the same text."""
+    run = runs["h100_vit-image-classifier_bf16"]
+    assert render(read_run(run.path), width) == render(run, width)
+
+
+def _measured_run(frames: bool) -> Run:
+    ops = {"op": ["aten::mm", "aten::add", "aten::mul"], "calls": [2, 4, 1],
+           "pct_peak_flops": [150.0, 40.0, float("nan")], "pct_peak_bandwidth": [90.0, 120.0, 130.0],
+           "measured_dram_bytes_per_call": [1.0e6, 2.0e6, float("nan")],
+           "measured_bytes_ratio": [1.5, 2.5, float("nan")]}
+    return Run(meta={"peaks": {"origin": {"flops": "measured"}}}, ops=to_frame(ops) if frames else ops,
+               findings=[], summary={"nsys": {"steps": 3, "step_time_us": 2500.0, "device_busy_share": 0.42}})
+
+
+@pytest.mark.parametrize("frames", [False, True])
+def test_ceiling_and_measurement_notes(frames):
+    """The notes under the ops table, from a run's Table or its DataFrame: the row above its FLOP/s
+    ceiling (the first at the maximum), how many rows beat the bandwidth ceiling (more than 5% over),
+    and Nsight's measured rows with the median measured/modeled DRAM bytes (1.5 and 2.5: 2.00x)."""
+    run = _measured_run(frames)
+    assert ceiling_warnings(run) == [
+        "aten::mm ran at 150% of its FLOP/s ceiling: the ceilings are too low for this run (measured while the "
+        "machine was busy?); rerun `opscope calibrate` on an idle machine",
+        "2 op row(s) moved data faster than the memory-bandwidth ceiling (up to 130%, aten::mul): their data was "
+        "most likely in cache"]
+    assert measured_notes(run) == [
+        "Nsight Compute: 2 op row(s) measured; DRAM bytes measured / modeled: median 2.00x, 1 row(s) over 2x "
+        "(ops.csv measured_* columns)",
+        "Nsight Systems: 3 step(s) of 2.5 ms, GPU busy 42% of the step (ops.csv nsys_time_us_total, nsys_kernels.csv)"]

@@ -5,7 +5,10 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import math
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -229,3 +232,62 @@ def test_write_csv_matches_pandas_to_csv(tmp_path):
     write_csv(frame, tmp_path / "a.csv")
     frame.to_csv(tmp_path / "b.csv", index=False)
     assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()
+
+
+def test_write_csv_of_a_table_matches_pandas_to_csv(tmp_path):
+    """A Table (column -> Python list) is written as pandas wrote the DataFrame it stands for: floats by
+    repr, NaN and None empty, ints and bools as Python prints them, text quoted only where needed."""
+    import pandas as pd
+
+    from opscope.run import write_csv
+
+    table = {"op": ["aten::mm", 'a,"b"', "", "x\ny"], "calls": [3, 1, 0, 12],
+             "time_us_total": [1.5, math.nan, 0.1 + 0.2, 1e16], "gpu": [True, False, True, False],
+             "note": ["", "n", "", ""], "maybe": [None, 2.5, None, math.inf]}
+    write_csv(table, tmp_path / "a.csv")
+    pd.DataFrame(table).to_csv(tmp_path / "b.csv", index=False)
+    assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()
+    assert (tmp_path / "a.csv").read_text().splitlines()[1] == "aten::mm,3,1.5,True,,"
+
+
+def test_a_run_of_tables_is_written_without_pandas(tmp_path):
+    """`opscope analyze` holds its tables as opscope.table Tables: writing the run directory (ops.csv,
+    modules.csv, ranks.csv) imports neither pandas nor numpy."""
+    code = f"""
+import sys
+from pathlib import Path
+from opscope.run import Run, write_run
+run = Run(meta={{"format_version": 1}}, ops={{"op": ["aten::mm"], "calls": [2], "time_us_total": [3.0]}},
+          findings=[], summary={{"steps": 1}}, modules={{"module": [""], "depth": [0]}}, ranks={{"rank": [0, 1]}})
+path = write_run(run, Path({str(tmp_path / "run")!r}), "m", None)
+assert run.ops_table["calls"] == [2]
+print(sorted(p.name for p in path.iterdir()), [m for m in ("pandas", "numpy") if m in sys.modules])
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == ("['findings.json', 'meta.json', 'modules.csv', 'ops.csv', 'ranks.csv', "
+                                   "'summary.json'] []")
+    assert (tmp_path / "run" / "ops.csv").read_text() == "op,calls,time_us_total\naten::mm,2,3.0\n"
+
+
+def test_run_tables_become_dataframes_once_and_edits_are_written(tmp_path):
+    """run.ops is a DataFrame built from the Table on first access, then the run's table: a column
+    added to it in place (as Nsight's measured columns are) is in run.ops_table and in ops.csv."""
+    import pandas as pd
+
+    from opscope.run import Run, read_run, write_run
+
+    run = Run(meta={"format_version": 1}, ops={"op": ["a", "b"], "calls": [1, 2], "time_us_total": [4.0, 1.0],
+                                               "time_share": [0.8, 0.2]}, findings=[], summary={"steps": 1})
+    assert isinstance(run.ops_table, dict) and run.modules is None and run.modules_table is None
+    frame = run.ops
+    assert isinstance(frame, pd.DataFrame) and run.ops is frame  # built once, then kept
+    frame["measured_time_us_per_call"] = [2.0, math.nan]
+    assert run.ops_table["measured_time_us_per_call"][0] == 2.0
+    path = write_run(run, tmp_path / "run", "m", None)
+    assert (path / "ops.csv").read_text().splitlines() == [
+        "op,calls,time_us_total,time_share,measured_time_us_per_call", "a,1,4.0,0.8,2.0", "b,2,1.0,0.2,"]
+    again = read_run(path)
+    assert again.ops["calls"].tolist() == [1.0, 2.0] and again.ops_table["op"] == ["a", "b"]
+    copy = run.copy_with(findings=[{"rule": "x"}])
+    assert copy.ops is frame and copy.findings == [{"rule": "x"}] and run.findings == []

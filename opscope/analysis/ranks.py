@@ -41,13 +41,14 @@ from opscope.analysis.gpu_timeline import COMM_FAMILY, TRANSFER_CATS, merge
 from opscope.analysis.gpu_timeline import _overlap_with as overlap_with
 from opscope.analysis.kernels import kernel_family
 from opscope.analysis.modules import module_table
-from opscope.analysis.ops_table import CONTRACT_COLUMNS, KEY, add_roofline, first_index, group_codes
+from opscope.analysis.ops_table import CONTRACT_COLUMNS, KEY, add_roofline
 from opscope.analysis.pipeline import summarize
 from opscope.errors import OpscopeError, TraceError
 from opscope.findings import Context, run_rules
 from opscope.findings.straggler import MIN_EXCESS
 from opscope.hardware import Peaks
 from opscope.run import DEFAULT_REPORTS_DIR, STAGING_PREFIX, Run, check_out_dir, read_run, write_run
+from opscope.table import Table, from_frame, group_codes, to_frame
 from opscope.trace import TraceData, load_trace, max_trace_bytes
 
 COLLECTIVE_RE = re.compile(r"^(c10d::|_?c10d_functional::|record_param_comms$|(nccl|gloo|mpi|ucc|xccl|hccl):)")
@@ -70,7 +71,8 @@ def _union_in(starts: np.ndarray, ends: np.ndarray, win_s: np.ndarray, win_e: np
         return 0.0
     u_s, u_e = merge(np.asarray(starts, dtype=float), np.asarray(ends, dtype=float))
     w_s, w_e = merge(np.asarray(win_s, dtype=float), np.asarray(win_e, dtype=float))
-    return float(overlap_with(u_s, u_e, w_s, w_e).sum())
+    # numpy's sum of the per-interval overlaps (as ranks.csv had them before gpu_timeline gave lists)
+    return float(np.asarray(overlap_with(u_s, u_e, w_s, w_e), dtype=float).sum())
 
 
 def _intervals(df: pd.DataFrame, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -83,23 +85,28 @@ def _collective_mask(names: pd.Series) -> np.ndarray:
     return names.astype(str).str.match(COLLECTIVE_RE).to_numpy(dtype=bool) if len(names) else np.zeros(0, bool)
 
 
-def _windows(trace: TraceData) -> tuple[np.ndarray, np.ndarray, tuple[int, int] | None]:
+def _frame(table: Table | pd.DataFrame) -> pd.DataFrame:
+    """A TraceData table (opscope.table) as a DataFrame; a DataFrame as it is."""
+    return to_frame(table) if isinstance(table, dict) else table
+
+
+def _windows(steps: pd.DataFrame, ops: pd.DataFrame,
+             kernels: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, tuple[int, int] | None]:
     """The profiled steps (ProfilerStep#N) as windows and the thread that ran them; without step
     annotations, one window over everything (as the step count of opscope.analysis.pipeline)."""
-    steps = trace.steps
     if len(steps):
         s, e = _intervals(steps)
         pairs = list(zip(steps["pid"].tolist(), steps["tid"].tolist(), strict=True))
         return s, e, max(set(pairs), key=pairs.count)
     starts, ends = [], []
-    for df in (trace.ops, trace.kernels):
+    for df in (ops, kernels):
         if len(df):
             s, e = _intervals(df)
             starts.append(s.min())
             ends.append(e.max())
     thread = None
-    if len(trace.ops):
-        busiest = trace.ops.groupby(["pid", "tid"])["dur"].sum().idxmax()
+    if len(ops):
+        busiest = ops.groupby(["pid", "tid"])["dur"].sum().idxmax()
         thread = (int(busiest[0]), int(busiest[1]))
     if not starts:
         return np.zeros(0), np.zeros(0), thread
@@ -109,10 +116,10 @@ def _windows(trace: TraceData) -> tuple[np.ndarray, np.ndarray, tuple[int, int] 
 def rank_stats(trace: TraceData, summary: dict[str, Any], *, rank: int, world_size: int | None = None,
                backend: str | None = None) -> dict[str, Any]:
     """One rank's numbers per profiled step (module docstring), with its collectives by name."""
-    win_s, win_e, thread = _windows(trace)
+    ops, ann, kern = _frame(trace.ops), _frame(trace.annotations), _frame(trace.kernels)
+    win_s, win_e, thread = _windows(_frame(trace.steps), ops, kern)
     steps = max(len(win_s), 1)
     window = _union_in(win_s, win_e, win_s, win_e)
-    ops, ann, kern = trace.ops, trace.annotations, trace.kernels
     op_coll = _collective_mask(ops["name"]) if len(ops) else np.zeros(0, bool)
     ann_coll = _collective_mask(ann["name"]) if len(ann) else np.zeros(0, bool)
     if len(kern):
@@ -209,12 +216,12 @@ def merge_ranks(rank_runs: list[RankRun], *, target: str, warn: Callable[[str], 
     if expected and expected > len(rank_runs):
         warn(f"merged {len(rank_runs)} of {expected} ranks (the others' runs or traces are not in this folder: "
              "collect every node's ranks/ into one folder and run `opscope analyze FOLDER`)")
-    ctx = Context(ops=ops, events=pd.DataFrame(), peaks=peaks, gpu=gpu, source=str(first.meta.get("source")),
+    ctx = Context(ops=from_frame(ops), events={}, peaks=peaks, gpu=gpu, source=str(first.meta.get("source")),
                   steps=steps, step_time_us=step_time, device_busy_share=busy, meta=first.meta, ranks=ranks)
     findings = merge_findings(rank_runs) + run_rules(ctx, only=["straggler"])
     findings.sort(key=lambda f: (f.get("est_savings_us") is None, -(f.get("est_savings_us") or 0.0)))
     gpu_keys = {"comm_compute_overlap_share": distributed["comm_compute_overlap_share"]} if gpu else None
-    summary = summarize(ops, steps=steps, step_time_us=step_time, n_findings=len(findings), busy=busy,
+    summary = summarize(from_frame(ops), steps=steps, step_time_us=step_time, n_findings=len(findings), busy=busy,
                         gpu_keys=gpu_keys)
     summary["distributed"] = distributed
     meta = dict(first.meta)
@@ -222,10 +229,11 @@ def merge_ranks(rank_runs: list[RankRun], *, target: str, warn: Callable[[str], 
     meta.pop("rank", None)
     meta["distributed"] = {"world_size": expected, "ranks": [r.rank for r in rank_runs],
                            "backend": distributed.get("backend"), "trace_rank": rank_runs[0].rank}
-    classes = (dict(zip(first.modules["module"], first.modules["module_class"], strict=True))
-               if first.modules is not None else None)
+    first_modules = first.modules_table
+    classes = (dict(zip(first_modules["module"], first_modules["module_class"], strict=True))
+               if first_modules is not None else None)
     return Run(meta=meta, ops=ops, findings=findings, summary=summary, ranks=ranks,
-               modules=module_table(ops, findings, classes))
+               modules=module_table(from_frame(ops), findings, classes))
 
 
 def merge_ops(tables: list[pd.DataFrame], peaks: Peaks, *, gpu: bool) -> pd.DataFrame:
@@ -239,9 +247,11 @@ def merge_ops(tables: list[pd.DataFrame], peaks: Peaks, *, gpu: bool) -> pd.Data
     key += ["launcher"] if "launcher" in rows.columns else []
     for k in key:
         rows[k] = rows[k].fillna("").astype(str)
-    codes = group_codes([rows[k].to_numpy(dtype=object) for k in key])
+    codes = np.asarray(group_codes([rows[k].tolist() for k in key]), dtype=np.int64)
     g = int(codes.max()) + 1 if len(codes) else 0
-    table = rows.iloc[first_index(codes, g)].reset_index(drop=True)
+    first = np.full(g, len(codes), dtype=np.int64)  # each group's first row (groups are numbered in that order)
+    np.minimum.at(first, codes, np.arange(len(codes)))
+    table = rows.iloc[first].reset_index(drop=True)
     time = rows["time_us_total"].to_numpy(dtype=float)
     for col in ("calls", "time_us_total", "cpu_time_us_total"):
         if col in rows.columns:

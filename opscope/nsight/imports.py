@@ -18,35 +18,18 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import pandas as pd
-
-from opscope import __version__
-from opscope.analysis.kernels import kernel_family
-from opscope.analysis.ops_table import (
-    CONTRACT_COLUMNS,
-    EXTRA_COLUMNS,
-    GPU_COLUMNS,
-    GPU_EXTRA_COLUMNS,
-    add_roofline,
-)
-from opscope.analysis.pipeline import analyze, summarize
-from opscope.analysis.trace_file import trace_device, trace_meta, trace_peaks
 from opscope.errors import NsightError
-from opscope.hardware import apply_overrides
 from opscope.nsight.commands import last_error_line, ncu_import_command, tool_for_file
-from opscope.nsight.measured import (
-    add_measured_findings,
-    attach_ncu,
-    attach_nsys,
-    kernel_plan,
-    ncu_kernels_table,
-)
-from opscope.nsight.ncu_csv import NcuTable, parse_ncu_csv, read_ncu_csv
-from opscope.nsight.nsys_sqlite import is_sqlite, read_nsys_sqlite, to_trace_data
-from opscope.nsight.session import export_nsys_sqlite
 from opscope.run import DEFAULT_REPORTS_DIR, Run, check_out_dir, write_run
+
+if TYPE_CHECKING:
+    from opscope.nsight.ncu_csv import NcuTable
+
+# Only nsight_kind and check_measurement_files run on `opscope analyze TRACE` without Nsight files: the
+# modules that read Nsight results (pandas, numpy) are imported by the functions that use them.
+TRACE_SUFFIXES = (".json", ".json.gz")
 
 NSYS_BYTES_NOTE = "NVTX op ranges record sizes, not dtypes: bytes assume 4-byte elements"
 NCU_ROW_NOTE = "Nsight Compute kernel: measured counters only (no PyTorch op, so no cost model)"
@@ -62,9 +45,13 @@ def nsight_kind(path: Path) -> str | None:
         return "ncu-rep"
     if name.endswith(".csv"):
         return "ncu-csv"
-    if name.endswith((".sqlite", ".sqlite3", ".db")) or (path.is_file() and is_sqlite(path)):
+    if name.endswith((".sqlite", ".sqlite3", ".db")):
         return "sqlite"
-    return None
+    if name.endswith(TRACE_SUFFIXES) or not path.is_file():  # a trace by its name: not sniffed
+        return None
+    from opscope.nsight.nsys_sqlite import is_sqlite
+
+    return "sqlite" if is_sqlite(path) else None
 
 
 @contextmanager
@@ -73,6 +60,8 @@ def nsys_sqlite_of(path: Path) -> Iterator[Path]:
     if nsight_kind(path) != "nsys-rep":
         yield path
         return
+    from opscope.nsight.session import export_nsys_sqlite
+
     if not path.is_file():
         raise NsightError(f"no such file: {path}")
     nsys = tool_for_file("nsys", path, f"nsys export --type=sqlite {path.name}")
@@ -84,6 +73,8 @@ def nsys_sqlite_of(path: Path) -> Iterator[Path]:
 
 def load_ncu(path: Path) -> NcuTable:
     """The kernels of an ncu CSV, or of an .ncu-rep through `ncu --import ... --csv --page raw`."""
+    from opscope.nsight.ncu_csv import parse_ncu_csv, read_ncu_csv
+
     if not path.is_file():
         raise NsightError(f"no such file: {path}")
     if nsight_kind(path) != "ncu-rep":
@@ -125,6 +116,11 @@ def analyze_nsight_file(path: Path, *, out: Path | None = None, peak_bw: float |
 
 def _nsys_run(path: Path, folder: Path, peak_bw: float | None, peak_flops: list[str] | None,
               warn: Callable[[str], None]) -> tuple[Run, dict[str, Path]]:
+    from opscope.analysis.pipeline import analyze
+    from opscope.analysis.trace_file import trace_device, trace_meta, trace_peaks
+    from opscope.nsight.measured import attach_nsys, kernel_plan
+    from opscope.nsight.nsys_sqlite import read_nsys_sqlite, to_trace_data
+
     with nsys_sqlite_of(path) as sqlite:
         data = read_nsys_sqlite(sqlite)
     trace = to_trace_data(data)
@@ -150,6 +146,22 @@ def _ncu_run(path: Path, table: NcuTable, folder: Path, peak_bw: float | None, p
              warn: Callable[[str], None]) -> tuple[Run, dict[str, Path]]:
     """One op row per kernel (by its full name): calls, time, and the measured_* columns; FLOPs and
     bytes per call stay empty (they are the cost model's) and the bound unknown."""
+    import numpy as np
+    import pandas as pd
+
+    from opscope import __version__
+    from opscope.analysis.kernels import kernel_family
+    from opscope.analysis.ops_table import (
+        CONTRACT_COLUMNS,
+        EXTRA_COLUMNS,
+        GPU_COLUMNS,
+        GPU_EXTRA_COLUMNS,
+        add_roofline,
+    )
+    from opscope.analysis.pipeline import summarize
+    from opscope.hardware import apply_overrides
+    from opscope.nsight.measured import attach_ncu, ncu_kernels_table
+
     meas = table.kernels
     peaks = apply_overrides(None, peak_bw, peak_flops)
     if peaks.memory_bandwidth_gbps is None:
@@ -193,6 +205,15 @@ def measurement_hook(nsys: Path | None, ncu: Path | None, folder: Path,
                      warn: Callable[[str], None]) -> Callable[[Run], dict[str, Path]]:
     """For `opscope analyze TRACE --nsys FILE --ncu FILE`: attaches the measurements to the analyzed
     trace's op rows and returns the files to add to the run directory (written into `folder`)."""
+    from opscope.nsight.measured import (
+        add_measured_findings,
+        attach_ncu,
+        attach_nsys,
+        kernel_plan,
+        ncu_kernels_table,
+    )
+    from opscope.nsight.nsys_sqlite import read_nsys_sqlite
+
     def measure(run: Run) -> dict[str, Path]:
         plan = kernel_plan(run)
         extra: dict[str, Path] = {}

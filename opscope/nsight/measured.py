@@ -61,7 +61,7 @@ def kernel_plan(run: Run) -> pd.DataFrame:
     ev, kern = run.events, run.kernels
     if ev is None or kern is None or not len(kern):
         return pd.DataFrame(columns=PLAN_COLUMNS)
-    rows_of = ops_rows_for_events(run.ops, ev)
+    rows_of = np.asarray(ops_rows_for_events(run.ops, ev), dtype=np.int64)
     lost = run.ops.index[run.ops["op"] == UNATTRIBUTED]
     lost_row = int(lost[0]) if len(lost) else -1
     op = kern["op"].to_numpy()
@@ -304,30 +304,6 @@ def nsys_kernels(run: Run, act: pd.DataFrame) -> pd.DataFrame:
     columns = ["kind", "name", "module", "nvtx_op", "ops_row", "op", "source_location", "calls", "time_us_total",
                "bytes_total"]
     return grouped[columns].sort_values("time_us_total", ascending=False, kind="stable").reset_index(drop=True)
-
-
-# --- console --------------------------------------------------------------------------------------
-
-
-def console_notes(run: Run) -> list[str]:
-    """Lines for the console under the ops table when the run has Nsight measurements."""
-    notes = []
-    ops = run.ops
-    if "measured_bytes_ratio" in ops.columns:
-        measured = ops["measured_dram_bytes_per_call"].notna()
-        ratios = pd.to_numeric(ops["measured_bytes_ratio"], errors="coerce").dropna()
-        line = f"Nsight Compute: {int(measured.sum())} op row(s) measured"
-        if len(ratios):
-            line += (f"; DRAM bytes measured / modeled: median {ratios.median():.2f}x, "
-                     f"{int((ratios > 2).sum())} row(s) over 2x")
-        notes.append(line + " (ops.csv measured_* columns)")
-    nsys = run.summary.get("nsys")
-    if isinstance(nsys, dict) and nsys.get("step_time_us") is not None:
-        busy = nsys.get("device_busy_share")
-        notes.append(f"Nsight Systems: {nsys.get('steps')} step(s) of {nsys['step_time_us'] / 1e3:.3g} ms, GPU busy "
-                     + (f"{busy * 100:.0f}%" if isinstance(busy, (int, float)) else "?")
-                     + " of the step (ops.csv nsys_time_us_total, nsys_kernels.csv)")
-    return notes
 
 
 # --- after attaching ------------------------------------------------------------------------------

@@ -21,9 +21,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from opscope.errors import NsightError
 from opscope.nsight.commands import (
@@ -36,17 +34,14 @@ from opscope.nsight.commands import (
     nsys_profile_command,
     require_tools,
 )
-from opscope.nsight.measured import (
-    add_measured_findings,
-    attach_ncu,
-    attach_nsys,
-    ncu_kernels_table,
-    ncu_selection,
-)
-from opscope.nsight.ncu_csv import parse_ncu_csv
-from opscope.nsight.nsys_sqlite import read_nsys_sqlite
 from opscope.run import Run, write_run
 from opscope.supervise import Listener, ToolFailed, run_worker
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# The CLI imports this module for every `opscope profile` (NsightRequest, check_request): the modules that
+# read and attach measurements (pandas, numpy) are imported by the passes that use them.
 
 WORKER = "opscope.capture.worker"
 
@@ -106,6 +101,10 @@ def profile_with_nsight(spec: dict[str, Any], req: NsightRequest, tools: dict[st
                         *, out: Path | None, reports: Path, stem: str,
                         on_abort: Callable[[int], None] | None = None) -> Path:
     """Runs the passes and writes the run directory; returns its path."""
+    import pandas as pd
+
+    from opscope.nsight.measured import add_measured_findings
+
     private = Path(tempfile.mkdtemp(prefix="opscope-nsight-"))
     try:
         held = private / "held"
@@ -129,6 +128,9 @@ def profile_with_nsight(spec: dict[str, Any], req: NsightRequest, tools: dict[st
 
 def _nsys_pass(run: Run, plan: pd.DataFrame, req: NsightRequest, nsys: str, spec: dict[str, Any],
                listener: Listener, private: Path, extra: dict[str, Path]) -> None:
+    from opscope.nsight.measured import attach_nsys
+    from opscope.nsight.nsys_sqlite import read_nsys_sqlite
+
     cmd = nsys_profile_command(nsys, private / "nsys", req.nsys_args)
     for note in cmd.notes:
         listener.warn(note)
@@ -162,6 +164,9 @@ def _nsys_pass(run: Run, plan: pd.DataFrame, req: NsightRequest, nsys: str, spec
 
 def _ncu_pass(run: Run, plan: pd.DataFrame, req: NsightRequest, ncu: str, spec: dict[str, Any],
               listener: Listener, private: Path, extra: dict[str, Path]) -> None:
+    from opscope.nsight.measured import attach_ncu, ncu_kernels_table, ncu_selection
+    from opscope.nsight.ncu_csv import parse_ncu_csv
+
     bases, count, rows = ncu_selection(run, plan, req.ncu_top)
     if not bases:
         raise NsightError("--ncu: the profile recorded no kernels launched by the steps (inside the NVTX step "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import statistics
 from typing import Any
 
 from rich import box
@@ -19,6 +20,7 @@ from opscope.analysis.ops_table import GPU_ONLY_NOTE, GRAPH_KERNEL_NOTE, LOOSE_K
 from opscope.noise import remedy
 from opscope.render.text import clean, cleaned_run
 from opscope.run import Run
+from opscope.table import nrows, records, take
 from opscope.units import UNKNOWN, number
 
 BOUND_STYLE = {"compute": "bold green", "memory": "bold cyan", "overhead": "bold yellow", "unknown": "dim"}
@@ -203,8 +205,8 @@ ROOT_MODULE = "(model)"  # how the model itself (qualified name "") is shown
 
 def has_modules(run: Run) -> bool:
     """Whether the run's rows carry module paths (ops.csv `module_class` set on some row)."""
-    ops = run.ops
-    return "module_class" in ops.columns and any(isinstance(v, str) and v for v in ops["module_class"])
+    ops = run.ops_table
+    return "module_class" in ops and any(isinstance(v, str) and v for v in ops["module_class"])
 
 
 def module_label(row: dict[str, Any]) -> str:
@@ -221,10 +223,11 @@ def ops_table(run: Run, top: int = 15, width: int = 160) -> Table:
     space left with its input shapes (whole shapes; " …" marks those left out). A run with module paths
     shows a `module` column beside `source` when both fit, else one `where` column: the row's module,
     or its source line when it ran outside the model."""
-    gpu = "kernels" in run.ops.columns
+    ops = run.ops_table
+    gpu = "kernels" in ops
     title = f"Top {top} ops by {'GPU kernel' if gpu else 'CPU self'} time"
     shown = [(h, j) for h, j, min_width in _COLUMNS if width >= min_width]
-    rows = run.ops.head(top).to_dict("records")
+    rows = records(take(ops, range(min(top, nrows(ops)))))
     cells = [_cells(row) for row in rows]
     names = [op_name(row) for row in rows]
     locations = [str(row.get("source_location") or "") for row in rows]
@@ -405,10 +408,11 @@ def swap_candidates(run: Run, top: int = 15) -> Group | None:
     kernels: one line per op, with the command that tries them."""
     from opscope.swap.catalog import kernels_for_rows
 
-    by_row = kernels_for_rows(run.summary.get("swap_candidates"), range(min(top, len(run.ops))))
+    ops = run.ops_table
+    by_row = kernels_for_rows(run.summary.get("swap_candidates"), range(min(top, nrows(ops))))
     if not by_row:
         return None
-    rows = run.ops.to_dict("records")
+    rows = dict(zip(sorted(by_row), records(take(ops, sorted(by_row))), strict=True))
     grid = Table.grid(padding=(0, 2))
     for i in sorted(by_row):
         row = rows[i]
@@ -428,24 +432,63 @@ def ceiling_warnings(run: Run) -> list[str]:
     """Ops beating the FLOP/s ceiling mean the ceilings are too low; ops beating the DRAM bandwidth
     ceiling usually had their data in cache."""
     out = []
+    ops = run.ops_table
     for col, what in (("pct_peak_flops", "flops"), ("pct_peak_bandwidth", "bandwidth")):
-        if col not in run.ops.columns:
+        if col not in ops:
             continue
-        values = run.ops[col].astype(float)
-        if not values.notna().any() or values.max() <= 100 * CEILING_SLACK:
+        values = _floats(ops[col])
+        known = [v for v in values if v == v]
+        if not known or max(known) <= 100 * CEILING_SLACK:
             continue
-        worst = run.ops.loc[values.idxmax()]
+        top = max(known)
+        worst = ops["op"][values.index(top)]  # the first row at the maximum
         if what == "flops":
             origin = run.meta.get("peaks", {}).get("origin", {}).get("flops")
             hint = ("rerun `opscope calibrate` on an idle machine" if origin == "measured"
                     else "check --peak-flops")
-            out.append(f"{worst['op']} ran at {values.max():.0f}% of its FLOP/s ceiling: the ceilings are too low "
+            out.append(f"{worst} ran at {top:.0f}% of its FLOP/s ceiling: the ceilings are too low "
                        f"for this run (measured while the machine was busy?); {hint}")
         else:
-            n = int((values > 100 * CEILING_SLACK).sum())
-            out.append(f"{n} op row(s) moved data faster than the memory-bandwidth ceiling (up to {values.max():.0f}%, "
-                       f"{worst['op']}): their data was most likely in cache")
+            n = sum(v > 100 * CEILING_SLACK for v in known)
+            out.append(f"{n} op row(s) moved data faster than the memory-bandwidth ceiling (up to {top:.0f}%, "
+                       f"{worst}): their data was most likely in cache")
     return out
+
+
+def _floats(values: list[Any]) -> list[float]:
+    """A column's cells as floats, NaN for what is no number (as pandas.to_numeric(errors="coerce"))."""
+    out = []
+    for v in values:
+        try:
+            out.append(float(v) if v is not None else NAN)
+        except (TypeError, ValueError):
+            out.append(NAN)
+    return out
+
+
+NAN = float("nan")
+
+
+def measured_notes(run: Run) -> list[str]:
+    """Lines for the console under the ops table when the run has Nsight measurements (ops.csv measured_*
+    and nsys_* columns, opscope.nsight.measured; summary.json "nsys")."""
+    notes = []
+    ops = run.ops_table
+    if "measured_bytes_ratio" in ops:
+        measured = sum(v == v for v in _floats(ops["measured_dram_bytes_per_call"]))
+        ratios = [v for v in _floats(ops["measured_bytes_ratio"]) if v == v]
+        line = f"Nsight Compute: {measured} op row(s) measured"
+        if ratios:
+            line += (f"; DRAM bytes measured / modeled: median {statistics.median(ratios):.2f}x, "
+                     f"{sum(r > 2 for r in ratios)} row(s) over 2x")
+        notes.append(line + " (ops.csv measured_* columns)")
+    nsys = run.summary.get("nsys")
+    if isinstance(nsys, dict) and nsys.get("step_time_us") is not None:
+        busy = nsys.get("device_busy_share")
+        notes.append(f"Nsight Systems: {nsys.get('steps')} step(s) of {nsys['step_time_us'] / 1e3:.3g} ms, GPU busy "
+                     + (f"{busy * 100:.0f}%" if isinstance(busy, (int, float)) else "?")
+                     + " of the step (ops.csv nsys_time_us_total, nsys_kernels.csv)")
+    return notes
 
 
 def render_run(run: Run, console: Console, top: int = 15, findings: int = 5) -> None:
@@ -462,9 +505,7 @@ def render_run(run: Run, console: Console, top: int = 15, findings: int = 5) -> 
                         findings_list(run, findings)))
     for warning in ceiling_warnings(run):
         console.print(Text("note: ", style="bold yellow") + Text(warning))
-    from opscope.nsight.measured import console_notes
-
-    for line in console_notes(run):
+    for line in measured_notes(run):
         console.print(Text("measured: ", style="bold") + Text(line))
     if run.path is not None:
         from opscope.run import shown_path

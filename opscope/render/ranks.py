@@ -15,6 +15,7 @@ from opscope.render.console import fmt_pct, fmt_us
 from opscope.render.report_data import num, text
 from opscope.render.text import clean
 from opscope.run import Run
+from opscope.table import nrows, records
 
 # (header, ranks.csv column, format)
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -35,13 +36,13 @@ def _fmt(value: Any, kind: str) -> str:
 def rank_rows(run: Run) -> tuple[list[str], list[tuple[list[str], bool]]]:
     """(headers, [(cells, is the straggler)]), times per step; the overlap column only when some rank has
     it (GPU runs with communication kernels)."""
-    ranks = run.ranks
-    if ranks is None or not len(ranks):
+    ranks = run.ranks_table
+    if ranks is None or not nrows(ranks):
         return [], []
-    shown = [c for c in COLUMNS if c[1] in ranks.columns
-             and (c[2] != "pct" or ranks[c[1]].map(num).notna().any())]
+    shown = [c for c in COLUMNS if c[1] in ranks
+             and (c[2] != "pct" or any(num(v) is not None for v in ranks[c[1]]))]
     rows = []
-    for rec in ranks.to_dict("records"):
+    for rec in records(ranks):
         cells = [_fmt(rec.get(col), kind) for _, col, kind in shown]
         rows.append((cells, num(rec.get("straggler")) == 1))
     return [h for h, _, _ in shown], rows

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from opscope.render.console import ROOT_MODULE, fmt_pct, fmt_us, si
 from opscope.render.text import clean
 from opscope.run import Run
@@ -109,6 +107,8 @@ class Share:
 def breakdown(run: Run, column: str) -> list[Share]:
     """Op time summed by the values of `column` (family, bound, module), largest first; values with no
     time left out."""
+    import pandas as pd
+
     ops = run.ops
     if column not in ops.columns or "time_us_total" not in ops.columns:
         return []

@@ -5,12 +5,10 @@ HTML later) passes such strings through `clean` (or a run through `cleaned_run`)
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 from typing import Any
 
-from pandas.api.types import is_string_dtype
-
 from opscope.run import Run
+from opscope.table import Table
 
 # C0 controls (ESC, BEL, backspace, CR, ...), DEL and C1 controls (CSI, OSC, ... as single code
 # points), plus the Unicode bidi overrides that reorder what a terminal shows.
@@ -37,17 +35,13 @@ def _deep(value: Any) -> Any:
 
 
 def cleaned_run(run: Run) -> Run:
-    """A copy of `run` whose strings (meta, summary, findings, the ops table's text cells) are clean."""
-    ops = run.ops.copy()
-    for col in ops.columns:
-        # text columns are `object` or, with pandas >= 3 (or read back from ops.csv), a string dtype
-        if ops[col].dtype == object or is_string_dtype(ops[col].dtype):
-            ops[col] = ops[col].map(lambda v: clean(v) if isinstance(v, str) else v)
-    modules = run.modules
-    if modules is not None:
-        modules = modules.copy()
-        for col in modules.columns:
-            if modules[col].dtype == object:
-                modules[col] = modules[col].map(lambda v: clean(v) if isinstance(v, str) else v)
-    return replace(run, meta=_deep(run.meta), summary=_deep(run.summary), findings=_deep(run.findings), ops=ops,
-                   modules=modules)
+    """A copy of `run` whose strings (meta, summary, findings, the text cells of the ops and modules
+    tables) are clean. Its ops and modules are Tables (no pandas needed to render it)."""
+    modules = run.modules_table
+    return run.copy_with(meta=_deep(run.meta), summary=_deep(run.summary), findings=_deep(run.findings),
+                         ops=_clean_table(run.ops_table), modules=None if modules is None else _clean_table(modules))
+
+
+def _clean_table(table: Table) -> Table:
+    return {col: [clean(v) if isinstance(v, str) else v for v in values]
+            for col, values in table.items()}
