@@ -194,14 +194,14 @@ def test_keyboard_sort_and_filter(browser, reports):
     assert [run.ops["calls"][i] for i in calls] == sorted(run.ops["calls"], reverse=True)[:3]
     page.evaluate("(() => { const f = document.getElementById('ops-filter'); f.value = 'layer_norm';"
                   " f.dispatchEvent(new Event('input')); })()")
-    time.sleep(0.4)
+    # the filter applies after a short debounce: wait for it rather than sleep (slow under load)
+    page.wait_for("Array.from(document.querySelectorAll('#ops-table tbody tr td.op'))"
+                  ".every(td => td.textContent.includes('layer_norm'))", timeout=20)
     shown = page.evaluate("Array.from(document.querySelectorAll('#ops-table tbody tr td.op')).map(td => td.textContent)")
     assert shown and all("layer_norm" in s for s in shown)
     assert len(shown) == sum("layer_norm" in op for op in run.ops["op"])
     page.send("Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": "dark"}]})
-    time.sleep(0.3)
-    background = page.evaluate("getComputedStyle(document.body).backgroundColor")
-    assert background == "rgb(20, 23, 28)"  # the dark palette
+    page.wait_for("getComputedStyle(document.body).backgroundColor === 'rgb(20, 23, 28)'", timeout=20)  # dark palette
     assert page.errors() == []
 
 

@@ -7,8 +7,16 @@ import pytest
 import torch
 
 import reference_kernels as rk
+from reference_kernels._build import load_cpu_extension
 
 ADD = torch.ops.opscope.broadcast_add
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cpu_extension() -> None:
+    """Some tests call torch.ops.opscope_cpu directly: load the extension here, not through whichever
+    test happened to run first in this worker (it failed when xdist sent these tests elsewhere first)."""
+    load_cpu_extension()
 
 
 @pytest.mark.parametrize(("sa", "sb", "want"), [
