@@ -184,7 +184,7 @@ def candidates(ops: Table | pd.DataFrame, manifest_list: list[Any] | None = None
                 entries.append({"kind": entry.kind, "target": entry.target})
         if rows:
             out.append({"kernel": m.name, "replaces": entries, "rows": sorted(rows),
-                        "time_us": sum(times[i] for i in rows)})
+                        "time_us": sum(times[i] for i in sorted(rows))})
     return sorted(out, key=lambda c: -c["time_us"])
 
 
