@@ -11,8 +11,9 @@ a burst of load on a shared machine hits every job alike):
 - HTA load: `TraceAnalysis(trace_dir=...)` (what HTA does before any analysis);
 - HTA load + kernel breakdown: the same and `get_gpu_kernel_breakdown()`.
 
-Each job reports its work time (wall, after its imports), its whole-process wall time (interpreter start
-and imports included) and its peak RSS. Ratios are HTA / opscope: above 1 means opscope is faster or
+opscope's modules are byte-compiled first, as `pip install` leaves them (HTA's are). Each job reports its
+work time (wall, after its imports), its whole-process wall time (interpreter start and imports included)
+and its peak RSS. Ratios are HTA / opscope: above 1 means opscope is faster or
 smaller. Traces: the shared real traces and the synthetic ~132k-event trace of analyze_scaling.py.
 
     python benchmarks/analyze_vs_hta.py [--repeats 3] [--only NAME ...]
@@ -69,10 +70,22 @@ JOBS = {
 }
 
 
+def _job_env() -> dict[str, str]:
+    # Bytecode as an installed package has it (pip compiles it; HTA's is): with PYTHONDONTWRITEBYTECODE
+    # set, every opscope module would be compiled from source in every job.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    return env
+
+
+def compile_bytecode() -> None:
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "opscope")], env=_job_env(), check=True)
+
+
 def run_job(job: str, trace: Path, folder: Path) -> dict:
     """One fresh process; adds its whole wall time ("process_s"). HTA reads a folder of traces."""
     arg = str(trace) if job.startswith("opscope") else str(folder)
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = _job_env()
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", JOBS[job], arg], capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
@@ -120,6 +133,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", nargs="*", help="trace file names (or 'synthetic') to run")
     args = ap.parse_args()
+    compile_bytecode()
     cases = [(p.name.removesuffix(".json.gz"), p) for p in sorted(TRACES.glob("*.json.gz"))]
     synthetic = OUT / "synthetic_132k.json.gz"
     if not synthetic.exists():
