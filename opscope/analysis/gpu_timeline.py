@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Any
 
 from opscope.analysis.kernels import FAMILY_NAMES, OTHER
@@ -165,8 +166,13 @@ def _idle_gaps(trace: TraceData, ev: Table, k: Table, start: list[float],
             tail_e.append(b)
         gap_s = gap_s + lead_s + tail_s
         gap_e = gap_e + lead_e + tail_e
+        # A gap is inside a step when some step starting at or before it ends at or after it: the
+        # latest end among the steps that start by the gap's start decides (linear, not gaps x steps).
+        by_start = sorted(range(len(st)), key=st.__getitem__)
+        starts_sorted = [st[j] for j in by_start]
+        reach = list(accumulate((se[j] for j in by_start), max))
         keep = [i for i, (gs, ge) in enumerate(zip(gap_s, gap_e, strict=True))
-                if any(gs >= a and ge <= b for a, b in zip(st, se, strict=True))]
+                if (j := bisect_right(starts_sorted, gs) - 1) >= 0 and reach[j] >= ge]
         gap_s, gap_e = [gap_s[i] for i in keep], [gap_e[i] for i in keep]
     length = [e - s for s, e in zip(gap_s, gap_e, strict=True)]
     order = [i for i in sorted(range(len(length)), key=lambda i: -length[i]) if length[i] >= MIN_GAP_US][:TOP_GAPS]
