@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opscope.errors import OpscopeError, OutputError
-from opscope.table import Table, from_frame, nrows, to_frame
+from opscope.table import Table, as_table, from_frame, nrows, to_frame
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -101,7 +101,7 @@ class Run:
         """The table `name` (ops, modules, ranks, events, kernels) as a Table: the one given, or the
         DataFrame's current content once one was built (opscope.table.from_frame). None when absent."""
         held = self.held(name)
-        return held if held is None or isinstance(held, dict) else from_frame(held)
+        return None if held is None else as_table(held)
 
     def held(self, name: str) -> Table | pd.DataFrame | None:
         """The table `name` as held now (a Table or a DataFrame), converting nothing."""

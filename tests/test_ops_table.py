@@ -20,12 +20,11 @@ from opscope.analysis.ops_table import (
     build_ops_table,
     classify_bound,
     event_costs,
-    series_sum,
 )
 from opscope.analysis.pipeline import _group_sums, step_stats, summarize, top_ops, trace_mode, union_length
 from opscope.analysis.trace_file import _mode
 from opscope.hardware import Peaks, gpu_peaks
-from opscope.table import as_table
+from opscope.table import as_table, pairwise_sum
 from opscope.trace import load_trace
 
 NAN = math.nan
@@ -43,10 +42,10 @@ def test_series_sum_is_pandas_sum_to_the_last_bit():
         if n > 3:
             values[n // 2] = NAN  # pandas skips NaN (counts it as 0)
         expected = float(pd.Series(values, dtype=float).sum())
-        assert series_sum(values).hex() == expected.hex(), n
+        assert pairwise_sum(values).hex() == expected.hex(), n
     # the order matters: a plain left-to-right sum would not match for some of these
-    assert any(sum(v := _values(random.Random(n), n)) != series_sum(v) for n in (100, 1000, 4097))
-    assert series_sum([-0.0] * 9) == 0.0 and series_sum([]) == 0.0
+    assert any(sum(v := _values(random.Random(n), n)) != pairwise_sum(v) for n in (100, 1000, 4097))
+    assert pairwise_sum([-0.0] * 9) == 0.0 and pairwise_sum([]) == 0.0
 
 
 def test_group_sums_are_pandas_groupby_sums_to_the_last_bit():
@@ -117,7 +116,7 @@ def test_ops_table_groups_the_events_as_pandas_would(bert):
         assert rows[key]["calls"] == size and rows[key]["time_us_total"] == pytest.approx(total, rel=1e-12)
     times = ops["time_us_total"]
     assert times == sorted(times, reverse=True)
-    assert ops["time_share"] == [t / series_sum(times) for t in times]
+    assert ops["time_share"] == [t / pairwise_sum(times) for t in times]
     assert list(ops)[:6] == KEY[:6] and list(ops)[-2:] == ["module", "module_class"]
 
 

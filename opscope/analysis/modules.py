@@ -83,7 +83,7 @@ def module_table(ops: Table, findings: list[dict[str, Any]],
     if not has_module_columns(ops):
         return None
     time = [float(t) for t in ops["time_us_total"]]
-    total = pairwise_sum([0.0 if t != t else t for t in time])  # as np.nansum: NaN counts 0, same order
+    total = pairwise_sum(time)  # as np.nansum: NaN counts 0, same order
     calls = [float(c) for c in ops["calls"]]
     flops = [float(f) * c for f, c in zip(ops["flops_per_call"], calls, strict=True)]
     nbytes = [float(b) * c for b, c in zip(ops["bytes_per_call"], calls, strict=True)]

@@ -42,12 +42,6 @@ BOUNDS = ("memory", "compute", "overhead", "unknown")
 OVERHEAD_IDEAL_US = 1.0
 
 
-def series_sum(values: Sequence[float]) -> float:
-    """pandas' Series.sum() of a float column, to the last bit: NaN skipped, the rest added in numpy's
-    pairwise order, from 0.0 (so that -0.0s sum to 0.0, as there)."""
-    return 0.0 + pairwise_sum([0.0 if v != v else float(v) for v in values])
-
-
 def _float(x: Any) -> float:
     return NAN if x is None else float(x)
 
@@ -166,7 +160,7 @@ def build_ops_table(ev: Table, *, gpu: bool, peaks: Peaks, kernels: Table | None
         # a column the kernel rows lack (module_class) is missing there, as pandas' concat left it
         table = concat(parts, list(dict.fromkeys(c for t in parts for c in t)), fill=lambda c: NAN)
     times = table["time_us_total"]
-    total = series_sum(times)
+    total = pairwise_sum(times)
     table["time_share"] = [t / total for t in times] if total > 0 else [0.0] * len(times)
     table = add_roofline(table, peaks, gpu=gpu)
     order = sorted(range(len(times)), key=lambda i: (_descending(table["time_us_total"][i]),
@@ -337,7 +331,7 @@ def _unattributed_row(kern: Table) -> Table | None:
         fam = kern["family"][i]
         times[fam] = times.get(fam, 0.0) + kern["dur"][i]
     extra: dict[str, Any] = {k: "" for k in KEY}
-    extra.update(op=UNATTRIBUTED, calls=len(lost), time_us_total=series_sum([kern["dur"][i] for i in lost]),
+    extra.update(op=UNATTRIBUTED, calls=len(lost), time_us_total=pairwise_sum([kern["dur"][i] for i in lost]),
                  cpu_time_us_total=0.0, flops_per_call=NAN, bytes_per_call=NAN, family="",
                  dtype="", note="", compiled_graph="", launcher="", kernel_family=_dominant(times),
                  kernels=";".join(dict.fromkeys(kern["name"][i] for i in lost)),

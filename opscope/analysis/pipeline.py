@@ -12,13 +12,13 @@ from opscope.analysis.events import SourceOverride, build_events
 from opscope.analysis.gpu_timeline import gpu_summary
 from opscope.analysis.memory import MemoryProfile, add_memory_columns, memory_profile
 from opscope.analysis.modules import finding_modules, module_table
-from opscope.analysis.ops_table import BOUNDS, JSON_TEXT_COLUMNS, build_ops_table, event_costs, series_sum
+from opscope.analysis.ops_table import BOUNDS, JSON_TEXT_COLUMNS, build_ops_table, event_costs
 from opscope.findings import Context, run_rules
 from opscope.findings.base import DtypeProbe, LayoutProbe
 from opscope.hardware import Peaks
 from opscope.noise import step_spread, unknown
 from opscope.run import FORMAT_VERSION, Run
-from opscope.table import Table, as_table, nrows, records, take
+from opscope.table import Table, as_table, nrows, pairwise_sum, records, take
 from opscope.trace import TraceData, no_gc
 
 # A trace recorded elsewhere says nothing about what else ran on its machine.
@@ -96,7 +96,7 @@ def step_stats(trace: TraceData, ev: Table) -> tuple[int, float]:
 def _mean(values: Sequence[float]) -> float:
     """pandas' Series.mean(): its (pairwise) sum over the values that are not NaN."""
     n = sum(1 for v in values if v == v)
-    return series_sum(values) / n if n else math.nan
+    return pairwise_sum(values) / n if n else math.nan
 
 
 def _nanmin(values: Sequence[float]) -> float:
@@ -142,7 +142,7 @@ def summarize(ops: Any, *, steps: int, step_time_us: float, n_findings: int,
     ops = as_table(ops)
     times = [float(t) for t in ops["time_us_total"]]
     # pandas' sums, so that the shares stay the same to the last bit
-    total = series_sum(times)
+    total = pairwise_sum(times)
     covered = [t for t, f, b in zip(times, ops["flops_per_call"], ops["bytes_per_call"], strict=True)
                if _present(f) and _present(b)]
     bound_share = {b: 0.0 for b in BOUNDS}
@@ -155,7 +155,7 @@ def summarize(ops: Any, *, steps: int, step_time_us: float, n_findings: int,
         "step_time_us": float(step_time_us),
         **step_spread(step_us if step_us is not None else [step_time_us]),
         "noise": noise or unknown(TRACE_NOISE_REASON),
-        "ops_covered_time_share": series_sum(covered) / total if total > 0 else 0.0,
+        "ops_covered_time_share": pairwise_sum(covered) / total if total > 0 else 0.0,
         "bound_time_share": bound_share,
         "findings": int(n_findings),
         "top_ops": top_ops(ops, 10),
@@ -221,18 +221,13 @@ def top_ops(ops: Any, n: int) -> list[dict[str, Any]]:
     return out
 
 
-def _column(data: Any, name: str) -> list:
-    """One column of a table, or of a DataFrame (profile's run.events), as a list."""
-    return data[name] if isinstance(data, dict) else data[name].tolist()
-
-
 def dominant_dtype(ev: Any) -> str | None:
     """The most common floating dtype among row ops (meta.json 'dtype' for traces)."""
-    dts = [d for d, row in zip(_column(ev, "dtype"), _column(ev, "is_row"), strict=True) if row and d]
+    dts = [d for d, row in zip(ev["dtype"], ev["is_row"], strict=True) if row and d]
     return Counter(dts).most_common(1)[0][0] if dts else None
 
 
 def trace_mode(ev: Any) -> str:
     backward = any(isinstance(name, str) and (name.startswith("autograd::engine::evaluate_function")
-                                              or name.endswith("_backward")) for name in _column(ev, "name"))
+                                              or name.endswith("_backward")) for name in ev["name"])
     return "train" if backward else "inference"

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from opscope.hardware import Peaks
 from opscope.sources import HARNESS
-from opscope.table import Table, from_frame, pairwise_sum
+from opscope.table import Table, as_table, pairwise_sum
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -77,10 +77,8 @@ class Context:
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.ops, dict):
-            self.ops = from_frame(self.ops)
-        if not isinstance(self.events, dict):
-            self.events = from_frame(self.events)
+        self.ops = as_table(self.ops)
+        self.events = as_table(self.events)
 
     @property
     def total_time_us(self) -> float:

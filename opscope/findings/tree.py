@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from opscope.findings.base import Context, cached
 from opscope.sources import HARNESS
-from opscope.table import Table
+from opscope.table import Table, as_table
 from opscope.table import records as table_records
 
 if TYPE_CHECKING:
@@ -44,14 +44,7 @@ def ops_rows(ctx: Context) -> list[dict[str, Any]]:
 def records(table: Table | pd.DataFrame) -> list[dict[str, Any]]:
     """One dict per row of a table (opscope.table.records); a DataFrame (the commands that read runs
     back) is read one `tolist()` per column, native Python values, at a fraction of to_dict's cost."""
-    return table_records(table if isinstance(table, dict) else _columns(table))
-
-
-def _columns(table: Table | pd.DataFrame) -> Table:
-    """A table's columns as lists; a DataFrame's converted without copying a table."""
-    if isinstance(table, dict):
-        return table
-    return {str(c): table[c].tolist() for c in table.columns}
+    return table_records(as_table(table))
 
 
 def subtree_sum(ctx: Context, column: str) -> list[float]:
@@ -171,7 +164,7 @@ ROW_KEY = ("op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs
 def ops_rows_for_events(ops: Table | pd.DataFrame, ev: Table | pd.DataFrame) -> list[int]:
     """Per event of the event table `ev`: index of its row in the ops table `ops` (-1 for non-row events).
     Tables or DataFrames (the Nsight commands read runs back as DataFrames)."""
-    ops, ev = _columns(ops), _columns(ev)
+    ops, ev = as_table(ops), as_table(ev)
     lookup = {key: k for k, key in enumerate(zip(*(ops[c] for c in ROW_KEY), strict=True))}
     keys = zip(ev["name"], *(ev[c] for c in ROW_KEY[1:]), strict=True)
     get = lookup.get
