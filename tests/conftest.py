@@ -3,7 +3,7 @@ calibration cache so only the calibration tests ever measure the machine."""
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -43,6 +43,16 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300) -> subproce
     env.setdefault("COLUMNS", "160")
     return subprocess.run([sys.executable, "-m", "opscope", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def load_fixture(path: Path) -> object:
+    """A fixture module loaded from its file under a private name, without touching sys.path or
+    sys.modules: tests/fixtures/swap/kernels.py on sys.path shadowed the PyPI package `kernels`, which
+    transformers imports when it finds one (the GPT-2/BERT tests then failed in that xdist worker)."""
+    spec = importlib.util.spec_from_file_location(f"opscope_test_fixture_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def union_us(spans: list[tuple[float, float]]) -> float:

@@ -5,7 +5,6 @@ stack are as before."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,11 +13,11 @@ import torch.nn as nn
 import torch.nn.functional as F  # noqa: N812
 from torch.nn.functional import layer_norm as imported_layer_norm
 
+from conftest import load_fixture
 from opscope.swap import apply, catalog
 
 FIXTURES = Path(__file__).parent / "fixtures" / "swap"
-sys.path.insert(0, str(FIXTURES))
-import kernels as user_kernels  # noqa: E402  (tests/fixtures/swap/kernels.py)
+user_kernels = load_fixture(FIXTURES / "kernels.py")
 
 
 def kernel(name: str) -> apply.BundledKernel:
@@ -312,8 +311,7 @@ def test_revert_happens_when_the_kernel_raises():
 
 
 def test_user_kernel_taking_only_some_shapes_falls_back_on_the_others():
-    sys.path.insert(0, str(FIXTURES))
-    import tiny_model
+    tiny_model = load_fixture(FIXTURES / "tiny_model.py")
 
     probe = Probe(tiny_model.get_model(), *tiny_model.get_inputs())
     swap, want, got = apply_and_revert(
@@ -323,8 +321,7 @@ def test_user_kernel_taking_only_some_shapes_falls_back_on_the_others():
 
 
 def test_user_kernel_for_a_module_and_for_a_functional():
-    sys.path.insert(0, str(FIXTURES))
-    import tiny_model
+    tiny_model = load_fixture(FIXTURES / "tiny_model.py")
 
     probe = Probe(tiny_model.get_model(), *tiny_model.get_inputs())
     swap, want, got = apply_and_revert(probe, lambda b: b.user("good_gated", user_kernels.good_gated, None, "Gated"))
@@ -370,7 +367,7 @@ def test_snapshot_differences_name_what_a_swap_left_behind():
 def test_profile_target_hands_swaps_the_weights_as_loaded_in_train_mode(tmp_path):
     """The profile's SGD steps (warmup, timed, line and memory passes) change the weights; the swaps
     start from the model as loaded, not from however far those steps drifted it."""
-    import tiny_model
+    tiny_model = load_fixture(FIXTURES / "tiny_model.py")
 
     from opscope.capture.torch_profiler import ProfileOptions, profile_target
 

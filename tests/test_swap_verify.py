@@ -4,13 +4,13 @@ it uses; and the swap candidates a run lists (catalog) and the fusion finding na
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
+from conftest import load_fixture
 from opscope.capture.harness import Harness
 from opscope.findings.fusion import pattern_for
 from opscope.swap import apply, catalog, verify
@@ -76,8 +76,7 @@ def test_seed_zero_is_the_models_own_inputs_and_other_seeds_redraw_floating_tens
 
 
 def test_a_correct_kernel_passes_every_check_in_train_mode():
-    sys.path.insert(0, str(FIXTURES))
-    import kernels
+    kernels = load_fixture(FIXTURES / "kernels.py")
 
     h = tiny_harness("train")
     runner = verify.Runner(h)
