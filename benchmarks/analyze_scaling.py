@@ -75,7 +75,7 @@ def run_analyze(trace: Path) -> tuple[float, float]:
         before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-c",
-                               "import resource, sys; from opscope.cli import main; sys.argv[0]='opscope';"
+                               "import resource, sys; from opscope.cli.app import main; sys.argv[0]='opscope';"
                                "\ntry:\n    main()\nfinally:\n"
                                "    print('maxrss', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)",
                                "analyze", str(trace), "--out", str(Path(tmp) / "run"), "--json"],

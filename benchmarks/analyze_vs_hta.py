@@ -58,7 +58,7 @@ JOBS = {
         imports="from opscope.analysis.trace_file import analyze_trace_file",
         work="with tempfile.TemporaryDirectory() as d:\n    analyze_trace_file(Path(sys.argv[1]), out=Path(d) / 'run')"),
     "opscope_cli": _JOB.format(
-        imports="import contextlib, io\nfrom opscope.cli import main",
+        imports="import contextlib, io\nfrom opscope.cli.app import main",
         work="with tempfile.TemporaryDirectory() as d:\n"
              "    sys.argv = ['opscope', 'analyze', sys.argv[1], '--out', str(Path(d) / 'run')]\n"
              "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"

@@ -26,7 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from opscope import calibrate, noise  # noqa: E402
+from opscope.machine import (
+    calibrate,
+    noise,  # noqa: E402
+)
 
 TOLERANCE = 0.15
 

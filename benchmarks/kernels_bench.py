@@ -12,7 +12,7 @@ import json
 import statistics
 from pathlib import Path
 
-from opscope import kernels_bench as kb
+from opscope.kernels import bench as kb
 
 
 def main() -> None:

@@ -65,7 +65,7 @@ def merge_in_fresh_process(folder: Path, out: Path) -> tuple[float, float, str]:
     # would report this process's memory.
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c",
-                           "import sys; from opscope.cli import main; sys.argv[0]='opscope';"
+                           "import sys; from opscope.cli.app import main; sys.argv[0]='opscope';"
                            "\ntry:\n    main()\nfinally:\n"
                            "    import resource\n"
                            "    try:\n        hwm = next(int(ln.split()[1]) for ln in open('/proc/self/status') "

@@ -29,7 +29,7 @@ from opscope.capture.torch_profiler import (  # noqa: E402
     profiler_activities,
     timed_pass,
 )
-from opscope.target import load_target  # noqa: E402
+from opscope.target.model_file import load_target  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,6 +7,6 @@ import sys
 if sys.path and sys.path[0] in ("", os.getcwd()):
     sys.path.pop(0)
 
-from opscope.cli import main  # noqa: E402
+from opscope.cli.app import main  # noqa: E402
 
 main()

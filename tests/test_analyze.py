@@ -11,7 +11,7 @@ import pytest
 
 from conftest import TRACES, run_cli
 from opscope.analysis.trace_file import analyze_trace_file
-from opscope.hardware import match_gpu
+from opscope.machine.peaks import match_gpu
 
 BERT_H100 = TRACES / "h100_bert-small_bf16.json.gz"
 BERT_MI300X = TRACES / "mi300x_bert-small_bf16.json.gz"

@@ -36,7 +36,7 @@ def test_analyzing_a_trace_imports_no_pandas_numpy_or_torch(trace: Path, tmp_pat
 def test_the_analyze_command_imports_no_pandas_numpy_or_torch(tmp_path: Path) -> None:
     """The whole command, console report included."""
     trace = FIXTURES / "traces" / "h100_bert-small_bf16.json.gz"
-    code = ("import contextlib, io, sys\nfrom opscope.cli import main\n"
+    code = ("import contextlib, io, sys\nfrom opscope.cli.app import main\n"
             f"sys.argv = ['opscope', 'analyze', {str(trace)!r}, '--out', {str(tmp_path / 'run')!r}]\n"
             "out = io.StringIO()\n"
             "with contextlib.redirect_stdout(out):\n"

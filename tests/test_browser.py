@@ -24,7 +24,7 @@ from test_html_report import HOSTILE_KERNEL, HOSTILE_PATH, big_run, hostile_run,
 from conftest import EXAMPLES, PEAKS, REPO, TRACES, run_cli
 from opscope.render.html import BOUND_COLORS, PAGE_ROWS, write_html
 from opscope.render.report_data import verdict_line
-from opscope.run import read_run
+from opscope.run.read import read_run
 
 if find_chromium() is None:
     if os.environ.get("OPSCOPE_REQUIRE_BROWSER") == "1":

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from opscope import calibrate
-from opscope.calibrate import CalibrationResult
 from opscope.errors import OpscopeError
-from opscope.noise import CpuSampler
+from opscope.machine import calibrate
+from opscope.machine.calibrate import CalibrationResult
+from opscope.machine.noise import CpuSampler
 
 
 @pytest.fixture()
@@ -321,7 +321,7 @@ def test_unstable_result_is_not_cached(cache_dir: Path, monkeypatch: pytest.Monk
 _OBTAIN = """
 import json, sys, time
 from pathlib import Path
-from opscope import calibrate
+from opscope.machine import calibrate
 
 log, fake, delay, quick = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "quick"
 

@@ -74,7 +74,7 @@ def test_profile_re_measures_over_an_implausible_cache(tmp_path, monkeypatch):
     import torch
     from test_calibrate import _doc, _with_samples
 
-    from opscope import calibrate
+    from opscope.machine import calibrate
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(cache))

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from conftest import EXAMPLES, PEAKS, line_of, run_cli, write_model
-from opscope.compare import (
+from opscope.run.compare import (
     APPEARED,
     DEFAULT_BAND,
     FASTER,
@@ -26,7 +26,7 @@ from opscope.compare import (
     noise_band,
     verdict,
 )
-from opscope.run import Run
+from opscope.run.model import Run
 
 COLUMNS = ["op", "input_dims", "input_dtypes", "input_strides", "source_location", "calls", "time_us_total"]
 

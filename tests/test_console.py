@@ -21,7 +21,8 @@ from opscope.render.console import (
     op_shapes,
     render_run,
 )
-from opscope.run import Run, read_run
+from opscope.run.model import Run
+from opscope.run.read import read_run
 from opscope.table import to_frame
 
 

@@ -140,7 +140,7 @@ def test_torch_is_not_imported_for_errors_that_need_no_model(tmp_path):
     probe.write_text(
         "import sys\n"
         "sys.argv = ['opscope', 'profile', 'missing.py']\n"
-        "from opscope.cli import main\n"
+        "from opscope.cli.app import main\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
         "print('torch' in sys.modules)\n")
     import subprocess

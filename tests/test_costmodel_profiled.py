@@ -136,7 +136,7 @@ def test_gpu_addmm_without_a_bias_copy_counts_everything():
     from opscope.analysis.events import build_events
     from opscope.analysis.ops_table import event_costs
     from opscope.table import to_frame
-    from opscope.trace import load_trace
+    from opscope.trace.reader import load_trace
 
     table = build_events(load_trace(TRACES / "h100_bert-small_bf16.json.gz"))
     table.update(event_costs(table))

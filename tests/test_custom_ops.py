@@ -12,7 +12,7 @@ from opscope.analysis.ops_table import CUSTOM_OP_NOTE
 from opscope.analysis.trace_file import analyze_trace_file
 from opscope.costmodel import OpCall, estimate
 from opscope.costmodel.custom import KV_LEN_NOTE
-from opscope.hardware import match_gpu
+from opscope.machine.peaks import match_gpu
 
 BF16 = "c10::BFloat16"
 # _C::paged_attention_v1(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens,

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import TRACES, run_cli
 from opscope.analysis.trace_file import UNKNOWN_GPU, analyze_trace_file
-from opscope.hardware import gpu_from_properties
+from opscope.machine.peaks import gpu_from_properties
 
 SGLANG = TRACES / "sglang_qwen3-8b_decode_cudagraph.json.gz"
 BERT_H100 = TRACES / "h100_bert-small_bf16.json.gz"

@@ -17,8 +17,8 @@ from test_cli_errors import assert_clean_error
 
 from conftest import EXAMPLES, PEAKS, run_cli, write_model
 from opscope.capture.distributed import failure_message, torchrun_args
-from opscope.jobs import LaunchSpec
-from opscope.run import read_run
+from opscope.run.read import read_run
+from opscope.target.jobs import LaunchSpec
 
 DDP_MODEL = """
     import os

@@ -18,7 +18,7 @@ from opscope.capture.torch_profiler import ProfileOptions, profile_target
 from opscope.findings import Context, run_rules
 from opscope.findings.copies import all_copies, layout_family, preferred_layout
 from opscope.findings.layout import Tensor
-from opscope.hardware import Peaks
+from opscope.machine.peaks import Peaks
 from opscope.table import from_frame
 
 AVX2_CL_TRAIN = REPO / "tests" / "fixtures" / "cpu_traces" / "avx2_channels_last_after_train.json.gz"

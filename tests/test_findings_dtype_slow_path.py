@@ -24,7 +24,7 @@ from opscope.capture.torch_profiler import ProfileOptions, profile_target
 from opscope.findings import Context, run_rules
 from opscope.findings import dtype_slow_path as rule
 from opscope.findings.dtype_slow_path import replay_spec
-from opscope.hardware import Peaks
+from opscope.machine.peaks import Peaks
 from opscope.table import from_frame
 
 FIXTURES = REPO / "tests" / "fixtures" / "cpu_traces"

@@ -21,7 +21,7 @@ from conftest import EXAMPLES, SHARE_GATED_RULES, line_of, share_gates_off, writ
 from opscope.capture.torch_profiler import ProfileOptions, profile_target
 from opscope.findings import RULES, Context, run_rules
 from opscope.findings.common import fmt_us
-from opscope.hardware import Peaks
+from opscope.machine.peaks import Peaks
 from opscope.sources import HARNESS
 from opscope.table import from_frame
 

@@ -17,7 +17,7 @@ from opscope.findings import Context, run_rules
 from opscope.findings.launch_bound import _group_sums, _largest_first
 from opscope.findings.overhead import _argmax
 from opscope.findings.tree import ops_rows_for_events, subtree_sum, user_mask
-from opscope.hardware import Peaks
+from opscope.machine.peaks import Peaks
 from opscope.sources import HARNESS
 from opscope.table import from_frame, pairwise_sum
 

@@ -10,9 +10,9 @@ from collections import defaultdict
 import pytest
 
 from conftest import TRACES, run_cli, union_us
-from opscope.analysis.kernels import kernel_family
 from opscope.analysis.ops_table import GRAPH_KERNEL_NOTE, UNATTRIBUTED
 from opscope.analysis.trace_file import analyze_trace_file
+from opscope.trace.kernel_names import kernel_family
 
 SGLANG = TRACES / "sglang_qwen3-8b_decode_cudagraph.json.gz"
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -140,7 +140,7 @@ def test_damaged_graph_mode_summary_keys_give_one_line_not_a_traceback(run, tmp_
 
     from opscope.errors import OpscopeError
     from opscope.render.console import render_run
-    from opscope.run import read_run
+    from opscope.run.read import read_run
 
     values = [None, "x", -1, 1e308, [], {}, True, "NaN", 2**80, [1], [{"a": 1}]]
     good = json.loads((run.path / "summary.json").read_text())

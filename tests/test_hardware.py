@@ -1,4 +1,4 @@
-"""Spec-table matching, ceiling selection and user overrides (opscope.hardware; no torch needed)."""
+"""Spec-table matching, ceiling selection and user overrides (opscope.machine.peaks; no torch needed)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from opscope.errors import OpscopeError
-from opscope.hardware import (
+from opscope.machine.peaks import (
     DTYPE_KEYS,
     GPU_SPECS,
     Peaks,
@@ -266,5 +266,5 @@ def test_unknown_gpu_warning_is_one_line() -> None:
 def test_hardware_does_not_import_torch() -> None:
     import subprocess
 
-    code = "import sys, opscope.hardware; sys.exit(1 if 'torch' in sys.modules else 0)"
+    code = "import sys, opscope.machine.peaks; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

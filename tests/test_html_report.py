@@ -21,12 +21,13 @@ from rich.console import Console
 from conftest import EXAMPLES, PEAKS, TRACES, run_cli
 from opscope.analysis.modules import module_table
 from opscope.analysis.trace_file import analyze_trace_file
-from opscope.compare import compare_runs
 from opscope.errors import OpscopeError
 from opscope.render.console_report import render_report
 from opscope.render.html import PAGE_ROWS, plotly_js, render_html, script_json
 from opscope.render.report_data import verdict_line
-from opscope.run import read_run, write_run
+from opscope.run.compare import compare_runs
+from opscope.run.read import read_run
+from opscope.run.write import write_run
 from opscope.table import from_frame, to_frame
 
 BERT = TRACES / "h100_bert-small_bf16.json.gz"

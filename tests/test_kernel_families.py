@@ -1,4 +1,4 @@
-"""The kernel-name vocabulary (opscope.analysis.kernels) on real kernel names: every name in the shared
+"""The kernel-name vocabulary (opscope.trace.kernel_names) on real kernel names: every name in the shared
 traces, and names from public vLLM/SGLang/NCCL profiles for the families those traces lack (MoE,
 communication)."""
 
@@ -10,7 +10,7 @@ import json
 import pytest
 
 from conftest import TRACES
-from opscope.analysis.kernels import (
+from opscope.trace.kernel_names import (
     FAMILIES,
     FAMILY_NAMES,
     architecture_from_kernels,

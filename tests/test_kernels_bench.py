@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import run_cli
-from opscope import kernels_bench as kb
+from opscope.kernels import bench as kb
 from reference_kernels import tuning
 
 

@@ -18,7 +18,8 @@ from opscope.analysis.trace_file import analyze_trace_file
 from opscope.capture.torch_profiler import ProfileOptions, profile_target
 from opscope.render.console import ops_table
 from opscope.render.report_data import tree_lines
-from opscope.run import Run, read_run
+from opscope.run.model import Run
+from opscope.run.read import read_run
 from opscope.table import to_frame
 
 FAST = dict(warmup=1, peak_bw=20.0, peak_flops=["100"], threads=1)

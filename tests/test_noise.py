@@ -1,4 +1,4 @@
-"""Other processes' CPU use (opscope.noise): the /proc/stat arithmetic on recorded snapshots, the verdict,
+"""Other processes' CPU use (opscope.machine.noise): the /proc/stat arithmetic on recorded snapshots, the verdict,
 step-time spread, and where they show up (summary.json, console header, findings). Then the real thing:
 CPU hogs during `profile` and `calibrate`, and a quiet run read as quiet when the machine is idle."""
 
@@ -20,14 +20,14 @@ from rich.console import Console
 from test_calibrate import _Snapshots
 
 from conftest import PEAKS, TRACES, run_cli, write_model
-from opscope import calibrate, noise
 from opscope.analysis.pipeline import analyze
 from opscope.analysis.trace_file import analyze_trace_file
-from opscope.hardware import Peaks
-from opscope.noise import CpuSample, CpuSampler
+from opscope.machine import calibrate, noise
+from opscope.machine.noise import CpuSample, CpuSampler
+from opscope.machine.peaks import Peaks
 from opscope.render.console import noise_line, render_run
-from opscope.run import read_run
-from opscope.trace import load_trace
+from opscope.run.read import read_run
+from opscope.trace.reader import load_trace
 
 # /proc/stat as Linux prints it (user nice system idle iowait irq softirq steal guest guest_nice).
 STAT = """cpu  {u} 0 {s} 9000 700 0 {si} {st} 0 0

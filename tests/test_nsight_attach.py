@@ -18,7 +18,7 @@ from opscope.analysis.pipeline import analyze
 from opscope.analysis.trace_file import trace_device, trace_meta, trace_peaks
 from opscope.findings import Context, run_rules
 from opscope.findings.excess_traffic import EXCESS_RATIO, MIN_EXCESS_BYTES
-from opscope.hardware import Peaks
+from opscope.machine.peaks import Peaks
 from opscope.nsight.measured import (
     MEASURED_COLUMNS,
     add_measured_findings,
@@ -30,9 +30,9 @@ from opscope.nsight.measured import (
 )
 from opscope.nsight.ncu_csv import read_ncu_csv
 from opscope.nsight.nsys_sqlite import read_nsys_sqlite
-from opscope.run import Run
+from opscope.run.model import Run
 from opscope.table import from_frame
-from opscope.trace import load_trace
+from opscope.trace.reader import load_trace
 
 BERT = TRACES / "h100_bert-small_bf16.json.gz"
 FIXTURES = Path(__file__).parent / "fixtures" / "nsight"

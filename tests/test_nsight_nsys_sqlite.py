@@ -27,7 +27,7 @@ from nsight_fixtures import (
 )
 from opscope.errors import NsightError
 from opscope.nsight.nsys_sqlite import attribute, parse_op_range, read_nsys_sqlite, to_trace_data
-from opscope.trace import load_trace
+from opscope.trace.reader import load_trace
 
 
 @pytest.fixture

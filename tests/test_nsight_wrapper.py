@@ -17,7 +17,7 @@ from conftest import write_model
 from nsight_fixtures import GEMM, GPU, build_nsys_sqlite
 from opscope.errors import NsightError
 from opscope.nsight.session import NsightRequest, profile_with_nsight
-from opscope.supervise import Listener, ToolFailed, WorkerCrashed, run_worker
+from opscope.target.supervise import Listener, ToolFailed, WorkerCrashed, run_worker
 
 pytestmark = pytest.mark.slow
 
@@ -219,7 +219,7 @@ def test_the_ncu_pass_with_a_stand_in_ncu(tmp_path, model, monkeypatch, mode):
     from opscope.analysis.trace_file import trace_device, trace_meta, trace_peaks
     from opscope.nsight.measured import kernel_plan
     from opscope.nsight.session import _ncu_pass
-    from opscope.trace import load_trace
+    from opscope.trace.reader import load_trace
 
     trace = load_trace(BERT)
     device = trace_device(trace)

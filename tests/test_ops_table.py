@@ -23,9 +23,9 @@ from opscope.analysis.ops_table import (
 )
 from opscope.analysis.pipeline import _group_sums, step_stats, summarize, top_ops, trace_mode, union_length
 from opscope.analysis.trace_file import _mode
-from opscope.hardware import Peaks, gpu_peaks
+from opscope.machine.peaks import Peaks, gpu_peaks
 from opscope.table import as_table, pairwise_sum
-from opscope.trace import load_trace
+from opscope.trace.reader import load_trace
 
 NAN = math.nan
 
@@ -164,7 +164,7 @@ def test_trace_mode_and_busiest_device():
 
 
 def test_the_ops_table_path_imports_neither_pandas_nor_numpy():
-    code = ("import sys, opscope.analysis.ops_table, opscope.table, opscope.swap.catalog; "
+    code = ("import sys, opscope.analysis.ops_table, opscope.table, opscope.kernels.catalog; "
             "assert 'pandas' not in sys.modules and 'numpy' not in sys.modules, sorted(sys.modules)")
     # events.py (the cost attribution's is_row_name) is ported separately: stub it to test only this chain
     stub = ("import sys, types; m = types.ModuleType('opscope.analysis.events'); "

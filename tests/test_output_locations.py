@@ -16,10 +16,11 @@ import pandas as pd
 import pytest
 from test_cli_errors import assert_clean_error
 
-import opscope.run
+import opscope.run.write
 from conftest import TRACES, run_cli, write_model
 from opscope.errors import OutputError
-from opscope.run import Run, check_out_dir, write_run
+from opscope.run.model import Run
+from opscope.run.write import check_out_dir, write_run
 
 BERT = TRACES / "h100_bert-small_bf16.json.gz"
 GPU_PEAKS = ["--peak-bw", "3350", "--peak-flops", "989000"]
@@ -126,7 +127,7 @@ def test_a_write_failure_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, c
     def failing(*args, **kwargs):
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(opscope.run, "write_csv", failing)  # the disk fails while ops.csv is written
+    monkeypatch.setattr(opscope.run.write, "write_csv", failing)  # the disk fails while ops.csv is written
     with pytest.raises(OutputError, match=os.strerror(code)) as info:
         write_run(_tiny_run(), None, "m", None, base=tmp_path / "reports")
     assert "\n" not in str(info.value)

@@ -17,10 +17,10 @@ from test_cli_errors import assert_clean_error
 from conftest import PEAKS, REPO, TRACES, run_cli
 from opscope.analysis.ranks import merge_ops, rank_hint, rank_list, rank_stats
 from opscope.errors import OpscopeError
-from opscope.hardware import Peaks
+from opscope.machine.peaks import Peaks
 from opscope.render.html import render_html
-from opscope.run import read_run
-from opscope.trace import load_trace
+from opscope.run.read import read_run
+from opscope.trace.reader import load_trace
 
 DDP_TRACES = REPO / "tests" / "fixtures" / "distributed"
 
@@ -202,7 +202,7 @@ def test_damaged_ranks_csv_is_one_error(tmp_path):
 def test_straggler_rule_fires_from_ten_percent_and_the_line_says_so():
     from opscope.findings import Context, run_rules
     from opscope.render.ranks import straggler_line
-    from opscope.run import Run
+    from opscope.run.model import Run
 
     def findings(compute: list[float]) -> list[dict]:
         ranks = pd.DataFrame({"rank": range(len(compute)), "compute_time_us": compute,

@@ -18,9 +18,9 @@ from rich.console import Console
 from conftest import PEAKS, TRACES, line_of, run_cli, write_model
 from opscope.analysis.trace_file import analyze_trace_file
 from opscope.capture.torch_profiler import ProfileOptions, profile_target
-from opscope.hardware import _DTYPE_ALIASES, DTYPE_KEYS, parse_peak_flops
+from opscope.machine.peaks import _DTYPE_ALIASES, DTYPE_KEYS, parse_peak_flops
 from opscope.render.console import fmt_us, render_run
-from opscope.run import read_run
+from opscope.run.read import read_run
 from opscope.units import UNKNOWN, gbps, si
 
 FAST = dict(steps=2, warmup=1, peak_bw=20.0, peak_flops=["100"], threads=1)

@@ -18,7 +18,7 @@ from conftest import TRACES, run_cli
 from opscope.analysis.trace_file import analyze_trace_file
 from opscope.errors import OpscopeError
 from opscope.render.console import render_run
-from opscope.run import read_run
+from opscope.run.read import read_run
 
 
 @pytest.fixture(scope="module")

@@ -178,7 +178,7 @@ def test_report_prints_a_saved_run(mlp_run):
 def test_default_run_dirs_never_collide(tmp_path):
     from datetime import datetime
 
-    from opscope.run import default_run_dir
+    from opscope.run.write import default_run_dir
 
     now = datetime(2026, 1, 2, 3, 4, 5)
     first = default_run_dir("m", tmp_path, now)
@@ -190,8 +190,9 @@ def test_default_run_dirs_never_collide(tmp_path):
 def test_an_interrupted_write_leaves_nothing_that_looks_complete(tmp_path, monkeypatch):
     import pandas as pd
 
-    import opscope.run
-    from opscope.run import Run, write_run
+    import opscope.run.write
+    from opscope.run.model import Run
+    from opscope.run.write import write_run
 
     run = Run(meta={"format_version": 1}, ops=pd.DataFrame({"op": ["aten::mm"]}), findings=[],
               summary={"format_version": 1})
@@ -199,7 +200,7 @@ def test_an_interrupted_write_leaves_nothing_that_looks_complete(tmp_path, monke
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(opscope.run, "write_csv", interrupted)  # interrupted while writing ops.csv
+    monkeypatch.setattr(opscope.run.write, "write_csv", interrupted)  # interrupted while writing ops.csv
     target = tmp_path / "reports" / "run"
     with pytest.raises(KeyboardInterrupt):
         write_run(run, target, "m", None)
@@ -212,7 +213,7 @@ def test_write_csv_matches_pandas_to_csv(tmp_path):
     import numpy as np
     import pandas as pd
 
-    from opscope.run import write_csv
+    from opscope.run.write import write_csv
 
     rng = np.random.default_rng(0)
     floats = np.concatenate([rng.standard_normal(500) * 10.0 ** rng.integers(-30, 30, 500),
@@ -239,7 +240,7 @@ def test_write_csv_of_a_table_matches_pandas_to_csv(tmp_path):
     repr, NaN and None empty, ints and bools as Python prints them, text quoted only where needed."""
     import pandas as pd
 
-    from opscope.run import write_csv
+    from opscope.run.write import write_csv
 
     table = {"op": ["aten::mm", 'a,"b"', "", "x\ny"], "calls": [3, 1, 0, 12],
              "time_us_total": [1.5, math.nan, 0.1 + 0.2, 1e16], "gpu": [True, False, True, False],
@@ -256,7 +257,8 @@ def test_a_run_of_tables_is_written_without_pandas(tmp_path):
     code = f"""
 import sys
 from pathlib import Path
-from opscope.run import Run, write_run
+from opscope.run.model import Run
+from opscope.run.write import write_run
 run = Run(meta={{"format_version": 1}}, ops={{"op": ["aten::mm"], "calls": [2], "time_us_total": [3.0]}},
           findings=[], summary={{"steps": 1}}, modules={{"module": [""], "depth": [0]}}, ranks={{"rank": [0, 1]}})
 path = write_run(run, Path({str(tmp_path / "run")!r}), "m", None)
@@ -275,7 +277,9 @@ def test_run_tables_become_dataframes_once_and_edits_are_written(tmp_path):
     added to it in place (as Nsight's measured columns are) is in run.ops_table and in ops.csv."""
     import pandas as pd
 
-    from opscope.run import Run, read_run, write_run
+    from opscope.run.model import Run
+    from opscope.run.read import read_run
+    from opscope.run.write import write_run
 
     run = Run(meta={"format_version": 1}, ops={"op": ["a", "b"], "calls": [1, 2], "time_us_total": [4.0, 1.0],
                                                "time_share": [0.8, 0.2]}, findings=[], summary={"steps": 1})

@@ -11,8 +11,8 @@ from test_cli_errors import assert_clean_error
 
 from conftest import EXAMPLES, PEAKS, line_of, run_cli, write_model
 from opscope.errors import OpscopeError
-from opscope.jobs import is_model_file, launch_spec, script_spec
-from opscope.run import read_run
+from opscope.run.read import read_run
+from opscope.target.jobs import is_model_file, launch_spec, script_spec
 
 # Step i trains on a batch of 8 + i rows, so the shapes in ops.csv say exactly which steps were profiled.
 GROWING = """

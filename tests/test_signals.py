@@ -122,7 +122,7 @@ def test_analyze_stopped_by_a_signal_leaves_nothing(tmp_path, sig):
 
 
 class _Stopped(BaseException):
-    """Stands in for opscope.cli.Terminated: a signal handler raising inside Thread.start()."""
+    """Stands in for opscope.cli.app.Terminated: a signal handler raising inside Thread.start()."""
 
 
 def test_a_signal_while_the_trace_compressor_starts_leaves_nothing(tmp_path, monkeypatch):
@@ -131,7 +131,7 @@ def test_a_signal_while_the_trace_compressor_starts_leaves_nothing(tmp_path, mon
     temporary file or created folder behind."""
     import threading
 
-    from opscope.run import TraceCompressor
+    from opscope.run.write import TraceCompressor
 
     trace = tmp_path / "t.json"
     trace.write_text('{"traceEvents": []}')

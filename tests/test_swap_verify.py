@@ -15,7 +15,7 @@ from opscope.capture.harness import Harness
 from opscope.findings.fusion import pattern_for
 from opscope.swap import apply, catalog, verify
 from opscope.swap.verify import Tol, compare_tensor
-from opscope.target import load_target
+from opscope.target.model_file import load_target
 
 FIXTURES = Path(__file__).parent / "fixtures" / "swap"
 

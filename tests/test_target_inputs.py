@@ -13,7 +13,7 @@ import torch
 
 from conftest import PEAKS, line_of, run_cli, write_model
 from opscope.capture.harness import Harness
-from opscope.target import load_target
+from opscope.target.model_file import load_target
 
 # KernelBench level1/5_Matrix_scalar_multiplication.py, smaller M and N
 MATRIX_SCALAR = '''

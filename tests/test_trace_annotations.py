@@ -10,7 +10,7 @@ import json
 from conftest import TRACES
 from opscope.analysis.annotations import embed, embedded_lines, make_block, read_block
 from opscope.analysis.memory import MemoryProfile
-from opscope.trace import load_trace
+from opscope.trace.reader import load_trace
 
 # ext_id 5 twice (not unique: left out), -1 (no id: left out), 9 with nothing to say (left out)
 EVENTS = {

@@ -23,7 +23,7 @@ from conftest import TRACES, run_cli
 from opscope.analysis.trace_file import analyze_trace_file
 from opscope.errors import OpscopeError, TraceError
 from opscope.table import nrows
-from opscope.trace import load_trace, read_bytes
+from opscope.trace.reader import load_trace, read_bytes
 
 BERT = TRACES / "h100_bert-small_bf16.json.gz"
 BERT_ROCM = TRACES / "mi300x_bert-small_bf16.json.gz"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from opscope.analysis.memory import KEY_COLUMNS, MemoryProfile
-from opscope.run import json_safe
+from opscope.run.write import json_safe
 from opscope.table import Table
 
 ANNOTATION_KEY = "opscope"

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from opscope.analysis.events import GRAPH_LAUNCH_RE
 from opscope.errors import TraceError
 from opscope.table import Table, concat, from_records, nrows, take
-from opscope.trace import TraceData
+from opscope.trace.reader import TraceData
 
 BEGIN_RE = re.compile(r"StreamBeginCapture", re.IGNORECASE)
 END_RE = re.compile(r"StreamEndCapture", re.IGNORECASE)

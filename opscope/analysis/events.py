@@ -20,10 +20,10 @@ from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from opscope.analysis.kernels import kernel_family
 from opscope.sources import location_from_call_stack
 from opscope.table import Table, group_codes, nrows
-from opscope.trace import COMPILED_GRAPH_RE, TraceData
+from opscope.trace.kernel_names import kernel_family
+from opscope.trace.reader import COMPILED_GRAPH_RE, TraceData
 
 ROW_RE = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_][\w.]*$")
 NON_ROW_PREFIXES = ("autograd::", "profiler::", "ProfilerStep")
@@ -284,7 +284,7 @@ def _attribute_kernels(trace: TraceData, ev: Table) -> None:
     around its launch; and in a GPU-only trace every kernel (no launcher). What is left is
     unattributed. Adds to trace.kernels: op (row event index or -1), kernel_row, launcher_op /
     launcher_ann (event / annotation index naming the launcher, or -1), launcher (its name),
-    graph_launch (index of the graph launch that ran it, or -1) and family (opscope.analysis.kernels)."""
+    graph_launch (index of the graph launch that ran it, or -1) and family (opscope.trace.kernel_names)."""
     n = nrows(ev)
     kern = trace.kernels
     ev["device_us"] = [0.0] * n

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from itertools import accumulate
 from typing import Any
 
-from opscope.analysis.kernels import FAMILY_NAMES, OTHER
 from opscope.table import Table, nrows, pairwise_sum
-from opscope.trace import TraceData
+from opscope.trace.kernel_names import FAMILY_NAMES, OTHER
+from opscope.trace.reader import TraceData
 
 TOP_GAPS = 5  # idle gaps listed
 MIN_GAP_US = 1.0  # shorter gaps are launch latency, not idleness worth naming

@@ -26,7 +26,7 @@ from typing import Any
 
 from opscope.analysis.events import assign_steps, innermost, thread_keys
 from opscope.table import Table, filled, nrows, take
-from opscope.trace import TraceData
+from opscope.trace.reader import TraceData
 
 CPU_DEVICE = 0  # c10::DeviceType
 DEVICE_NAMES = {0: "cpu", 1: "cuda", 6: "rocm"}

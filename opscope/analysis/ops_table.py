@@ -17,7 +17,7 @@ from typing import Any
 from opscope.analysis.events import is_row_name
 from opscope.costmodel import Cost, OpCall, estimate, floating_dtype
 from opscope.costmodel.base import BIAS_COPIED_BY_CHILD, DELEGATES_TO_ANY_CHILD, DTYPE_NAMES
-from opscope.hardware import Peaks, ceiling_key
+from opscope.machine.peaks import Peaks, ceiling_key
 from opscope.table import NAN, Table, as_table, concat, group_codes, nrows, pairwise_sum, take
 
 # A row is one (op, inputs, source line, module): the same call in two modules (every block's c_attn runs
@@ -30,7 +30,7 @@ CONTRACT_COLUMNS = KEY[:6] + [
 GPU_COLUMNS = ["cpu_time_us_total", "kernels"]
 EXTRA_COLUMNS = ["family", "dtype", "ceiling", "time_us_per_call", "note", "compiled_graph"]
 # GPU runs, after EXTRA_COLUMNS: the kernel family with most of the row's kernel time
-# (opscope.analysis.kernels), and for kernel rows the op/annotation that launched them.
+# (opscope.trace.kernel_names), and for kernel rows the op/annotation that launched them.
 GPU_EXTRA_COLUMNS = ["kernel_family", "launcher"]
 MODULE_COLUMNS = ["module", "module_class"]  # after the columns above, so their order stays the contract's
 JSON_TEXT_COLUMNS = ["input_dims", "input_dtypes", "input_strides", "concrete_inputs"]

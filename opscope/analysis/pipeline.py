@@ -15,11 +15,11 @@ from opscope.analysis.modules import finding_modules, module_table
 from opscope.analysis.ops_table import BOUNDS, JSON_TEXT_COLUMNS, build_ops_table, event_costs
 from opscope.findings import Context, run_rules
 from opscope.findings.base import DtypeProbe, LayoutProbe
-from opscope.hardware import Peaks
-from opscope.noise import step_spread, unknown
-from opscope.run import FORMAT_VERSION, Run
+from opscope.machine.noise import step_spread, unknown
+from opscope.machine.peaks import Peaks
+from opscope.run.model import FORMAT_VERSION, Run
 from opscope.table import Table, as_table, nrows, pairwise_sum, records, take
-from opscope.trace import TraceData, no_gc
+from opscope.trace.reader import TraceData, no_gc
 
 # A trace recorded elsewhere says nothing about what else ran on its machine.
 TRACE_NOISE_REASON = "a trace recorded elsewhere: other processes' CPU use on its machine is not known"
@@ -33,7 +33,7 @@ def analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str
     """`module_classes`: qualified module name -> class for every module of the model (profile), so
     modules.csv can name modules that issued no op of their own. `memory`: profile's untimed memory
     pass; without it, the trace's own memory events (if it has any) are read. `noise`:
-    opscope.noise.assess() of the timed pass (profile), else "unknown"; `step_us`: each step's measured
+    opscope.machine.noise.assess() of the timed pass (profile), else "unknown"; `step_us`: each step's measured
     wall time (profile), else the ProfilerStep annotations' durations are used."""
     with no_gc():
         return _analyze(trace, peaks=peaks, meta=meta, source=source, source_override=source_override,
@@ -138,7 +138,7 @@ def summarize(ops: Any, *, steps: int, step_time_us: float, n_findings: int,
               gpu_keys: dict[str, Any] | None = None) -> dict[str, Any]:
     """summary.json from the ops table (a DataFrame from a caller that still has one is read too).
     `step_us`: each step's wall time (default: one step of `step_time_us`); `noise`:
-    opscope.noise.assess() of the timed pass (default: unknown, as for a file recorded elsewhere)."""
+    opscope.machine.noise.assess() of the timed pass (default: unknown, as for a file recorded elsewhere)."""
     ops = as_table(ops)
     times = [float(t) for t in ops["time_us_total"]]
     # pandas' sums, so that the shares stay the same to the last bit
@@ -193,10 +193,10 @@ def _group_sums(keys: Sequence[Any], values: Sequence[float]) -> dict[Any, float
 
 
 def swap_candidates(ops: Table) -> list[dict[str, Any]]:
-    """The bundled kernels that could replace ops of the run (opscope.swap.catalog.candidates); empty when
+    """The bundled kernels that could replace ops of the run (opscope.kernels.catalog.candidates); empty when
     the manifests cannot be read (that is `opscope kernels`' error to report, not the analysis')."""
     from opscope.errors import OpscopeError
-    from opscope.swap.catalog import candidates
+    from opscope.kernels.catalog import candidates
 
     try:
         return candidates(ops)

@@ -7,7 +7,7 @@ the merged run's ranks.csv), per profiled step:
 
 - `step_time_us`: the rank's mean step wall time; `op_time_us`: its op time (ops.csv time / steps);
 - `collective_time_us`: wall time inside collectives. GPU traces with communication kernels: the union
-  of those kernels (NCCL/RCCL, opscope.analysis.kernels). Otherwise (CPU, gloo): the union, over all
+  of those kernels (NCCL/RCCL, opscope.trace.kernel_names). Otherwise (CPU, gloo): the union, over all
   threads, of the collective CPU events: c10d ops (`c10d::allreduce_`, functional collectives),
   `record_param_comms`, and the backends' ranges (`gloo:all_reduce`, `nccl:all_reduce`, ...), which on
   gloo run on its own threads and include the wait for the other ranks;
@@ -39,17 +39,19 @@ import pandas as pd
 
 from opscope.analysis.gpu_timeline import COMM_FAMILY, TRANSFER_CATS, merge
 from opscope.analysis.gpu_timeline import _overlap_with as overlap_with
-from opscope.analysis.kernels import kernel_family
 from opscope.analysis.modules import module_table
 from opscope.analysis.ops_table import CONTRACT_COLUMNS, KEY, add_roofline
 from opscope.analysis.pipeline import summarize
 from opscope.errors import OpscopeError, TraceError
 from opscope.findings import Context, run_rules
 from opscope.findings.straggler import MIN_EXCESS
-from opscope.hardware import Peaks
-from opscope.run import DEFAULT_REPORTS_DIR, STAGING_PREFIX, Run, check_out_dir, read_run, write_run
+from opscope.machine.peaks import Peaks
+from opscope.run.model import DEFAULT_REPORTS_DIR, STAGING_PREFIX, Run
+from opscope.run.read import read_run
+from opscope.run.write import check_out_dir, write_run
 from opscope.table import Table, from_frame, group_codes, to_frame
-from opscope.trace import TraceData, load_trace, max_trace_bytes
+from opscope.trace.kernel_names import kernel_family
+from opscope.trace.reader import TraceData, load_trace, max_trace_bytes
 
 COLLECTIVE_RE = re.compile(r"^(c10d::|_?c10d_functional::|record_param_comms$|(nccl|gloo|mpi|ucc|xccl|hccl):)")
 RANK_NAME_RE = re.compile(r"(?:^|[^a-z])rank[_-]?(\d{1,7})(?!\d)", re.IGNORECASE)

@@ -11,13 +11,14 @@ from typing import Any
 from opscope import __version__
 from opscope.analysis.annotations import ANNOTATION_KEY, BlockError, embedded_lines, read_block
 from opscope.analysis.capture_merge import merge_capture
-from opscope.analysis.kernels import architecture_from_kernels, short_kernel_name
 from opscope.analysis.pipeline import analyze
 from opscope.findings.common import fmt_us
-from opscope.hardware import Peaks, apply_overrides, gpu_from_properties, gpu_peaks, unknown_gpu_warning
-from opscope.run import DEFAULT_REPORTS_DIR, Run, TraceCompressor, check_out_dir, write_run
+from opscope.machine.peaks import Peaks, apply_overrides, gpu_from_properties, gpu_peaks, unknown_gpu_warning
+from opscope.run.model import DEFAULT_REPORTS_DIR, Run
+from opscope.run.write import TraceCompressor, check_out_dir, write_run
 from opscope.table import nrows
-from opscope.trace import TraceData, load_trace, max_trace_bytes, read_bytes
+from opscope.trace.kernel_names import architecture_from_kernels, short_kernel_name
+from opscope.trace.reader import TraceData, load_trace, max_trace_bytes, read_bytes
 
 UNKNOWN_GPU = "unknown GPU (not recorded in the trace)"
 
@@ -77,7 +78,7 @@ def trace_peaks(trace: TraceData, device: dict[str, str], peak_bw: float | None,
         if peaks is None and not overridden:
             warn(unknown_gpu_warning(device["name"]))
     elif not overridden:
-        from opscope.calibrate import cached_cpu_peaks
+        from opscope.machine.calibrate import cached_cpu_peaks
 
         peaks = cached_cpu_peaks(warn)
         if peaks is None:

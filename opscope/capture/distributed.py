@@ -3,7 +3,7 @@
 
 The supervised child of `opscope profile` (opscope/capture/worker.py) becomes the launcher: it measures
 the CPU's ceilings once for all ranks, then runs torch.distributed.run (torchrun) in process, which
-starts N ranks, each `main()` below in a fresh interpreter (opscope.supervise.boot_command). Each rank
+starts N ranks, each `main()` below in a fresh interpreter (opscope.target.supervise.boot_command). Each rank
 profiles its own process exactly as a one-process profile does and writes a whole run directory
 `ranks/<rank>/` (plus a status file) into a hidden staging folder beside the final run; the launcher then
 merges them (opscope.analysis.ranks, torch-free) into one run whose ranks/ they become.
@@ -36,10 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 from opscope.analysis.ranks import RankRun, merge_ranks, rank_stats, staging_folder, valid_stats, write_merged
 from opscope.errors import OpscopeError
-from opscope.jobs import LaunchSpec, ScriptSpec
-from opscope.run import DEFAULT_REPORTS_DIR, Run, check_out_dir, read_run
-from opscope.supervise import Stopped, boot_command, child_setup, death_by_signal, target_error_message
-from opscope.target import check_target_file
+from opscope.run.model import DEFAULT_REPORTS_DIR, Run
+from opscope.run.read import read_run
+from opscope.run.write import check_out_dir
+from opscope.target.jobs import LaunchSpec, ScriptSpec
+from opscope.target.model_file import check_target_file
+from opscope.target.supervise import Stopped, boot_command, child_setup, death_by_signal, target_error_message
 
 if TYPE_CHECKING:  # torch-importing modules: only the ranks and the launcher load them
     from opscope.capture.torch_profiler import ProfileOptions, Progress
@@ -251,7 +253,7 @@ def _profile_rank(spec: dict[str, Any], rank: int, local_rank: int, world: int) 
     import torch.distributed as dist
 
     from opscope.capture.worker import options_from_spec
-    from opscope.hardware import Peaks
+    from opscope.machine.peaks import Peaks
 
     opts = options_from_spec({**spec["options"], "out": str(Path(spec["ranks_dir"]) / str(rank))})
     cuda = spec["device"] == "cuda"

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from opscope.errors import TargetError
-from opscope.target import Target, describe_exception, user_frame_of
+from opscope.target.model_file import Target, describe_exception, user_frame_of
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",

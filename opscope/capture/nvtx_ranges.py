@@ -21,7 +21,7 @@ import torch
 
 from opscope.capture.harness import Harness, process_state_kept, resolve_device
 from opscope.nsight.commands import MODULE_RANGE_PREFIX, STEP_RANGE
-from opscope.target import load_target
+from opscope.target.model_file import load_target
 
 
 @contextlib.contextmanager

@@ -48,11 +48,18 @@ from opscope.capture.torch_profiler import (
     profiler_activities,
 )
 from opscope.errors import OpscopeError, TargetError
-from opscope.hardware import Peaks
-from opscope.jobs import STEP_FN_RE, ScriptSpec
-from opscope.run import DEFAULT_REPORTS_DIR, Run, check_out_dir, write_run
-from opscope.target import ACCEPTED, add_model_folder, check_target_file, describe_exception, user_frame_of
-from opscope.trace import TraceData, load_trace
+from opscope.machine.peaks import Peaks
+from opscope.run.model import DEFAULT_REPORTS_DIR, Run
+from opscope.run.write import check_out_dir, write_run
+from opscope.target.jobs import STEP_FN_RE, ScriptSpec
+from opscope.target.model_file import (
+    ACCEPTED,
+    add_model_folder,
+    check_target_file,
+    describe_exception,
+    user_frame_of,
+)
+from opscope.trace.reader import TraceData, load_trace
 
 
 class StopScript(BaseException):

@@ -28,11 +28,12 @@ from opscope.capture.layout_probe import conv_layout_probe
 from opscope.capture.lines import join_lines, module_classes, module_origins, record_lines
 from opscope.capture.nvtx_ranges import module_ranges, step_range
 from opscope.errors import OpscopeError
-from opscope.hardware import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
-from opscope.noise import CpuSampler, window_noise
-from opscope.run import DEFAULT_REPORTS_DIR, Run, check_out_dir, write_run
-from opscope.target import load_target
-from opscope.trace import TraceData, load_trace
+from opscope.machine.noise import CpuSampler, window_noise
+from opscope.machine.peaks import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
+from opscope.run.model import DEFAULT_REPORTS_DIR, Run
+from opscope.run.write import check_out_dir, write_run
+from opscope.target.model_file import load_target
+from opscope.trace.reader import TraceData, load_trace
 
 
 @dataclass
@@ -86,7 +87,7 @@ def _validate(opts: ProfileOptions) -> None:
 
 
 def cpu_name() -> str:
-    from opscope.calibrate import cpu_model_name
+    from opscope.machine.calibrate import cpu_model_name
 
     return cpu_model_name()
 
@@ -104,7 +105,7 @@ def machine_peaks(opts: ProfileOptions, device: torch.device,
         if opts.peak_bw and opts.peak_flops:
             peaks = None  # fully overridden: no need to measure
         else:
-            from opscope.calibrate import obtain
+            from opscope.machine.calibrate import obtain
 
             got = obtain(torch.get_num_threads(), quick=True, progress=progress.warn)
             peaks = got.result.peaks()

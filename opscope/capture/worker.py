@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from opscope.errors import OpscopeError
-from opscope.supervise import Control, Stopped, child_setup, target_error_message
+from opscope.target.supervise import Control, Stopped, child_setup, target_error_message
 
 
 class _PipeProgress:
@@ -89,8 +89,8 @@ def serve(task: Callable[[dict[str, Any], _PipeProgress, bool], dict[str, Any]],
 
 
 def _profile(spec: dict[str, Any], progress: _PipeProgress, debug: bool = False) -> dict[str, Any]:
-    script = spec.pop("script", None)  # opscope.jobs.ScriptSpec as JSON: script mode
-    launch = spec.pop("launch", None)  # opscope.jobs.LaunchSpec as JSON: several processes via torchrun
+    script = spec.pop("script", None)  # opscope.target.jobs.ScriptSpec as JSON: script mode
+    launch = spec.pop("launch", None)  # opscope.target.jobs.LaunchSpec as JSON: several processes via torchrun
     kind = spec.pop("pass", "profile")
     hold = spec.pop("hold", None)
     nvtx_ops = bool(spec.pop("nvtx_ops", False))
@@ -101,14 +101,14 @@ def _profile(spec: dict[str, Any], progress: _PipeProgress, debug: bool = False)
         return measured_pass(options_from_spec(spec), nvtx_ops, progress, tool)
     if launch is not None:
         from opscope.capture.distributed import launch_ranks
-        from opscope.jobs import LaunchSpec, ScriptSpec
+        from opscope.target.jobs import LaunchSpec, ScriptSpec
 
         run = launch_ranks(options_from_spec(spec), ScriptSpec(**script) if script else None,
                            LaunchSpec(**launch), progress, debug=debug)
         return {"run_dir": str(run.path)}
     if script is not None:
         from opscope.capture.script import profile_script
-        from opscope.jobs import ScriptSpec
+        from opscope.target.jobs import ScriptSpec
 
         run = profile_script(options_from_spec(spec), ScriptSpec(**script), progress)
         return {"run_dir": str(run.path)}

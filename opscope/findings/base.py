@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from opscope.hardware import Peaks
+from opscope.machine.peaks import Peaks
 from opscope.sources import HARNESS
 from opscope.table import Table, as_table, pairwise_sum
 
@@ -65,7 +65,7 @@ class Context:
     dtype_probe: DtypeProbe | None = None
     # GPU runs: opscope.analysis.gpu_timeline's summary keys (graph_replay, idle_gaps, streams, ...)
     gpu_timeline: dict[str, Any] | None = None
-    # summary.json "noise": other processes' CPU use during the timed steps (opscope.noise.assess);
+    # summary.json "noise": other processes' CPU use during the timed steps (opscope.machine.noise.assess);
     # verdict "unknown" for traces. Rules resting on achieved rates append noise.noise_caveat(ctx.noise).
     noise: dict[str, Any] | None = None
     memory: Any = None  # analysis.memory.MemoryProfile when the run recorded memory events

@@ -2,7 +2,7 @@
 (or bf16/fp16) would use tensor cores.
 
 Per ops.csv row (user code): family matmul or conv, dtype float32, and no kernel name showing TF32 math
-(tf32 / xf32 / s1688 tags, see opscope.hardware). Saving: the op assumed to keep its fraction of peak
+(tf32 / xf32 / s1688 tags, see opscope.machine.peaks). Saving: the op assumed to keep its fraction of peak
 when the peak becomes the TF32 one: time x (1 - peak_fp32 / peak_tf32), but never below the
 op's bytes at peak bandwidth; unknown (null) when the device's TF32 peak is unknown.
 """

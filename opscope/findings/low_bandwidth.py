@@ -26,7 +26,7 @@ from opscope.findings.fusion import fused_events
 from opscope.findings.layout import CAUSE_TEXT, layout_cause, tensors
 from opscope.findings.strided_reduction import strided_rows
 from opscope.findings.tree import col, events_by_ops_row, inside_worker, ops_rows
-from opscope.noise import noise_caveat
+from opscope.machine.noise import noise_caveat
 
 BW_FRACTION = 0.70
 MIN_IDEAL_US = 5.0

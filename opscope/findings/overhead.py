@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from opscope.findings.base import Context, Finding, rule
 from opscope.findings.common import fmt_us, ideal_row_us, per_step, severity, share, short
 from opscope.findings.tree import events_by_ops_row, ops_rows, user_mask
-from opscope.noise import noise_caveat
+from opscope.machine.noise import noise_caveat
 from opscope.sources import HARNESS
 from opscope.table import pairwise_sum
 

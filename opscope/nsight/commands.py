@@ -1,7 +1,7 @@
 """The Nsight command lines opscope runs, the NVTX range names its passes emit, and one-line, actionable
 messages for the tools' known failures. Torch-free: the CLI checks all of this before any model runs.
 
-The commands are prefixes: the supervised worker's own `python -c BOOT SPEC` (opscope.supervise) is
+The commands are prefixes: the supervised worker's own `python -c BOOT SPEC` (opscope.target.supervise) is
 appended, so nsys and ncu launch exactly the process opscope would have started itself, under the same
 supervision (control channel, private TMPDIR, signals, nothing half-written).
 """
@@ -18,8 +18,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opscope.analysis.kernels import demangle
 from opscope.errors import NsightError
+from opscope.trace.kernel_names import demangle
 
 # NVTX ranges of the measured passes (and of `opscope profile --nvtx`): one push/pop range per step, with
 # the same name every step so that one ncu filter selects them all; one per forward of each top-level

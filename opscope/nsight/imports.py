@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 from opscope.errors import NsightError
 from opscope.nsight.commands import last_error_line, ncu_import_command, tool_for_file
-from opscope.run import DEFAULT_REPORTS_DIR, Run, check_out_dir, write_run
+from opscope.run.model import DEFAULT_REPORTS_DIR, Run
+from opscope.run.write import check_out_dir, write_run
 
 if TYPE_CHECKING:
     from opscope.nsight.ncu_csv import NcuTable
@@ -150,7 +151,6 @@ def _ncu_run(path: Path, table: NcuTable, folder: Path, peak_bw: float | None, p
     import pandas as pd
 
     from opscope import __version__
-    from opscope.analysis.kernels import kernel_family
     from opscope.analysis.ops_table import (
         CONTRACT_COLUMNS,
         EXTRA_COLUMNS,
@@ -159,8 +159,9 @@ def _ncu_run(path: Path, table: NcuTable, folder: Path, peak_bw: float | None, p
         add_roofline,
     )
     from opscope.analysis.pipeline import summarize
-    from opscope.hardware import apply_overrides
+    from opscope.machine.peaks import apply_overrides
     from opscope.nsight.measured import attach_ncu, ncu_kernels_table
+    from opscope.trace.kernel_names import kernel_family
 
     meas = table.kernels
     peaks = apply_overrides(None, peak_bw, peak_flops)

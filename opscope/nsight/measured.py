@@ -32,7 +32,7 @@ from opscope.findings.common import ops_rows_for_events
 from opscope.nsight.commands import STEP_RANGE, kernel_base_name, kernel_key
 from opscope.nsight.ncu_csv import NcuTable
 from opscope.nsight.nsys_sqlite import NsysData, attribute, parse_op_range
-from opscope.run import Run
+from opscope.run.model import Run
 
 MEASURED_COLUMNS = ["measured_time_us_per_call", "measured_dram_bytes_per_call", "measured_flops_per_call",
                     "measured_tensor_inst_per_call", "measured_dram_pct_peak", "measured_sm_pct_peak",
@@ -313,7 +313,7 @@ def add_measured_findings(run: Run) -> None:
     """Runs the rules that read measurements (excess-traffic) on run.ops and refreshes what the summary
     derives from the table and the findings. The other rules ran when the run was analyzed."""
     from opscope.findings import Context, run_rules
-    from opscope.hardware import Peaks
+    from opscope.machine.peaks import Peaks
 
     ctx = Context(ops=run.ops, events=pd.DataFrame(), peaks=Peaks.from_json(run.meta.get("peaks") or {}), gpu=True,
                   source=str(run.meta.get("source", "trace")), steps=max(int(run.summary.get("steps") or 1), 1),

@@ -32,7 +32,7 @@ from opscope.analysis.events import innermost
 from opscope.errors import NsightError
 from opscope.nsight.commands import MODULE_RANGE_PREFIX, STEP_RANGE, kernel_base_name
 from opscope.table import from_frame
-from opscope.trace import TraceData
+from opscope.trace.reader import TraceData
 
 if TYPE_CHECKING:  # imported where used: `opscope analyze` of a torch trace imports this module, not pandas
     import numpy as np
@@ -387,7 +387,7 @@ def _synthetic_op(kind: str, name: str) -> str:
 
 
 def to_trace_data(data: NsysData) -> TraceData:
-    """The export as the tables a torch.profiler trace gives (opscope.trace.TraceData), so that `opscope
+    """The export as the tables a torch.profiler trace gives (opscope.trace.reader.TraceData), so that `opscope
     analyze` runs its whole analysis on it: ops are the NVTX op ranges (emit_nvtx(record_shapes=True):
     name, sizes; no dtypes, strides or values), kernels are joined to them through their launches, steps
     are opscope's step ranges. A report without op ranges gets one op per launch, named after its kernel."""

@@ -1,7 +1,7 @@
 """`opscope profile --nsys / --ncu`: the usual profile, then the same model again under nsys and/or ncu,
 then one run directory with all of it.
 
-This runs in the parent CLI process (torch-free). Every pass is a supervised worker (opscope.supervise):
+This runs in the parent CLI process (torch-free). Every pass is a supervised worker (opscope.target.supervise):
 1. the profile itself, whose worker leaves the analyzed run, its kernel plan and trace in a private
    folder instead of writing the run directory;
 2. with --nsys, the measured pass launched by `nsys profile ...` (capture range: the steps), then
@@ -34,8 +34,9 @@ from opscope.nsight.commands import (
     nsys_profile_command,
     require_tools,
 )
-from opscope.run import Run, write_run
-from opscope.supervise import Listener, ToolFailed, run_worker
+from opscope.run.model import Run
+from opscope.run.write import write_run
+from opscope.target.supervise import Listener, ToolFailed, run_worker
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -15,12 +15,12 @@ from rich.table import Table
 from rich.text import Text
 
 from opscope import units
-from opscope.analysis.kernels import short_kernel_name
 from opscope.analysis.ops_table import GPU_ONLY_NOTE, GRAPH_KERNEL_NOTE, LOOSE_KERNEL_NOTE
-from opscope.noise import remedy
+from opscope.machine.noise import remedy
 from opscope.render.text import clean, cleaned_run
-from opscope.run import Run
+from opscope.run.model import Run
 from opscope.table import nrows, records, take
+from opscope.trace.kernel_names import short_kernel_name
 from opscope.units import UNKNOWN, number
 
 BOUND_STYLE = {"compute": "bold green", "memory": "bold cyan", "overhead": "bold yellow", "unknown": "dim"}
@@ -406,7 +406,7 @@ def findings_list(run: Run, top: int = 5) -> Group | Text:
 def swap_candidates(run: Run, top: int = 15) -> Group | None:
     """For each of the top ops that a bundled kernel could replace (summary.json `swap_candidates`), the
     kernels: one line per op, with the command that tries them."""
-    from opscope.swap.catalog import kernels_for_rows
+    from opscope.kernels.catalog import kernels_for_rows
 
     ops = run.ops_table
     by_row = kernels_for_rows(run.summary.get("swap_candidates"), range(min(top, nrows(ops))))
@@ -508,6 +508,6 @@ def render_run(run: Run, console: Console, top: int = 15, findings: int = 5) -> 
     for line in measured_notes(run):
         console.print(Text("measured: ", style="bold") + Text(line))
     if run.path is not None:
-        from opscope.run import shown_path
+        from opscope.run.model import shown_path
 
         console.print(Text("run directory: ") + Text(clean(shown_path(run.path)), style="bold"))

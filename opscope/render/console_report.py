@@ -10,7 +10,6 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from opscope.compare import APPEARED, FASTER, SAME, SLOWER, VANISHED, Comparison
 from opscope.render.console import (
     BOUND_STYLE,
     ROOT_MODULE,
@@ -42,7 +41,8 @@ from opscope.render.report_data import (
     verdict_line,
 )
 from opscope.render.text import clean, cleaned_run
-from opscope.run import Run, shown_path
+from opscope.run.compare import APPEARED, FASTER, SAME, SLOWER, VANISHED, Comparison
+from opscope.run.model import Run, shown_path
 
 VERDICT_STYLE = {FASTER: "green", VANISHED: "green", SLOWER: "red", APPEARED: "red"}
 

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from opscope import __version__, units
-from opscope.compare import APPEARED, FASTER, SAME, SLOWER, VANISHED, Comparison
 from opscope.errors import OpscopeError, OutputError
 from opscope.render.console import (
     ROOT_MODULE,
@@ -65,7 +64,8 @@ from opscope.render.report_data import (
     verdict_line,
 )
 from opscope.render.text import clean, cleaned_run
-from opscope.run import Run, shown_path
+from opscope.run.compare import APPEARED, FASTER, SAME, SLOWER, VANISHED, Comparison
+from opscope.run.model import Run, shown_path
 from opscope.units import UNKNOWN
 
 PAGE_ROWS = 200  # table rows put in the DOM at a time; more as the reader scrolls

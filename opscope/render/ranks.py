@@ -14,7 +14,7 @@ from rich.text import Text
 from opscope.render.console import fmt_pct, fmt_us
 from opscope.render.report_data import num, text
 from opscope.render.text import clean
-from opscope.run import Run
+from opscope.run.model import Run
 from opscope.table import nrows, records
 
 # (header, ranks.csv column, format)

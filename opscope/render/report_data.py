@@ -14,7 +14,7 @@ from typing import Any
 
 from opscope.render.console import ROOT_MODULE, fmt_pct, fmt_us, si
 from opscope.render.text import clean
-from opscope.run import Run
+from opscope.run.model import Run
 from opscope.units import number as num  # a finite float, or None
 
 BOUNDS = ("compute", "memory", "overhead", "unknown")
@@ -318,10 +318,10 @@ def _format_value(key: str, value: Any) -> str:
 
 
 def swap_results(run: Run) -> dict[str, Any] | None:
-    """The run's swap.json (opscope.swap.result.read_swap: only well-formed results), strings cleaned;
+    """The run's swap.json (opscope.run.swap_results.read_swap: only well-formed results), strings cleaned;
     None when the run has none or it cannot be read (an optional file never breaks a report)."""
     from opscope.render.text import _deep
-    from opscope.swap.result import read_swap
+    from opscope.run.swap_results import read_swap
 
     if run.path is None:
         return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from opscope.run import Run
+from opscope.run.model import Run
 from opscope.table import Table
 
 # C0 controls (ESC, BEL, backspace, CR, ...), DEL and C1 controls (CSI, OSC, ... as single code

@@ -36,8 +36,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from opscope.analysis.ops_table import classify_bound
 from opscope.costmodel import OpCall, estimate
-from opscope.hardware import Peaks, ceiling_key
-from opscope.kernels_bench import Timing, interleaved, summarize
+from opscope.kernels.bench import Timing, interleaved, summarize
+from opscope.machine.peaks import Peaks, ceiling_key
 from opscope.swap.apply import RecordedCall, Swap
 from opscope.swap.traps import fresh_args, select_calls, tensors_of
 

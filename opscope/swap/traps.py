@@ -38,7 +38,7 @@ import torch
 
 from opscope.swap.apply import RecordedCall
 from opscope.swap.verify import Check, Tol, compare_tensor, same_bits
-from opscope.target import describe_exception
+from opscope.target.model_file import describe_exception
 
 CALLS_PER_SITE = 2
 GROWTH_LIMIT = 16 << 20     # bytes of RSS / CUDA memory growth over the memory loop

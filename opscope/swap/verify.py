@@ -36,7 +36,7 @@ import torch
 
 from opscope.capture.harness import Harness, first_tensor, process_state_kept
 from opscope.swap.apply import RecordedCall, Swap, differences, snapshot
-from opscope.target import describe_exception
+from opscope.target.model_file import describe_exception
 
 
 @dataclass(frozen=True)

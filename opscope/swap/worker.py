@@ -38,7 +38,7 @@ class SwapSession:
     """Runs every requested swap on the profiled model (the `extra` hook of profile_target)."""
 
     def __init__(self, spec: dict[str, Any], progress: Any) -> None:
-        from opscope.swap.catalog import SwapRequest
+        from opscope.kernels.catalog import SwapRequest
 
         self.requests = [SwapRequest.from_json(r) for r in spec["requests"]] if spec.get("requests") is not None else None
         self.repeats = int(spec.get("repeats") or REPEATS)
@@ -47,8 +47,8 @@ class SwapSession:
         self.steady: bool | None = None
 
     def __call__(self, harness: Any, run: Any) -> dict[str, str]:
+        from opscope.kernels.catalog import SwapRequest
         from opscope.swap import result
-        from opscope.swap.catalog import SwapRequest
 
         explicit = self.requests is not None
         requests = self.requests if explicit else [
@@ -65,7 +65,7 @@ class SwapSession:
             self.results.append(self.one(request, harness, run, restore))
         if explicit and requests and all(r["status"] in ("not-applicable", "error") for r in self.results):
             raise NothingToSwap("; ".join(f"{r['label']}: {r['message']}" for r in self.results))
-        from opscope.kernels_bench import WARMUP
+        from opscope.kernels.bench import WARMUP
         from opscope.swap.benchmark import SUSPICIOUS
         from opscope.swap.verify import SEEDS
 
@@ -78,10 +78,10 @@ class SwapSession:
         self.progress.phase(f"{PHASE_PREFIX}{label}: {what}")
 
     def one(self, request: Any, harness: Any, run: Any, restore: Any) -> dict[str, Any]:
-        from opscope.hardware import Peaks
+        from opscope.kernels.catalog import SwapRequestError, find
+        from opscope.machine.peaks import Peaks
         from opscope.swap import benchmark, result
         from opscope.swap.apply import Builder, BundledKernel, SwapError
-        from opscope.swap.catalog import SwapRequestError, find
         from opscope.swap.verify import Runner, verify
 
         label = request.label
@@ -108,7 +108,7 @@ class SwapSession:
                                      mechanisms=mechanisms, notes=swap.notes, verification=verification)
         self.phase(label, "benchmarking")
         if self.steady is None:
-            from opscope.kernels_bench import steady_allocator
+            from opscope.kernels.bench import steady_allocator
 
             self.steady = steady_allocator()  # as `opscope kernels --bench`: page faults must not set the times
         peaks = Peaks.from_json(run.meta.get("peaks") or {})
@@ -137,8 +137,8 @@ def _reset_compile(request: Any) -> None:
 
 def _user_function(request: Any) -> Any:
     from opscope.capture.harness import process_state_kept
-    from opscope.swap.catalog import SwapRequestError
-    from opscope.target import load_module
+    from opscope.kernels.catalog import SwapRequestError
+    from opscope.target.model_file import load_module
 
     with process_state_kept(keep_additions=True):
         module = load_module(Path(request.user_file))

@@ -20,7 +20,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from opscope.run import Run
+from opscope.run.model import Run
 
 # Step-time spread assumed when neither run measured it: timings of the same run on a shared machine
 # move by about +-10 % (README, Benchmarks).

@@ -10,7 +10,7 @@ Method, per (kernel, case):
   - statistics: median with p20/p80 per candidate; ratio = other's median / kernel's median (>1: the kernel
     is faster);
   - bytes: each input tensor read once plus the output written once (the minimum traffic of the op);
-    GB/s = bytes / median; % of the calibrated CPU bandwidth (opscope.calibrate; --peak-bw overrides).
+    GB/s = bytes / median; % of the calibrated CPU bandwidth (opscope.machine.calibrate; --peak-bw overrides).
   - steady memory: by default glibc's malloc is told not to return big blocks to the OS (mallopt
     M_MMAP_MAX=0, M_TRIM_THRESHOLD=1 GiB), as jemalloc/tcmalloc setups do, so a 64 MiB output does not
     page-fault on every call: otherwise page faults, not the kernels, dominate every candidate's time.
@@ -227,7 +227,7 @@ def goal_checks(results: list[CaseResult]) -> list[dict[str, Any]]:
 def machine_info(threads: int, peak_gbps: float | None, peak_origin: str) -> dict[str, Any]:
     import torch
 
-    from opscope.calibrate import cpu_model_name
+    from opscope.machine.calibrate import cpu_model_name
     from reference_kernels import _build
 
     _build.load_cpu_extension()
@@ -253,12 +253,12 @@ def run(names: list[str], repeats: int = 15, peak_gbps: float | None = None, com
     steady_ok = steady_allocator() if steady else False
     origin = "user"
     if peak_gbps is None and device == "cuda":
-        from opscope.hardware import gpu_peaks
+        from opscope.machine.peaks import gpu_peaks
 
         gp = gpu_peaks(torch.cuda.get_device_name(0))
         peak_gbps, origin = (gp.memory_bandwidth_gbps, "spec-table") if gp else (None, "unknown")
     elif peak_gbps is None:
-        from opscope.calibrate import cpu_peaks
+        from opscope.machine.calibrate import cpu_peaks
 
         peaks, cached = cpu_peaks(progress=progress)
         peak_gbps, origin = peaks.memory_bandwidth_gbps, "measured (cached)" if cached else "measured"

@@ -25,7 +25,7 @@ them all. The memory-bandwidth ceiling is max(copy, triad): the best streaming r
 is what a memory-bound op could at best reach, and which of the two patterns is faster varies by CPU.
 The float32 GEMM rate doubles as the vector (non-GEMM) ceiling.
 
-While it measures, other processes' CPU use is read from /proc/stat (opscope.noise). Above
+While it measures, other processes' CPU use is read from /proc/stat (opscope.machine.noise). Above
 noise.NOISY_SHARE of the cores (or when our threads plus theirs oversubscribe the cores) the result is
 marked `stable: false` with a note saying why, and it is not cached as this machine's ceilings: the next
 run measures again. Concurrent opscope processes calibrate one at a time (a lock file in the cache
@@ -54,8 +54,8 @@ from pathlib import Path
 from typing import Any
 
 from opscope.errors import OpscopeError
-from opscope.hardware import Peaks
-from opscope.noise import CpuSampler, window_noise
+from opscope.machine.noise import CpuSampler, window_noise
+from opscope.machine.peaks import Peaks
 
 CACHE_FORMAT = 2  # 2: best-of figures, GEMMs sized by work, only stable results cached
 LOCK_NAME = "calibration.lock"
@@ -93,7 +93,7 @@ class CalibrationResult:
     """One calibration. Rates: copy_gbps/triad_gbps in GB/s (1e9 B/s), gemm_gflops {dtype: GFLOP/s} holding
     only the dtypes usable as ceilings (see notes for the rest); each is the best of its `samples` (every
     timed repeat, same units); gemm_sizes {dtype: n}; array_bytes: bytes per stream array; llc_bytes: the
-    last-level cache that sized them; noise: opscope.noise.assess() of other processes' CPU use while it
+    last-level cache that sized them; noise: opscope.machine.noise.assess() of other processes' CPU use while it
     measured; stable: quiet and repeats consistent (only stable results are cached). to_json() is what
     `opscope calibrate --json` prints and the cache stores; it adds "memory_bandwidth_gbps" and "peaks"
     (the meta.json "peaks" object)."""

@@ -44,7 +44,7 @@ def swap_doc(meta: dict[str, Any], results: list[dict[str, Any]], method: dict[s
 
 
 def dumps(doc: dict[str, Any]) -> str:
-    from opscope.run import dumps as run_dumps
+    from opscope.run.write import dumps as run_dumps
 
     return run_dumps(doc)
 

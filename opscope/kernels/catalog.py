@@ -95,7 +95,7 @@ def parse_requests(values: list[str], op: str | None = None, module: str | None 
     """`--kernel` values (repeatable; `a+b` applies bundled kernels together) into requests, checked
     without torch: bundled names exist, a user kernel is FILE.py:FUNC of a Python file that compiles and
     comes with exactly one of --op / --module, which only a user kernel takes."""
-    from opscope.target import check_target_file
+    from opscope.target.model_file import check_target_file
 
     if op is not None and module is not None:
         raise SwapRequestError("give --op or --module, not both: they say what the user kernel replaces")

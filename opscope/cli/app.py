@@ -18,7 +18,7 @@ from rich.text import Text
 
 from opscope import __version__
 from opscope.errors import OpscopeError
-from opscope.hardware import dtype_names
+from opscope.machine.peaks import dtype_names
 
 if TYPE_CHECKING:
     from opscope.nsight.session import NsightRequest
@@ -111,7 +111,8 @@ def _emit(run, json_out: bool, top: int) -> None:  # noqa: ANN001
     from rich.text import Text
 
     from opscope.render.text import clean
-    from opscope.run import dumps, shown_path
+    from opscope.run.model import shown_path
+    from opscope.run.write import dumps
 
     if json_out:
         sys.stdout.write(dumps(run.summary) + "\n")
@@ -173,9 +174,9 @@ def profile(
     process or several (--nproc-per-node): per-op FLOPs, bytes, roofline and findings; writes a run
     directory."""
     _state["debug"] = debug
-    from opscope.jobs import check_tool_options, launch_spec, script_spec
     from opscope.nsight.commands import split_tool_args
     from opscope.nsight.session import NsightRequest, check_request
+    from opscope.target.jobs import check_tool_options, launch_spec, script_spec
 
     spec = _model_spec(target, entry, device, dtype, mode, warmup, steps, threads, peak_bw, peak_flops, out, debug)
     job_script = script_spec(target, script=script, entry=entry, args=list(script_args or []), step_fn=step_fn,
@@ -204,7 +205,7 @@ def profile(
             spec["swap"] = {"requests": None, "repeats": 15}
         run_dir = Path(_supervised("opscope.swap.worker" if try_swaps else "opscope.capture.worker", spec,
                                    out)["run_dir"])
-    from opscope.run import read_run
+    from opscope.run.read import read_run
 
     run = read_run(run_dir)
     _emit(run, json_out, top)
@@ -223,9 +224,10 @@ def _model_spec(target: Path, entry: str | None, device: Device, dtype: DType | 
                 out: Path | None, debug: bool) -> dict:
     """The child's spec for profiling a model file, after every check that needs no torch (so that
     they are one line before the child starts and imports torch)."""
-    from opscope.hardware import apply_overrides
-    from opscope.run import DEFAULT_REPORTS_DIR, check_out_dir
-    from opscope.target import check_target_file
+    from opscope.machine.peaks import apply_overrides
+    from opscope.run.model import DEFAULT_REPORTS_DIR
+    from opscope.run.write import check_out_dir
+    from opscope.target.model_file import check_target_file
 
     check_target_file(target)
     check_out_dir(out.absolute() if out else None, DEFAULT_REPORTS_DIR.absolute())
@@ -239,8 +241,9 @@ def _model_spec(target: Path, entry: str | None, device: Device, dtype: DType | 
 def _with_nsight(spec: dict, nsight: NsightRequest, tools: dict[str, str], target: Path, out: Path | None) -> Path:
     """`profile --nsys/--ncu` (opscope.nsight.session), with the progress bar; the run directory."""
     from opscope.nsight.session import profile_with_nsight
-    from opscope.run import DEFAULT_REPORTS_DIR, discard_staging
-    from opscope.supervise import Listener
+    from opscope.run.model import DEFAULT_REPORTS_DIR
+    from opscope.run.write import discard_staging
+    from opscope.target.supervise import Listener
 
     folders = [out.absolute().parent if out else DEFAULT_REPORTS_DIR.absolute()]
     with _RichProgress(stderr) as progress:
@@ -252,8 +255,9 @@ def _with_nsight(spec: dict, nsight: NsightRequest, tools: dict[str, str], targe
 
 def _supervised(module: str, spec: dict, out: Path | None) -> dict:
     """Runs the child `module` with `spec` under supervision, with the progress bar; its result."""
-    from opscope.run import DEFAULT_REPORTS_DIR, discard_staging
-    from opscope.supervise import Listener, WorkerCrashed, run_worker
+    from opscope.run.model import DEFAULT_REPORTS_DIR
+    from opscope.run.write import discard_staging
+    from opscope.target.supervise import Listener, WorkerCrashed, run_worker
 
     folders = [out.absolute().parent if out else DEFAULT_REPORTS_DIR.absolute()]
     phases: list[str] = []
@@ -275,7 +279,7 @@ def _supervised(module: str, spec: dict, out: Path | None) -> dict:
 
 
 def read_run_dir(result: dict):  # noqa: ANN201
-    from opscope.run import read_run
+    from opscope.run.read import read_run
 
     return read_run(Path(result["run_dir"]))
 
@@ -360,14 +364,15 @@ def report(
 ) -> None:
     """Print a saved run (summary, verdict, top ops, breakdowns, findings), or write it as one HTML file."""
     _state["debug"] = debug
-    from opscope.run import dumps, find_latest_run, read_run
+    from opscope.run.read import find_latest_run, read_run
+    from opscope.run.write import dumps
 
     if output is not None and not html:
         raise OpscopeError("-o/--output names the HTML file: use it with --html")
     run = read_run(run_dir if run_dir is not None else find_latest_run())
     comparison = None
     if baseline is not None:
-        from opscope.compare import compare_runs
+        from opscope.run.compare import compare_runs
 
         comparison = compare_runs(read_run(baseline), run)
     if html:
@@ -375,7 +380,7 @@ def report(
 
         from opscope.render.html import default_html_path, write_html
         from opscope.render.text import clean
-        from opscope.run import shown_path
+        from opscope.run.model import shown_path
 
         path = write_html(run, output if output is not None else default_html_path(run.path), comparison)
         Console(highlight=False).print(Text(f"report: {clean(shown_path(path))}"), soft_wrap=True)
@@ -408,8 +413,9 @@ def compare(
     """Compare two run directories op by op: time per op and in total, ops that appeared or vanished,
     findings fixed and introduced; changes inside the runs' noise are marked as such."""
     _state["debug"] = debug
-    from opscope.compare import compare_runs, regressed
-    from opscope.run import dumps, read_run
+    from opscope.run.compare import compare_runs, regressed
+    from opscope.run.read import read_run
+    from opscope.run.write import dumps
 
     if fail_above is not None and not (fail_above > 0 and fail_above < float("inf")):
         raise OpscopeError(f"--fail-above must be a positive ratio such as 1.10, not {fail_above:g}")
@@ -437,7 +443,7 @@ def calibrate(
 ) -> None:
     """Measure this machine's ceilings (memory bandwidth, GEMM FLOP/s per dtype) and cache them."""
     _state["debug"] = debug
-    from opscope import calibrate as cal
+    from opscope.machine import calibrate as cal
 
     stderr.print("measuring memory bandwidth and GEMM throughput (about 20 s)…")
     calibration = cal.obtain(threads, quick=False, refresh=True, progress=_warn)
@@ -471,7 +477,7 @@ def kernels(
 ) -> None:
     """List the bundled reference kernels (CPU C++, Triton, CUDA) and the backends usable here; --bench times them."""
     _state["debug"] = debug
-    from opscope import kernels as ks
+    from opscope.kernels import listing as ks
 
     if name is not None:
         ks.find(name)
@@ -484,7 +490,7 @@ def kernels(
         return
     import datetime as dt
 
-    from opscope import kernels_bench as kb
+    from opscope.kernels import bench as kb
 
     result = kb.run([name] if name else [], repeats=repeats, peak_gbps=peak_bw, compiled=not (quick or no_compile),
                     scale=1 / 16 if quick else 1.0, do_tune=tune, progress=lambda m: _warn(m),
@@ -532,7 +538,7 @@ def swap(
     the five custom-op traps), then measure the op-level and end-to-end speedup. Exit 1 when a
     verification fails or a kernel crashes."""
     _state["debug"] = debug
-    from opscope.swap.catalog import parse_requests
+    from opscope.kernels.catalog import parse_requests
 
     requests = parse_requests(list(kernel or []), op, module) if kernel else None
     if not kernel and (op is not None or module is not None):
@@ -542,11 +548,12 @@ def swap(
     run = read_run_dir(_supervised("opscope.swap.worker", spec, out))
     from opscope.render.report_data import swap_results
     from opscope.render.text import clean, cleaned_run
-    from opscope.run import dumps, shown_path
+    from opscope.run.model import shown_path
+    from opscope.run.write import dumps
 
     doc = swap_results(run)
     if json_out:
-        from opscope.swap.result import read_swap
+        from opscope.run.swap_results import read_swap
 
         sys.stdout.write(dumps(read_swap(Path(run.path) / "swap.json") or {"results": []}) + "\n")
         stderr.print(Text(f"run directory: {clean(shown_path(run.path))}"), highlight=False)

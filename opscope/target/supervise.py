@@ -317,7 +317,7 @@ def _die_with_parent() -> None:
 def target_error_message(exc: BaseException) -> str | None:
     """One line for a BaseException that came from the user's code (sys.exit, KeyboardInterrupt raised
     by the model, a custom BaseException), or None when it did not."""
-    from opscope.target import describe_exception, user_frame_of
+    from opscope.target.model_file import describe_exception, user_frame_of
 
     where = user_frame_of(exc)
     if isinstance(exc, SystemExit):

@@ -2,7 +2,7 @@
 
 Where the numbers come from (recorded per run in meta.json "peaks"."origin"):
   - "spec-table": a GPU recognised by name in GPU_SPECS below (vendor datasheet numbers);
-  - "measured":   this CPU, measured by opscope.calibrate (cached);
+  - "measured":   this CPU, measured by opscope.machine.calibrate (cached);
   - "user":       --peak-bw / --peak-flops on the command line;
   - "unknown":    nothing applies (the value is null; percent-of-peak columns stay empty).
 

@@ -1,0 +1,1 @@
+"""The bundled reference kernels seen from opscope: which op each replaces, the listing, the benchmark."""

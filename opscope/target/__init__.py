@@ -1,0 +1,1 @@
+"""What to run and how: the user's model file, the kind of job, and the supervised child process."""

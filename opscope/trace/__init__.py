@@ -1,0 +1,1 @@
+"""Trace reading: torch.profiler Chrome traces into column tables, and the kernel-name vocabulary."""
