@@ -71,3 +71,35 @@ def gflops(value: Any) -> str:
 def nbytes(value: Any) -> str:
     """Bytes in binary units: '4 MiB', '258 KiB', '12 B'."""
     return si(value, "B", 1024.0)
+
+
+def duration(us: Any) -> str:
+    """A time given in microseconds, in a sentence: 3 significant digits and the largest unit that keeps
+    the number at or above 1: '4.12 ms', '754 µs', '1.2 s'."""
+    v = number(us)
+    if v is None:
+        return UNKNOWN
+    if abs(v) >= 1e6:
+        return f"{v / 1e6:.3g} s"
+    if abs(v) >= 1e3:
+        return f"{v / 1e3:.3g} ms"
+    return f"{v:.3g} µs"
+
+
+def time_cell(us: Any) -> str:
+    """A time given in microseconds, in a table column: fixed decimals, so that a column of times lines
+    up ('10.74 ms', '41.3 µs', '2.80 s')."""
+    v = number(us)
+    if v is None:
+        return UNKNOWN
+    if v >= 1e6:
+        return f"{v / 1e6:.2f} s"
+    if v >= 1e3:
+        return f"{v / 1e3:.2f} ms"
+    return f"{v:.1f} µs"
+
+
+def percent(value: Any, scale: float = 1.0) -> str:
+    """A share as a percentage with one decimal: percent(0.123, 100) -> '12.3%'."""
+    v = number(value)
+    return UNKNOWN if v is None else f"{v * scale:.1f}%"

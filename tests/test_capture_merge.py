@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from conftest import TRACES, run_cli
-from opscope.analysis.ops_table import GRAPH_KERNEL_NOTE, KEY, UNATTRIBUTED
+from opscope.analysis.ops_table import KEY
 from opscope.analysis.trace_file import analyze_trace_file
+from opscope.run.schema import GRAPH_KERNEL_NOTE, UNATTRIBUTED
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 GRAPH_CORR = 9_999_999

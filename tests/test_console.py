@@ -11,19 +11,12 @@ from rich.console import Console
 
 from conftest import TRACES
 from opscope.analysis.trace_file import analyze_trace_file
-from opscope.render.console import (
-    _COLUMNS,
-    ceiling_warnings,
-    fit_op,
-    fmt_us,
-    measured_notes,
-    op_name,
-    op_shapes,
-    render_run,
-)
+from opscope.render.console import _COLUMNS, ceiling_warnings, measured_notes, render_run
+from opscope.render.report_data import fit_op, op_name, op_shapes
 from opscope.run.model import Run
 from opscope.run.read import read_run
 from opscope.table import to_frame
+from opscope.units import time_cell as fmt_us
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ import pytest
 
 from conftest import EXAMPLES, REPO, line_of, run_cli, share_gates_off, write_model
 from opscope.analysis.trace_file import analyze_trace_file
-from opscope.capture.torch_profiler import ProfileOptions, profile_target
+from opscope.capture.options import ProfileOptions
+from opscope.capture.torch_profiler import profile_target
 from opscope.findings import Context, run_rules
 from opscope.findings.copies import all_copies, layout_family, preferred_layout
 from opscope.findings.layout import Tensor

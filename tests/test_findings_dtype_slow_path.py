@@ -20,7 +20,8 @@ from conftest import REPO, write_model
 from opscope.analysis.trace_file import analyze_trace_file
 from opscope.capture import dtype_probe
 from opscope.capture.dtype_probe import build_call, float32_probe
-from opscope.capture.torch_profiler import ProfileOptions, profile_target
+from opscope.capture.options import ProfileOptions
+from opscope.capture.torch_profiler import profile_target
 from opscope.findings import Context, run_rules
 from opscope.findings import dtype_slow_path as rule
 from opscope.findings.dtype_slow_path import replay_spec

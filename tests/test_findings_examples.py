@@ -12,7 +12,8 @@ import pytest
 
 import opscope.capture.torch_profiler as tp
 from conftest import EXAMPLES, PEAKS, line_of, run_cli, share_gates_off
-from opscope.capture.torch_profiler import ProfileOptions, profile_target
+from opscope.capture.options import ProfileOptions
+from opscope.capture.torch_profiler import profile_target
 from opscope.sources import HARNESS
 
 PAIRS = EXAMPLES / "findings"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from conftest import TRACES, run_cli, union_us
-from opscope.analysis.ops_table import GPU_ONLY_NOTE
 from opscope.analysis.trace_file import analyze_trace_file
+from opscope.run.schema import GPU_ONLY_NOTE
 from opscope.trace.kernel_names import kernel_family
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")

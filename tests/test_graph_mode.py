@@ -10,8 +10,8 @@ from collections import defaultdict
 import pytest
 
 from conftest import TRACES, run_cli, union_us
-from opscope.analysis.ops_table import GRAPH_KERNEL_NOTE, UNATTRIBUTED
 from opscope.analysis.trace_file import analyze_trace_file
+from opscope.run.schema import GRAPH_KERNEL_NOTE, UNATTRIBUTED
 from opscope.trace.kernel_names import kernel_family
 
 SGLANG = TRACES / "sglang_qwen3-8b_decode_cudagraph.json.gz"

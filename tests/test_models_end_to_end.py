@@ -13,7 +13,8 @@ from torch.utils.flop_counter import FlopCounterMode, conv_backward_flop
 
 from conftest import EXAMPLES, write_model
 from opscope.capture.harness import Harness
-from opscope.capture.torch_profiler import ProfileOptions, profile_target
+from opscope.capture.options import ProfileOptions
+from opscope.capture.torch_profiler import profile_target
 from opscope.target.model_file import load_target
 
 STEPS = 2

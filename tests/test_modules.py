@@ -15,7 +15,8 @@ from test_models_end_to_end import GPT2
 from conftest import TRACES, run_cli, write_model
 from opscope.analysis.modules import COLUMNS, OUTSIDE, common_module, finding_modules, module_table
 from opscope.analysis.trace_file import analyze_trace_file
-from opscope.capture.torch_profiler import ProfileOptions, profile_target
+from opscope.capture.options import ProfileOptions
+from opscope.capture.torch_profiler import profile_target
 from opscope.render.console import ops_table
 from opscope.render.report_data import tree_lines
 from opscope.run.model import Run

@@ -101,14 +101,14 @@ def test_the_tool_launches_the_supervised_worker(tmp_path, model):
     record = tmp_path / "argv.txt"
     phases = []
     log = tmp_path / "tool.log"
-    result = run_worker("opscope.capture.worker", spec(model, **{"pass": "measure", "tool": "fake"}),
+    result = run_worker("opscope.nsight.worker", spec(model, **{"pass": "measure", "tool": "fake"}),
                         Listener(phase=lambda name, total: phases.append(name)),
                         wrapper=[str(tool), "--record", str(record), "--"], tool_log=log)
     assert result == {"steps": 2}
     assert phases == ["fake: loading model", "fake: warmup", "fake: measuring 2 steps"]
     argv = record.read_text().splitlines()
     assert argv[:4] == [str(tool), "--record", str(record), "--"]
-    assert argv[4:6] == [sys.executable, "-c"] and "from opscope.capture.worker import main" in argv[6]
+    assert argv[4:6] == [sys.executable, "-c"] and "from opscope.nsight.worker import main" in argv[6]
     assert argv[7].endswith("spec.json") and len(argv) == 8
     output = log.read_text()
     assert "fake tool: launching" in output and "the model prints" in output  # both go to the tool's log
@@ -117,7 +117,7 @@ def test_the_tool_launches_the_supervised_worker(tmp_path, model):
 def test_a_tool_failing_before_the_model_starts(tmp_path, model):
     tool = script(tmp_path, "broken-tool", "#!/bin/sh\necho 'broken-tool: unrecognized option' >&2\nexit 3\n")
     with pytest.raises(ToolFailed) as err:
-        run_worker("opscope.capture.worker", spec(model, **{"pass": "measure"}), wrapper=[str(tool)],
+        run_worker("opscope.nsight.worker", spec(model, **{"pass": "measure"}), wrapper=[str(tool)],
                    tool_log=tmp_path / "log")
     assert err.value.code == 3 and not err.value.started and "before the model's code started" in str(err.value)
     assert "unrecognized option" in (tmp_path / "log").read_text()
@@ -126,7 +126,7 @@ def test_a_tool_failing_before_the_model_starts(tmp_path, model):
 def test_a_tool_failing_after_the_model_finished(tmp_path, model):
     tool = script(tmp_path, "fake-tool", FAKE_TOOL)
     with pytest.raises(ToolFailed) as err:
-        run_worker("opscope.capture.worker", spec(model, **{"pass": "measure"}),
+        run_worker("opscope.nsight.worker", spec(model, **{"pass": "measure"}),
                    wrapper=[str(tool), "--record", str(tmp_path / "r"), "--exit", "5", "--"])
     assert err.value.code == 5 and err.value.started
 
@@ -135,7 +135,7 @@ def test_a_model_crashing_under_the_tool(tmp_path, model, monkeypatch):
     tool = script(tmp_path, "fake-tool", FAKE_TOOL)
     monkeypatch.setenv("CRASH_IN_FORWARD", "1")
     with pytest.raises(WorkerCrashed, match=r"ended the process \(exit code 7\) during warmup.*\(under fake-tool\)"):
-        run_worker("opscope.capture.worker", spec(model, **{"pass": "measure"}),
+        run_worker("opscope.nsight.worker", spec(model, **{"pass": "measure"}),
                    wrapper=[str(tool), "--record", str(tmp_path / "r"), "--"])
 
 

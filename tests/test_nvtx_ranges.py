@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from opscope.capture import nvtx_ranges
-from opscope.nsight.commands import MODULE_RANGE_PREFIX, STEP_RANGE
+from opscope.capture.options import MODULE_RANGE_PREFIX, STEP_RANGE
 
 
 class TwoLayers(torch.nn.Module):

@@ -17,11 +17,13 @@ from rich.console import Console
 
 from conftest import PEAKS, TRACES, line_of, run_cli, write_model
 from opscope.analysis.trace_file import analyze_trace_file
-from opscope.capture.torch_profiler import ProfileOptions, profile_target
+from opscope.capture.options import ProfileOptions
+from opscope.capture.torch_profiler import profile_target
 from opscope.machine.peaks import _DTYPE_ALIASES, DTYPE_KEYS, parse_peak_flops
-from opscope.render.console import fmt_us, render_run
+from opscope.render.console import render_run
 from opscope.run.read import read_run
 from opscope.units import UNKNOWN, gbps, si
+from opscope.units import time_cell as fmt_us
 
 FAST = dict(steps=2, warmup=1, peak_bw=20.0, peak_flops=["100"], threads=1)
 EXPONENT = re.compile(r"\d[eE][+-]?\d")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import line_of, write_model
-from opscope.capture.torch_profiler import ProfileOptions, profile_target
+from opscope.capture.options import ProfileOptions
+from opscope.capture.torch_profiler import profile_target
 from opscope.sources import HARNESS
 
 FAST = dict(steps=2, warmup=1, peak_bw=20.0, peak_flops=["100"], threads=1)

@@ -14,7 +14,8 @@ import torch.nn.functional as F  # noqa: N812
 from torch.nn.functional import layer_norm as imported_layer_norm
 
 from conftest import load_fixture
-from opscope.swap import apply, catalog
+from opscope.kernels import catalog
+from opscope.swap import apply, mechanisms
 
 FIXTURES = Path(__file__).parent / "fixtures" / "swap"
 user_kernels = load_fixture(FIXTURES / "kernels.py")
@@ -45,7 +46,7 @@ class Probe:
             return self.model(*self.inputs)
 
 
-def apply_and_revert(probe: Probe, build) -> tuple[apply.Swap, torch.Tensor, torch.Tensor]:  # noqa: ANN001
+def apply_and_revert(probe: Probe, build) -> tuple[mechanisms.Swap, torch.Tensor, torch.Tensor]:  # noqa: ANN001
     """Builds the swap, runs the model with it applied, checks the revert; (swap, original, swapped)."""
     model = probe.model
     before_state, before_forwards = state(model), forwards(model)
@@ -136,7 +137,7 @@ def test_functional_swap_patches_the_function_and_its_aliases():
     original = F.layer_norm
     seen = []
 
-    def build(b: apply.Builder) -> apply.Swap:
+    def build(b: apply.Builder) -> mechanisms.Swap:
         swap = b.bundled("layer_norm", [kernel("layer_norm")])
         with swap.applied():
             seen.append((F.layer_norm is original, globals()["imported_layer_norm"] is original))
@@ -179,8 +180,8 @@ def test_method_swap_sets_and_removes_the_tensor_method():
     probe = Probe(Adds(), torch.randn(8, 16), torch.randn(16))
     inside = []
 
-    def build(b: apply.Builder) -> apply.Swap:
-        swap = apply.Swap("broadcast_add")
+    def build(b: apply.Builder) -> mechanisms.Swap:
+        swap = mechanisms.Swap("broadcast_add")
         mech = b._entry(kernel("broadcast_add"), method_entry, swap)
         swap.mechanisms.append(mech)
         with swap.applied():
@@ -265,7 +266,7 @@ class UntraceableGate(nn.Module):
 
 def test_a_forward_fx_cannot_trace_is_not_swapped_and_says_so():
     model = Probe(nn.Sequential(UntraceableGate()), torch.randn(2, 3, 16))
-    with pytest.raises(apply.SwapError, match=r"torch.fx could not trace 0"):
+    with pytest.raises(mechanisms.SwapError, match=r"torch.fx could not trace 0"):
         apply.Builder(model.model, model).bundled("swiglu", [kernel("swiglu")])
 
 
@@ -289,7 +290,7 @@ def test_kernels_applied_together_each_take_their_sites():
 
 def test_nothing_to_swap_is_a_swap_error():
     probe = Probe(nn.Linear(4, 4), torch.randn(2, 4))
-    with pytest.raises(apply.SwapError, match="nothing in the model matches rms_norm"):
+    with pytest.raises(mechanisms.SwapError, match="nothing in the model matches rms_norm"):
         apply.Builder(probe.model, probe).bundled("rms_norm", [kernel("rms_norm")])
 
 
@@ -331,9 +332,9 @@ def test_user_kernel_for_a_module_and_for_a_functional():
         probe, lambda b: b.user("silu", lambda x, inplace=False: x * torch.sigmoid(x), "torch.nn.functional.silu", None))
     assert swap.counts() == (1, 0)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
-    with pytest.raises(apply.SwapError, match="no module of the model matches"):
+    with pytest.raises(mechanisms.SwapError, match="no module of the model matches"):
         apply.Builder(probe.model, probe).user("x", user_kernels.good_gated, None, "NoSuchModule")
-    with pytest.raises(apply.SwapError, match="never calls it"):
+    with pytest.raises(mechanisms.SwapError, match="never calls it"):
         apply.Builder(probe.model, probe).user("x", user_kernels.good_add, "aten::div.Tensor", None)
 
 
@@ -369,7 +370,8 @@ def test_profile_target_hands_swaps_the_weights_as_loaded_in_train_mode(tmp_path
     start from the model as loaded, not from however far those steps drifted it."""
     tiny_model = load_fixture(FIXTURES / "tiny_model.py")
 
-    from opscope.capture.torch_profiler import ProfileOptions, profile_target
+    from opscope.capture.options import ProfileOptions
+    from opscope.capture.torch_profiler import profile_target
 
     seen: dict[str, dict[str, torch.Tensor]] = {}
 

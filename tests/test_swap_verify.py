@@ -13,8 +13,10 @@ import torch
 from conftest import load_fixture
 from opscope.capture.harness import Harness
 from opscope.findings.fusion import pattern_for
-from opscope.swap import apply, catalog, verify
-from opscope.swap.verify import Tol, compare_tensor
+from opscope.kernels import catalog
+from opscope.run import schema
+from opscope.swap import apply, tolerance, verify
+from opscope.swap.tolerance import Tol, compare_tensor
 from opscope.target.model_file import load_target
 
 FIXTURES = Path(__file__).parent / "fixtures" / "swap"
@@ -50,10 +52,10 @@ def test_compare_tensor_guards_and_mismatches():
 
 def test_tolerance_is_the_larger_of_the_model_floor_and_the_manifests():
     rms = catalog.find("rms_norm")  # float32: rtol 1e-5, atol 1e-5; bfloat16: 1.6e-2, 2e-2
-    assert verify.tolerance_for(torch.float32, [rms]) == Tol(2e-4, 2e-5)
-    assert verify.tolerance_for(torch.bfloat16, [rms]) == Tol(3.2e-2, 2e-2)
-    assert verify.tolerance_for(torch.float32, [catalog.find("sum")]) == Tol(2e-4, 1e-3)  # sum's atol 1e-3
-    assert verify.tolerance_for(torch.float16, []) == verify.MODEL_TOLERANCE[torch.float16]
+    assert tolerance.tolerance_for(torch.float32, [rms]) == Tol(2e-4, 2e-5)
+    assert tolerance.tolerance_for(torch.bfloat16, [rms]) == Tol(3.2e-2, 2e-2)
+    assert tolerance.tolerance_for(torch.float32, [catalog.find("sum")]) == Tol(2e-4, 1e-3)  # sum's atol 1e-3
+    assert tolerance.tolerance_for(torch.float16, []) == tolerance.MODEL_TOLERANCE[torch.float16]
 
 
 def tiny_harness(mode: str = "inference") -> Harness:
@@ -116,7 +118,7 @@ def test_candidates_need_every_op_of_an_entry_at_one_source_line():
     assert "sum" not in found           # only the harness's loss sums
     assert "bias_gelu" not in found     # gelu without an addmm or add at its line
     assert list(found) == sorted(found, key=lambda k: -found[k]["time_us"])
-    assert catalog.kernels_for_rows(list(found.values()), range(3)) == {0: ["swiglu"], 1: ["swiglu"], 2: ["rms_norm"]}
+    assert schema.kernels_for_rows(list(found.values()), range(3)) == {0: ["swiglu"], 1: ["swiglu"], 2: ["rms_norm"]}
 
 
 def test_fusion_finding_names_the_bundled_fused_kernel():

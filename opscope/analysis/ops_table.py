@@ -18,6 +18,7 @@ from opscope.analysis.events import is_row_name
 from opscope.costmodel import Cost, OpCall, estimate, floating_dtype
 from opscope.costmodel.base import BIAS_COPIED_BY_CHILD, DELEGATES_TO_ANY_CHILD, DTYPE_NAMES
 from opscope.machine.peaks import Peaks, ceiling_key
+from opscope.run.schema import GPU_ONLY_NOTE, GRAPH_KERNEL_NOTE, LOOSE_KERNEL_NOTE, UNATTRIBUTED
 from opscope.table import NAN, Table, as_table, concat, group_codes, nrows, pairwise_sum, take
 
 # A row is one (op, inputs, source line, module): the same call in two modules (every block's c_attn runs
@@ -34,7 +35,6 @@ EXTRA_COLUMNS = ["family", "dtype", "ceiling", "time_us_per_call", "note", "comp
 GPU_EXTRA_COLUMNS = ["kernel_family", "launcher"]
 MODULE_COLUMNS = ["module", "module_class"]  # after the columns above, so their order stays the contract's
 JSON_TEXT_COLUMNS = ["input_dims", "input_dtypes", "input_strides", "concrete_inputs"]
-UNATTRIBUTED = "(unattributed kernels)"
 BOUNDS = ("memory", "compute", "overhead", "unknown")
 
 # An op whose work would take under this long at the machine's peaks cannot be limited by that work:
@@ -248,12 +248,6 @@ def _join_unique_by_group(values: Sequence[Any], codes: Sequence[int], n_groups:
             for k in v.split(";"):
                 seen[g][k] = None
     return [";".join(d) for d in seen]
-
-
-GRAPH_KERNEL_NOTE = ("replayed from a CUDA/HIP graph: the trace records no shapes for it (analyze with --capture "
-                     "to map it to the op that launched it during capture)")
-LOOSE_KERNEL_NOTE = "launched outside any op: the trace records no shapes for it"
-GPU_ONLY_NOTE = "GPU-only trace: no op or shapes recorded"
 
 
 def _dominant(times: dict[str, float]) -> str:

@@ -8,11 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from opscope import __version__
+from opscope import __version__, units
 from opscope.analysis.annotations import ANNOTATION_KEY, BlockError, embedded_lines, read_block
 from opscope.analysis.capture_merge import merge_capture
 from opscope.analysis.pipeline import analyze
-from opscope.findings.common import fmt_us
 from opscope.machine.peaks import Peaks, apply_overrides, gpu_from_properties, gpu_peaks, unknown_gpu_warning
 from opscope.run.model import DEFAULT_REPORTS_DIR, Run
 from opscope.run.write import TraceCompressor, check_out_dir, write_run
@@ -165,7 +164,7 @@ def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, st
     if run.summary.get("step_source") == "whole trace":
         warn(f"{trace.path} has no ProfilerStep#N annotations (torch.profiler's schedule, or record_function"
              f"(\"ProfilerStep#N\") around each step), so opscope counts it as one step: from its first op to its "
-             f"last op or kernel ({fmt_us(run.summary['step_time_us'])}); per-step numbers are for the whole trace")
+             f"last op or kernel ({units.duration(run.summary['step_time_us'])}); per-step numbers are for the whole trace")
     extra = measure(run) if measure is not None else None
     if finish is not None:
         finish(run, trace)

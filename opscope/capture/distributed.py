@@ -44,7 +44,8 @@ from opscope.target.model_file import check_target_file
 from opscope.target.supervise import Stopped, boot_command, child_setup, death_by_signal, target_error_message
 
 if TYPE_CHECKING:  # torch-importing modules: only the ranks and the launcher load them
-    from opscope.capture.torch_profiler import ProfileOptions, Progress
+    from opscope.capture.options import ProfileOptions
+    from opscope.capture.torch_profiler import Progress
 
 SEED_STRIDE = 1_000_003  # rank r's torch.manual_seed(s) becomes s + r * SEED_STRIDE while the file loads
 STATUS = ".status-{rank}.json"
@@ -252,7 +253,7 @@ def _profile_rank(spec: dict[str, Any], rank: int, local_rank: int, world: int) 
     import torch
     import torch.distributed as dist
 
-    from opscope.capture.worker import options_from_spec
+    from opscope.capture.options import options_from_spec
     from opscope.machine.peaks import Peaks
 
     opts = options_from_spec({**spec["options"], "out": str(Path(spec["ranks_dir"]) / str(rank))})

@@ -20,7 +20,7 @@ import nvtx
 import torch
 
 from opscope.capture.harness import Harness, process_state_kept, resolve_device
-from opscope.nsight.commands import MODULE_RANGE_PREFIX, STEP_RANGE
+from opscope.capture.options import MODULE_RANGE_PREFIX, STEP_RANGE
 from opscope.target.model_file import load_target
 
 

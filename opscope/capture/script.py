@@ -40,13 +40,8 @@ from opscope.capture.dtype_probe import float32_probe
 from opscope.capture.harness import process_state_kept, resolve_device
 from opscope.capture.layout_probe import conv_layout_probe
 from opscope.capture.lines import LineRecord, join_lines, line_mode
-from opscope.capture.torch_profiler import (
-    ProfileOptions,
-    Progress,
-    machine_peaks,
-    profile_meta,
-    profiler_activities,
-)
+from opscope.capture.options import ProfileOptions
+from opscope.capture.torch_profiler import Progress, machine_peaks, profile_meta, profiler_activities
 from opscope.errors import OpscopeError, TargetError
 from opscope.machine.peaks import Peaks
 from opscope.run.model import DEFAULT_REPORTS_DIR, Run

@@ -11,7 +11,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from opscope.capture.harness import Harness, process_state_kept, resolve_device
 from opscope.capture.layout_probe import conv_layout_probe
 from opscope.capture.lines import join_lines, module_classes, module_origins, record_lines
 from opscope.capture.nvtx_ranges import module_ranges, step_range
+from opscope.capture.options import ProfileOptions
 from opscope.errors import OpscopeError
 from opscope.machine.noise import CpuSampler, window_noise
 from opscope.machine.peaks import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
@@ -34,22 +35,6 @@ from opscope.run.model import DEFAULT_REPORTS_DIR, Run
 from opscope.run.write import check_out_dir, write_run
 from opscope.target.model_file import load_target
 from opscope.trace.reader import TraceData, load_trace
-
-
-@dataclass
-class ProfileOptions:
-    target: Path
-    entry: str | None = None
-    device: str = "auto"
-    dtype: str | None = None
-    mode: str = "inference"
-    warmup: int = 2
-    steps: int = 5
-    threads: int | None = None
-    peak_bw: float | None = None
-    peak_flops: list[str] = field(default_factory=list)
-    out: Path | None = None
-    nvtx: bool = False  # NVTX ranges around the timed steps and top-level module forwards (for Nsight)
 
 
 @dataclass
@@ -313,3 +298,5 @@ def profile_meta(opts: ProfileOptions, device: torch.device, harness: Harness, p
         "threads": torch.get_num_threads(),
         "peaks": peaks.to_json(),
     }
+
+

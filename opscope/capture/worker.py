@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from opscope.capture.options import options_from_spec
 from opscope.errors import OpscopeError
 from opscope.target.supervise import Control, Stopped, child_setup, target_error_message
 
@@ -27,34 +28,6 @@ class _PipeProgress:
     def warn(self, message: str) -> None:
         self.control.send(type="warn", message=message)
 
-
-def options_from_spec(spec: dict[str, Any]) -> Any:
-    from opscope.capture.torch_profiler import ProfileOptions
-
-    spec = dict(spec)
-    spec["target"] = Path(spec["target"])
-    spec["out"] = Path(spec["out"]) if spec.get("out") else None
-    return ProfileOptions(**spec)
-
-
-def hold_run(folder: Path):  # noqa: ANN201
-    """A profile_target sink for `profile --nsys/--ncu`: instead of writing the run directory, leaves the
-    analyzed run (without its event tables), its kernel plan and its trace in `folder` for the parent,
-    which adds the Nsight measurements and writes the run (opscope.nsight.session)."""
-    def sink(run: Any, trace_path: Path) -> None:
-        import dataclasses
-        import pickle
-        import shutil
-
-        from opscope.nsight.measured import kernel_plan
-
-        plan = kernel_plan(run)
-        # what pandas.to_pickle wrote (the parent reads it with pandas.read_pickle), without importing pandas
-        with open(folder / "held.pkl", "wb") as f:
-            pickle.dump({"run": dataclasses.replace(run, events=None, kernels=None), "plan": plan}, f,
-                        protocol=pickle.HIGHEST_PROTOCOL)
-        shutil.copyfile(trace_path, folder / "trace.json")
-    return sink
 
 
 def serve(task: Callable[[dict[str, Any], _PipeProgress, bool], dict[str, Any]], what: str = "profiling") -> None:
@@ -91,14 +64,6 @@ def serve(task: Callable[[dict[str, Any], _PipeProgress, bool], dict[str, Any]],
 def _profile(spec: dict[str, Any], progress: _PipeProgress, debug: bool = False) -> dict[str, Any]:
     script = spec.pop("script", None)  # opscope.target.jobs.ScriptSpec as JSON: script mode
     launch = spec.pop("launch", None)  # opscope.target.jobs.LaunchSpec as JSON: several processes via torchrun
-    kind = spec.pop("pass", "profile")
-    hold = spec.pop("hold", None)
-    nvtx_ops = bool(spec.pop("nvtx_ops", False))
-    tool = str(spec.pop("tool", ""))
-    if kind == "measure":  # the process nsys / ncu launch (opscope.nsight.session)
-        from opscope.capture.nvtx_ranges import measured_pass
-
-        return measured_pass(options_from_spec(spec), nvtx_ops, progress, tool)
     if launch is not None:
         from opscope.capture.distributed import launch_ranks
         from opscope.target.jobs import LaunchSpec, ScriptSpec
@@ -114,9 +79,8 @@ def _profile(spec: dict[str, Any], progress: _PipeProgress, debug: bool = False)
         return {"run_dir": str(run.path)}
     from opscope.capture.torch_profiler import profile_target
 
-    sink = hold_run(Path(hold)) if hold else None
-    run, _ = profile_target(options_from_spec(spec), progress, sink=sink)
-    return {"held": hold} if hold else {"run_dir": str(run.path)}
+    run, _ = profile_target(options_from_spec(spec), progress)
+    return {"run_dir": str(run.path)}
 
 
 def main() -> None:

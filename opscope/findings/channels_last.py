@@ -23,8 +23,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import fmt_bytes, fmt_shape, fmt_us, per_step, severity
+from opscope.findings.common import fmt_shape, per_step, severity
 from opscope.findings.copies import PINGPONG_MIN_PER_STEP, copies_of_kind, group
 from opscope.findings.layout import concrete, is_nchw, tensor
 from opscope.findings.tree import col, descendants, names, subtree_sum, user_mask
@@ -95,7 +96,7 @@ def _conv_findings(ctx: Context) -> Iterator[Finding]:
             gain = 1 - t_cl / t_nchw
             saving = min(time * gain, (t_nchw - t_cl) * calls)
             message = (f"conv2d ({shape}) runs in NCHW; measured on this device, channels_last takes "
-                       f"{fmt_us(t_cl)} instead of {fmt_us(t_nchw)} per call ({gain:.0%} faster), "
+                       f"{units.duration(t_cl)} instead of {units.duration(t_nchw)} per call ({gain:.0%} faster), "
                        f"{per_step(calls, ctx):g} calls per step.")
         else:
             if not ctx.gpu or spec["dtype"] not in HALF_DTYPES:
@@ -105,7 +106,7 @@ def _conv_findings(ctx: Context) -> Iterator[Finding]:
             extra = (" cuDNN converts the layout around the kernel on every call (nchwToNhwc/nhwcToNchw "
                      "kernels)." if transposes else "")
             message = (f"{spec['dtype']} conv2d ({shape}) runs in NCHW on a tensor-core GPU, where convolution "
-                       f"kernels are written for channels_last (NHWC).{extra} It took {fmt_us(time)} "
+                       f"kernels are written for channels_last (NHWC).{extra} It took {units.duration(time)} "
                        f"({per_step(calls, ctx):g} calls per step); saving estimated at "
                        f"{RULE_OF_THUMB_FRACTION:.0%} of that (rule of thumb, not measured).")
         yield Finding(rule="channels-last", severity=severity(saving, ctx), op=CONV_OP, source_location=g["loc"],
@@ -125,7 +126,7 @@ def _pingpong_findings(ctx: Context) -> Iterator[Finding]:
         to = "channels_last" if direction == "to_channels_last" else "NCHW"
         message = (f"layout ping-pong: {total_per_step:g} NCHW <-> channels_last conversions per step "
                    f"(threshold {PINGPONG_MIN_PER_STEP}); this line converts {fmt_shape(biggest.src)} to {to} "
-                   f"{per_step(len(items), ctx):g} times per step: {fmt_bytes(nbytes)} and {fmt_us(time)} in all.")
+                   f"{per_step(len(items), ctx):g} times per step: {units.nbytes(nbytes)} and {units.duration(time)} in all.")
         yield Finding(rule="channels-last", severity=severity(time, ctx), op=nm[biggest.root],
                       source_location=loc, message=message, suggestion=PINGPONG_SUGGESTION, est_savings_us=time)
 

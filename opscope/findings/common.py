@@ -12,7 +12,6 @@ from typing import Any, TypeVar
 from opscope.findings.base import Context
 from opscope.findings.layout import Tensor
 from opscope.findings.tree import ops_rows_for_events, records  # noqa: F401  (read outside the findings)
-from opscope.units import UNKNOWN
 
 T = TypeVar("T")
 
@@ -37,25 +36,6 @@ def severity(saving_us: float | None, ctx: Context) -> str:
 def share(us: float, ctx: Context) -> float:
     total = ctx.total_time_us
     return us / total if total > 0 else 0.0
-
-
-def fmt_bytes(n: float | None) -> str:
-    if n is None or not math.isfinite(n):
-        return UNKNOWN
-    for unit, scale in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.0f} B"
-
-
-def fmt_us(us: float | None) -> str:
-    if us is None or not math.isfinite(us):
-        return UNKNOWN
-    if abs(us) >= 1e6:
-        return f"{us / 1e6:.3g} s"
-    if abs(us) >= 1e3:
-        return f"{us / 1e3:.3g} ms"
-    return f"{us:.3g} µs"
 
 
 def fmt_shape(t: Tensor | None) -> str:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import fmt_bytes, fmt_shape, fmt_us, per_step, severity, share
+from opscope.findings.common import fmt_shape, per_step, severity, share
 from opscope.findings.copies import copies_of_kind, group
 
 MIN_SHARE = 0.001
@@ -32,8 +33,8 @@ def contiguous_call(ctx: Context) -> Iterator[Finding]:
             continue
         nbytes = sum(c.bytes for c in items)
         biggest = max(items, key=lambda c: c.bytes)
-        message = (f".contiguous() copied {fmt_shape(biggest.src)} ({fmt_bytes(biggest.bytes)} moved per call, "
-                   f"{per_step(len(items), ctx):g} calls per step): {fmt_bytes(nbytes)} and {fmt_us(time)} in all "
-                   f"({fmt_us(per_step(time, ctx))} per step).")
+        message = (f".contiguous() copied {fmt_shape(biggest.src)} ({units.nbytes(biggest.bytes)} moved per call, "
+                   f"{per_step(len(items), ctx):g} calls per step): {units.nbytes(nbytes)} and {units.duration(time)} in all "
+                   f"({units.duration(per_step(time, ctx))} per step).")
         yield Finding(rule="contiguous-call", severity=severity(time, ctx), op="aten::contiguous",
                       source_location=loc, message=message, suggestion=SUGGESTION, est_savings_us=time)

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import fmt_bytes, fmt_shape, fmt_us, per_step, severity, share
+from opscope.findings.common import fmt_shape, per_step, severity, share
 from opscope.findings.copies import Copy, copies_of_kind, group
 
 MIN_SHARE = 0.001
@@ -45,9 +46,9 @@ def dtype_conversion(ctx: Context) -> Iterator[Finding]:
         nbytes = sum(c.bytes for c in items)
         biggest = max(items, key=lambda c: c.bytes)
         kind = "device copy" if not biggest.dtype_change else "dtype conversion"
-        message = (f"{kind} ({label}) of {fmt_shape(biggest.src)} inside the step: {fmt_bytes(biggest.bytes)} "
-                   f"moved per call, {per_step(len(items), ctx):g} calls per step, {fmt_bytes(nbytes)} and "
-                   f"{fmt_us(time)} in all ({fmt_us(per_step(time, ctx))} per step).")
+        message = (f"{kind} ({label}) of {fmt_shape(biggest.src)} inside the step: {units.nbytes(biggest.bytes)} "
+                   f"moved per call, {per_step(len(items), ctx):g} calls per step, {units.nbytes(nbytes)} and "
+                   f"{units.duration(time)} in all ({units.duration(per_step(time, ctx))} per step).")
         suggestion = DTYPE_SUGGESTION if biggest.dtype_change else DEVICE_SUGGESTION
         op = ctx.events["name"][biggest.root]
         yield Finding(rule="dtype-conversion", severity=severity(time, ctx), op=op, source_location=loc,

@@ -36,7 +36,7 @@ from typing import Any
 from opscope import units
 from opscope.costmodel.base import DTYPE_NAMES, OpCall, parse_scalar
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import fmt_shape, fmt_us, per_step, severity, share, short
+from opscope.findings.common import fmt_shape, per_step, severity, share, short
 from opscope.findings.layout import tensor
 from opscope.findings.tree import col, names, ops_row_of_events, subtree_sum, user_mask
 
@@ -162,10 +162,10 @@ def dtype_slow_path(ctx: Context) -> Iterator[Finding]:
         against = "in float32 (measured: the same calls replayed on this device)" if measured else \
             "at their float32 roofline time (estimated from the float32 peak, not measured)"
         listed = "; ".join(f"{short(g.op)} {fmt_shape(tensor(ctx, g.event, 0))} at {g.location or '?'} takes "
-                           f"{fmt_us(t)} per call against {fmt_us(t32)} ({t / t32:.0f}x)" for g, t, t32, _ in items[:TOP])
+                           f"{units.duration(t)} per call against {units.duration(t32)} ({t / t32:.0f}x)" for g, t, t32, _ in items[:TOP])
         message = (f"{dtype} convolutions/matmuls run far slower on this machine than {against}: {listed}. "
                    f"{sum(per_step(g.calls, ctx) for g, *_ in items):g} such calls per step take "
-                   f"{fmt_us(per_step(time, ctx))} per step ({share(time, ctx):.0%} of op time).{_peaks_note(ctx, dtype)}"
+                   f"{units.duration(per_step(time, ctx))} per step ({share(time, ctx):.0%} of op time).{_peaks_note(ctx, dtype)}"
                    + ("" if measured else " The saving is estimated (an upper bound)."))
         template = GPU_SUGGESTION if ctx.gpu else CPU_SUGGESTION
         best = items[0][0]

@@ -18,8 +18,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import fmt_bytes, fmt_us, per_step, severity, share, short
+from opscope.findings.common import per_step, severity, share, short
 from opscope.findings.tree import ops_rows
 
 EXCESS_RATIO = 2.0
@@ -61,11 +62,11 @@ def excess_traffic(ctx: Context) -> Iterator[Finding]:
         where = location or "an unknown line"
         sol = f" at {dram_pct:.0f}% of DRAM peak" if math.isfinite(dram_pct) else ""
         why = ("DRAM-bound, so moving only the minimum would save about "
-               f"{fmt_us(saving)}" if saving is not None else
+               f"{units.duration(saving)}" if saving is not None else
                f"not DRAM-bound (under {DRAM_BOUND_PCT:.0f}% of DRAM peak), so less traffic may not make it faster")
-        message = (f"{short(row['op'])} {row['input_dims']} at {where}: kernel {kernel} moved {fmt_bytes(measured)} of "
+        message = (f"{short(row['op'])} {row['input_dims']} at {where}: kernel {kernel} moved {units.nbytes(measured)} of "
                    f"DRAM traffic per call (Nsight Compute){sol}, {ratio:.1f}x the modeled minimum "
-                   f"{fmt_bytes(modeled)} ({per_step(calls, ctx):g} calls per step, {fmt_us(time)} in all, "
+                   f"{units.nbytes(modeled)} ({per_step(calls, ctx):g} calls per step, {units.duration(time)} in all, "
                    f"{share(time, ctx):.0%} of op time); {why}.")
         yield Finding(rule="excess-traffic", severity=severity(saving, ctx), op=row["op"],
                       source_location=location,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from opscope import units
 from opscope.findings.base import Context, Finding, cached, rule
-from opscope.findings.common import base_name, fmt_bytes, fmt_us, per_step, severity, share, short
+from opscope.findings.common import base_name, per_step, severity, share, short
 from opscope.findings.layout import Tensor, tensors
 from opscope.findings.strided_reduction import reduced_dims
 from opscope.findings.tree import col, event_bound, inside_worker_flags, is_worker, names, user_mask
@@ -235,9 +235,9 @@ def fusion(ctx: Context) -> Iterator[Finding]:
         what = f"{label}: " if label else ""
         gbps = g["bytes"] / g["time"] / 1e3
         message = (f"{what}{len(key)} memory-bound ops in a row{size}: {chain}. A fused kernel would skip "
-                   f"{fmt_bytes(g['saved_b'] / g['count'])} of intermediate reads/writes per pass "
+                   f"{units.nbytes(g['saved_b'] / g['count'])} of intermediate reads/writes per pass "
                    f"({per_step(g['count'], ctx):g} per step); at the achieved {units.gbps(gbps)} that is "
-                   f"{fmt_us(g['saving'])} in all.")
+                   f"{units.duration(g['saving'])} in all.")
         # the run's first op with a source line names it (a mask add_ inside SDPA may have none of its own)
         where = next(((op, loc) for op, loc in key if loc), key[0])
         yield Finding(rule="fusion", severity=severity(g["saving"], ctx), op=where[0], source_location=where[1],

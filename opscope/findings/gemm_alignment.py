@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import fmt_us, per_step, severity, share
+from opscope.findings.common import per_step, severity, share
 from opscope.findings.layout import tensor
 from opscope.findings.tree import col, events_by_ops_row, ops_rows
 
@@ -75,7 +76,7 @@ def gemm_alignment(ctx: Context) -> Iterator[Finding]:
         note = f" The kernel used is an {narrow} variant." if narrow else ""
         sev = severity(saving, ctx) if saving is not None else ("medium" if share(time, ctx) >= 0.10 else "low")
         message = (f"{dt} GEMM [{m} x {k}] @ [{k} x {n}] has {' and '.join(bad)}, not a multiple of {ALIGN}: "
-                   f"tensor-core kernels need aligned dims.{note} It took {fmt_us(time)} "
+                   f"tensor-core kernels need aligned dims.{note} It took {units.duration(time)} "
                    f"({per_step(calls, ctx):g} calls per step, {share(time, ctx):.0%} of op time)"
                    + ("." if saving is not None else "; saving not estimated (no comparable aligned GEMM in the run)."))
         yield Finding(rule="gemm-alignment", severity=sev, op=row["op"], source_location=row["source_location"],

@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 
+from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import fmt_us, per_step, severity, short
+from opscope.findings.common import per_step, severity, short
 from opscope.findings.tree import col, names, row_ancestors, user_mask
 
 SYNC_OPS = frozenset({"aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero",
@@ -72,6 +73,6 @@ def host_sync(ctx: Context) -> Iterator[Finding]:
         kind = _kind(chain)
         message = (f"{short(op)} synchronizes the CPU with the GPU ({', '.join(short(n) for n in chain)}"
                    f"{'; a Memcpy DtoH' if dtoh else ''}): {per_step(g['count'], ctx):g} per step, the CPU blocked "
-                   f"{fmt_us(g['cpu'])} in all, and the GPU runs dry until new work is launched.")
+                   f"{units.duration(g['cpu'])} in all, and the GPU runs dry until new work is launched.")
         yield Finding(rule="host-sync", severity=severity(g["cpu"], ctx), op=op, source_location=loc,
                       message=message, suggestion=SUGGESTIONS[kind], est_savings_us=g["cpu"])

@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import fmt_us, severity, short
+from opscope.findings.common import severity, short
 from opscope.sources import HARNESS
 from opscope.table import pairwise_sum
 
@@ -48,25 +49,25 @@ def launch_bound(ctx: Context) -> Iterator[Finding]:
     by_line = _largest_first(_group_sums([ops["source_location"][r] for r in keep], cpu))
     idle = ctx.steps * ctx.step_time_us * (1.0 - busy)
     kernel_time = ctx.step_time_us * busy
-    heavy = ", ".join(f"{short(op)} ({fmt_us(t)})" for op, t in by_op[:TOP])
-    lines = ", ".join(f"{loc or '?'} ({fmt_us(t)})" for loc, t in by_line[:TOP])
-    message = (f"the GPU is busy only {busy:.0%} of the step ({fmt_us(ctx.step_time_us)} per step): between kernels "
+    heavy = ", ".join(f"{short(op)} ({units.duration(t)})" for op, t in by_op[:TOP])
+    lines = ", ".join(f"{loc or '?'} ({units.duration(t)})" for loc, t in by_line[:TOP])
+    message = (f"the GPU is busy only {busy:.0%} of the step ({units.duration(ctx.step_time_us)} per step): between kernels "
                f"it waits for the CPU to launch work. CPU-heaviest ops: {heavy}; lines: {lines}. Idle GPU time "
-               f"{fmt_us(idle)} in all ({fmt_us(idle / max(ctx.steps, 1))} per step): the saving, an upper bound, "
+               f"{units.duration(idle)} in all ({units.duration(idle / max(ctx.steps, 1))} per step): the saving, an upper bound, "
                f"of launching the step's kernels at once from a CUDA graph. The graph does not shorten the kernels "
-               f"themselves ({fmt_us(kernel_time)} of kernel time per step; see the overhead finding for what "
+               f"themselves ({units.duration(kernel_time)} of kernel time per step; see the overhead finding for what "
                f"fusion saves there).")
     suggestion = SUGGESTION
     timeline = ctx.gpu_timeline or {}
     if timeline.get("graph_replay"):
         # Already graph mode: a CUDA graph is not the fix; what keeps the GPU idle is outside the replay.
         gap = (timeline.get("idle_gaps") or [{}])[0]
-        longest = (f" The longest idle gap, {fmt_us(gap['duration_us'])}, is while the CPU runs "
+        longest = (f" The longest idle gap, {units.duration(gap['duration_us'])}, is while the CPU runs "
                    f"{short(gap.get('cpu_op') or '?')}." if gap.get("duration_us") else "")
-        message = (f"the GPU is busy only {busy:.0%} of the step ({fmt_us(ctx.step_time_us)} per step) although the "
+        message = (f"the GPU is busy only {busy:.0%} of the step ({units.duration(ctx.step_time_us)} per step) although the "
                    f"step already replays a CUDA/HIP graph: the idle time is outside the replay. CPU-heaviest ops: "
-                   f"{heavy}; lines: {lines}. Idle GPU time {fmt_us(idle)} in all "
-                   f"({fmt_us(idle / max(ctx.steps, 1))} per step): the saving, an upper bound.{longest}")
+                   f"{heavy}; lines: {lines}. Idle GPU time {units.duration(idle)} in all "
+                   f"({units.duration(idle / max(ctx.steps, 1))} per step): the saving, an upper bound.{longest}")
         suggestion = GRAPH_SUGGESTION
     yield Finding(rule="launch-bound", severity=severity(idle, ctx), op=str(by_op[0][0]) if by_op else "",
                   source_location=str(by_line[0][0]) if by_line else "", message=message,

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import fmt_bytes, fmt_us, ideal_memory_us, per_step, severity, share
+from opscope.findings.common import ideal_memory_us, per_step, severity, share
 from opscope.findings.copies import claimed_events
 from opscope.findings.fusion import fused_events
 from opscope.findings.layout import CAUSE_TEXT, layout_cause, tensors
@@ -86,9 +86,9 @@ def low_bandwidth(ctx: Context) -> Iterator[Finding]:
         suggestion = MATMUL_SUGGESTION if row["family"] in STRIDE_AGNOSTIC_FAMILIES else SUGGESTIONS[cause]
         if cause is None and not ctx.gpu and row["family"] not in STRIDE_AGNOSTIC_FAMILIES:
             suggestion += CPU_NO_CAUSE
-        message = (f"{row['op']} {row['input_dims']} moves {fmt_bytes(nbytes)} per call at "
+        message = (f"{row['op']} {row['input_dims']} moves {units.nbytes(nbytes)} per call at "
                    f"{units.gbps(row['achieved_gbps'])}, {pct:.0f}% of the peak {units.gbps(bw)} "
-                   f"({per_step(calls, ctx):g} calls per step, {fmt_us(time)} in all); {why}.")
+                   f"({per_step(calls, ctx):g} calls per step, {units.duration(time)} in all); {why}.")
         message += noise_caveat(ctx.noise)
         yield Finding(rule="low-bandwidth", severity=severity(saving, ctx), op=row["op"],
                       source_location=row["source_location"], message=message, suggestion=suggestion,

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import fmt_bytes, short
+from opscope.findings.common import short
 
 MIN_STEPS = 3
 MIN_GROWTH_BYTES = 1024
@@ -54,14 +55,14 @@ def memory_growth(ctx: Context) -> Iterator[Finding]:
     (op, where, module), by_step = ranked[0]
     per_step_bytes = sum(by_step.values()) / len(by_step)
     tensors = sum(counts[ranked[0][0]].values()) / len(by_step)
-    others = "; ".join(f"{fmt_bytes(sum(v.values()) / len(v))} per step from {short(k[0])} at {k[1] or 'an unknown line'}"
+    others = "; ".join(f"{units.nbytes(sum(v.values()) / len(v))} per step from {short(k[0])} at {k[1] or 'an unknown line'}"
                        for k, v in ranked[1:4])
     peak = memory.summary.get("peak_allocated_bytes") or 0.0
     in_module = f" (module {module})" if module else (" (the model's own forward)" if module == "" else "")
-    message = (f"allocated memory grows by {fmt_bytes(growth)} per step: at the end of steps {steps[0]}-{steps[-1]} "
+    message = (f"allocated memory grows by {units.nbytes(growth)} per step: at the end of steps {steps[0]}-{steps[-1]} "
                f"of the {memory.summary.get('source', 'recording')} it was "
-               f"{', '.join(fmt_bytes(e) for e in ends)}. {short(op)} at {where or 'an unknown line'}{in_module} "
-               f"allocates {fmt_bytes(per_step_bytes)} per step ({tensors:g} tensor{'' if tensors == 1 else 's'}) "
+               f"{', '.join(units.nbytes(e) for e in ends)}. {short(op)} at {where or 'an unknown line'}{in_module} "
+               f"allocates {units.nbytes(per_step_bytes)} per step ({tensors:g} tensor{'' if tensors == 1 else 's'}) "
                "that is never freed"
                + (f"; also {others}" if others else "") + ". Memory grows until the process runs out of it.")
     yield Finding(rule="memory-growth", severity="high" if peak and growth >= HIGH_SHARE_OF_PEAK * peak else "medium",

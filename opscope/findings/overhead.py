@@ -26,8 +26,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 
+from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import fmt_us, ideal_row_us, per_step, severity, share, short
+from opscope.findings.common import ideal_row_us, per_step, severity, share, short
 from opscope.findings.tree import events_by_ops_row, ops_rows, user_mask
 from opscope.machine.noise import noise_caveat
 from opscope.sources import HARNESS
@@ -69,17 +70,17 @@ def overhead(ctx: Context) -> Iterator[Finding]:
         by_op[row["op"]] += float(row["time_us_total"])
     lines = sorted(by_line.items(), key=lambda kv: -kv[1])
     top_ops = sorted(by_op.items(), key=lambda kv: -kv[1])[:TOP]
-    where = ", ".join(f"{loc} ({fmt_us(t)})" for loc, t in lines[:TOP])
-    what = ", ".join(f"{short(op)} ({fmt_us(t)})" for op, t in top_ops)
+    where = ", ".join(f"{loc} ({units.duration(t)})" for loc, t in lines[:TOP])
+    what = ", ".join(f"{short(op)} ({units.duration(t)})" for op, t in top_ops)
     big = rows[_argmax(times)]
     ideal = ideal_row_us(big, ctx)
-    example = (f"{short(big['op'])} at {big['source_location'] or NO_LINE} takes {fmt_us(big['time_us_per_call'])} per "
-               "call" + (f" against {fmt_us(ideal)} at the peaks" if ideal is not None else ""))
+    example = (f"{short(big['op'])} at {big['source_location'] or NO_LINE} takes {units.duration(big['time_us_per_call'])} per "
+               "call" + (f" against {units.duration(ideal)} at the peaks" if ideal is not None else ""))
     if ctx.gpu:
         kernels = _kernels(ctx, picked)
-        mean = f"{fmt_us(time / kernels)} per kernel on average against {fmt_us(ideal_total / kernels)} at the peaks" \
+        mean = f"{units.duration(time / kernels)} per kernel on average against {units.duration(ideal_total / kernels)} at the peaks" \
             if kernels else "no kernels"
-        message = (f"{share(time, ctx):.0%} of GPU kernel time ({fmt_us(per_step(time, ctx))} per step) is in latency-bound "
+        message = (f"{share(time, ctx):.0%} of GPU kernel time ({units.duration(per_step(time, ctx))} per step) is in latency-bound "
                    f"kernels: their work would take under 1 µs at the peaks, but fixed per-kernel latency (launch onto "
                    f"the SMs, ramp-up, tail) sets their time, not their FLOPs or bytes ({per_step(kernels, ctx):.0f} "
                    f"such kernels per step, {mean}; e.g. {example}). Most of it: {what}; lines: {where}. Saving "
@@ -89,7 +90,7 @@ def overhead(ctx: Context) -> Iterator[Finding]:
     else:
         n_ops = per_step(float(sum(1 for row, user in zip(ctx.events["is_row"], user_mask(ctx), strict=True)
                                    if row and user)), ctx)
-        message = (f"{share(time, ctx):.0%} of op time ({fmt_us(per_step(time, ctx))} per step) is in overhead-bound "
+        message = (f"{share(time, ctx):.0%} of op time ({units.duration(per_step(time, ctx))} per step) is in overhead-bound "
                    f"ops: their work would take under 1 µs at the peaks, so per-op dispatch (Python, the dispatcher, "
                    f"allocation) sets their time ({n_ops:.0f} ops per step; e.g. {example}). Most of it: {what}; "
                    f"lines: {where}. Saving is an upper bound (all per-op cost removed).")

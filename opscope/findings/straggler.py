@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import fmt_us, severity
+from opscope.findings.common import severity
 
 MIN_EXCESS = 0.10  # below this, two ranks' compute times differ by run-to-run noise
 
@@ -44,12 +45,12 @@ def straggler(ctx: Context) -> Iterator[Finding]:
     excess = slowest - median
     others = ranks.drop(index=i)
     waits = pd.to_numeric(others.get("collective_time_us", pd.Series(dtype=float)), errors="coerce")
-    wait_text = (f"; the others spend {fmt_us(float(waits.min()))} to {fmt_us(float(waits.max()))} per step in "
+    wait_text = (f"; the others spend {units.duration(float(waits.min()))} to {units.duration(float(waits.max()))} per step in "
                  "collectives" if waits.notna().any() and waits.max() > 0 else "")
     saving = excess * max(ctx.steps, 1)
-    message = (f"rank {rank} computes {fmt_us(slowest)} per step, {excess / median:.0%} more than the median rank "
-               f"({fmt_us(median)}; fastest {fmt_us(float(compute.min()))}): in a synchronous job the other "
+    message = (f"rank {rank} computes {units.duration(slowest)} per step, {excess / median:.0%} more than the median rank "
+               f"({units.duration(median)}; fastest {units.duration(float(compute.min()))}): in a synchronous job the other "
                f"{len(ranks) - 1} rank(s) wait for it every step{wait_text}. As fast as the median, every rank's "
-               f"step would be up to {fmt_us(excess)} shorter (an upper bound).")
+               f"step would be up to {units.duration(excess)} shorter (an upper bound).")
     yield Finding(rule="straggler", severity=severity(saving, ctx), op="", source_location="", message=message,
                   suggestion=SUGGESTION, est_savings_us=saving)

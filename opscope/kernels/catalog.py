@@ -188,15 +188,3 @@ def candidates(ops: Table | pd.DataFrame, manifest_list: list[Any] | None = None
     return sorted(out, key=lambda c: -c["time_us"])
 
 
-def kernels_for_rows(swap_candidates: Any, rows: range) -> dict[int, list[str]]:
-    """{row index: candidate kernel names} for the given rows of a run's summary `swap_candidates`."""
-    out: dict[int, list[str]] = {}
-    if not isinstance(swap_candidates, list):
-        return out
-    for c in swap_candidates:
-        if not isinstance(c, dict) or not isinstance(c.get("kernel"), str) or not isinstance(c.get("rows"), list):
-            continue
-        for r in c["rows"]:
-            if isinstance(r, int) and r in rows:
-                out.setdefault(r, []).append(c["kernel"])
-    return out

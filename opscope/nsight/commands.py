@@ -18,14 +18,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opscope.capture.options import STEP_RANGE
 from opscope.errors import NsightError
 from opscope.trace.kernel_names import demangle
-
-# NVTX ranges of the measured passes (and of `opscope profile --nvtx`): one push/pop range per step, with
-# the same name every step so that one ncu filter selects them all; one per forward of each top-level
-# module (the model's direct children), named after it.
-STEP_RANGE = "opscope_step"
-MODULE_RANGE_PREFIX = "opscope_module:"
 
 NSYS_TRACE = "cuda,nvtx,osrt,cublas,cudnn"
 # What ncu measures per kernel: time, DRAM traffic, the SASS instruction counts the FLOPs come from (the

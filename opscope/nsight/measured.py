@@ -26,13 +26,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from opscope.analysis.ops_table import UNATTRIBUTED
 from opscope.analysis.pipeline import top_ops, union_length
+from opscope.capture.options import STEP_RANGE
 from opscope.findings.common import ops_rows_for_events
-from opscope.nsight.commands import STEP_RANGE, kernel_base_name, kernel_key
+from opscope.nsight.commands import kernel_base_name, kernel_key
 from opscope.nsight.ncu_csv import NcuTable
 from opscope.nsight.nsys_sqlite import NsysData, attribute, parse_op_range
 from opscope.run.model import Run
+from opscope.run.schema import UNATTRIBUTED
 
 MEASURED_COLUMNS = ["measured_time_us_per_call", "measured_dram_bytes_per_call", "measured_flops_per_call",
                     "measured_tensor_inst_per_call", "measured_dram_pct_peak", "measured_sm_pct_peak",

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opscope.analysis.events import innermost
+from opscope.capture.options import MODULE_RANGE_PREFIX, STEP_RANGE
 from opscope.errors import NsightError
-from opscope.nsight.commands import MODULE_RANGE_PREFIX, STEP_RANGE, kernel_base_name
+from opscope.nsight.commands import kernel_base_name
 from opscope.table import from_frame
 from opscope.trace.reader import TraceData
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from opscope.capture.options import STEP_RANGE
 from opscope.errors import NsightError
 from opscope.nsight.commands import (
-    STEP_RANGE,
     diagnose,
     last_error_line,
     ncu_profile_command,
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 # The CLI imports this module for every `opscope profile` (NsightRequest, check_request): the modules that
 # read and attach measurements (pandas, numpy) are imported by the passes that use them.
 
-WORKER = "opscope.capture.worker"
+WORKER = "opscope.nsight.worker"
 
 
 @dataclass

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import statistics
 from typing import Any
 
@@ -15,51 +14,29 @@ from rich.table import Table
 from rich.text import Text
 
 from opscope import units
-from opscope.analysis.ops_table import GPU_ONLY_NOTE, GRAPH_KERNEL_NOTE, LOOSE_KERNEL_NOTE
 from opscope.machine.noise import remedy
+from opscope.render.ranks import STRAGGLER_MARK, collectives_line, header_line, rank_rows, straggler_line
+from opscope.render.report_data import (
+    binding_pct,
+    fit_op,
+    has_modules,
+    module_label,
+    op_name,
+    op_shapes,
+    short_source,
+)
 from opscope.render.text import clean, cleaned_run
 from opscope.run.model import Run
 from opscope.table import nrows, records, take
 from opscope.trace.kernel_names import short_kernel_name
-from opscope.units import UNKNOWN, number
+from opscope.units import UNKNOWN
 
 BOUND_STYLE = {"compute": "bold green", "memory": "bold cyan", "overhead": "bold yellow", "unknown": "dim"}
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
 
 
-def _num(v: Any) -> float | None:
-    return number(v)
 
 
-def si(value: Any, unit: str = "", base: float = 1000.0) -> str:
-    return units.si(value, unit, base)
-
-
-def fmt_us(value: Any) -> str:
-    v = _num(value)
-    if v is None:
-        return UNKNOWN
-    if v >= 1e6:
-        return f"{v / 1e6:.2f} s"
-    if v >= 1e3:
-        return f"{v / 1e3:.2f} ms"
-    return f"{v:.1f} µs"
-
-
-def fmt_pct(value: Any, scale: float = 1.0) -> str:
-    v = _num(value)
-    return UNKNOWN if v is None else f"{v * scale:.1f}%"
-
-
-def binding_pct(row: dict[str, Any]) -> Any:
-    """% of the roof that binds this op: FLOP/s for compute-bound, bandwidth otherwise."""
-    if row.get("bound") == "compute":
-        return row.get("pct_peak_flops")
-    pb, pf = _num(row.get("pct_peak_bandwidth")), _num(row.get("pct_peak_flops"))
-    if row.get("bound") == "memory":
-        return pb
-    vals = [v for v in (pb, pf) if v is not None]
-    return max(vals) if vals else None
 
 
 def summary_panel(run: Run) -> Panel:
@@ -74,27 +51,27 @@ def summary_panel(run: Run) -> Panel:
     peaks = m.get("peaks", {})
     bw = peaks.get("memory_bandwidth_gbps")
     flops = peaks.get("flops_gflops", {})
-    ceil = ", ".join(f"{k} {si(v * 1e9, 'FLOP/s')}" for k, v in flops.items())
+    ceil = ", ".join(f"{k} {units.si(v * 1e9, 'FLOP/s')}" for k, v in flops.items())
     origin = peaks.get("origin", {})
-    lines.append(f"peaks   {si((bw or float('nan')) * 1e9, 'B/s')} ({origin.get('memory_bandwidth', '?')}); "
+    lines.append(f"peaks   {units.si((bw or float('nan')) * 1e9, 'B/s')} ({origin.get('memory_bandwidth', '?')}); "
                  f"{ceil or 'unknown'} ({origin.get('flops', '?')})\n")
     if (m.get("calibration") or {}).get("stable") is False:
         lines.append("        calibration unstable (the machine was busy): used for this run only, not cached\n",
                      style="yellow")
     steps = s.get("steps", 1)
     whole = " (the whole trace: no step annotations)" if s.get("step_source") == "whole trace" else ""
-    lines.append(f"steps   {steps} × {fmt_us(s.get('step_time_us'))}{whole}   op time {fmt_us(s.get('total_time_us'))}"
-                 f"   cost model covers {fmt_pct(s.get('ops_covered_time_share'), 100)} of it\n")
+    lines.append(f"steps   {steps} × {units.time_cell(s.get('step_time_us'))}{whole}   op time {units.time_cell(s.get('total_time_us'))}"
+                 f"   cost model covers {units.percent(s.get('ops_covered_time_share'), 100)} of it\n")
     noise = noise_line(s)
     if noise:
         lines.append(noise + "\n", style="bold yellow")
     shares = s.get("bound_time_share", {})
     lines.append("bound   ")
     for b in ("compute", "memory", "overhead", "unknown"):
-        lines.append(f"{b} {fmt_pct(shares.get(b), 100)}  ", style=BOUND_STYLE[b])
+        lines.append(f"{b} {units.percent(shares.get(b), 100)}  ", style=BOUND_STYLE[b])
     if s.get("device_busy_share") is not None:
         busy = s["device_busy_share"]
-        lines.append(f"\nGPU busy {fmt_pct(busy, 100)} of the step", style="bold red" if busy < 0.5 else "")
+        lines.append(f"\nGPU busy {units.percent(busy, 100)} of the step", style="bold red" if busy < 0.5 else "")
     lines.append(gpu_lines(s))
     memory = memory_line(run)
     if memory:
@@ -109,7 +86,7 @@ def noise_line(summary: dict[str, Any]) -> str | None:
     if not isinstance(noise, dict) or noise.get("verdict") != "noisy":
         return None
     text = f"noise   noisy: {noise.get('reason')}"
-    cv = _num(summary.get("step_time_cv"))
+    cv = units.number(summary.get("step_time_cv"))
     if cv is not None:
         text += f"; step time varied {cv:.0%} (cv)"
     return f"{text}; {remedy(noise)}"
@@ -118,7 +95,7 @@ def noise_line(summary: dict[str, Any]) -> str | None:
 def memory_line(run: Run) -> str:
     """'peak 27.8 MiB during sum at mlp.py:15; growth +8 KiB per step' from summary.json's memory."""
     m = run.summary.get("memory")
-    if not isinstance(m, dict) or _num(m.get("peak_allocated_bytes")) is None:
+    if not isinstance(m, dict) or units.number(m.get("peak_allocated_bytes")) is None:
         return ""
     line = f"peak {units.nbytes(m['peak_allocated_bytes'])}"
     op = m.get("peak_op")
@@ -126,7 +103,7 @@ def memory_line(run: Run) -> str:
         line += f" during {op.removeprefix('aten::')}"
         if isinstance(m.get("peak_source_location"), str) and m["peak_source_location"]:
             line += f" at {m['peak_source_location']}"
-    growth = _num(m.get("growth_bytes_per_step"))
+    growth = units.number(m.get("growth_bytes_per_step"))
     if growth:
         line += f"; {'+' if growth > 0 else ''}{units.nbytes(growth)} per step"
     return line
@@ -140,11 +117,11 @@ def gpu_lines(s: dict[str, Any]) -> Text:
     if graph:
         launchers = ", ".join(graph.get("launchers") or [])
         out.append(f"\ngraph   CUDA/HIP graph replay: {graph.get('kernels', 0)} kernels from {graph.get('launches', 0)} "
-                   f"graph launch(es), {fmt_pct(graph.get('kernel_time_share'), 100)} of GPU time"
+                   f"graph launch(es), {units.percent(graph.get('kernel_time_share'), 100)} of GPU time"
                    + (f", launched in {launchers}." if launchers else "."), style="bold")
         captured = graph.get("captured_time_share")
         if captured:
-            out.append(f" {fmt_pct(captured, 100)} of GPU time is mapped back to the ops and shapes that "
+            out.append(f" {units.percent(captured, 100)} of GPU time is mapped back to the ops and shapes that "
                        "launched it during graph capture (--capture), with their costs.")
         else:
             out.append(" A replay trace records no per-op shapes: these kernels are rows by (launcher, kernel "
@@ -156,17 +133,17 @@ def gpu_lines(s: dict[str, Any]) -> Text:
     families = s.get("kernel_family_time_share")
     if families:
         shown = [(f, v) for f, v in sorted(families.items(), key=lambda kv: -(kv[1] or 0)) if v and v >= 0.0005]
-        out.append("\nkernels " + "  ".join(f"{f} {fmt_pct(v, 100)}" for f, v in shown))
+        out.append("\nkernels " + "  ".join(f"{f} {units.percent(v, 100)}" for f, v in shown))
         lost = s.get("unattributed_time_share")
         if lost:
-            out.append(f"   unattributed {fmt_pct(lost, 100)}", style="yellow")
+            out.append(f"   unattributed {units.percent(lost, 100)}", style="yellow")
     streams = s.get("streams") or []
     overlap = s.get("comm_compute_overlap_share")
     if len(streams) > 1 or overlap is not None:
-        busiest = ", ".join(f"{r['stream']} busy {fmt_us(r['busy_us'])}" for r in streams[:4])
+        busiest = ", ".join(f"{r['stream']} busy {units.time_cell(r['busy_us'])}" for r in streams[:4])
         out.append(f"\nstreams {len(streams)} ({busiest})")
         if overlap is not None:
-            out.append(f"   communication overlapped with compute {fmt_pct(overlap, 100)}")
+            out.append(f"   communication overlapped with compute {units.percent(overlap, 100)}")
     return out
 
 
@@ -182,7 +159,7 @@ def gaps_table(run: Run, width: int = 160) -> Table | None:
         table.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis")
     for g in gaps:
         where = str(g.get("cpu_source_location") or "")
-        table.add_row(Text(fmt_us(g.get("duration_us"))), Text("+" + fmt_us(g.get("start_us"))),
+        table.add_row(Text(units.time_cell(g.get("duration_us"))), Text("+" + units.time_cell(g.get("start_us"))),
                       Text(op_name({"op": g.get("cpu_op") or "—"})), Text(short_source(where, full=width >= 160)),
                       Text(short_kernel_name(str(g.get("kernel_before") or "—"))))
     return table
@@ -200,21 +177,6 @@ _COLUMNS = [
 MAX_OP_WIDTH = 60  # wide terminals: the op cell stops growing here, the table stays readable
 SHAPES_MIN_WIDTH = 130  # narrower terminals show bare op names: a shape or two alone mostly misleads
 MIN_MODULE = 30  # a module cell cut shorter than this loses the layer: show one `where` column instead
-ROOT_MODULE = "(model)"  # how the model itself (qualified name "") is shown
-
-
-def has_modules(run: Run) -> bool:
-    """Whether the run's rows carry module paths (ops.csv `module_class` set on some row)."""
-    ops = run.ops_table
-    return "module_class" in ops and any(isinstance(v, str) and v for v in ops["module_class"])
-
-
-def module_label(row: dict[str, Any]) -> str:
-    """The row's module as shown: its qualified name, ROOT_MODULE for the model itself, "" outside it."""
-    module, cls = row.get("module"), row.get("module_class")
-    if not isinstance(cls, str) or not cls:
-        return ""
-    return module if isinstance(module, str) and module else ROOT_MODULE
 
 
 def ops_table(run: Run, top: int = 15, width: int = 160) -> Table:
@@ -280,28 +242,28 @@ def ops_table(run: Run, top: int = 15, width: int = 160) -> Table:
 
 
 def _cells(row: dict[str, Any]) -> dict[str, Any]:
-    ai = _num(row.get("arithmetic_intensity"))
+    ai = units.number(row.get("arithmetic_intensity"))
     bound = row.get("bound") or "unknown"
-    gflops, gbps = _num(row.get("achieved_gflops")), _num(row.get("achieved_gbps"))
+    gflops, gbps = units.number(row.get("achieved_gflops")), units.number(row.get("achieved_gbps"))
     return {
         "calls": str(int(row["calls"])),
-        "time": fmt_us(row["time_us_total"]),
-        "per call": fmt_us(_per_call(row)),
-        "share": fmt_pct(row["time_share"], 100),
-        "FLOP/call": si(row.get("flops_per_call")),
-        "bytes/call": si(row.get("bytes_per_call"), "B", 1024.0),
+        "time": units.time_cell(row["time_us_total"]),
+        "per call": units.time_cell(_per_call(row)),
+        "share": units.percent(row["time_share"], 100),
+        "FLOP/call": units.si(row.get("flops_per_call")),
+        "bytes/call": units.si(row.get("bytes_per_call"), "B", 1024.0),
         "FLOP/B": UNKNOWN if ai is None else f"{ai:.3g}",
-        "FLOP/s": si(gflops * 1e9 if gflops is not None else None),
-        "B/s": si(gbps * 1e9 if gbps is not None else None),
-        "% peak": fmt_pct(binding_pct(row)),
+        "FLOP/s": units.si(gflops * 1e9 if gflops is not None else None),
+        "B/s": units.si(gbps * 1e9 if gbps is not None else None),
+        "% peak": units.percent(binding_pct(row)),
         "bound": Text(bound, style=BOUND_STYLE.get(bound, "")),
     }
 
 
 def _per_call(row: dict[str, Any]) -> float | None:
-    per_call = _num(row.get("time_us_per_call"))
+    per_call = units.number(row.get("time_us_per_call"))
     if per_call is None:
-        time, calls = _num(row.get("time_us_total")), _num(row.get("calls"))
+        time, calls = units.number(row.get("time_us_total")), units.number(row.get("calls"))
         per_call = time / calls if time is not None and calls else None
     return per_call
 
@@ -323,59 +285,6 @@ def _natural_width(table: Table) -> int:
 _MEASURE = Console(width=10_000, file=io.StringIO(), color_system=None)
 
 
-# Display-only abbreviations for op names too long for a table cell.
-_ABBREVIATIONS = (("_scaled_dot_product_", "sdpa_"), ("_efficient_attention", "_eff_attn"),
-                  ("_flash_attention", "_flash_attn"), ("_for_cpu", "_cpu"))
-
-
-def short_source(location: str, full: bool) -> str:
-    """'pkg/models/x/modeling_x.py:250' -> 'modeling_x.py:250' on narrow terminals."""
-    if full or "/" not in location:
-        return location
-    return location.rsplit("/", 1)[1]
-
-
-KERNEL_ROW_NOTES = (GRAPH_KERNEL_NOTE, LOOSE_KERNEL_NOTE, GPU_ONLY_NOTE)
-
-
-def op_name(row: dict[str, Any]) -> str:
-    """'aten::_scaled_dot_product_flash_attention_for_cpu' -> 'sdpa_flash_attn_cpu'; a kernel row (a
-    kernel no op launched) shows its family and short kernel name."""
-    op = str(row.get("op", ""))
-    if row.get("note") in KERNEL_ROW_NOTES:
-        family = row.get("kernel_family") or "other"
-        return f"{family}: {short_kernel_name(op)}"
-    name = op.split("::", 1)[1] if op.startswith("aten::") else op
-    for long, short in _ABBREVIATIONS:
-        name = name.replace(long, short)
-    return name
-
-
-def op_shapes(row: dict[str, Any]) -> list[str]:
-    """The tensor inputs' shapes as '[4,197,768]' (scalars and tensor lists left out)."""
-    dims = row.get("input_dims") or ""
-    if not dims or dims == "[]":
-        return []
-    try:
-        parsed = json.loads(dims)
-    except ValueError:
-        return []
-    return ["[" + ",".join(map(str, d)) + "]" for d in parsed if d and not isinstance(d[0], list)]
-
-
-def fit_op(name: str, shapes: list[str], width: int) -> str:
-    """The name followed by as many whole shapes as fit in `width` (" …" marks the ones left out)."""
-    full = " ".join([name, *shapes])
-    if len(full) <= width:
-        return full
-    text = name
-    for shape in shapes:
-        if len(text) + len(shape) + 3 > width:  # room for " " + shape + " …"
-            break
-        text = f"{text} {shape}"
-    return text if text == name else f"{text} …"
-
-
 def findings_list(run: Run, top: int = 5) -> Group | Text:
     """Findings as entries: severity, rule, line, module and saving; then the message and the whole
     suggestion, wrapped to the terminal (never cut: the fix is usually in its last sentence)."""
@@ -389,7 +298,7 @@ def findings_list(run: Run, top: int = 5) -> Group | Text:
     steps = max(int(run.summary.get("steps") or 1), 1)
     for f in shown:
         saving = f.get("est_savings_us")
-        saves = f"saves ~{fmt_us(saving / steps)} per step" if saving is not None else "saving unknown"
+        saves = f"saves ~{units.time_cell(saving / steps)} per step" if saving is not None else "saving unknown"
         head = Text()
         head.append(f"{f['rule']}  ", style="bold")
         head.append(f"{f.get('source_location') or f.get('op', '')}  ", style="cyan")
@@ -406,7 +315,7 @@ def findings_list(run: Run, top: int = 5) -> Group | Text:
 def swap_candidates(run: Run, top: int = 15) -> Group | None:
     """For each of the top ops that a bundled kernel could replace (summary.json `swap_candidates`), the
     kernels: one line per op, with the command that tries them."""
-    from opscope.kernels.catalog import kernels_for_rows
+    from opscope.run.schema import kernels_for_rows
 
     ops = run.ops_table
     by_row = kernels_for_rows(run.summary.get("swap_candidates"), range(min(top, nrows(ops))))
@@ -494,7 +403,7 @@ def measured_notes(run: Run) -> list[str]:
 def render_run(run: Run, console: Console, top: int = 15, findings: int = 5) -> None:
     """Prints the run. Every string from the run is cleaned of control characters first and is printed
     as text, never as markup."""
-    from opscope.render.ranks import ranks_group
+    from opscope.render.console import ranks_group
 
     run = cleaned_run(run)
     gaps = gaps_table(run, console.width)
@@ -511,3 +420,28 @@ def render_run(run: Run, console: Console, top: int = 15, findings: int = 5) -> 
         from opscope.run.model import shown_path
 
         console.print(Text("run directory: ") + Text(clean(shown_path(run.path)), style="bold"))
+
+
+SUMS_NOTE = ("the ops table and findings sum all ranks; their steps are rank-steps, so \"per step\" there is the "
+             "mean rank's")
+
+
+def ranks_group(run: Run) -> Group | None:
+    """The console's per-rank table, straggler line and collectives line; None for one-process runs."""
+    headers, rows = rank_rows(run)
+    if not rows:
+        return None
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title=header_line(run), title_justify="left")
+    for h in headers:
+        table.add_column(h, justify="right", no_wrap=True)
+    table.add_column("", no_wrap=True)
+    for cells, slow in rows:
+        style = "bold red" if slow else ""
+        table.add_row(*(Text(c, style=style) for c in cells), Text(STRAGGLER_MARK if slow else "", style=style))
+    parts: list = [table]
+    line = straggler_line(run)
+    if line:
+        parts.append(Text(line, style="bold"))
+    parts.append(Text(collectives_line(run)))
+    parts.append(Text(SUMS_NOTE, style="dim"))
+    return Group(*parts)

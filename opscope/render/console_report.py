@@ -10,26 +10,24 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from opscope import units
 from opscope.render.console import (
     BOUND_STYLE,
-    ROOT_MODULE,
     ceiling_warnings,
     findings_list,
-    fmt_pct,
-    fmt_us,
-    op_name,
-    op_shapes,
     ops_table,
-    si,
+    ranks_group,
     summary_panel,
     swap_candidates,
 )
-from opscope.render.ranks import ranks_group
 from opscope.render.report_data import (
+    ROOT_MODULE,
     breakdown,
     kernels_by_op,
     memory_items,
     module_tree,
+    op_name,
+    op_shapes,
     short_location,
     step_spread,
     steps_of,
@@ -53,8 +51,8 @@ def _shares_table(title: str, shares, steps: int, limit: int = 12, styles: dict 
     table.add_column("per step", justify="right", no_wrap=True)
     table.add_column("share", justify="right", no_wrap=True)
     for s in shares[:limit]:
-        table.add_row(Text(s.name, style=(styles or {}).get(s.name, "")), Text(fmt_us(s.time_us / steps)),
-                      Text(fmt_pct(s.share, 100)))
+        table.add_row(Text(s.name, style=(styles or {}).get(s.name, "")), Text(units.time_cell(s.time_us / steps)),
+                      Text(units.percent(s.share, 100)))
     if len(shares) > limit:
         table.add_row(Text(f"… {len(shares) - limit} more", style="dim"), Text(""), Text(""))
     return table
@@ -75,8 +73,8 @@ def breakdown_group(run: Run) -> Group:
         table.add_column("per step", justify="right", no_wrap=True)
         table.add_column("share", justify="right", no_wrap=True)
         for node in [n for n in tree if n.depth <= 2][:15]:
-            table.add_row(Text("  " * node.depth + (node.path or ROOT_MODULE)), Text(fmt_us(node.time_us / steps)),
-                          Text(fmt_pct(node.share, 100)))
+            table.add_row(Text("  " * node.depth + (node.path or ROOT_MODULE)), Text(units.time_cell(node.time_us / steps)),
+                          Text(units.percent(node.share, 100)))
         parts.append(table)
     return Group(*parts)
 
@@ -106,11 +104,11 @@ def tree_table(run: Run, fold: bool = True, width: int = 160) -> Table | Text:
         spread = ""
         if len(line.instances) > 1:
             times = sorted(t / steps for t in line.instances)
-            spread = " / ".join(fmt_us(t) for t in (times[0], statistics.median(times), times[-1]))
+            spread = " / ".join(units.time_cell(t) for t in (times[0], statistics.median(times), times[-1]))
         cells = {"module": Text("  " * line.depth + label), "class": Text(line.module_class, style="dim"),
-                 "per step": Text(fmt_us(line.time_us / steps)), "share": Text(fmt_pct(line.share, 100)),
-                 "FLOP": Text(si(line.flops / steps if line.flops is not None else None)),
-                 "bytes": Text(si(line.nbytes / steps if line.nbytes is not None else None, "B", 1024.0)),
+                 "per step": Text(units.time_cell(line.time_us / steps)), "share": Text(units.percent(line.share, 100)),
+                 "FLOP": Text(units.si(line.flops / steps if line.flops is not None else None)),
+                 "bytes": Text(units.si(line.nbytes / steps if line.nbytes is not None else None, "B", 1024.0)),
                  "bound": Text(line.bound, style=BOUND_STYLE.get(line.bound, "")),
                  "findings": Text(str(line.findings) if line.findings else ""), "min / median / max": Text(spread)}
         table.add_row(*(cells[c[0]] for c in shown))
@@ -133,7 +131,7 @@ def kernels_group(run: Run, top: int) -> Group | None:
     grid.add_column(justify="right", no_wrap=True)
     grid.add_column(ratio=1)
     for i, row, names in rows:
-        head = Text(op_name(row), style="bold") + Text(f"  {fmt_us(row.get('time_us_total'))}", style="dim")
+        head = Text(op_name(row), style="bold") + Text(f"  {units.time_cell(row.get('time_us_total'))}", style="dim")
         grid.add_row(Text(f"{i + 1}"), head)
         for name in names[:5]:
             grid.add_row(Text(""), Text(name, overflow="ellipsis", no_wrap=True))
@@ -199,12 +197,12 @@ def comparison_group(c: Comparison, top: int = 15, width: int = 160) -> Group:
     head.append("B            ", style="bold")
     head.append(clean(c.run_b or c.target_b) + "\n")
     if c.step_ratio is not None:
-        head.append(f"step time  {fmt_us(c.step_time_a_us)} → {fmt_us(c.step_time_b_us)}  "
+        head.append(f"step time  {units.time_cell(c.step_time_a_us)} → {units.time_cell(c.step_time_b_us)}  "
                     f"{c.step_ratio:.2f}x  ")
         head.append(c.step_verdict or "", style=VERDICT_STYLE.get(c.step_verdict or "", "bold"))
         head.append("\n")
     ratio = f"{c.op_time_ratio:.2f}x  " if c.op_time_ratio is not None else ""
-    head.append(f"op time    {fmt_us(c.op_time_a_us)} → {fmt_us(c.op_time_b_us)} per step  {ratio}")
+    head.append(f"op time    {units.time_cell(c.op_time_a_us)} → {units.time_cell(c.op_time_b_us)} per step  {ratio}")
     head.append(c.op_time_verdict, style=VERDICT_STYLE.get(c.op_time_verdict, "bold"))
     head.append(f"\nnoise band ±{c.band:.0%} ({c.band_reason})", style="dim")
     parts: list = [head]
@@ -229,8 +227,8 @@ def comparison_group(c: Comparison, top: int = 15, width: int = 160) -> Group:
             shapes = op_shapes({"input_dims": x.input_dims})
             source = x.source_b or x.source_a
             cells = [Text(" ".join([op_name({"op": x.op}), *shapes])),
-                     Text("—" if x.verdict == APPEARED else fmt_us(x.time_a_us)),
-                     Text("—" if x.verdict == VANISHED else fmt_us(x.time_b_us)), Text(f"{'+' if x.delta_us > 0 else '−'}{fmt_us(abs(x.delta_us))}"),
+                     Text("—" if x.verdict == APPEARED else units.time_cell(x.time_a_us)),
+                     Text("—" if x.verdict == VANISHED else units.time_cell(x.time_b_us)), Text(f"{'+' if x.delta_us > 0 else '−'}{units.time_cell(abs(x.delta_us))}"),
                      Text(f"{x.ratio:.2f}x" if x.ratio is not None and x.verdict != VANISHED else "—"),
                      Text(x.verdict, style=VERDICT_STYLE.get(x.verdict, ""))]
             if with_source:

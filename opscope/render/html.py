@@ -24,35 +24,24 @@ from typing import Any
 
 from opscope import __version__, units
 from opscope.errors import OpscopeError, OutputError
-from opscope.render.console import (
-    ROOT_MODULE,
-    binding_pct,
-    fmt_pct,
-    fmt_us,
-    has_modules,
-    module_label,
-    op_name,
-    op_shapes,
-    si,
-)
-from opscope.render.ranks import (
-    STRAGGLER_MARK,
-    SUMS_NOTE,
-    collectives_line,
-    header_line,
-    rank_rows,
-    straggler_line,
-)
+from opscope.render.console import SUMS_NOTE
+from opscope.render.ranks import STRAGGLER_MARK, collectives_line, header_line, rank_rows, straggler_line
 from opscope.render.report_data import (
     BOUNDS,
+    ROOT_MODULE,
+    binding_pct,
     breakdown,
     ceilings_line,
+    has_modules,
     kernels_by_op,
     measured_point,
     measured_text,
     memory_items,
+    module_label,
     module_tree,
     num,
+    op_name,
+    op_shapes,
     short_location,
     step_line,
     steps_of,
@@ -133,14 +122,14 @@ def _hover(row: dict[str, Any], steps: int) -> str:
         if text(row.get(key)):
             lines.append(f"{label}: {plot_text(row.get(key))}")
     calls = num(row.get("calls")) or 0
-    lines.append(f"time: {fmt_us(row.get('time_us_total'))} ({fmt_pct(row.get('time_share'), 100)}), "
-                 f"{calls:.0f} calls, {fmt_us((num(row.get('time_us_total')) or 0) / steps)} per step")
+    lines.append(f"time: {units.time_cell(row.get('time_us_total'))} ({units.percent(row.get('time_share'), 100)}), "
+                 f"{calls:.0f} calls, {units.time_cell((num(row.get('time_us_total')) or 0) / steps)} per step")
     bound = text(row.get("bound")) or "unknown"
-    lines.append(f"{fmt_pct(binding_pct(row))} of peak ({plot_text(bound)}-bound, ceiling "
+    lines.append(f"{units.percent(binding_pct(row))} of peak ({plot_text(bound)}-bound, ceiling "
                  f"{plot_text(text(row.get('ceiling')) or '?')})")
     gflops, gbps, ai = num(row.get("achieved_gflops")), num(row.get("achieved_gbps")), num(row.get("arithmetic_intensity"))
-    lines.append(f"{si(gflops * 1e9 if gflops is not None else None, 'FLOP/s')}, "
-                 f"{si(gbps * 1e9 if gbps is not None else None, 'B/s')}, "
+    lines.append(f"{units.si(gflops * 1e9 if gflops is not None else None, 'FLOP/s')}, "
+                 f"{units.si(gbps * 1e9 if gbps is not None else None, 'B/s')}, "
                  f"{UNKNOWN if ai is None else f'{ai:.3g}'} FLOP/B")
     lines.append(f"source: {plot_text(text(row.get('source_location')) or '?')}")
     return "<br>".join(lines)
@@ -245,13 +234,13 @@ def _ceiling_traces(run: Run, run_points: list) -> list[dict[str, Any]]:  # noqa
     if bw:
         traces.append({
             "type": "scatter", "mode": "lines", "uid": "ceiling-memory", "hoverinfo": "name",
-            "name": plot_text(f"memory {si(bw, 'B/s')} ({origin.get('memory_bandwidth', '?')})"),
+            "name": plot_text(f"memory {units.si(bw, 'B/s')} ({origin.get('memory_bandwidth', '?')})"),
             "x": [x0, bw_end], "y": [x0 * bw, bw_end * bw], "line": {"color": "#6c757d", "width": 2},
         })
     for k, (dtype, peak) in enumerate(sorted(flops.items(), key=lambda kv: -kv[1])):
         ridge = peak / bw if bw else x0
         xs, ys = ([bw_end, ridge, x1], [bw_end * bw, peak, peak]) if bw and ridge > bw_end else ([max(ridge, x0), x1], [peak, peak])
-        label = plot_text(f"{dtype} {si(peak, 'FLOP/s')}")
+        label = plot_text(f"{dtype} {units.si(peak, 'FLOP/s')}")
         traces.append({
             "type": "scatter", "mode": "lines+text", "uid": f"ceiling-{k}", "name": label, "hoverinfo": "name",
             "x": xs, "y": ys, "text": [""] * (len(xs) - 1) + [label], "textposition": "top left",
@@ -283,8 +272,8 @@ def module_figure(run: Run) -> dict[str, Any] | None:
         values.append(max(inclusive[n.path] - children.get(n.path, 0.0), 0.0))  # self time: "remainder"
         labels.append(plot_text(n.path.rpartition(".")[2] if n.depth > 0 else (n.path or ROOT_MODULE), 60))
         what = f" ({plot_text(n.module_class)})" if n.module_class else ""
-        hover.append(f"<b>{plot_text(n.path or ROOT_MODULE)}</b>{what}<br>{fmt_us(n.time_us / steps)} per step "
-                     f"(inclusive), {fmt_pct(n.share, 100)}")
+        hover.append(f"<b>{plot_text(n.path or ROOT_MODULE)}</b>{what}<br>{units.time_cell(n.time_us / steps)} per step "
+                     f"(inclusive), {units.percent(n.share, 100)}")
     trace = {"type": "treemap", "ids": ids, "parents": parents, "values": values, "labels": labels,
              "hovertext": hover, "hoverinfo": "text", "branchvalues": "remainder", "maxdepth": 4,
              "textinfo": "label+percent root",
@@ -328,20 +317,20 @@ def _table_row(i: int, row: dict[str, Any], columns: list[dict[str, Any]]) -> di
         "source": (short_location(source), source.lower()),
         "module": (module_label(row), module_label(row).lower()),
         "calls": (f"{calls:.0f}" if calls is not None else UNKNOWN, calls),
-        "time": (fmt_us(total), total),
-        "share": (fmt_pct(row.get("time_share"), 100), num(row.get("time_share"))),
-        "flops": (si(gflops * 1e9 if gflops is not None else None), gflops),
-        "bw": (si(gbps * 1e9 if gbps is not None else None), gbps),
-        "ai": (UNKNOWN if ai is None else f"{ai:.3g}", ai), "peak": (fmt_pct(peak), peak), "bound": (bound, bound),
-        "cpu": (fmt_us(row.get("cpu_time_us_total")), num(row.get("cpu_time_us_total"))),
+        "time": (units.time_cell(total), total),
+        "share": (units.percent(row.get("time_share"), 100), num(row.get("time_share"))),
+        "flops": (units.si(gflops * 1e9 if gflops is not None else None), gflops),
+        "bw": (units.si(gbps * 1e9 if gbps is not None else None), gbps),
+        "ai": (UNKNOWN if ai is None else f"{ai:.3g}", ai), "peak": (units.percent(peak), peak), "bound": (bound, bound),
+        "cpu": (units.time_cell(row.get("cpu_time_us_total")), num(row.get("cpu_time_us_total"))),
     }
     detail = {key: text(row.get(key)) for key in ("op", "input_dims", "input_dtypes", "input_strides",
                                                     "concrete_inputs", "source_location", "module", "family",
                                                     "dtype", "ceiling", "note", "compiled_graph")}
-    detail.update(kernels=kernels, bound=bound, cpu_time=fmt_us(row.get("cpu_time_us_total")) if gpu_row else "",
-                  time=f"{fmt_us(total)} ({fmt_pct(row.get('time_share'), 100)}), {calls or 0:.0f} calls, "
-                       f"{fmt_us(per_call)} per call",
-                  flops_per_call=si(row.get("flops_per_call")), bytes_per_call=si(row.get("bytes_per_call"), "B", 1024.0),
+    detail.update(kernels=kernels, bound=bound, cpu_time=units.time_cell(row.get("cpu_time_us_total")) if gpu_row else "",
+                  time=f"{units.time_cell(total)} ({units.percent(row.get('time_share'), 100)}), {calls or 0:.0f} calls, "
+                       f"{units.time_cell(per_call)} per call",
+                  flops_per_call=units.si(row.get("flops_per_call")), bytes_per_call=units.si(row.get("bytes_per_call"), "B", 1024.0),
                   measured=measured_text(row),
                   rates=f"{units.gflops(gflops)}, {units.gbps(gbps)}, {cells['peak'][0]} of peak")
     return {"c": [cells[c["key"]][0] for c in columns], "k": [cells[c["key"]][1] for c in columns],
@@ -364,20 +353,20 @@ def _header(run: Run) -> str:
     m, s = run.meta, run.summary
     device = m.get("device") or {}
     shares = s.get("bound_time_share") if isinstance(s.get("bound_time_share"), dict) else {}
-    bounds = " ".join(f'<span class="b-{b}">{b} {esc(fmt_pct(shares.get(b), 100))}</span>' for b in BOUNDS)
+    bounds = " ".join(f'<span class="b-{b}">{b} {esc(units.percent(shares.get(b), 100))}</span>' for b in BOUNDS)
     facts = [
         ("run", f"{esc(m.get('source'))}, {esc(m.get('mode'))}, {esc(m.get('dtype') or 'mixed')}"),
         ("device", f"{esc(device.get('type'))}: {esc(device.get('name'))}"),
         ("ceilings", esc(ceilings_line(run))),
         ("torch", esc(m.get("torch_version") or "not recorded")),
         ("steps", esc(step_line(run))),
-        ("op time", esc(f"{fmt_us(s.get('total_time_us'))} in all; the cost model covers "
-                        f"{fmt_pct(s.get('ops_covered_time_share'), 100)} of it")),
+        ("op time", esc(f"{units.time_cell(s.get('total_time_us'))} in all; the cost model covers "
+                        f"{units.percent(s.get('ops_covered_time_share'), 100)} of it")),
         ("bound", bounds),
     ]
     busy = num(s.get("device_busy_share"))
     if busy is not None:
-        facts.append(("GPU busy", f'<span class="{"bad" if busy < 0.5 else ""}">{esc(fmt_pct(busy, 100))} of the step</span>'))
+        facts.append(("GPU busy", f'<span class="{"bad" if busy < 0.5 else ""}">{esc(units.percent(busy, 100))} of the step</span>'))
     dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
     return (f'<header><h1>opscope report</h1><p class="target mono">{esc(m.get("target"))}</p>'
             f'<p id="verdict" class="verdict">{esc(verdict_line(run))}</p><dl class="facts">{dl}</dl></header>')
@@ -388,7 +377,7 @@ def _bars(title: str, shares, steps: int, colored: bool = False, limit: int = 12
     for s in shares[:limit]:
         style = f"width:{s.share * 100:.1f}%" + (f";background:var(--{s.name})" if colored and s.name in BOUNDS else "")
         items.append(f'<span>{esc(s.name)}</span><span class="track"><span class="fill" style="{style}"></span></span>'
-                     f'<span class="value">{esc(fmt_us(s.time_us / steps))} per step · {esc(fmt_pct(s.share, 100))}</span>')
+                     f'<span class="value">{esc(units.time_cell(s.time_us / steps))} per step · {esc(units.percent(s.share, 100))}</span>')
     more = f'<p class="muted">… {len(shares) - limit} more</p>' if len(shares) > limit else ""
     return f'<div><h3>{title}</h3><div class="bars">{"".join(items)}</div>{more}</div>'
 
@@ -414,7 +403,7 @@ def _findings(run: Run) -> str:
         sev = text(f.get("severity"))
         sev_class = sev if sev in ("high", "medium", "low") else "low"
         saving = num(f.get("est_savings_us"))
-        saves = f"saves ~{fmt_us(saving / steps)} per step" if saving is not None else "saving unknown"
+        saves = f"saves ~{units.time_cell(saving / steps)} per step" if saving is not None else "saving unknown"
         where = text(f.get("source_location"))
         button = (f'<button type="button" data-filter="{esc(where)}">show ops at this line</button>'
                   if where else "")
@@ -434,7 +423,7 @@ def _kernels(run: Run) -> str:
         return ""
     body = "".join(
         f'<tr><td class="num">{i + 1}</td><td class="op">{esc(op_name(row))}</td>'
-        f'<td class="num">{esc(fmt_us(row.get("time_us_total")))}</td><td><ul class="kernels mono">'
+        f'<td class="num">{esc(units.time_cell(row.get("time_us_total")))}</td><td><ul class="kernels mono">'
         + "".join(f"<li>{esc(k)}</li>" for k in names) + "</ul></td></tr>"
         for i, row, names in rows)
     return (f'<section id="kernels"><h2>Kernels of the top {len(rows)} GPU ops</h2><div class="table-wrap">'
@@ -483,11 +472,11 @@ def _comparison(c: Comparison | None, limit: int = 40) -> str:
         return ""
     facts = [("A (baseline)", esc(c.run_a or c.target_a)), ("B (this run)", esc(c.run_b or c.target_b))]
     if c.step_ratio is not None:
-        facts.append(("step time", f"{esc(fmt_us(c.step_time_a_us))} → {esc(fmt_us(c.step_time_b_us))}, "
+        facts.append(("step time", f"{esc(units.time_cell(c.step_time_a_us))} → {esc(units.time_cell(c.step_time_b_us))}, "
                                    f"{c.step_ratio:.2f}x <span class=\"{VERDICT_CLASS.get(c.step_verdict, '')}\">"
                                    f"{esc(c.step_verdict)}</span>"))
     ratio = f"{c.op_time_ratio:.2f}x " if c.op_time_ratio is not None else ""
-    facts.append(("op time per step", f"{esc(fmt_us(c.op_time_a_us))} → {esc(fmt_us(c.op_time_b_us))}, {ratio}"
+    facts.append(("op time per step", f"{esc(units.time_cell(c.op_time_a_us))} → {esc(units.time_cell(c.op_time_b_us))}, {ratio}"
                                       f"<span class=\"{VERDICT_CLASS[c.op_time_verdict]}\">{esc(c.op_time_verdict)}</span>"))
     facts.append(("noise band", esc(f"±{c.band:.0%} ({c.band_reason})")))
     dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
@@ -495,9 +484,9 @@ def _comparison(c: Comparison | None, limit: int = 40) -> str:
     changed = [x for x in c.ops if x.verdict != SAME][:limit]
     body = "".join(
         f'<tr><td class="op">{esc(op_name({"op": x.op}))}</td><td class="shapes mono">{esc(x.input_dims)}</td>'
-        f'<td class="num">{"—" if x.verdict == APPEARED else esc(fmt_us(x.time_a_us))}</td>'
-        f'<td class="num">{"—" if x.verdict == VANISHED else esc(fmt_us(x.time_b_us))}</td>'
-        f'<td class="num">{"+" if x.delta_us > 0 else "−"}{esc(fmt_us(abs(x.delta_us)))}</td>'
+        f'<td class="num">{"—" if x.verdict == APPEARED else esc(units.time_cell(x.time_a_us))}</td>'
+        f'<td class="num">{"—" if x.verdict == VANISHED else esc(units.time_cell(x.time_b_us))}</td>'
+        f'<td class="num">{"+" if x.delta_us > 0 else "−"}{esc(units.time_cell(abs(x.delta_us)))}</td>'
         f'<td class="num">{f"{x.ratio:.2f}x" if x.ratio is not None and x.verdict != VANISHED else "—"}</td>'
         f'<td class="{VERDICT_CLASS.get(x.verdict, "")}">{esc(x.verdict)}</td>'
         f'<td class="src mono">{esc(x.source_b or x.source_a)}</td></tr>' for x in changed)

@@ -6,12 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich import box
-from rich.console import Group
-from rich.table import Table
-from rich.text import Text
-
-from opscope.render.console import fmt_pct, fmt_us
+from opscope import units
 from opscope.render.report_data import num, text
 from opscope.render.text import clean
 from opscope.run.model import Run
@@ -30,7 +25,7 @@ def _fmt(value: Any, kind: str) -> str:
     v = num(value)
     if v is None:
         return "—"
-    return str(int(v)) if kind == "int" else fmt_us(v) if kind == "us" else fmt_pct(v, 100)
+    return str(int(v)) if kind == "int" else units.time_cell(v) if kind == "us" else units.percent(v, 100)
 
 
 def rank_rows(run: Run) -> tuple[list[str], list[tuple[list[str], bool]]]:
@@ -61,17 +56,17 @@ def straggler_line(run: Run) -> str:
     if rank is None:
         return ""
     excess, spread = num(d.get("straggler_excess_share")), num(d.get("compute_spread_share"))
-    line = f"straggler: rank {clean(rank)}, compute {fmt_us(d.get('straggler_compute_time_us'))} per step"
+    line = f"straggler: rank {clean(rank)}, compute {units.time_cell(d.get('straggler_compute_time_us'))} per step"
     if excess is not None:
         line += (f", {'+' if excess >= 0 else '−'}{abs(excess) * 100:.0f}% over the median rank "
-                 f"({fmt_us(d.get('compute_time_us_median'))})")
+                 f"({units.time_cell(d.get('compute_time_us_median'))})")
         if d.get("straggler_beyond_noise") is False:
             line += ": the slowest, but within noise (no straggler finding)"
     if spread is not None:
         line += f"; compute spread across ranks {spread * 100:.0f}%"
     lo, hi, step_spread = num(d.get("step_time_us_min")), num(d.get("step_time_us_max")), num(d.get("step_time_spread_share"))
     if lo is not None and hi is not None:
-        line += f", step time {fmt_us(lo)} to {fmt_us(hi)}"
+        line += f", step time {units.time_cell(lo)} to {units.time_cell(hi)}"
         if step_spread is not None:
             line += f" (spread {step_spread * 100:.0f}%)"
     return line
@@ -86,7 +81,7 @@ def collectives_line(run: Run, limit: int = 4) -> str:
     parts = []
     for c in items[:limit]:
         share = num(c.get("share"))
-        parts.append(f"{clean(text(c.get('name')))} {fmt_us(c.get('time_us_per_step'))}"
+        parts.append(f"{clean(text(c.get('name')))} {units.time_cell(c.get('time_us_per_step'))}"
                      + (f" ({share * 100:.0f}% of the step)" if share is not None else ""))
     more = f", … {len(items) - limit} more" if len(items) > limit else ""
     return "collectives per step (mean rank): " + ", ".join(parts) + more
@@ -102,26 +97,3 @@ def header_line(run: Run) -> str:
     return f"Ranks ({n}{of}{steps}{backend}; times per step)"
 
 
-SUMS_NOTE = ("the ops table and findings sum all ranks; their steps are rank-steps, so \"per step\" there is the "
-             "mean rank's")
-
-
-def ranks_group(run: Run) -> Group | None:
-    """The console's per-rank table, straggler line and collectives line; None for one-process runs."""
-    headers, rows = rank_rows(run)
-    if not rows:
-        return None
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title=header_line(run), title_justify="left")
-    for h in headers:
-        table.add_column(h, justify="right", no_wrap=True)
-    table.add_column("", no_wrap=True)
-    for cells, slow in rows:
-        style = "bold red" if slow else ""
-        table.add_row(*(Text(c, style=style) for c in cells), Text(STRAGGLER_MARK if slow else "", style=style))
-    parts: list = [table]
-    line = straggler_line(run)
-    if line:
-        parts.append(Text(line, style="bold"))
-    parts.append(Text(collectives_line(run)))
-    parts.append(Text(SUMS_NOTE, style="dim"))
-    return Group(*parts)

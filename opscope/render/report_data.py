@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opscope.render.console import ROOT_MODULE, fmt_pct, fmt_us, si
+from opscope import units
 from opscope.render.text import clean
 from opscope.run.model import Run
+from opscope.run.schema import GPU_ONLY_NOTE, GRAPH_KERNEL_NOTE, LOOSE_KERNEL_NOTE
+from opscope.trace.kernel_names import short_kernel_name
 from opscope.units import number as num  # a finite float, or None
 
 BOUNDS = ("compute", "memory", "overhead", "unknown")
@@ -55,7 +57,7 @@ def verdict_line(run: Run) -> str:
         finding = f"top finding: {text(top.get('rule')).replace('-', ' ')}"
         finding += f" at {short_location(where)}" if where else ""
         if saving is not None:
-            finding += f" (saves ~{fmt_us(saving / steps_of(run))} per step)"
+            finding += f" (saves ~{units.time_cell(saving / steps_of(run))} per step)"
         parts.append(finding)
     else:
         parts.append("no findings")
@@ -65,7 +67,7 @@ def verdict_line(run: Run) -> str:
 def step_line(run: Run) -> str:
     """'5 steps × 4.81 ms', with the spread and noise verdict (step_spread) when the run measured them."""
     steps = steps_of(run)
-    line = f"{steps} step{'' if steps == 1 else 's'} × {fmt_us(run.summary.get('step_time_us'))}"
+    line = f"{steps} step{'' if steps == 1 else 's'} × {units.time_cell(run.summary.get('step_time_us'))}"
     spread = step_spread(run)
     return f"{line} ({spread})" if spread else line
 
@@ -75,8 +77,8 @@ def step_spread(run: Run) -> str:
     quiet'), or '' when the run did not measure them."""
     s = run.summary
     spread = [f"{label} {fmt(s[key])}" for key, label, fmt in
-              (("step_time_us_p50", "median", fmt_us), ("step_time_us_max", "max", fmt_us),
-               ("step_time_cv", "CV", lambda v: fmt_pct(v, 100))) if num(s.get(key)) is not None]
+              (("step_time_us_p50", "median", units.time_cell), ("step_time_us_max", "max", units.time_cell),
+               ("step_time_cv", "CV", lambda v: units.percent(v, 100))) if num(s.get(key)) is not None]
     line = ", ".join(spread)
     noise = s.get("noise")
     if isinstance(noise, dict) and isinstance(noise.get("verdict"), str):
@@ -92,8 +94,8 @@ def ceilings_line(run: Run) -> str:
     origin = peaks.get("origin") or {}
     bw = num(peaks.get("memory_bandwidth_gbps"))
     flops = peaks.get("flops_gflops") or {}
-    parts = ", ".join(f"{k} {si(v * 1e9, 'FLOP/s')}" for k, v in flops.items() if num(v) is not None)
-    return (f"{si(bw * 1e9, 'B/s') if bw is not None else 'unknown'} ({origin.get('memory_bandwidth', '?')}); "
+    parts = ", ".join(f"{k} {units.si(v * 1e9, 'FLOP/s')}" for k, v in flops.items() if num(v) is not None)
+    return (f"{units.si(bw * 1e9, 'B/s') if bw is not None else 'unknown'} ({origin.get('memory_bandwidth', '?')}); "
             f"{parts or 'FLOP/s unknown'} ({origin.get('flops', '?')})")
 
 
@@ -262,26 +264,26 @@ def memory_items(run: Run) -> list[tuple[str, str]]:
     if peak is not None:
         step = m.get("peak_step")
         where = op_at(m.get("peak_op"), m.get("peak_source_location"), m.get("peak_module"))
-        items.append(("peak allocated", si(peak, "B", 1024.0) + (f" in step {step}" if isinstance(step, int) else "")
+        items.append(("peak allocated", units.si(peak, "B", 1024.0) + (f" in step {step}" if isinstance(step, int) else "")
                       + (f", during {where}" if where else "")))
     cuda = num(m.get("cuda_max_memory_allocated_bytes"))
     if cuda is not None:
-        items.append(("CUDA max allocated", si(cuda, "B", 1024.0)))
+        items.append(("CUDA max allocated", units.si(cuda, "B", 1024.0)))
     alive = [g for g in m.get("alive_at_peak") or [] if isinstance(g, dict)] if isinstance(m.get("alive_at_peak"), list) else []
     for k, g in enumerate(alive[:5]):
         n = num(g.get("tensors"))
         count = f" ({n:.0f} tensor{'' if n == 1 else 's'})" if n is not None else ""
         items.append(("alive at the peak" if k == 0 else "",
-                      f"{si(g.get('bytes'), 'B', 1024.0)} from {op_at(g.get('op'), g.get('source_location'), g.get('module')) or '?'}{count}"))
+                      f"{units.si(g.get('bytes'), 'B', 1024.0)} from {op_at(g.get('op'), g.get('source_location'), g.get('module')) or '?'}{count}"))
     other = num(m.get("alive_at_peak_other_bytes"))
     if alive and other:
-        items.append(("", f"{si(other, 'B', 1024.0)} allocated before the recording or outside any op"))
+        items.append(("", f"{units.si(other, 'B', 1024.0)} allocated before the recording or outside any op"))
     growth = num(m.get("growth_bytes_per_step"))
     if growth is not None:
-        items.append(("growth per step", ("+" if growth > 0 else "") + si(growth, "B", 1024.0)))
+        items.append(("growth per step", ("+" if growth > 0 else "") + units.si(growth, "B", 1024.0)))
     per_step = [p for p in m.get("per_step") or [] if isinstance(p, dict)] if isinstance(m.get("per_step"), list) else []
     if per_step:
-        items.append(("peak per step", ", ".join(si(p.get("peak_allocated_bytes"), "B", 1024.0) for p in per_step)))
+        items.append(("peak per step", ", ".join(units.si(p.get("peak_allocated_bytes"), "B", 1024.0) for p in per_step)))
     source, device = text(m.get("source")), text(m.get("device"))
     if source:
         items.append(("recorded by", f"{source}" + (f" on {device}" if device else "")
@@ -306,11 +308,11 @@ def _format_value(key: str, value: Any) -> str:
         return str(value).lower()
     if isinstance(value, (int, float)) and num(value) is not None:
         if key.endswith("bytes") or key.endswith("_b"):
-            return si(value, "B", 1024.0)
+            return units.si(value, "B", 1024.0)
         if key.endswith("_us"):
-            return fmt_us(value)
+            return units.time_cell(value)
         if key.endswith("share"):
-            return fmt_pct(value, 100)
+            return units.percent(value, 100)
         return f"{value:,}" if isinstance(value, int) else f"{value:.4g}"
     if isinstance(value, (dict, list)):
         return clean(json.dumps(value, ensure_ascii=False, default=str))
@@ -507,18 +509,99 @@ def measured_text(row: dict[str, Any]) -> str:
     nbytes = num(row.get("measured_dram_bytes_per_call"))
     if nbytes is not None:
         ratio = num(row.get("measured_bytes_ratio"))
-        parts.append(f"DRAM {si(nbytes, 'B', 1024.0)} per call" + (f" ({ratio:.2f}x modeled)" if ratio else ""))
+        parts.append(f"DRAM {units.si(nbytes, 'B', 1024.0)} per call" + (f" ({ratio:.2f}x modeled)" if ratio else ""))
         flops, fratio = num(row.get("measured_flops_per_call")), num(row.get("measured_flops_ratio"))
         if flops is not None:
-            parts.append(f"{si(flops)}FLOP CUDA-core" + (f" ({fratio:.2f}x modeled)" if fratio else ""))
+            parts.append(f"{units.si(flops)}FLOP CUDA-core" + (f" ({fratio:.2f}x modeled)" if fratio else ""))
         tensor = num(row.get("measured_tensor_inst_per_call"))
         if tensor:
-            parts.append(f"{si(tensor)} tensor-core instructions")
-        parts.append(f"{fmt_us(row.get('measured_time_us_per_call'))} per call")
+            parts.append(f"{units.si(tensor)} tensor-core instructions")
+        parts.append(f"{units.time_cell(row.get('measured_time_us_per_call'))} per call")
         for key, label in (("measured_dram_pct_peak", "DRAM"), ("measured_sm_pct_peak", "SM")):
             if num(row.get(key)) is not None:
-                parts.append(f"{label} {fmt_pct(row.get(key))} of peak")
+                parts.append(f"{label} {units.percent(row.get(key))} of peak")
         parts = ["Nsight Compute: " + ", ".join(parts)]
     if num(row.get("nsys_time_us_total")) is not None:
-        parts.append(f"Nsight Systems: {fmt_us(row.get('nsys_time_us_total'))} of kernel time")
+        parts.append(f"Nsight Systems: {units.time_cell(row.get('nsys_time_us_total'))} of kernel time")
     return "; ".join(parts)
+
+
+def binding_pct(row: dict[str, Any]) -> Any:
+    """% of the roof that binds this op: FLOP/s for compute-bound, bandwidth otherwise."""
+    if row.get("bound") == "compute":
+        return row.get("pct_peak_flops")
+    pb, pf = num(row.get("pct_peak_bandwidth")), num(row.get("pct_peak_flops"))
+    if row.get("bound") == "memory":
+        return pb
+    vals = [v for v in (pb, pf) if v is not None]
+    return max(vals) if vals else None
+
+
+ROOT_MODULE = "(model)"  # how the model itself (qualified name "") is shown
+
+
+def has_modules(run: Run) -> bool:
+    """Whether the run's rows carry module paths (ops.csv `module_class` set on some row)."""
+    ops = run.ops_table
+    return "module_class" in ops and any(isinstance(v, str) and v for v in ops["module_class"])
+
+
+def module_label(row: dict[str, Any]) -> str:
+    """The row's module as shown: its qualified name, ROOT_MODULE for the model itself, "" outside it."""
+    module, cls = row.get("module"), row.get("module_class")
+    if not isinstance(cls, str) or not cls:
+        return ""
+    return module if isinstance(module, str) and module else ROOT_MODULE
+
+
+# Display-only abbreviations for op names too long for a table cell.
+_ABBREVIATIONS = (("_scaled_dot_product_", "sdpa_"), ("_efficient_attention", "_eff_attn"),
+                  ("_flash_attention", "_flash_attn"), ("_for_cpu", "_cpu"))
+
+
+def short_source(location: str, full: bool) -> str:
+    """'pkg/models/x/modeling_x.py:250' -> 'modeling_x.py:250' on narrow terminals."""
+    if full or "/" not in location:
+        return location
+    return location.rsplit("/", 1)[1]
+
+
+KERNEL_ROW_NOTES = (GRAPH_KERNEL_NOTE, LOOSE_KERNEL_NOTE, GPU_ONLY_NOTE)
+
+
+def op_name(row: dict[str, Any]) -> str:
+    """'aten::_scaled_dot_product_flash_attention_for_cpu' -> 'sdpa_flash_attn_cpu'; a kernel row (a
+    kernel no op launched) shows its family and short kernel name."""
+    op = str(row.get("op", ""))
+    if row.get("note") in KERNEL_ROW_NOTES:
+        family = row.get("kernel_family") or "other"
+        return f"{family}: {short_kernel_name(op)}"
+    name = op.split("::", 1)[1] if op.startswith("aten::") else op
+    for long, short in _ABBREVIATIONS:
+        name = name.replace(long, short)
+    return name
+
+
+def op_shapes(row: dict[str, Any]) -> list[str]:
+    """The tensor inputs' shapes as '[4,197,768]' (scalars and tensor lists left out)."""
+    dims = row.get("input_dims") or ""
+    if not dims or dims == "[]":
+        return []
+    try:
+        parsed = json.loads(dims)
+    except ValueError:
+        return []
+    return ["[" + ",".join(map(str, d)) + "]" for d in parsed if d and not isinstance(d[0], list)]
+
+
+def fit_op(name: str, shapes: list[str], width: int) -> str:
+    """The name followed by as many whole shapes as fit in `width` (" …" marks the ones left out)."""
+    full = " ".join([name, *shapes])
+    if len(full) <= width:
+        return full
+    text = name
+    for shape in shapes:
+        if len(text) + len(shape) + 3 > width:  # room for " " + shape + " …"
+            break
+        text = f"{text} {shape}"
+    return text if text == name else f"{text} …"

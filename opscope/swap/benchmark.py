@@ -38,7 +38,7 @@ from opscope.analysis.ops_table import classify_bound
 from opscope.costmodel import OpCall, estimate
 from opscope.kernels.bench import Timing, interleaved, summarize
 from opscope.machine.peaks import Peaks, ceiling_key
-from opscope.swap.apply import RecordedCall, Swap
+from opscope.swap.mechanisms import RecordedCall, Swap
 from opscope.swap.traps import fresh_args, select_calls, tensors_of
 
 SUSPICIOUS = 10.0

@@ -32,7 +32,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F  # noqa: N812
 
-from opscope.swap.apply import InstanceForward, Mechanism, Site, SwapError, site_function
+from opscope.swap.mechanisms import InstanceForward, Mechanism, Site, SwapError, site_function
 
 _MISSING = object()
 

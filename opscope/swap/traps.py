@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from opscope.swap.apply import RecordedCall
-from opscope.swap.verify import Check, Tol, compare_tensor, same_bits
+from opscope.swap.mechanisms import RecordedCall
+from opscope.swap.tolerance import Check, Tol, compare_tensor, same_bits
 from opscope.target.model_file import describe_exception
 
 CALLS_PER_SITE = 2

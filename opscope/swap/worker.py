@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from opscope.capture.worker import options_from_spec, serve
+from opscope.capture.options import options_from_spec
+from opscope.capture.worker import serve
 from opscope.errors import OpscopeError
 
 PHASE_PREFIX = "swap "
@@ -48,7 +49,7 @@ class SwapSession:
 
     def __call__(self, harness: Any, run: Any) -> dict[str, str]:
         from opscope.kernels.catalog import SwapRequest
-        from opscope.swap import result
+        from opscope.run import swap_results as result
 
         explicit = self.requests is not None
         requests = self.requests if explicit else [
@@ -80,8 +81,10 @@ class SwapSession:
     def one(self, request: Any, harness: Any, run: Any, restore: Any) -> dict[str, Any]:
         from opscope.kernels.catalog import SwapRequestError, find
         from opscope.machine.peaks import Peaks
-        from opscope.swap import benchmark, result
-        from opscope.swap.apply import Builder, BundledKernel, SwapError
+        from opscope.run import swap_results as result
+        from opscope.swap import benchmark
+        from opscope.swap.apply import Builder, BundledKernel
+        from opscope.swap.mechanisms import SwapError
         from opscope.swap.verify import Runner, verify
 
         label = request.label
