@@ -139,3 +139,40 @@ def _pairwise(a: list[float], lo: int, n: int) -> float:
 def filled(values: Iterable[Any], fill: Any = "") -> list:
     """The values with each missing one (NaN, None) replaced by `fill` (pandas' fillna)."""
     return [fill if v is None or v != v else v for v in values]
+
+
+def group_sums(keys: Sequence[Any], values: Sequence[float]) -> dict[Any, float]:
+    """Sum of `values` per key, keys in sorted order, missing (NaN) keys dropped: the floats pandas'
+    `groupby(key).sum()` gives (kept so the message's numbers do not move in the last digit). pandas
+    adds a group by `np.add.reduceat` (first value + numpy's pairwise sum of the rest) when the rows come
+    grouped in key order and hold no NaN, else with Kahan summation in row order."""
+    present = [k for k in keys if k == k]
+    order = {k: g for g, k in enumerate(sorted(set(present)))}
+    codes = [order[k] if k == k else -1 for k in keys]
+    sums: dict[Any, float] = {}
+    if codes == sorted(codes) and all(v == v for v in values):
+        start = 0
+        for end in range(1, len(codes) + 1):
+            if end == len(codes) or codes[end] != codes[start]:
+                if codes[start] >= 0:
+                    sums[keys[start]] = values[start] + pairwise_sum(values[start + 1:end]) \
+                        if end - start > 1 else float(values[start])
+                start = end
+    else:
+        total = [0.0] * len(order)
+        comp = [0.0] * len(order)
+        for g, v in zip(codes, values, strict=True):
+            if g < 0 or v != v:
+                continue
+            y = v - comp[g]
+            t = total[g] + y
+            c = t - total[g] - y
+            comp[g] = 0.0 if c != c else c  # an infinite value: keep the sum infinite, not NaN
+            total[g] = t
+        sums = {k: total[g] for k, g in order.items()}
+    return dict(sorted(sums.items(), key=lambda kv: order[kv[0]]))
+
+
+def largest_first(sums: dict[Any, float]) -> list[tuple[Any, float]]:
+    """(key, sum) by decreasing sum; ties keep the keys' order (pandas' sort_values(ascending=False))."""
+    return sorted(sums.items(), key=lambda kv: -kv[1])

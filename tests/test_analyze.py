@@ -28,7 +28,7 @@ def bert(tmp_path_factory):
 
 
 def test_rows_carry_kernel_time_not_cpu_time(bert):
-    ops = bert.ops
+    ops = bert.to_pandas()
     assert {"cpu_time_us_total", "kernels"} <= set(ops.columns)
     addmm = ops[ops["op"] == "aten::addmm"]
     assert (addmm["time_us_total"] < addmm["cpu_time_us_total"]).any()  # GPU time, not CPU time
@@ -45,17 +45,17 @@ def test_each_op_time_is_the_sum_of_its_kernels(bert):
         if k.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
             op = by_ext[k["args"]["External id"]]
             expected[(op["name"], json.dumps(op["args"]["Input Dims"]))] += k["dur"]
-    got = bert.ops.groupby(["op", "input_dims"])["time_us_total"].sum()
+    got = bert.to_pandas().groupby(["op", "input_dims"])["time_us_total"].sum()
     for key, us in expected.items():
         assert got[key] == pytest.approx(us, abs=1e-6), key
     total_kernels = sum(k["dur"] for k in events if k.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
-    assert bert.ops["time_us_total"].sum() == pytest.approx(total_kernels)
-    assert "(unattributed kernels)" not in set(bert.ops["op"])
+    assert bert.to_pandas()["time_us_total"].sum() == pytest.approx(total_kernels)
+    assert "(unattributed kernels)" not in set(bert.to_pandas()["op"])
 
 
 def test_gemm_flops_and_bf16_tensor_core_ceiling(bert):
     spec = match_gpu("NVIDIA H100 80GB HBM3")
-    addmm = bert.ops[bert.ops["op"] == "aten::addmm"]
+    addmm = bert.to_pandas()[bert.to_pandas()["op"] == "aten::addmm"]
     assert not addmm.empty
     for row in addmm.to_dict("records"):
         bias, a, b = json.loads(row["input_dims"])[:3]
@@ -71,7 +71,7 @@ def test_gemm_flops_and_bf16_tensor_core_ceiling(bert):
 def test_elementwise_ops_use_the_vector_ceiling(bert):
     spec = match_gpu("NVIDIA H100 80GB HBM3")
     for op in ("aten::add", "aten::gelu", "aten::native_layer_norm"):
-        rows = bert.ops[(bert.ops["op"] == op) & (bert.ops["time_us_total"] > 0)]
+        rows = bert.to_pandas()[(bert.to_pandas()["op"] == op) & (bert.to_pandas()["time_us_total"] > 0)]
         assert not rows.empty, op
         for row in rows.to_dict("records"):
             assert row["ceiling"] == "float32"
@@ -108,7 +108,7 @@ def test_meta_for_traces(bert):
 
 
 def test_source_locations_are_function_level_library_frames(bert):
-    locs = set(bert.ops.loc[bert.ops["op"] == "aten::addmm", "source_location"])
+    locs = set(bert.to_pandas().loc[bert.to_pandas()["op"] == "aten::addmm", "source_location"])
     assert all(loc.startswith("transformers/models/bert/modeling_bert.py:") for loc in locs)
 
 
@@ -120,7 +120,7 @@ def test_mi300x_is_an_amd_gpu_with_its_own_ceilings(tmp_path):
     assert spec is not None and spec.vendor == "amd"
     assert run.meta["peaks"]["memory_bandwidth_gbps"] == spec.memory_bandwidth_gbps
     assert run.meta["peaks"]["flops_gflops"]["bfloat16"] == spec.flops_gflops["bfloat16"]
-    assert run.ops["time_us_total"].sum() > 0 and "(unattributed kernels)" not in set(run.ops["op"])
+    assert run.to_pandas()["time_us_total"].sum() > 0 and "(unattributed kernels)" not in set(run.to_pandas()["op"])
 
 
 def test_vit_trace_and_cli(tmp_path):
@@ -165,9 +165,9 @@ def test_unattributed_kernels_get_their_own_row(tmp_path):
     path = tmp_path / "lost.json"
     path.write_text(json.dumps(doc))
     run = analyze_trace_file(path, out=tmp_path / "run")
-    lost = run.ops[run.ops["op"] == "(unattributed kernels)"]
+    lost = run.to_pandas()[run.to_pandas()["op"] == "(unattributed kernels)"]
     assert len(lost) == 1 and int(lost["calls"].iloc[0]) == len(gelu)
-    assert abs(run.ops["time_share"].sum() - 1) < 1e-9
+    assert abs(run.to_pandas()["time_share"].sum() - 1) < 1e-9
     assert (tmp_path / "run" / "trace.json.gz").stat().st_size > 0
 
 
@@ -184,8 +184,8 @@ def test_cpu_trace_recorded_here(tmp_path):
     prof.export_chrome_trace(str(path))
     run = analyze_trace_file(path, out=tmp_path / "run", peak_bw=20, peak_flops=["100"])
     assert run.meta["device"]["type"] == "cpu" and run.summary["steps"] == 2
-    assert "kernels" not in run.ops.columns
-    addmm = run.ops[run.ops["op"] == "aten::addmm"]
+    assert "kernels" not in run.to_pandas().columns
+    addmm = run.to_pandas()[run.to_pandas()["op"] == "aten::addmm"]
     assert addmm["flops_per_call"].iloc[0] == 2 * 32 * 64 * 64
     # function-level: the trace names this test function's frame (by the line it was at when the
     # profiler started, for frames already running then)
@@ -202,8 +202,8 @@ def test_trace_without_python_events(tmp_path):
     path = tmp_path / "nopy.json.gz"
     path.write_bytes(gzip.compress(json.dumps(doc).encode()))
     run = analyze_trace_file(path, out=tmp_path / "run")
-    assert (run.ops["source_location"] == "").all()
-    assert run.ops["time_us_total"].sum() > 0
+    assert (run.to_pandas()["source_location"] == "").all()
+    assert run.to_pandas()["time_us_total"].sum() > 0
 
 
 def test_call_stack_args_give_locations(tmp_path):
@@ -221,5 +221,5 @@ def test_call_stack_args_give_locations(tmp_path):
     assert any("Call stack" in e.get("args", {}) for e in doc["traceEvents"])
     path.write_text(json.dumps(doc))
     run = analyze_trace_file(path, out=tmp_path / "run", peak_bw=20, peak_flops=["100"])
-    loc = run.ops.loc[run.ops["op"] == "aten::addmm", "source_location"].iloc[0]
+    loc = run.to_pandas().loc[run.to_pandas()["op"] == "aten::addmm", "source_location"].iloc[0]
     assert "test_analyze.py:" in loc

@@ -28,7 +28,7 @@ def _imported(code: str) -> list[str]:
 def test_analyzing_a_trace_imports_no_pandas_numpy_or_torch(trace: Path, tmp_path: Path) -> None:
     code = ("import sys\nfrom pathlib import Path\nfrom opscope.analysis.trace_file import analyze_trace_file\n"
             f"run = analyze_trace_file(Path({str(trace)!r}), out=Path({str(tmp_path / 'run')!r}))\n"
-            "assert len(run.ops_table['op']) > 0\n" + HEAVY)
+            "assert len(run.ops['op']) > 0\n" + HEAVY)
     assert _imported(code) == []
     assert (tmp_path / "run" / "ops.csv").is_file()
 
@@ -46,12 +46,12 @@ def test_the_analyze_command_imports_no_pandas_numpy_or_torch(tmp_path: Path) ->
 
 
 def test_reading_the_run_back_as_dataframes_still_works(tmp_path: Path) -> None:
-    """run.ops is a pandas DataFrame on demand (built from the table, which stays the same data)."""
+    """run.to_pandas() gives the ops table as a pandas DataFrame, the same data."""
     from opscope.analysis.trace_file import analyze_trace_file
 
     run = analyze_trace_file(FIXTURES / "traces" / "sglang_qwen3-8b_decode_cudagraph.json.gz", out=tmp_path / "r")
-    table = run.ops_table
-    frame = run.ops
+    table = run.ops
+    frame = run.to_pandas()
     assert list(frame.columns) == list(table)
     assert frame["op"].tolist() == table["op"]
     assert frame["time_us_total"].tolist() == table["time_us_total"]

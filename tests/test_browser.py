@@ -138,7 +138,7 @@ def test_cpu_report_loads_and_plots(browser, reports):
     run = read_run(run_dir)
     points = page.evaluate(POINTS_JS)["points"]
     assert sorted(p["row"] for p in points) == sorted(plotted_rows(run_dir))  # one drawn point per row
-    assert page.evaluate("document.querySelectorAll('#ops-table tbody tr').length") == min(len(run.ops), PAGE_ROWS)
+    assert page.evaluate("document.querySelectorAll('#ops-table tbody tr').length") == min(len(run.to_pandas()), PAGE_ROWS)
     assert page.evaluate("document.getElementById('verdict').textContent") == verdict_line(run)
     assert page.evaluate("document.querySelectorAll('#findings article.finding').length") == len(run.findings)
 
@@ -171,7 +171,7 @@ def test_roofline_renders_and_click_selects_the_row(browser, reports):
     selected = page.evaluate("Array.from(document.querySelectorAll('#ops-table tbody tr.selected'))"
                              ".map(tr => Number(tr.dataset.row))")
     assert selected == [target["row"]]
-    op = read_run(run_dir).ops["op"][target["row"]]
+    op = read_run(run_dir).to_pandas()["op"][target["row"]]
     assert page.evaluate("document.querySelector('#ops-detail h3').textContent").endswith(op)
     assert page.evaluate("document.querySelector('#ops-table tbody tr.selected').getAttribute('aria-selected')") == "true"
     assert page.errors() == []
@@ -188,10 +188,10 @@ def test_keyboard_sort_and_filter(browser, reports):
     assert page.evaluate("document.querySelector('#ops-table tbody tr.selected').dataset.row") == "1"
     if 1 in plotted_rows(reports["runs"]["vit"]):  # the roofline rings the selected row's point
         ring = page.evaluate("document.getElementById('roofline-plot').data.find(t => t.uid === 'selected').x")
-        assert ring == [pytest.approx(run.ops["arithmetic_intensity"][1])]
+        assert ring == [pytest.approx(run.to_pandas()["arithmetic_intensity"][1])]
     page.evaluate("Array.from(document.querySelectorAll('#ops-table th button')).find(b => b.textContent === 'calls').click()")
     calls = page.evaluate("Array.from(document.querySelectorAll('#ops-table tbody tr')).slice(0, 3).map(tr => Number(tr.dataset.row))")
-    assert [run.ops["calls"][i] for i in calls] == sorted(run.ops["calls"], reverse=True)[:3]
+    assert [run.to_pandas()["calls"][i] for i in calls] == sorted(run.to_pandas()["calls"], reverse=True)[:3]
     page.evaluate("(() => { const f = document.getElementById('ops-filter'); f.value = 'layer_norm';"
                   " f.dispatchEvent(new Event('input')); })()")
     # the filter applies after a short debounce: wait for it rather than sleep (slow under load)
@@ -199,7 +199,7 @@ def test_keyboard_sort_and_filter(browser, reports):
                   ".every(td => td.textContent.includes('layer_norm'))", timeout=20)
     shown = page.evaluate("Array.from(document.querySelectorAll('#ops-table tbody tr td.op')).map(td => td.textContent)")
     assert shown and all("layer_norm" in s for s in shown)
-    assert len(shown) == sum("layer_norm" in op for op in run.ops["op"])
+    assert len(shown) == sum("layer_norm" in op for op in run.to_pandas()["op"])
     page.send("Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": "dark"}]})
     page.wait_for("getComputedStyle(document.body).backgroundColor === 'rgb(20, 23, 28)'", timeout=20)  # dark palette
     assert page.errors() == []
@@ -215,14 +215,14 @@ def test_hostile_names_run_nothing(browser, reports):
     body = page.evaluate("document.body.innerText")
     assert HOSTILE_PATH in body and HOSTILE_KERNEL in body  # shown, as text
     run = read_run(run_dir)
-    row = next(i for i, s in enumerate(run.ops["source_location"])
-               if HOSTILE_PATH in s and HOSTILE_KERNEL in run.ops["kernels"][i])
+    row = next(i for i, s in enumerate(run.to_pandas()["source_location"])
+               if HOSTILE_PATH in s and HOSTILE_KERNEL in run.to_pandas()["kernels"][i])
     page.evaluate(f"window.opscopeReport.select({row})")
     detail = page.evaluate("document.getElementById('ops-detail').textContent")
     assert HOSTILE_PATH in detail and HOSTILE_KERNEL in detail
     # The hover label of a point at the hostile line (drawn by plotly, asked for that point) shows the
     # path as text.
-    points = [i for i in plotted_rows(run_dir) if HOSTILE_PATH in run.ops["source_location"][i]]
+    points = [i for i in plotted_rows(run_dir) if HOSTILE_PATH in run.to_pandas()["source_location"][i]]
     page.evaluate(f"""(() => {{
       const gd = document.getElementById('roofline-plot');
       const curve = gd.data.findIndex(t => t.customdata && t.customdata.includes({points[0]}));
@@ -237,7 +237,7 @@ def test_hostile_names_run_nothing(browser, reports):
 
 def test_large_report_renders_progressively(browser, reports):
     path = reports["big"]
-    rows = len(read_run(reports["runs"]["big"]).ops)
+    rows = len(read_run(reports["runs"]["big"]).to_pandas())
     assert rows >= 2000 and path.stat().st_size < 10_000_000
     started = time.monotonic()
     page = open_report(browser, path)

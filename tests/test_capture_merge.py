@@ -83,7 +83,7 @@ def build_pair(name: str, folder: Path, runtime: str = "cuda", name_launches: bo
 
 
 def _per_op(run) -> dict[tuple, tuple[float, int]]:
-    rows = run.ops[run.ops["time_us_total"] > 0]
+    rows = run.to_pandas()[run.to_pandas()["time_us_total"] > 0]
     return {tuple(r[k] for k in KEY): (r["time_us_total"], r["calls"]) for r in rows.to_dict("records")}
 
 
@@ -99,11 +99,11 @@ def test_every_replayed_kernel_gets_its_op_and_the_eager_per_op_totals(tmp_path,
     merged = analyze_trace_file(replay, out=tmp_path / "merged", capture=capture)
 
     # without the capture: graph mode, kernel rows, no shapes
-    assert (alone.ops["note"] == GRAPH_KERNEL_NOTE).sum() == len({k["name"] for k in kernels})
+    assert (alone.to_pandas()["note"] == GRAPH_KERNEL_NOTE).sum() == len({k["name"] for k in kernels})
     assert alone.summary["graph_replay"]["kernels"] == len(kernels)
     # with it: every kernel is an op's, with the op's shapes and cost, and the totals are the eager ones
-    assert not (merged.ops["note"] == GRAPH_KERNEL_NOTE).any()
-    assert UNATTRIBUTED not in set(merged.ops["op"])
+    assert not (merged.to_pandas()["note"] == GRAPH_KERNEL_NOTE).any()
+    assert UNATTRIBUTED not in set(merged.to_pandas()["op"])
     assert merged.meta["capture"]["merged_launches"] == 1 and merged.meta["capture"]["kernels"] == len(kernels)
     assert merged.meta["capture"]["matched_by"] == ("kernel name and order" if runtime == "rocm" or name_launches
                                                      else "order")
@@ -116,14 +116,14 @@ def test_every_replayed_kernel_gets_its_op_and_the_eager_per_op_totals(tmp_path,
         assert got[key][0] == pytest.approx(us), key
         assert got[key][1] == calls, key
     cols = ["flops_per_call", "bytes_per_call", "bound", "achieved_gflops"]
-    e_rows = eager.ops.set_index(KEY)[cols]
-    m_rows = merged.ops.set_index(KEY)[cols]
+    e_rows = eager.to_pandas().set_index(KEY)[cols]
+    m_rows = merged.to_pandas().set_index(KEY)[cols]
     for key in want:
         for col in cols:
             a, b = e_rows.loc[key, col], m_rows.loc[key, col]
             assert a == b or (a != a and b != b) or a == pytest.approx(b), (key, col)
     # the ops ran during capture, not in the replay: no CPU time
-    assert merged.ops["cpu_time_us_total"].sum() == 0
+    assert merged.to_pandas()["cpu_time_us_total"].sum() == 0
     assert merged.summary["ops_covered_time_share"] == pytest.approx(eager.summary["ops_covered_time_share"])
 
 
@@ -147,7 +147,7 @@ def test_a_capture_that_does_not_match_leaves_the_kernel_rows_and_says_so(tmp_pa
     run = analyze_trace_file(replay, out=tmp_path / "run", capture=capture, warn=warnings.append)
     assert any("match no captured graph" in w for w in warnings)
     assert run.meta["capture"]["merged_launches"] == 0
-    assert (run.ops["note"] == GRAPH_KERNEL_NOTE).sum() == len({k["name"] for k in kernels})
+    assert (run.to_pandas()["note"] == GRAPH_KERNEL_NOTE).sum() == len({k["name"] for k in kernels})
 
 
 def test_cli_capture_option_and_bad_capture(tmp_path):

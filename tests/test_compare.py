@@ -27,13 +27,14 @@ from opscope.run.compare import (
     verdict,
 )
 from opscope.run.model import Run
+from opscope.table import from_frame
 
 COLUMNS = ["op", "input_dims", "input_dtypes", "input_strides", "source_location", "calls", "time_us_total"]
 
 
 def make_run(rows: list[tuple], steps: int = 1, findings: list[dict] | None = None, **summary) -> Run:
     ops = pd.DataFrame(rows, columns=COLUMNS[: len(rows[0])] if rows else COLUMNS)
-    return Run(meta={"target": "m.py", "device": {"type": "cpu", "name": "x"}}, ops=ops, findings=findings or [],
+    return Run(meta={"target": "m.py", "device": {"type": "cpu", "name": "x"}}, ops=from_frame(ops), findings=findings or [],
                summary={"steps": steps, "step_time_us": 1000.0, **summary})
 
 

@@ -62,7 +62,7 @@ def test_triton_kernels_are_rows_named_after_the_kernel(mi300x):
     assert graph.startswith(GRAPH_PREFIX)
     triton = [k for k in kernels if k["name"].startswith("triton_")]
     assert len(triton) == 4
-    ops = mi300x.ops
+    ops = mi300x.to_pandas()
     for k in triton:
         r = row(ops, k["name"])
         assert r["calls"] == 1 and r["time_us_total"] == pytest.approx(k["dur"])
@@ -78,7 +78,7 @@ def test_compile_trace_attributes_all_kernel_time_and_coverage_is_honest(mi300x)
     kernels = [e for e in events if e.get("cat") == "kernel"]
     total = sum(k["dur"] for k in kernels)
     triton = sum(k["dur"] for k in kernels if k["name"].startswith("triton_"))
-    ops, summary = mi300x.ops, mi300x.summary
+    ops, summary = mi300x.to_pandas(), mi300x.summary
     lost = ops.loc[ops["op"] == "(unattributed kernels)", "time_us_total"].sum()
     assert lost / total < 0.01
     assert lost == 0
@@ -105,7 +105,7 @@ def test_inductor_cost_estimates_in_the_trace_are_used(tmp_path):
             e["args"].update(estimates[e["name"]])
     path = tmp_path / "estimated.json"
     path.write_text(json.dumps(doc))
-    ops = analyze_trace_file(path, out=tmp_path / "run").ops
+    ops = analyze_trace_file(path, out=tmp_path / "run").to_pandas()
     both = row(ops, "triton_red_fused_add_mean_mul_pow_rsqrt_0")
     assert both["flops_per_call"] == 201326592 and both["bytes_per_call"] == pytest.approx(134221824)
     assert both["family"] == "compiled" and both["ceiling"] == "float32" and both["bound"] != "unknown"
@@ -125,7 +125,7 @@ def test_cpu_compiled_graph_time_is_a_row(tmp_path):
     aten = spans(events, lambda e: e["name"].startswith("aten::"))
     assert len(graphs) == len(regions) == 2
     run = analyze_trace_file(CPU_INFERENCE, out=tmp_path / "run", peak_bw=20, peak_flops=["100"])
-    ops = run.ops
+    ops = run.to_pandas()
     g = row(ops, graphs[0]["name"])
     assert g["calls"] == 2 and g["compiled_graph"] == graphs[0]["name"]
     assert g["time_us_total"] == pytest.approx(sum(exclusive_time(x, aten) for x in graphs))
@@ -147,7 +147,7 @@ def test_cpu_kernel_events_and_training_wrappers(tmp_path):
     graphs = spans(events, lambda e: e["name"].startswith(GRAPH_PREFIX))
     cpp = spans(events, lambda e: e["name"].startswith("graph_0_cpp_"))
     assert len(graphs) == 2 and len(cpp) == 5
-    ops = analyze_trace_file(CPU_TRAIN_KERNELS, out=tmp_path / "run", peak_bw=20, peak_flops=["100"]).ops
+    ops = analyze_trace_file(CPU_TRAIN_KERNELS, out=tmp_path / "run", peak_bw=20, peak_flops=["100"]).to_pandas()
     for k in cpp:
         r = row(ops, k["name"])
         graph = next(x["name"] for x in graphs if inside(x, k))
@@ -218,7 +218,7 @@ def test_kernels_launched_by_the_graph_itself_are_the_graph_rows(tmp_path):
                           if not (e.get("cat") == "cpu_op" and e["name"].startswith("triton_"))]
     path = tmp_path / "no_kernel_events.json"
     path.write_text(json.dumps(doc))
-    ops = analyze_trace_file(path, out=tmp_path / "run").ops
+    ops = analyze_trace_file(path, out=tmp_path / "run").to_pandas()
     kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel" and e["name"].startswith("triton_")]
     graph = row(ops, next(e["name"] for e in doc["traceEvents"] if e.get("cat") == "user_annotation"))
     assert graph["time_us_total"] == pytest.approx(sum(k["dur"] for k in kernels))

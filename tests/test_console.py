@@ -15,7 +15,6 @@ from opscope.render.console import _COLUMNS, ceiling_warnings, measured_notes, r
 from opscope.render.report_data import fit_op, op_name, op_shapes
 from opscope.run.model import Run
 from opscope.run.read import read_run
-from opscope.table import to_frame
 from opscope.units import time_cell as fmt_us
 
 
@@ -52,7 +51,7 @@ def test_table_fits_and_keeps_op_names_whole(runs, name, width):
             continue
         assert (f" {column} " in f" {header} ") == (width >= min_width), (column, header)
     body = "\n".join(table_lines(text))
-    for row in run.ops.head(15).to_dict("records"):
+    for row in run.to_pandas().head(15).to_dict("records"):
         name_only = op_name(row)
         assert name_only in body, name_only  # on one line: not folded, not cut
         assert fmt_us(row["time_us_total"]) in body
@@ -97,21 +96,20 @@ def test_a_run_read_back_prints_as_the_analyzed_one(runs, width):
     assert render(read_run(run.path), width) == render(run, width)
 
 
-def _measured_run(frames: bool) -> Run:
+def _measured_run() -> Run:
     ops = {"op": ["aten::mm", "aten::add", "aten::mul"], "calls": [2, 4, 1],
            "pct_peak_flops": [150.0, 40.0, float("nan")], "pct_peak_bandwidth": [90.0, 120.0, 130.0],
            "measured_dram_bytes_per_call": [1.0e6, 2.0e6, float("nan")],
            "measured_bytes_ratio": [1.5, 2.5, float("nan")]}
-    return Run(meta={"peaks": {"origin": {"flops": "measured"}}}, ops=to_frame(ops) if frames else ops,
+    return Run(meta={"peaks": {"origin": {"flops": "measured"}}}, ops=ops,
                findings=[], summary={"nsys": {"steps": 3, "step_time_us": 2500.0, "device_busy_share": 0.42}})
 
 
-@pytest.mark.parametrize("frames", [False, True])
-def test_ceiling_and_measurement_notes(frames):
-    """The notes under the ops table, from a run's Table or its DataFrame: the row above its FLOP/s
+def test_ceiling_and_measurement_notes():
+    """The notes under the ops table: the row above its FLOP/s
     ceiling (the first at the maximum), how many rows beat the bandwidth ceiling (more than 5% over),
     and Nsight's measured rows with the median measured/modeled DRAM bytes (1.5 and 2.5: 2.00x)."""
-    run = _measured_run(frames)
+    run = _measured_run()
     assert ceiling_warnings(run) == [
         "aten::mm ran at 150% of its FLOP/s ceiling: the ceilings are too low for this run (measured while the "
         "machine was busy?); rerun `opscope calibrate` on an idle machine",

@@ -50,7 +50,7 @@ def profiled_events(tmp_path, source: str, mode: str = "inference") -> pd.DataFr
     path = write_model(tmp_path, source)
     run, _ = profile_target(ProfileOptions(target=path, out=tmp_path / "run", mode=mode, steps=1, warmup=1,
                                            peak_bw=20.0, peak_flops=["100"], threads=1))
-    return run.events
+    return run.to_pandas("events")
 
 
 def subtree(ev: pd.DataFrame, root: str) -> pd.DataFrame:
@@ -167,7 +167,7 @@ def test_int8_gemm_and_float64_ops_get_their_ceilings(tmp_path):
     run, _ = profile_target(ProfileOptions(
         target=path, out=tmp_path / "run", steps=1, warmup=1, peak_bw=20.0, threads=1,
         peak_flops=["float32=100", "float64=50", "float64_vector=25", "int8=400", "float16=200"]))
-    ops = run.ops.set_index("op")
+    ops = run.to_pandas().set_index("op")
     # _int_mm: int8 operands -> dtype int8 -> the INT8 ceiling
     assert (ops.loc["aten::_int_mm", "dtype"], ops.loc["aten::_int_mm", "ceiling"]) == ("int8", "int8")
     assert ops.loc["aten::_int_mm", "flops_per_call"] == 2 * 64 * 64 * 128

@@ -84,7 +84,7 @@ def test_custom_ops_are_rows_with_their_kernel_family(tmp_path):
          100.0),
     ])
     run = analyze_trace_file(tmp_path / "t.json", out=tmp_path / "run")
-    rows = {r["op"]: r for r in run.ops.to_dict("records")}
+    rows = {r["op"]: r for r in run.to_pandas().to_dict("records")}
     paged = rows["_C::paged_attention_v1"]
     assert paged["flops_per_call"] == PAGED_FLOPS and paged["bytes_per_call"] == PAGED_BYTES
     assert paged["family"] == "attention" and paged["kernel_family"] == "attention"

@@ -60,12 +60,12 @@ def test_two_gloo_ranks_of_a_model_file_with_ddp(tmp_path):
     assert "Ranks (2 × 3 profiled steps, gloo" in proc.stdout
     assert "straggler: rank " in proc.stdout and "gloo:all_reduce" in proc.stdout
     run = read_run(out)
-    assert run.ranks["rank"].tolist() == [0, 1] and run.ranks["straggler"].sum() == 1
+    assert run.to_pandas("ranks")["rank"].tolist() == [0, 1] and run.to_pandas("ranks")["straggler"].sum() == 1
     for r in (0, 1):
         rank_run = read_run(out / "ranks" / str(r))
         assert rank_run.meta["rank"] == r and rank_run.meta["world_size"] == 2
         assert rank_run.summary["rank"]["backend"] == "gloo"
-    allreduce = run.ops[run.ops["op"] == "c10d::allreduce_"]  # DDP's gradient all-reduce, on both ranks
+    allreduce = run.to_pandas()[run.to_pandas()["op"] == "c10d::allreduce_"]  # DDP's gradient all-reduce, on both ranks
     assert allreduce["ranks"].tolist() == [2] and allreduce["calls"].iloc[0] >= 2 * 3
     d = run.summary["distributed"]
     assert (d["world_size"], d["backend"], d["steps_per_rank"]) == (2, "gloo", 3)
@@ -74,9 +74,9 @@ def test_two_gloo_ranks_of_a_model_file_with_ddp(tmp_path):
     assert run.summary["steps"] == 6 and run.meta["distributed"]["ranks"] == [0, 1]
     # modules.csv of the merged run: inclusive module times over both ranks, adding up to the op time
     assert run.modules is not None and (out / "modules.csv").is_file()
-    top = run.modules[run.modules["depth"] == 0]["time_us_total"].sum()
-    assert top == pytest.approx(run.ops["time_us_total"].sum(), rel=1e-6)
-    assert (run.modules["depth"] > 0).any()
+    top = run.to_pandas("modules")[run.to_pandas("modules")["depth"] == 0]["time_us_total"].sum()
+    assert top == pytest.approx(run.to_pandas()["time_us_total"].sum(), rel=1e-6)
+    assert (run.to_pandas("modules")["depth"] > 0).any()
     # each rank drew its own inputs, although the file seeds torch with 0
     a, b = ((tmp_path / f"inputs-{r}.txt").read_text() for r in (0, 1))
     assert a != b

@@ -20,7 +20,6 @@ from opscope.findings import Context, run_rules
 from opscope.findings.copies import all_copies, layout_family, preferred_layout
 from opscope.findings.layout import Tensor
 from opscope.machine.peaks import Peaks
-from opscope.table import from_frame
 
 AVX2_CL_TRAIN = REPO / "tests" / "fixtures" / "cpu_traces" / "avx2_channels_last_after_train.json.gz"
 USER_COPY_RULES = {"implicit-copy", "contiguous-call"}
@@ -74,7 +73,7 @@ def _derive(dst: Path, new_strides: list[int] | None = None) -> Path:
 
 
 def _context(run) -> Context:
-    return Context(ops=from_frame(run.ops), events=from_frame(run.events), peaks=Peaks(20.0, {"float32": 1000.0}), gpu=False,
+    return Context(ops=run.ops, events=run.events, peaks=Peaks(20.0, {"float32": 1000.0}), gpu=False,
                    source="trace", steps=run.summary["steps"], step_time_us=run.summary["step_time_us"])
 
 
@@ -119,7 +118,7 @@ def test_a_non_preferred_input_makes_the_copy_the_users_again(avx2_runs):
 def test_kernel_copy_note_needs_a_real_share(avx2_runs):
     run = avx2_runs["recorded"]
     internal = sum(c.time_us for c in all_copies(_context(run)) if c.kind == "internal")
-    share = internal / float(run.ops["time_us_total"].sum())
+    share = internal / float(run.to_pandas()["time_us_total"].sum())
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("opscope.findings.kernel_copy.MIN_SHARE", share * 0.999)
         assert run_rules(_context(run), only=["kernel-copy"])

@@ -26,7 +26,6 @@ from opscope.findings import Context, run_rules
 from opscope.findings import dtype_slow_path as rule
 from opscope.findings.dtype_slow_path import replay_spec
 from opscope.machine.peaks import Peaks
-from opscope.table import from_frame
 
 FIXTURES = REPO / "tests" / "fixtures" / "cpu_traces"
 AVX2 = FIXTURES / "avx2_convnet_bf16_train.json.gz"
@@ -61,7 +60,7 @@ def test_estimated_on_the_avx2_trace(tmp_path):
     run = analyze(AVX2, tmp_path)
     (f,) = slow_path(run)
     assert f["op"] == "aten::conv2d" and "estimated from the float32 peak, not measured" in f["message"]
-    assert "aten::_slow_conv2d_forward" in set(run.ops["op"])  # what AVX2 runs bf16 convolutions with
+    assert "aten::_slow_conv2d_forward" in set(run.to_pandas()["op"])  # what AVX2 runs bf16 convolutions with
     # float32 roofline per call = FLOPs / 100 GFLOP/s (the bytes, at 4 bytes per element / 20 GB/s, are
     # shorter). Forward: 2*N*Cout*Hout*Wout*Cin*9; backward: twice that (input and weight gradients) plus
     # the bias gradient's N*Cout*Hout*Wout adds, only the weight gradient for the first layer.
@@ -150,7 +149,7 @@ def bf16_run(tmp_path_factory):
 
 
 def context(run, probe) -> Context:
-    return Context(ops=from_frame(run.ops), events=from_frame(run.events), peaks=Peaks(20.0, {"float32": 1000.0}), gpu=False,
+    return Context(ops=run.ops, events=run.events, peaks=Peaks(20.0, {"float32": 1000.0}), gpu=False,
                    source="profile", steps=2, step_time_us=run.summary["step_time_us"], dtype_probe=probe)
 
 

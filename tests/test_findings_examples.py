@@ -42,7 +42,7 @@ def findings(run, rule: str) -> list[dict]:
 
 
 def user_rows(run):
-    return run.ops[run.ops["source_location"] != HARNESS]
+    return run.to_pandas()[run.to_pandas()["source_location"] != HARNESS]
 
 
 def loc(path: Path, needle: str) -> str:
@@ -99,7 +99,7 @@ def test_fused_gelu(runs):
     (f,) = findings(before, "fusion")
     assert f["source_location"].endswith(loc(path, "torch.tanh"))
     assert "hand-written GELU (tanh)" in f["message"] and "approximate='tanh'" in f["suggestion"]
-    gelu_line = before.ops[before.ops["source_location"] == f["source_location"]]
+    gelu_line = before.to_pandas()[before.to_pandas()["source_location"] == f["source_location"]]
     assert {"aten::tanh", "aten::pow", "aten::mul", "aten::add"} <= set(gelu_line["op"])
     assert not findings(after, "fusion")
     rows = user_rows(after)
@@ -120,10 +120,10 @@ def test_channels_last(runs):
     hits = findings(before, "channels-last")
     wanted = {loc(path, f"self.{c}(x)") for c in ("c1", "c2", "c3", "head")}
     assert {f["source_location"].split("/")[-1] for f in hits} == wanted
-    conv_in = before.ops[before.ops["op"] == "aten::convolution"]["input_strides"]
+    conv_in = before.to_pandas()[before.to_pandas()["op"] == "aten::convolution"]["input_strides"]
     assert conv_in.str.startswith("[[12288, 4096, 64, 1]").any()  # NCHW [8, 3, 64, 64]
     assert not findings(after, "channels-last")
-    conv_in = after.ops[after.ops["op"] == "aten::convolution"]["input_strides"]
+    conv_in = after.to_pandas()[after.to_pandas()["op"] == "aten::convolution"]["input_strides"]
     assert conv_in.str.startswith("[[12288, 1, 192, 3]").any()  # channels_last [8, 3, 64, 64]
     # no layout conversion anywhere in the fixed net
     assert not (user_rows(after)["op"].isin(COPY_OPS - {"aten::copy_"})).any()

@@ -50,7 +50,7 @@ def of(run, rule: str) -> list[dict]:
 
 
 def row_location(run, op: str, dims_prefix: str) -> str:
-    rows = run.ops[(run.ops["op"] == op) & run.ops["input_dims"].str.startswith(dims_prefix)]
+    rows = run.to_pandas()[(run.to_pandas()["op"] == op) & run.to_pandas()["input_dims"].str.startswith(dims_prefix)]
     assert len(rows) == 1
     return rows["source_location"].iloc[0]
 
@@ -61,7 +61,7 @@ def test_launch_bound_on_bert(runs):
     (f,) = of(run, "launch-bound")
     assert f["severity"] == "high" and "CUDA graph" in f["suggestion"]
     assert f"busy only {run.summary['device_busy_share']:.0%}" in f["message"]
-    heaviest = run.ops.groupby("op")["cpu_time_us_total"].sum().idxmax()
+    heaviest = run.to_pandas().groupby("op")["cpu_time_us_total"].sum().idxmax()
     assert f["op"] == heaviest == "aten::addmm"
     idle = run.summary["steps"] * run.summary["step_time_us"] * (1 - run.summary["device_busy_share"])
     assert f["est_savings_us"] == pytest.approx(idle, rel=1e-3)
@@ -99,7 +99,7 @@ def test_host_sync_on_the_attention_mask_check(runs):
 def test_fp32_gemm_fires_on_fp32_not_on_bf16(runs):
     assert not of(runs["bert"], "fp32-gemm")
     hits = of(runs["bert_fp32"], "fp32-gemm")
-    addmm_rows = runs["bert_fp32"].ops[runs["bert_fp32"].ops["op"] == "aten::addmm"]
+    addmm_rows = runs["bert_fp32"].to_pandas()[runs["bert_fp32"].to_pandas()["op"] == "aten::addmm"]
     assert len(hits) >= len(addmm_rows) >= 4
     vocab = [f for f in hits if "[[30522]" in f["message"]]
     assert len(vocab) == 1
@@ -117,7 +117,7 @@ def test_channels_last_rule_of_thumb_in_analyze(runs):
     (f,) = of(runs["vit"], "channels-last")
     assert f["op"] == "aten::convolution" and "not measured" in f["message"]
     assert "nchwToNhwc" in f["message"]
-    conv = runs["vit"].ops[runs["vit"].ops["op"] == "aten::cudnn_convolution"]
+    conv = runs["vit"].to_pandas()[runs["vit"].to_pandas()["op"] == "aten::cudnn_convolution"]
     assert f["source_location"] == conv["source_location"].iloc[0]
     assert f["est_savings_us"] == pytest.approx(0.2 * conv["time_us_total"].sum(), rel=0.05)
     assert not of(runs["vit_fp32"], "channels-last")  # fp32 on a GPU: no rule of thumb
@@ -126,7 +126,7 @@ def test_channels_last_rule_of_thumb_in_analyze(runs):
 
 def test_analyze_findings_point_at_function_level_lines(runs):
     for run in runs.values():
-        locations = set(run.ops["source_location"])
+        locations = set(run.to_pandas()["source_location"])
         for f in run.findings:
             if f["rule"] not in ("overhead", "launch-bound"):
                 assert f["source_location"] in locations, f
@@ -145,8 +145,8 @@ def test_gpu_overhead_is_kernel_latency_and_fusions_saving(runs):
     # ideal is its bytes, (141*512 + 512*512 + 512 + 141*512) * 2 = 814080, at 3350 GB/s: 0.243 µs, above its
     # 2*141*512*512 FLOPs at 989.4 TFLOP/s (0.0747 µs)
     # (the q, k and v projections of 4 layers: 12 rows of one call each, one per module)
-    addmm = run.ops[(run.ops["op"] == "aten::addmm") & run.ops["input_dims"].str.startswith("[[512], [141, 512]")
-                    & run.ops["source_location"].str.endswith("modeling_bert.py:364")]
+    addmm = run.to_pandas()[(run.to_pandas()["op"] == "aten::addmm") & run.to_pandas()["input_dims"].str.startswith("[[512], [141, 512]")
+                    & run.to_pandas()["source_location"].str.endswith("modeling_bert.py:364")]
     assert (addmm["calls"].sum(), addmm["time_us_total"].sum()) == (12, pytest.approx(69.502))
     assert addmm["module"].nunique() == 12
     assert set(addmm["bytes_per_call"]) == {(141 * 512 + 512 * 512 + 512 + 141 * 512) * 2} == {814080}
@@ -156,14 +156,14 @@ def test_gpu_overhead_is_kernel_latency_and_fusions_saving(runs):
     # the example is the overhead-bound row of the most time: layer 0's flash attention, 10.08 µs for 568 KiB
     # (q, k, v and the output, [1, 141, 8, 64] bf16 each, and the [1, 8, 141] fp32 logsumexp) and
     # 4*8*141*141*64 FLOPs: its bytes at 3350 GB/s take 0.174 µs
-    big = run.ops[run.ops["bound"] == "overhead"].sort_values("time_us_total").iloc[-1]
+    big = run.to_pandas()[run.to_pandas()["bound"] == "overhead"].sort_values("time_us_total").iloc[-1]
     assert big["op"] == "aten::_flash_attention_forward" and big["time_us_total"] == pytest.approx(10.08)
     assert big["bytes_per_call"] == 4 * 141 * 8 * 64 * 2 + 8 * 141 * 4
     assert f"{big['bytes_per_call'] / (H100_BW * 1e3):.3g}" == "0.174"
     assert ("_flash_attention_forward at transformers/models/bert/modeling_bert.py:364 takes 10.1 µs per call "
             "against 0.174 µs") in f["message"]
     # the saving by hand: each overhead-bound row's kernel time above calls x its roofline time
-    ops = run.ops[run.ops["bound"] == "overhead"]
+    ops = run.to_pandas()[run.to_pandas()["bound"] == "overhead"]
     expected = 0.0
     for _, row in ops.iterrows():
         flops = 0.0 if pd.isna(row["flops_per_call"]) else row["flops_per_call"]
@@ -181,7 +181,7 @@ def test_gpu_overhead_and_launch_bound_never_count_the_same_time(runs):
         steps, step = run.summary["steps"], run.summary["step_time_us"]
         busy = steps * step * run.summary["device_busy_share"]
         # fusion's saving is kernel time, CUDA graphs' is idle time: disjoint parts of the step
-        assert over["est_savings_us"] <= run.ops["time_us_total"].sum() == pytest.approx(busy, rel=1e-3)
+        assert over["est_savings_us"] <= run.to_pandas()["time_us_total"].sum() == pytest.approx(busy, rel=1e-3)
         assert launch["est_savings_us"] == pytest.approx(steps * step - busy, rel=1e-6)
         assert over["est_savings_us"] + launch["est_savings_us"] <= steps * step
         # neither promises that CUDA graphs remove kernel time

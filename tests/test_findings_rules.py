@@ -23,7 +23,6 @@ from opscope.capture.torch_profiler import profile_target
 from opscope.findings import RULES, Context, run_rules
 from opscope.machine.peaks import Peaks
 from opscope.sources import HARNESS
-from opscope.table import from_frame
 from opscope.units import duration as fmt_us
 
 LAYOUT_RULES = {"implicit-copy", "contiguous-call", "channels-last", "dtype-conversion", "strided-reduction"}
@@ -131,7 +130,7 @@ def profile(path: Path, out: Path, mode: str = "inference", probe: StubProbe | N
 def rules_context(run, peak_bw: float = 100.0, layout_probe=None) -> Context:
     """A fresh Context over a profiled run's tables, to rerun rules on it (rules cache derived tables
     on their Context, so each rerun needs its own)."""
-    return Context(ops=from_frame(run.ops), events=from_frame(run.events), peaks=Peaks(peak_bw, {"float32": 1000.0}), gpu=False,
+    return Context(ops=run.ops, events=run.events, peaks=Peaks(peak_bw, {"float32": 1000.0}), gpu=False,
                    source="profile", steps=2, step_time_us=run.summary["step_time_us"], layout_probe=layout_probe)
 
 
@@ -176,7 +175,7 @@ def test_implicit_copy_names_the_reshape_line_with_bytes_and_time(bad):
     assert "2 MiB moved per copy" in f["message"] and f"{fmt_us(f['est_savings_us'])} in all" in f["message"]
     assert f["est_savings_us"] > 0
     # the ops table has the copy at that line, and the saving is exactly its time
-    ops = run.ops[run.ops["source_location"] == f["source_location"]]
+    ops = run.to_pandas()[run.to_pandas()["source_location"] == f["source_location"]]
     copy = ops[ops["op"] == "aten::copy_"]
     assert copy["bytes_per_call"].iloc[0] == 2 * 1024 * 1024
     clone = ops[ops["op"].isin(["aten::clone", "aten::empty_like", "aten::empty", "aten::copy_"])]
@@ -252,7 +251,7 @@ def test_share_gates_drop_small_findings(bad, module, monkeypatch):
 
     found = findings(0.0)
     assert found, f"{name} fires on the bad model"
-    total = float(run.ops["time_us_total"].sum())
+    total = float(run.to_pandas()["time_us_total"].sum())
     # a finding's estimated saving is the quantity its gate compares with MIN_SHARE x total op time
     shares = sorted(f["est_savings_us"] / total for f in found)
     assert len(findings(shares[0] * 0.999)) == len(found)
@@ -293,7 +292,7 @@ def test_clean_models_have_no_layout_findings(clean_runs, model, mode):
 
 def test_harness_ops_never_produce_findings(clean_runs):
     run = clean_runs[("mlp", "train")]
-    ev = run.events
+    ev = run.to_pandas("events")
     harness = ev[ev["source_location"] == HARNESS]
     assert len(harness) and {"aten::sum", "aten::add_"} <= set(harness["name"])  # loss and SGD are there
     assert all(f["source_location"] != HARNESS for f in run.findings)

@@ -14,12 +14,13 @@ import pandas as pd
 import pytest
 
 from opscope.findings import Context, run_rules
-from opscope.findings.launch_bound import _group_sums, _largest_first
 from opscope.findings.overhead import _argmax
 from opscope.findings.tree import ops_rows_for_events, subtree_sum, user_mask
 from opscope.machine.peaks import Peaks
 from opscope.sources import HARNESS
 from opscope.table import from_frame, pairwise_sum
+from opscope.table import group_sums as _group_sums
+from opscope.table import largest_first as _largest_first
 
 
 def _floats(rng: random.Random, n: int) -> list[float]:

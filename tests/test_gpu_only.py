@@ -38,7 +38,7 @@ def test_gpu_only_trace_gives_a_kernel_report_with_the_same_kernel_times(tmp_pat
     for e in kernels:
         expected[e["name"]] += e["dur"]
         calls[e["name"]] += 1
-    ops = run.ops
+    ops = run.to_pandas()
     assert len(ops) == len(expected) and set(ops["op"]) == set(expected)  # one row per kernel name
     for row in ops.to_dict("records"):
         assert row["time_us_total"] == pytest.approx(expected[row["op"]])

@@ -37,7 +37,7 @@ def test_graph_kernels_are_rows_of_their_launcher(run):
             expected[e["name"]] += e["dur"]
             calls[e["name"]] += 1
     assert sum(calls.values()) == 544
-    rows = run.ops[run.ops["note"] == GRAPH_KERNEL_NOTE]
+    rows = run.to_pandas()[run.to_pandas()["note"] == GRAPH_KERNEL_NOTE]
     assert set(rows["launcher"]) == {"step[DECODE bs=32]"}  # the annotation around the launch
     assert set(rows["op"]) == set(expected)
     for row in rows.to_dict("records"):
@@ -51,8 +51,8 @@ def test_graph_kernels_are_rows_of_their_launcher(run):
 def test_done_criteria_unattributed_families_graph_mode(run):
     s = run.summary
     total = sum(e["dur"] for e in raw_events() if e.get("cat") in DEVICE_CATS)
-    assert run.ops["time_us_total"].sum() == pytest.approx(total)
-    assert UNATTRIBUTED not in set(run.ops["op"])
+    assert run.to_pandas()["time_us_total"].sum() == pytest.approx(total)
+    assert UNATTRIBUTED not in set(run.to_pandas()["op"])
     assert s["unattributed_time_share"] < 0.02
     assert s["kernel_families_cover_share"] > 0.95
     assert sum(s["kernel_family_time_share"].values()) == pytest.approx(1.0)
@@ -74,7 +74,7 @@ def test_kernel_family_shares_match_an_independent_sum(run):
 def test_kernels_launched_outside_any_op_are_rows_of_their_annotation(run):
     # resolve_future_token_ids / clamp_position: hipLaunchKernel with no cpu_op around it, inside
     # SGLang's `execute_...` range
-    rows = run.ops[run.ops["op"].str.contains("clamp_position_kernel|resolve_future_token_ids_kernel")]
+    rows = run.to_pandas()[run.to_pandas()["op"].str.contains("clamp_position_kernel|resolve_future_token_ids_kernel")]
     assert len(rows) == 2
     assert all(x.startswith("execute_32_context_0") for x in rows["launcher"])
 

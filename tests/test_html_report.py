@@ -58,7 +58,7 @@ def hostile_run(folder: Path) -> Path:
     ops["module_class"] = "Attention"
     ops.to_csv(out / "ops.csv", index=False)
     run = read_run(out)
-    to_frame(module_table(from_frame(run.ops), run.findings)).to_csv(out / "modules.csv", index=False)
+    to_frame(module_table(run.ops, run.findings)).to_csv(out / "modules.csv", index=False)
     summary = json.loads((out / "summary.json").read_text())
     summary.update(step_time_us_p50=4400.0, step_time_us_max=4700.0, step_time_cv=0.04,
                    noise={"other_cpu_share": 0.02, "verdict": "quiet"},
@@ -139,13 +139,13 @@ def test_report_is_self_contained_with_one_point_per_row(runs, name):
     indices = [i for t in traces for i in t["customdata"]]
     expected = plotted_rows(runs[name])
     assert expected and sorted(indices) == sorted(expected)  # one point per such row, each once
-    rows = run.ops.to_dict("records")
+    rows = run.to_pandas().to_dict("records")
     for t in traces:
         for i, x, y in zip(t["customdata"], t["x"], t["y"], strict=True):
             assert x == pytest.approx(rows[i]["arithmetic_intensity"])
             assert y == pytest.approx(rows[i]["achieved_gflops"] * 1e9)
             assert t["name"] == rows[i]["bound"]
-    assert len(data["rows"]) == len(run.ops) and data["page_rows"] == PAGE_ROWS
+    assert len(data["rows"]) == len(run.to_pandas()) and data["page_rows"] == PAGE_ROWS
     assert html.escape(verdict_line(run)) in doc
     assert doc.count('class="finding ') == len(run.findings)
 
@@ -160,7 +160,7 @@ def test_ceilings_are_drawn_per_dtype(runs):
     memory = next(t for t in lines if t["uid"] == "ceiling-memory")
     assert memory["y"][0] == pytest.approx(memory["x"][0] * bw)  # the slope is the bandwidth
     visible = {t["name"].split()[0] for t in dtypes if t["visible"] is True}
-    used = {run.ops["ceiling"][i] for i in plotted_rows(runs["vit"])}
+    used = {run.to_pandas()["ceiling"][i] for i in plotted_rows(runs["vit"])}
     assert visible == used == {"bfloat16", "float32"}  # the ceilings the plotted rows use; the rest start hidden
 
 
@@ -218,7 +218,8 @@ def test_sections_follow_the_run(runs):
     run = read_run(runs["bert"])
     doc = render_html(run)  # the trace was recorded with_modules and profile_memory
     assert 'id="module-plot"' in doc and 'id="memory"' in doc and "during addmm at" in doc
-    run.modules, run.ops = None, run.ops.drop(columns=["module", "module_class"])
+    run.modules = None
+    run.ops = {k: v for k, v in run.ops.items() if k not in ("module", "module_class")}
     del run.summary["memory"]
     plain = render_html(run)
     for absent in ('id="swap"', 'id="memory"', 'id="module-plot"', 'id="comparison"'):
@@ -244,15 +245,16 @@ def big_run(source: Path, out: Path, rows: int = 2000) -> Path:
     """A run of ~2,000 op rows (the size of a 132k-event trace's table): `source`'s rows repeated at
     other source lines, with other times."""
     run = read_run(source)
-    copies = -(-rows // len(run.ops))
+    copies = -(-rows // len(run.to_pandas()))
     parts = []
     for k in range(copies):
-        ops = run.ops.copy()
+        ops = run.to_pandas().copy()
         ops["source_location"] = [f"pkg/layer_{k}/block.py:{n}" for n in range(len(ops))]
         ops["time_us_total"] = ops["time_us_total"] * (1 + k / 10)
         parts.append(ops)
-    run.ops = pd.concat(parts, ignore_index=True).sort_values("time_us_total", ascending=False, ignore_index=True)
-    run.ops["time_share"] = run.ops["time_us_total"] / run.ops["time_us_total"].sum()
+    ops = pd.concat(parts, ignore_index=True).sort_values("time_us_total", ascending=False, ignore_index=True)
+    ops["time_share"] = ops["time_us_total"] / ops["time_us_total"].sum()
+    run.ops = from_frame(ops)
     write_run(run, out, "big", None)
     return out
 
@@ -260,7 +262,7 @@ def big_run(source: Path, out: Path, rows: int = 2000) -> Path:
 def test_large_run_stays_small(runs, tmp_path):
     """~2,000 op rows: under 10 MB, one point per plotted row."""
     big = big_run(runs["vit"], tmp_path / "big")
-    assert len(read_run(big).ops) >= 2000
+    assert len(read_run(big).to_pandas()) >= 2000
     doc = render_html(read_run(big))
     assert len(doc.encode()) < 10_000_000
     data = embedded(doc)

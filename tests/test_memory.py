@@ -115,7 +115,7 @@ def test_peak_memory_and_the_op_at_the_peak_are_in_the_summary(clean):
 
 def test_rows_carry_the_bytes_they_allocate(clean):
     path, run = clean
-    ops = run.ops
+    ops = run.to_pandas()
     mul = ops[(ops["op"] == "aten::mul") & ops["source_location"].str.endswith(f":{line_of(path, 'return y * 2')}")
               & (ops["input_strides"] == "[[64, 1], []]")]  # the forward y * 2 (its backward has the line too)
     assert len(mul) == 1 and mul["alloc_bytes_per_call"].iloc[0] == 32 * 64 * 4
@@ -145,10 +145,10 @@ def test_analyze_reads_memory_and_modules_from_a_shared_trace(tmp_path):
     # the peak is reached while the vocabulary projection writes its [141, 30522] bf16 logits
     assert memory["peak_op"] == "aten::addmm"
     assert memory["peak_module"] == "BertOnlyMLMHead.BertLMPredictionHead.Linear"
-    head = run.ops[run.ops["input_dims"].str.startswith("[[30522]")]
+    head = run.to_pandas()[run.to_pandas()["input_dims"].str.startswith("[[30522]")]
     assert head["alloc_bytes_per_call"].iloc[0] >= 141 * 30522 * 2
     assert memory["alive_at_peak"][0]["op"] == "aten::addmm"
-    assert run.ops["module"].str.startswith("BertModel.BertEncoder.BertLayer_").any()
+    assert run.to_pandas()["module"].str.startswith("BertModel.BertEncoder.BertLayer_").any()
     assert not [f for f in run.findings if f["rule"] == "memory-growth"]  # one step: no step-over-step evidence
 
 
@@ -201,9 +201,9 @@ def test_memory_growth_from_a_trace(tmp_path):
                                           "bytes": 16384.0, "tensors": 4}
     found = [f for f in run.findings if f["rule"] == "memory-growth"]
     assert len(found) == 1 and found[0]["source_location"] == "model.py:12" and found[0]["op"] == "aten::mul"
-    mul = run.ops[run.ops["op"] == "aten::mul"]
+    mul = run.to_pandas()[run.to_pandas()["op"] == "aten::mul"]
     assert list(mul["alloc_bytes_per_call"]) == [4096] and list(mul["freed_bytes_per_call"]) == [0]
-    add = run.ops[run.ops["op"] == "aten::add"]
+    add = run.to_pandas()[run.to_pandas()["op"] == "aten::add"]
     assert list(add["alloc_bytes_per_call"]) == [1024] and list(add["freed_bytes_per_call"]) == [0]
 
     run = analyze_trace_file(synthetic_trace(tmp_path / "ok.json", 4, leak=False), out=tmp_path / "ok",

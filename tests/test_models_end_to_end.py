@@ -142,7 +142,7 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize("name,mode", CASES)
 def test_tensor_core_flops_match_flopcounter(runs, name, mode):
     path, run = runs(name, mode)
-    ops = run.ops
+    ops = run.to_pandas()
     mask = ops["family"].isin(TENSOR_FAMILIES)
     ours = float((ops.loc[mask, "flops_per_call"] * ops.loc[mask, "calls"]).sum()) / STEPS
     theirs, sdpa = flopcounter_per_step(path, mode)
@@ -159,8 +159,8 @@ def test_tensor_core_flops_match_flopcounter(runs, name, mode):
 @pytest.mark.parametrize("name,mode", CASES)
 def test_cost_model_covers_the_time(runs, name, mode):
     _, run = runs(name, mode)
-    assert run.summary["ops_covered_time_share"] >= 0.98, run.ops.loc[
-        run.ops["flops_per_call"].isna(), ["op", "time_share"]].head().to_dict("records")
+    assert run.summary["ops_covered_time_share"] >= 0.98, run.to_pandas().loc[
+        run.to_pandas()["flops_per_call"].isna(), ["op", "time_share"]].head().to_dict("records")
 
 
 def test_bound_classes_are_what_a_person_expects(tmp_path):
@@ -183,7 +183,7 @@ def test_bound_classes_are_what_a_person_expects(tmp_path):
     run, _ = profile_target(ProfileOptions(target=path, out=tmp_path / "run", steps=2, warmup=1, peak_bw=30.0,
                                            peak_flops=["400"]))
     def bounds(op: str) -> set[str]:
-        found = set(run.ops.loc[run.ops["op"] == op, "bound"])
+        found = set(run.to_pandas().loc[run.to_pandas()["op"] == op, "bound"])
         assert found, op
         return found
 
@@ -194,7 +194,7 @@ def test_bound_classes_are_what_a_person_expects(tmp_path):
     assert bounds("aten::native_layer_norm") == {"memory"}
     assert bounds("aten::view") == {"overhead"}
     assert bounds("aten::mul") == {"overhead"}  # 4 elements
-    ops = run.ops.set_index("op")
+    ops = run.to_pandas().set_index("op")
     assert math.isclose(float(ops.loc["aten::mm", "flops_per_call"]), 2 * 1024**3)
 
 
@@ -216,7 +216,7 @@ def test_depthwise_backward_is_memory_bound(tmp_path):
     # ridge point 500 GFLOP/s / 100 GB/s = 5 FLOP/B
     run, _ = profile_target(ProfileOptions(target=path, out=tmp_path / "run", mode="train", steps=1, warmup=1,
                                            peak_bw=100.0, peak_flops=["500"]))
-    ops = run.ops
+    ops = run.to_pandas()
     row = ops[(ops["op"] == "aten::convolution_backward") & ops["input_dims"].str.contains("[128, 1, 3, 3]",
                                                                                           regex=False)]
     assert len(row) == 1

@@ -63,8 +63,8 @@ def assert_tree_adds_up(run: Run) -> None:
     """modules.csv: the depth-0 rows (the model, the ops outside it) add up to the run's op time; every
     module's inclusive time is its own ops' time plus its children's (no op counted twice); the self
     times add up to the op time; FLOPs too."""
-    m = run.modules.set_index("module")
-    total = float(run.ops["time_us_total"].sum())
+    m = run.to_pandas("modules").set_index("module")
+    total = float(run.to_pandas()["time_us_total"].sum())
     assert m.loc[m["depth"] == 0, "time_us_total"].sum() == pytest.approx(total, rel=1e-9)
     assert m["self_time_us"].sum() == pytest.approx(total, rel=1e-9)
     for name, row in m.iterrows():
@@ -75,7 +75,7 @@ def assert_tree_adds_up(run: Run) -> None:
         assert row["time_us_total"] == pytest.approx(row["self_time_us"] + m.loc[kids, "time_us_total"].sum(),
                                                      rel=1e-9, abs=1e-6), name
         assert row["depth"] == (0 if name == "" else name.count(".") + 1)
-    flops = (run.ops["flops_per_call"] * run.ops["calls"]).sum()
+    flops = (run.to_pandas()["flops_per_call"] * run.to_pandas()["calls"]).sum()
     assert m.loc[m["depth"] == 0, "flops_total"].sum() == pytest.approx(flops, rel=1e-9)
     assert (m["time_share"] - m["time_us_total"] / total).abs().max() < 1e-12
 
@@ -91,7 +91,7 @@ def gpt2_run(tmp_path_factory):
 
 @pytest.mark.slow
 def test_gpt2_train_rows_carry_module_paths(gpt2_run):
-    ops = gpt2_run.ops
+    ops = gpt2_run.to_pandas()
     named = set(ops["module"])
     for name in ("transformer.h.0.attn.c_attn", "transformer.h.1.mlp.c_proj", "lm_head", "transformer.wte"):
         assert name in named, name
@@ -116,17 +116,17 @@ def test_gpt2_train_rows_carry_module_paths(gpt2_run):
 def test_gpt2_modules_csv_adds_up_without_double_counting(gpt2_run):
     run = read_run(gpt2_run.path)
     assert run.modules is not None
-    assert list(run.modules.columns) == ["module", "module_class", "depth", "time_us_total", "time_share",
+    assert list(run.to_pandas("modules").columns) == ["module", "module_class", "depth", "time_us_total", "time_share",
                                          "self_time_us", "flops_total", "bytes_total", "bound", "findings"]
     assert_tree_adds_up(run)
-    m = run.modules.set_index("module")
+    m = run.to_pandas("modules").set_index("module")
     assert m.loc["", "module_class"] == "GPT2LMHeadModel"
     assert m.loc["transformer.h", "module_class"] == "ModuleList"  # a container: named from the model
     assert m.loc["transformer.h.0.mlp", "module_class"] == "GPT2MLP" and m.loc["transformer.h.0.mlp",
                                                                                "self_time_us"] == 0
     assert m.loc["", "findings"] == sum(1 for f in run.findings if isinstance(f["module"], str))
     # tree order: each module right after its parent (depth-first)
-    names = list(run.modules["module"])
+    names = list(run.to_pandas("modules")["module"])
     for k, name in enumerate(names[1:], 1):
         if name != OUTSIDE:
             parent = name.rsplit(".", 1)[0] if "." in name else ""
@@ -149,7 +149,7 @@ def test_report_tree_folds_repeated_blocks(gpt2_run, monkeypatch):
 def test_nested_model_module_paths(tmp_path):
     path = write_model(tmp_path, NESTED)
     run, _ = profile_target(ProfileOptions(target=path, out=tmp_path / "run", mode="train", steps=1, **FAST))
-    ops = run.ops
+    ops = run.to_pandas()
     addmm = ops[ops["op"] == "aten::addmm"]
     assert sorted(addmm["module"]) == ["blocks.0.fc", "blocks.1.fc", "blocks.2.fc", "head"]
     assert set(addmm["module_class"]) == {"Linear"}
@@ -164,7 +164,7 @@ def test_nested_model_module_paths(tmp_path):
     block = lines["blocks.[0-2]"]
     assert len(block.instances) == 3 and block.module_class == "Block"
     assert lines["blocks.[0-2].ln_1"].instances and "blocks.[0-2].ln_[1-2]" not in lines
-    expected = run.modules.set_index("module").loc[[f"blocks.{b}" for b in range(3)], "time_us_total"]
+    expected = run.to_pandas("modules").set_index("module").loc[[f"blocks.{b}" for b in range(3)], "time_us_total"]
     assert sorted(block.instances) == sorted(expected)
     assert block.time_us == pytest.approx(expected.sum())
     assert statistics.median(block.instances) == pytest.approx(statistics.median(expected))
@@ -179,7 +179,7 @@ def bert_trace_run(tmp_path_factory):
 
 def test_trace_module_paths_from_with_modules_events(bert_trace_run):
     run = bert_trace_run
-    ops = run.ops
+    ops = run.to_pandas()
     head = ops[ops["input_dims"].str.startswith("[[30522]")]
     assert list(head["module"]) == ["BertOnlyMLMHead.BertLMPredictionHead.Linear"]
     # q, k and v are the self-attention's Linear_0..2 in every layer; the layers are BertLayer_0..3
@@ -189,7 +189,7 @@ def test_trace_module_paths_from_with_modules_events(bert_trace_run):
         for layer in range(4) for k in range(3))
     assert set(qkv["module_class"]) == {"Linear"}
     assert_tree_adds_up(run)
-    m = run.modules.set_index("module")
+    m = run.to_pandas("modules").set_index("module")
     assert m.loc["", "module_class"] == "BertLMHeadModel"  # the root, from its nn.Module event
     assert m.loc["BertModel.BertEncoder", "module_class"] == "BertEncoder"
     lines = {line.path: line for line in tree_lines(run)}
@@ -200,7 +200,7 @@ def test_trace_module_paths_from_with_modules_events(bert_trace_run):
 def test_trace_without_module_events_has_no_module_tree(tmp_path):
     run = analyze_trace_file(TRACES / "mi300x_torch-compile_triton.json.gz", out=tmp_path / "run")
     assert run.modules is None and not (tmp_path / "run" / "modules.csv").exists()
-    assert set(run.ops["module"]) == {""} and set(run.ops["module_class"]) == {""}
+    assert set(run.to_pandas()["module"]) == {""} and set(run.to_pandas()["module_class"]) == {""}
 
 
 def test_findings_count_in_the_innermost_module_around_their_ops():
@@ -250,7 +250,7 @@ def test_console_shows_module_and_source_or_whichever_fits(tmp_path):
     header = next(line for line in narrow.splitlines() if line.lstrip().startswith("#"))
     assert " where " in header and " module " not in header and " per call " not in header
     assert max(len(line) for line in narrow.splitlines()) <= 80
-    top = run.ops.iloc[0]
+    top = run.to_pandas().iloc[0]
     shown = "(model)" if top["module"] == "" and top["module_class"] else top["module"]
     row_line = next(line for line in narrow.splitlines() if line.lstrip().startswith("1 "))
     assert row_line.rstrip().endswith(shown[-10:]), (row_line, shown)

@@ -102,7 +102,7 @@ def test_the_whole_pair_time_is_in_the_rows(profiled):
     """Every µs of the outer calls is in exactly one row: the folded pair's or an op's inside it."""
     run = analyze_trace_file(profiled / "trace.json.gz", out=profiled.parent / "again", peak_bw=20,
                              peak_flops=["100"])
-    ev = run.events
+    ev = run.to_pandas("events")
     for name in ("aten::upsample_nearest1d", "aten::upsample_linear1d"):
         outer = ev[(ev["name"] == name) & ev["is_row"]]
         assert len(outer) == STEPS and int(ev.loc[ev["name"] == name, "folded"].sum()) == STEPS
@@ -143,7 +143,7 @@ def _gpu_trace(tmp_path: Path) -> Path:
 
 
 def test_gpu_kernels_of_the_inner_call_belong_to_the_one_row(tmp_path):
-    ops = analyze_trace_file(_gpu_trace(tmp_path), out=tmp_path / "run").ops
+    ops = analyze_trace_file(_gpu_trace(tmp_path), out=tmp_path / "run").to_pandas()
     up = ops[ops["op"] == "aten::upsample_nearest1d"]
     assert len(up) == 1
     r = up.iloc[0]

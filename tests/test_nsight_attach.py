@@ -53,7 +53,7 @@ def analyzed() -> Run:
 @pytest.fixture
 def run(analyzed) -> Run:
     fresh = copy.copy(analyzed)
-    fresh.ops = analyzed.ops.copy()
+    fresh.ops = {k: list(v) for k, v in analyzed.ops.items()}
     fresh.summary = copy.deepcopy(analyzed.summary)
     fresh.findings = list(analyzed.findings)
     return fresh
@@ -61,8 +61,8 @@ def run(analyzed) -> Run:
 
 def row_at(run: Run, line: str, op: str = "aten::addmm", module: str | None = None) -> int:
     """The one row of `op` at `line` (in the module whose path ends with `module`, where a line runs in many)."""
-    hits = run.ops.index[(run.ops["source_location"] == line) & (run.ops["op"] == op)
-                         & (run.ops["module"].str.endswith(module) if module else True)]
+    hits = run.to_pandas().index[(run.to_pandas()["source_location"] == line) & (run.to_pandas()["op"] == op)
+                         & (run.to_pandas()["module"].str.endswith(module) if module else True)]
     assert len(hits) == 1
     return int(hits[0])
 
@@ -75,7 +75,7 @@ def test_kernel_plan(run):
     assert len(vocab) == 1 and vocab["name"].iloc[0].startswith("void " + VOCAB_KERNEL)
     # every kernel lands on a row whose kernels column names it
     for name, r in zip(plan["name"], plan["row"], strict=True):
-        assert name in run.ops.at[r, "kernels"].split(";")
+        assert name in run.to_pandas().at[r, "kernels"].split(";")
 
 
 def test_align():
@@ -96,7 +96,7 @@ def test_attach_ncu_raw_fixture(run):
     table = read_ncu_csv(RAW)
     info = attach_ncu(run, kernel_plan(run), table)
     assert info == {"kernels_profiled": 26, "kernels_matched": 26, "rows_measured": 26}
-    ops = run.ops
+    ops = run.to_pandas()
     assert list(ops.columns[-len(MEASURED_COLUMNS):]) == MEASURED_COLUMNS
     vocab = ops.loc[row_at(run, VOCAB)]
     # the fixture: 0.9 and 0.1 of 3.09 x the modeled bytes, printed in Mbyte (3 decimals) and Kbyte
@@ -135,7 +135,7 @@ def test_excess_traffic_fires_on_the_fixture_and_names_op_line_and_kernel(run):
     f = found[0]
     assert f["op"] == "aten::addmm" and f["source_location"] == VOCAB
     assert VOCAB_KERNEL in f["message"] and "3.1x the modeled minimum" in f["message"]
-    vocab = run.ops.loc[row_at(run, VOCAB)]
+    vocab = run.to_pandas().loc[row_at(run, VOCAB)]
     expected = vocab["time_us_total"] * (1 - 1 / 3.09)  # DRAM-bound (85% of peak): the extra bytes' time
     assert f["est_savings_us"] == pytest.approx(expected, rel=1e-3)
     savings = [x["est_savings_us"] for x in run.findings if x["est_savings_us"] is not None]
@@ -210,7 +210,7 @@ def test_attach_nsys_per_row_kernel_time(run, tmp_path):
     assert summary["kernels"] == 180 and summary["memcpys"] == 3 and summary["memcpy_bytes"] == 24.0
     per_row = plan.groupby("row").size()
     for r, n in per_row.items():  # 3 steps of n activities of (row + 1) µs
-        assert run.ops.at[r, "nsys_time_us_total"] == pytest.approx(3 * n * (r + 1)), r
+        assert run.to_pandas().at[r, "nsys_time_us_total"] == pytest.approx(3 * n * (r + 1)), r
     assert kernels["calls"].sum() == 183 and (kernels["ops_row"] >= 0).all()
 
 

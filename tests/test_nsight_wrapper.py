@@ -252,7 +252,7 @@ def test_the_ncu_pass_with_a_stand_in_ncu(tmp_path, model, monkeypatch, mode):
     assert run.summary["ncu"] == {"csv": "ncu.csv", "rows_selected": 3, "kernels_requested": 26,
                                   "kernels_profiled": 26, "kernels_matched": 26, "rows_measured": 26}
     assert sorted(extra) == ["ncu.csv", "ncu_kernels.csv"]
-    vocab = run.ops[run.ops["source_location"] == VOCAB].iloc[0]
+    vocab = run.to_pandas()[run.to_pandas()["source_location"] == VOCAB].iloc[0]
     assert vocab["measured_bytes_ratio"] == pytest.approx(3.09, rel=1e-5)
 
 

@@ -21,10 +21,11 @@ from opscope.analysis.ops_table import (
     classify_bound,
     event_costs,
 )
-from opscope.analysis.pipeline import _group_sums, step_stats, summarize, top_ops, trace_mode, union_length
+from opscope.analysis.pipeline import step_stats, summarize, top_ops, trace_mode, union_length
 from opscope.analysis.trace_file import _mode
 from opscope.machine.peaks import Peaks, gpu_peaks
 from opscope.table import as_table, pairwise_sum
+from opscope.table import group_sums as _group_sums
 from opscope.trace.reader import load_trace
 
 NAN = math.nan

@@ -12,7 +12,6 @@ import sys
 import threading
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from test_cli_errors import assert_clean_error
 
@@ -27,7 +26,7 @@ GPU_PEAKS = ["--peak-bw", "3350", "--peak-flops", "989000"]
 
 
 def _tiny_run() -> Run:
-    return Run(meta={"format_version": 1}, ops=pd.DataFrame({"op": ["aten::mm"], "calls": [1]}), findings=[],
+    return Run(meta={"format_version": 1}, ops={"op": ["aten::mm"], "calls": [1]}, findings=[],
                summary={"format_version": 1})
 
 

@@ -122,8 +122,8 @@ def test_analyze_folder_of_hand_built_ranks_finds_the_slow_one(tmp_path):
     assert d["straggler_compute_time_us"] == pytest.approx(43.75) and d["compute_time_us_median"] == pytest.approx(35.0)
     assert summary["steps"] == 6  # rank-steps
     run = read_run(tmp_path / "run")
-    assert run.ranks["rank"].tolist() == [0, 1, 2] and run.ranks["straggler"].tolist() == [0, 0, 1]
-    mm = run.ops[run.ops["op"] == "aten::mm"]
+    assert run.to_pandas("ranks")["rank"].tolist() == [0, 1, 2] and run.to_pandas("ranks")["straggler"].tolist() == [0, 0, 1]
+    mm = run.to_pandas()[run.to_pandas()["op"] == "aten::mm"]
     assert mm["calls"].sum() == 6 and mm["time_us_total"].sum() == pytest.approx(70 * 2 + 87.5)
     assert any(f["rule"] == "straggler" and "rank 2" in f["message"] for f in run.findings)
     assert sorted(p.name for p in (tmp_path / "run" / "ranks").iterdir()) == ["0", "1", "2"]
@@ -140,8 +140,8 @@ def test_analyze_folder_of_real_ddp_traces(tmp_path):
     run = read_run(out)
     per_rank = [read_run(out / "ranks" / str(r)) for r in (0, 1)]
     for col in ("calls", "time_us_total"):
-        assert run.ops[col].sum() == pytest.approx(sum(r.ops[col].sum() for r in per_rank))
-    allreduce = run.ops[run.ops["op"] == "c10d::allreduce_"]
+        assert run.to_pandas()[col].sum() == pytest.approx(sum(r.to_pandas()[col].sum() for r in per_rank))
+    allreduce = run.to_pandas()[run.to_pandas()["op"] == "c10d::allreduce_"]
     assert len(allreduce) == 1 and allreduce["ranks"].iloc[0] == 2
     d = run.summary["distributed"]
     assert (d["backend"], d["world_size"], d["straggler_rank"]) == ("gloo", 2, 1)
@@ -154,7 +154,7 @@ def test_analyze_folder_of_real_ddp_traces(tmp_path):
     proc = run_cli("analyze", str(out / "ranks"), "--out", str(again), *PEAKS, "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["distributed"]["straggler_rank"] == 1
-    assert read_run(again).ranks["compute_time_us"].tolist() == pytest.approx(run.ranks["compute_time_us"].tolist())
+    assert read_run(again).to_pandas("ranks")["compute_time_us"].tolist() == pytest.approx(run.to_pandas("ranks")["compute_time_us"].tolist())
     page = render_html(run)
     assert '<section id="ranks">' in page and 'class="straggler bad"' in page and "straggler: rank 1" in page
 
@@ -216,7 +216,7 @@ def test_straggler_rule_fires_from_ten_percent_and_the_line_says_so():
     [f] = findings([100.0, 100.0, 100.0, 110.0])
     assert f["message"].startswith("rank 3 computes 110 µs per step, 10% more than the median rank (100 µs")
     assert f["est_savings_us"] == pytest.approx(10.0 * 8)  # the excess, in each of the 8 rank-steps
-    quiet = Run(meta={}, ops=pd.DataFrame(), findings=[], summary={"distributed": {
+    quiet = Run(meta={}, ops={}, findings=[], summary={"distributed": {
         "straggler_rank": 1, "straggler_compute_time_us": 101.0, "compute_time_us_median": 100.5,
         "straggler_excess_share": 0.005, "straggler_beyond_noise": False}})
     assert straggler_line(quiet) == ("straggler: rank 1, compute 101.0 µs per step, +0% over the median rank "

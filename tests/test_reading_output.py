@@ -86,10 +86,10 @@ def test_ops_inside_sdpas_math_path_get_its_line(sdpa_train):
     sees (it sees an out-of-place add): the add_ takes the line of the op it ran in."""
     path, run = sdpa_train
     where = f"{path.name}:{line_of(path, '# the attention')}"
-    ev = run.events
+    ev = run.to_pandas("events")
     adds = ev[(ev["name"] == "aten::add_") & (ev["source_location"] != "opscope:harness")]
     assert len(adds) and all(loc.endswith(where) for loc in adds["source_location"]), adds["source_location"].tolist()
-    user = run.ops[run.ops["source_location"] != "opscope:harness"]
+    user = run.to_pandas()[run.to_pandas()["source_location"] != "opscope:harness"]
     assert (user["source_location"] != "").all(), user.loc[user["source_location"] == "", "op"].tolist()
     assert all(f["source_location"] for f in run.findings)
 
@@ -119,7 +119,7 @@ def test_a_damaged_embedded_block_is_ignored_with_a_warning(sdpa_train, tmp_path
     proc = run_cli("analyze", str(trace), "--out", str(tmp_path / "run"), *PEAKS)
     assert proc.returncode == 0, proc.stderr
     assert "ignored its 'opscope' block" in proc.stderr
-    ops = read_run(tmp_path / "run").ops
+    ops = read_run(tmp_path / "run").to_pandas()
     assert (ops["source_location"].fillna("") == "").all()  # no lines of its own: the trace has no stacks
 
 
@@ -171,7 +171,7 @@ def test_rates_use_one_formatter(bert, tmp_path):
             assert "? (" not in f["message"] and " ? " not in f["message"]
         text = console_text(run, 200)
         assert not EXPONENT.search(text.replace(str(run.path), "")), text
-    ops = bert.ops.copy()
+    ops = bert.to_pandas().copy()
     ops.iloc[0, ops.columns.get_loc("achieved_gflops")] = float("nan")
     text = console_text(replace(bert, ops=ops), 200)
     first = next(line for line in text.splitlines() if line.lstrip().startswith("1 "))
@@ -192,7 +192,7 @@ def test_the_table_shows_time_per_call(bert):
     text = console_text(bert, 120)
     header = next(line for line in text.splitlines() if line.lstrip().startswith("#"))
     assert header.index(" time ") < header.index(" per call ") < header.index(" share ")
-    rows = bert.ops.head(15)
+    rows = bert.to_pandas().head(15)
     multi = rows[rows["calls"] > 1]
     body = text.split("Findings")[0]
     for _, row in (multi if len(multi) else rows).iterrows():

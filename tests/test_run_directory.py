@@ -188,13 +188,12 @@ def test_default_run_dirs_never_collide(tmp_path):
 
 
 def test_an_interrupted_write_leaves_nothing_that_looks_complete(tmp_path, monkeypatch):
-    import pandas as pd
 
     import opscope.run.write
     from opscope.run.model import Run
     from opscope.run.write import write_run
 
-    run = Run(meta={"format_version": 1}, ops=pd.DataFrame({"op": ["aten::mm"]}), findings=[],
+    run = Run(meta={"format_version": 1}, ops={"op": ["aten::mm"]}, findings=[],
               summary={"format_version": 1})
 
     def interrupted(*args, **kwargs):
@@ -262,7 +261,7 @@ from opscope.run.write import write_run
 run = Run(meta={{"format_version": 1}}, ops={{"op": ["aten::mm"], "calls": [2], "time_us_total": [3.0]}},
           findings=[], summary={{"steps": 1}}, modules={{"module": [""], "depth": [0]}}, ranks={{"rank": [0, 1]}})
 path = write_run(run, Path({str(tmp_path / "run")!r}), "m", None)
-assert run.ops_table["calls"] == [2]
+assert run.ops["calls"] == [2]
 print(sorted(p.name for p in path.iterdir()), [m for m in ("pandas", "numpy") if m in sys.modules])
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -272,9 +271,9 @@ print(sorted(p.name for p in path.iterdir()), [m for m in ("pandas", "numpy") if
     assert (tmp_path / "run" / "ops.csv").read_text() == "op,calls,time_us_total\naten::mm,2,3.0\n"
 
 
-def test_run_tables_become_dataframes_once_and_edits_are_written(tmp_path):
-    """run.ops is a DataFrame built from the Table on first access, then the run's table: a column
-    added to it in place (as Nsight's measured columns are) is in run.ops_table and in ops.csv."""
+def test_run_tables_are_tables_and_dataframes_on_request(tmp_path):
+    """A run's tables are opscope.table Tables; run.to_pandas(name) gives a DataFrame of one (a copy: a
+    column added to the table is what gets written), and a table the run lacks is a KeyError."""
     import pandas as pd
 
     from opscope.run.model import Run
@@ -283,15 +282,16 @@ def test_run_tables_become_dataframes_once_and_edits_are_written(tmp_path):
 
     run = Run(meta={"format_version": 1}, ops={"op": ["a", "b"], "calls": [1, 2], "time_us_total": [4.0, 1.0],
                                                "time_share": [0.8, 0.2]}, findings=[], summary={"steps": 1})
-    assert isinstance(run.ops_table, dict) and run.modules is None and run.modules_table is None
-    frame = run.ops
-    assert isinstance(frame, pd.DataFrame) and run.ops is frame  # built once, then kept
-    frame["measured_time_us_per_call"] = [2.0, math.nan]
-    assert run.ops_table["measured_time_us_per_call"][0] == 2.0
+    assert isinstance(run.ops, dict) and run.modules is None
+    with pytest.raises(KeyError):
+        run.to_pandas("modules")
+    frame = run.to_pandas()
+    assert isinstance(frame, pd.DataFrame) and frame["op"].tolist() == ["a", "b"]
+    run.ops["measured_time_us_per_call"] = [2.0, math.nan]
+    assert "measured_time_us_per_call" not in frame  # a copy
     path = write_run(run, tmp_path / "run", "m", None)
     assert (path / "ops.csv").read_text().splitlines() == [
         "op,calls,time_us_total,time_share,measured_time_us_per_call", "a,1,4.0,0.8,2.0", "b,2,1.0,0.2,"]
     again = read_run(path)
-    assert again.ops["calls"].tolist() == [1.0, 2.0] and again.ops_table["op"] == ["a", "b"]
-    copy = run.copy_with(findings=[{"rule": "x"}])
-    assert copy.ops is frame and copy.findings == [{"rule": "x"}] and run.findings == []
+    assert again.ops["calls"] == [1.0, 2.0] and again.ops["op"] == ["a", "b"]
+    assert again.to_pandas()["calls"].tolist() == [1.0, 2.0]

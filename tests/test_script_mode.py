@@ -43,7 +43,7 @@ GROWING = """
 
 
 def _batches(run_dir: Path, op: str = "aten::addmm") -> set[int]:
-    ops = read_run(run_dir).ops
+    ops = read_run(run_dir).to_pandas()
     return {json.loads(d)[1][0] for d in ops.loc[ops["op"] == op, "input_dims"]}
 
 
@@ -60,7 +60,7 @@ def test_example_training_script_profiles_the_chosen_window_only(tmp_path):
     run = read_run(out)
     assert run.summary["steps"] == 3 and run.meta["mode"] == "train"
     assert run.meta["script"]["args"] == ["--steps", "7", "--batch-size", "24", "--width", "40"]
-    ops = run.ops
+    ops = run.to_pandas()
     fc1 = ops[(ops["op"] == "aten::addmm") & ops["input_dims"].str.startswith("[[160], [24, 40]")]
     assert fc1["calls"].tolist() == [3]  # the arguments reached the script; one call per profiled step
     assert fc1["source_location"].iloc[0].endswith(f"train_script.py:{line_of(script, 'x = x + self.fc2')}")
@@ -83,7 +83,7 @@ def test_the_window_is_exactly_the_chosen_steps(tmp_path, how):
     run = read_run(out)
     assert run.meta["script"]["steps_from"] == ("model:step" if how[:1] == ["--step-fn"] else "optimizer step")
     assert run.meta["script"]["source_lines"] == "next step"
-    loc = run.ops.loc[run.ops["op"] == "aten::addmm", "source_location"]
+    loc = run.to_pandas().loc[run.to_pandas()["op"] == "aten::addmm", "source_location"]
     assert set(loc) == {f"model.py:{line_of(script, 'loss = model(x)')}"}  # exact lines, from the next step
 
 

@@ -43,7 +43,7 @@ def transpose_run(tmp_path_factory):
 
 
 def rows_for(run, op):
-    return run.ops[run.ops["op"] == op]
+    return run.to_pandas()[run.to_pandas()["op"] == op]
 
 
 def test_kernelbench_file_with_init_inputs_profiles(transpose_run):
@@ -61,7 +61,7 @@ def test_transpose_reshape_copy_ops_carry_the_exact_line(transpose_run):
         assert not rows.empty, op
         assert all(loc.endswith(where) for loc in rows["source_location"]), (op, rows["source_location"].tolist())
     # the copy_ that does the work sits under reshape -> clone; addmm's bias copy_ is on the Linear's line
-    ev = run.events
+    ev = run.to_pandas("events")
     reshapes = ev.index[ev["name"] == "aten::reshape"].tolist()
     copies = ev[(ev["name"] == "aten::copy_")]
     under = [i for i in copies.index if ev.at[ev.at[i, "parent"], "name"] == "aten::clone"
@@ -80,7 +80,7 @@ def test_transpose_reshape_copy_ops_carry_the_exact_line(transpose_run):
 
 def test_every_profiled_step_is_joined(transpose_run):
     _, run = transpose_run
-    ev = run.events
+    ev = run.to_pandas("events")
     rows = ev[ev["is_row"] & (ev["step"] >= 0)]
     assert (rows["source_location"] != "").all()
     assert sorted(rows["step"].unique()) == [0, 1]
@@ -114,7 +114,7 @@ def train_run(tmp_path_factory):
 
 def test_train_mode_shows_backward_ops(train_run):
     _, run = train_run
-    ops = set(run.ops["op"])
+    ops = set(run.to_pandas()["op"])
     assert {"aten::convolution_backward", "aten::threshold_backward"} <= ops
     assert run.meta["mode"] == "train"
 
@@ -138,7 +138,7 @@ def test_backward_ops_point_at_their_forward_line(train_run):
 
 def test_harness_ops_are_labelled(train_run):
     _, run = train_run
-    ev = run.events
+    ev = run.to_pandas("events")
     # the SGD step's parameter updates and the loss are the harness's own
     harness_ops = set(ev.loc[ev["source_location"] == HARNESS, "name"])
     assert harness_ops, "expected the loss/optimizer ops to be labelled opscope:harness"

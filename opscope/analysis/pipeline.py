@@ -18,7 +18,7 @@ from opscope.findings.base import DtypeProbe, LayoutProbe
 from opscope.machine.noise import step_spread, unknown
 from opscope.machine.peaks import Peaks
 from opscope.run.model import FORMAT_VERSION, Run
-from opscope.table import Table, as_table, nrows, pairwise_sum, records, take
+from opscope.table import Table, as_table, group_sums, nrows, pairwise_sum, records, take
 from opscope.trace.reader import TraceData, no_gc
 
 # A trace recorded elsewhere says nothing about what else ran on its machine.
@@ -146,7 +146,7 @@ def summarize(ops: Any, *, steps: int, step_time_us: float, n_findings: int,
     covered = [t for t, f, b in zip(times, ops["flops_per_call"], ops["bytes_per_call"], strict=True)
                if _present(f) and _present(b)]
     bound_share = {b: 0.0 for b in BOUNDS}
-    for b, t in sorted(_group_sums(ops["bound"], times).items()):
+    for b, t in sorted(group_sums(ops["bound"], times).items()):
         bound_share[b] = t / total if total > 0 else 0.0
     summary: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
@@ -171,25 +171,6 @@ def _present(x: Any) -> bool:
     """pandas' notna for one value."""
     return x is not None and x == x
 
-
-def _group_sums(keys: Sequence[Any], values: Sequence[float]) -> dict[Any, float]:
-    """Per key (missing keys left out), its values summed as pandas' groupby().sum() does: in row order,
-    Kahan-compensated, NaN skipped."""
-    sums: dict[Any, float] = {}
-    comp: dict[Any, float] = {}
-    for k, v in zip(keys, values, strict=True):
-        if not _present(k):
-            continue
-        s = sums.setdefault(k, 0.0)
-        if v != v:
-            continue
-        c = comp.get(k, 0.0)
-        y = v - c
-        t = s + y
-        c = t - s - y
-        comp[k] = c if math.isfinite(c) else 0.0
-        sums[k] = t
-    return sums
 
 
 def swap_candidates(ops: Table) -> list[dict[str, Any]]:

@@ -201,9 +201,9 @@ def merge_ranks(rank_runs: list[RankRun], *, target: str, warn: Callable[[str], 
     finding, and summary.json "distributed"."""
     rank_runs = sorted(rank_runs, key=lambda r: r.rank)
     first = rank_runs[0].run
-    gpu = "kernels" in first.ops.columns
+    gpu = "kernels" in first.ops
     peaks = Peaks.from_json(first.meta.get("peaks") or {})
-    ops = merge_ops([r.run.ops.assign(_rank=r.rank) for r in rank_runs], peaks, gpu=gpu)
+    ops = merge_ops([to_frame(r.run.ops).assign(_rank=r.rank) for r in rank_runs], peaks, gpu=gpu)
     ranks = ranks_table(rank_runs)
     # A merged run counts rank-steps: its times are sums over ranks, and "per step" (time / steps) is what
     # the mean rank spent in one step, comparable with a one-process run.
@@ -231,10 +231,10 @@ def merge_ranks(rank_runs: list[RankRun], *, target: str, warn: Callable[[str], 
     meta.pop("rank", None)
     meta["distributed"] = {"world_size": expected, "ranks": [r.rank for r in rank_runs],
                            "backend": distributed.get("backend"), "trace_rank": rank_runs[0].rank}
-    first_modules = first.modules_table
+    first_modules = first.modules
     classes = (dict(zip(first_modules["module"], first_modules["module_class"], strict=True))
                if first_modules is not None else None)
-    return Run(meta=meta, ops=ops, findings=findings, summary=summary, ranks=ranks,
+    return Run(meta=meta, ops=from_frame(ops), findings=findings, summary=summary, ranks=from_frame(ranks),
                modules=module_table(from_frame(ops), findings, classes))
 
 

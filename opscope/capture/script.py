@@ -321,8 +321,8 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",
                       source_override=(lambda ev: join_lines(records, ev)) if records else None,
                       layout_probe=conv_layout_probe(device), dtype_probe=float32_probe(device))
-        meta["dtype"] = dominant_dtype(run.events_table)
-        meta["mode"] = trace_mode(run.events_table)
+        meta["dtype"] = dominant_dtype(run.events)
+        meta["mode"] = trace_mode(run.events)
         if calibration is not None:
             meta["calibration"] = calibration
         meta["script"] = {"args": list(script.args), "steps_from": script.step_fn or "optimizer step",

@@ -252,7 +252,7 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
                       dtype_probe=float32_probe(device), module_classes=classes, memory=memory,
                       noise=noise, step_us=[t * 1e6 for t in step_s])
         # `opscope analyze RUN/trace.json.gz` reproduces this run's table from what is embedded here
-        embed(trace_path, make_block(run.events_table, classes, memory))
+        embed(trace_path, make_block(run.events, classes, memory))
         if finish is not None:
             finish(run, trace)
         if sink is not None:

@@ -11,14 +11,13 @@ two savings never count the same microseconds.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator
 
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
 from opscope.findings.common import severity, short
 from opscope.sources import HARNESS
-from opscope.table import pairwise_sum
+from opscope.table import group_sums, largest_first
 
 MAX_BUSY = 0.5
 TOP = 3
@@ -45,8 +44,8 @@ def launch_bound(ctx: Context) -> Iterator[Finding]:
     keep = [r for r, (loc, cpu) in enumerate(zip(ops["source_location"], ops["cpu_time_us_total"], strict=True))
             if loc != HARNESS and cpu > 0]
     cpu = [ops["cpu_time_us_total"][r] for r in keep]
-    by_op = _largest_first(_group_sums([ops["op"][r] for r in keep], cpu))
-    by_line = _largest_first(_group_sums([ops["source_location"][r] for r in keep], cpu))
+    by_op = largest_first(group_sums([ops["op"][r] for r in keep], cpu))
+    by_line = largest_first(group_sums([ops["source_location"][r] for r in keep], cpu))
     idle = ctx.steps * ctx.step_time_us * (1.0 - busy)
     kernel_time = ctx.step_time_us * busy
     heavy = ", ".join(f"{short(op)} ({units.duration(t)})" for op, t in by_op[:TOP])
@@ -74,38 +73,3 @@ def launch_bound(ctx: Context) -> Iterator[Finding]:
                   suggestion=suggestion, est_savings_us=idle)
 
 
-def _group_sums(keys: Sequence[Any], values: Sequence[float]) -> dict[Any, float]:
-    """Sum of `values` per key, keys in sorted order, missing (NaN) keys dropped: the floats pandas'
-    `groupby(key).sum()` gives (kept so the message's numbers do not move in the last digit). pandas
-    adds a group by `np.add.reduceat` (first value + numpy's pairwise sum of the rest) when the rows come
-    grouped in key order and hold no NaN, else with Kahan summation in row order."""
-    present = [k for k in keys if k == k]
-    order = {k: g for g, k in enumerate(sorted(set(present)))}
-    codes = [order[k] if k == k else -1 for k in keys]
-    sums: dict[Any, float] = {}
-    if codes == sorted(codes) and all(v == v for v in values):
-        start = 0
-        for end in range(1, len(codes) + 1):
-            if end == len(codes) or codes[end] != codes[start]:
-                if codes[start] >= 0:
-                    sums[keys[start]] = values[start] + pairwise_sum(values[start + 1:end]) \
-                        if end - start > 1 else float(values[start])
-                start = end
-    else:
-        total = [0.0] * len(order)
-        comp = [0.0] * len(order)
-        for g, v in zip(codes, values, strict=True):
-            if g < 0 or v != v:
-                continue
-            y = v - comp[g]
-            t = total[g] + y
-            c = t - total[g] - y
-            comp[g] = 0.0 if c != c else c  # an infinite value: keep the sum infinite, not NaN
-            total[g] = t
-        sums = {k: total[g] for k, g in order.items()}
-    return dict(sorted(sums.items(), key=lambda kv: order[kv[0]]))
-
-
-def _largest_first(sums: dict[Any, float]) -> list[tuple[Any, float]]:
-    """(key, sum) by decreasing sum; ties keep the keys' order (pandas' sort_values(ascending=False))."""
-    return sorted(sums.items(), key=lambda kv: -kv[1])

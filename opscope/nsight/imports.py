@@ -134,10 +134,11 @@ def _nsys_run(path: Path, folder: Path, peak_bw: float | None, peak_flops: list[
     meta["steps"] = run.summary["steps"]
     summary, kernels = attach_nsys(run, kernel_plan(run), data)
     run.summary["nsys"] = {"report": path.name, **summary}
-    guessed = (run.ops["bytes_per_call"] > 0) & (run.ops["input_dtypes"] == "")
-    if guessed.any():
-        run.ops.loc[guessed, "note"] = [f"{n}; {NSYS_BYTES_NOTE}" if n else NSYS_BYTES_NOTE
-                                        for n in run.ops.loc[guessed, "note"].tolist()]
+    ops = run.ops
+    guessed = [b > 0 and d == "" for b, d in zip(ops["bytes_per_call"], ops["input_dtypes"], strict=True)]
+    if any(guessed):
+        ops["note"] = [(f"{n}; {NSYS_BYTES_NOTE}" if n else NSYS_BYTES_NOTE) if g else n
+                       for g, n in zip(guessed, ops["note"], strict=True)]
         warn(f"{path}: {NSYS_BYTES_NOTE} (float32); for a 16-bit model they are 2x too high")
     kernels.to_csv(folder / "nsys_kernels.csv", index=False)
     return run, {"nsys_kernels.csv": folder / "nsys_kernels.csv"}
@@ -161,6 +162,7 @@ def _ncu_run(path: Path, table: NcuTable, folder: Path, peak_bw: float | None, p
     from opscope.analysis.pipeline import summarize
     from opscope.machine.peaks import apply_overrides
     from opscope.nsight.measured import attach_ncu, ncu_kernels_table
+    from opscope.table import from_frame
     from opscope.trace.kernel_names import kernel_family
 
     meas = table.kernels
@@ -194,7 +196,7 @@ def _ncu_run(path: Path, table: NcuTable, folder: Path, peak_bw: float | None, p
                 "%Y-%m-%dT%H:%M:%S"), "source": "trace", "target": str(path), "torch_version": None,
             "device": {"type": "cuda", "name": "unknown GPU (the Nsight Compute table does not name it)"},
             "dtype": None, "mode": "unknown", "steps": 1, "peaks": peaks.to_json()}
-    run = Run(meta=meta, ops=ops, findings=[], summary={"steps": 1})
+    run = Run(meta=meta, ops=from_frame(ops), findings=[], summary={"steps": 1})
     info = attach_ncu(run, plan, table)
     run.summary = summarize(run.ops, steps=1, step_time_us=total, n_findings=0, busy=None)
     run.summary["ncu"] = {"csv": path.name, **info}

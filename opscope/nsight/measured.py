@@ -34,6 +34,7 @@ from opscope.nsight.ncu_csv import NcuTable
 from opscope.nsight.nsys_sqlite import NsysData, attribute, parse_op_range
 from opscope.run.model import Run
 from opscope.run.schema import UNATTRIBUTED
+from opscope.table import from_frame, nrows, to_frame
 
 MEASURED_COLUMNS = ["measured_time_us_per_call", "measured_dram_bytes_per_call", "measured_flops_per_call",
                     "measured_tensor_inst_per_call", "measured_dram_pct_peak", "measured_sm_pct_peak",
@@ -59,12 +60,12 @@ def kernel_plan(run: Run) -> pd.DataFrame:
     """The run's device activities in launch order (launching op's start, then the activity's own), with
     their step, kind (kernel/memcpy/memset), name, function name, op row (-1: none) and whether the
     launching thread is the one that ran the steps (the first op's thread; backward runs elsewhere)."""
-    ev, kern = run.events, run.kernels
-    if ev is None or kern is None or not len(kern):
+    if run.events is None or run.kernels is None or not nrows(run.kernels):
         return pd.DataFrame(columns=PLAN_COLUMNS)
-    rows_of = np.asarray(ops_rows_for_events(run.ops, ev), dtype=np.int64)
-    lost = run.ops.index[run.ops["op"] == UNATTRIBUTED]
-    lost_row = int(lost[0]) if len(lost) else -1
+    ev, kern = to_frame(run.events), to_frame(run.kernels)
+    rows_of = np.asarray(ops_rows_for_events(run.ops, run.events), dtype=np.int64)
+    lost = [i for i, op in enumerate(run.ops["op"]) if op == UNATTRIBUTED]
+    lost_row = lost[0] if lost else -1
     op = kern["op"].to_numpy()
     launched = op >= 0
     safe = np.where(launched, op, 0)
@@ -118,8 +119,8 @@ def ncu_selection(run: Run, plan: pd.DataFrame, top: int) -> tuple[set[str], int
     step = step[(step["kind"] == "kernel") & step["main_thread"] & (step["row"] >= 0)]
     rows: list[int] = []
     launching = set(step["row"].tolist())
-    for r in run.ops.index.tolist():  # ops.csv is sorted by time
-        if r in launching and run.ops.at[r, "op"] != UNATTRIBUTED:
+    for r in range(nrows(run.ops)):  # ops.csv is sorted by time
+        if r in launching and run.ops["op"][r] != UNATTRIBUTED:
             rows.append(int(r))
         if len(rows) >= top:
             break
@@ -168,7 +169,7 @@ def attach_ncu(run: Run, plan: pd.DataFrame, table: NcuTable, bases: set[str] | 
     returns what happened ({"kernels_profiled", "kernels_matched", "rows_measured"}). `bases`: the
     function names opscope asked ncu for (steps' thread only); None for a table recorded elsewhere (all
     planned kernels with a name the table has)."""
-    ops = run.ops
+    ops = to_frame(run.ops)
     for col in MEASURED_COLUMNS:
         ops[col] = "" if col == "measured_kernels" else np.nan
     meas = table.kernels.copy()
@@ -216,6 +217,7 @@ def attach_ncu(run: Run, plan: pd.DataFrame, table: NcuTable, bases: set[str] | 
                       pd.Series(0.0, index=group.index))
         order = traffic.groupby(group["kernel"]).sum().sort_values(ascending=False, kind="stable")
         ops.at[r, "measured_kernels"] = ";".join(order.index.tolist())
+    run.ops = from_frame(ops)
     return {"kernels_profiled": int(len(meas)), "kernels_matched": int(sum(m >= 0 for m in match)),
             "rows_measured": measured_rows}
 
@@ -230,8 +232,8 @@ def ncu_kernels_table(run: Run, table: NcuTable) -> pd.DataFrame:
 
     return pd.DataFrame({
         "id": meas["id"], "kernel": meas["kernel"], "ops_row": rows,
-        "op": [run.ops.at[r, "op"] if r >= 0 else "" for r in rows],
-        "source_location": [run.ops.at[r, "source_location"] if r >= 0 else "" for r in rows],
+        "op": [run.ops["op"][r] if r >= 0 else "" for r in rows],
+        "source_location": [run.ops["source_location"][r] if r >= 0 else "" for r in rows],
         "time_us": col(TIME) / 1e3, "dram_bytes": col(DRAM_READ) + col(DRAM_WRITE), "flops": kernel_flops(meas),
         "tensor_inst": col(TENSOR), "dram_pct_peak": col(DRAM_SOL), "sm_pct_peak": col(SM_SOL),
     })
@@ -244,7 +246,7 @@ def attach_nsys(run: Run, plan: pd.DataFrame, data: NsysData) -> tuple[dict[str,
     """Adds nsys_time_us_total to run.ops (in place); returns the summary's "nsys" object and
     nsys_kernels.csv (device work by kind, name, module, NVTX op and op row)."""
     act = attribute(data)
-    ops = run.ops
+    ops = to_frame(run.ops)
     ops["nsys_time_us_total"] = np.nan
     act["row"] = -1
     ranges = data.ranges
@@ -269,6 +271,7 @@ def attach_nsys(run: Run, plan: pd.DataFrame, data: NsysData) -> tuple[dict[str,
     for r, t in matched.groupby("row")["dur_us"].sum().items():
         ops.at[int(r), "nsys_time_us_total"] = float(t)
     ops.loc[ops["nsys_time_us_total"] == 0.0, "nsys_time_us_total"] = np.nan
+    run.ops = from_frame(ops)
     summary = nsys_summary(data, counted, steps)
     total = float(counted["dur_us"].sum())
     summary["matched_time_share"] = float(matched["dur_us"].sum()) / total if total > 0 else None
@@ -299,8 +302,8 @@ def nsys_kernels(run: Run, act: pd.DataFrame) -> pd.DataFrame:
     grouped = act.groupby(["kind", "name", "module", "nvtx_op", "row"], sort=False, dropna=False).agg(
         calls=("dur_us", "size"), time_us_total=("dur_us", "sum"),
         bytes_total=("bytes", lambda b: b.sum(min_count=1))).reset_index()
-    grouped["op"] = [run.ops.at[r, "op"] if r >= 0 else "" for r in grouped["row"].tolist()]
-    grouped["source_location"] = [run.ops.at[r, "source_location"] if r >= 0 else "" for r in grouped["row"].tolist()]
+    grouped["op"] = [run.ops["op"][r] if r >= 0 else "" for r in grouped["row"].tolist()]
+    grouped["source_location"] = [run.ops["source_location"][r] if r >= 0 else "" for r in grouped["row"].tolist()]
     grouped = grouped.rename(columns={"row": "ops_row"})
     columns = ["kind", "name", "module", "nvtx_op", "ops_row", "op", "source_location", "calls", "time_us_total",
                "bytes_total"]
@@ -316,7 +319,7 @@ def add_measured_findings(run: Run) -> None:
     from opscope.findings import Context, run_rules
     from opscope.machine.peaks import Peaks
 
-    ctx = Context(ops=run.ops, events=pd.DataFrame(), peaks=Peaks.from_json(run.meta.get("peaks") or {}), gpu=True,
+    ctx = Context(ops=run.ops, events={}, peaks=Peaks.from_json(run.meta.get("peaks") or {}), gpu=True,
                   source=str(run.meta.get("source", "trace")), steps=max(int(run.summary.get("steps") or 1), 1),
                   step_time_us=float(run.summary.get("step_time_us") or 0.0), meta=run.meta)
     found = run.findings + run_rules(ctx, only=["excess-traffic"])

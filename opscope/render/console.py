@@ -185,7 +185,7 @@ def ops_table(run: Run, top: int = 15, width: int = 160) -> Table:
     space left with its input shapes (whole shapes; " …" marks those left out). A run with module paths
     shows a `module` column beside `source` when both fit, else one `where` column: the row's module,
     or its source line when it ran outside the model."""
-    ops = run.ops_table
+    ops = run.ops
     gpu = "kernels" in ops
     title = f"Top {top} ops by {'GPU kernel' if gpu else 'CPU self'} time"
     shown = [(h, j) for h, j, min_width in _COLUMNS if width >= min_width]
@@ -317,7 +317,7 @@ def swap_candidates(run: Run, top: int = 15) -> Group | None:
     kernels: one line per op, with the command that tries them."""
     from opscope.run.schema import kernels_for_rows
 
-    ops = run.ops_table
+    ops = run.ops
     by_row = kernels_for_rows(run.summary.get("swap_candidates"), range(min(top, nrows(ops))))
     if not by_row:
         return None
@@ -341,7 +341,7 @@ def ceiling_warnings(run: Run) -> list[str]:
     """Ops beating the FLOP/s ceiling mean the ceilings are too low; ops beating the DRAM bandwidth
     ceiling usually had their data in cache."""
     out = []
-    ops = run.ops_table
+    ops = run.ops
     for col, what in (("pct_peak_flops", "flops"), ("pct_peak_bandwidth", "bandwidth")):
         if col not in ops:
             continue
@@ -382,7 +382,7 @@ def measured_notes(run: Run) -> list[str]:
     """Lines for the console under the ops table when the run has Nsight measurements (ops.csv measured_*
     and nsys_* columns, opscope.nsight.measured; summary.json "nsys")."""
     notes = []
-    ops = run.ops_table
+    ops = run.ops
     if "measured_bytes_ratio" in ops:
         measured = sum(v == v for v in _floats(ops["measured_dram_bytes_per_call"]))
         ratios = [v for v in _floats(ops["measured_bytes_ratio"]) if v == v]

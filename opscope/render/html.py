@@ -55,6 +55,7 @@ from opscope.render.report_data import (
 from opscope.render.text import clean, cleaned_run
 from opscope.run.compare import APPEARED, FASTER, SAME, SLOWER, VANISHED, Comparison
 from opscope.run.model import Run, shown_path
+from opscope.table import nrows, records
 from opscope.units import UNKNOWN
 
 PAGE_ROWS = 200  # table rows put in the DOM at a time; more as the reader scrolls
@@ -107,7 +108,7 @@ def _point_rows(run: Run) -> list[tuple[int, dict[str, Any], float, float]]:
     """(row index, row, arithmetic intensity, achieved FLOP/s) of every op row with a place on a log-log
     roofline: FLOPs and bytes both known and positive, time positive."""
     out = []
-    for i, row in enumerate(run.ops.to_dict("records")):
+    for i, row in enumerate(records(run.ops)):
         ai, gflops = num(row.get("arithmetic_intensity")), num(row.get("achieved_gflops"))
         if ai is not None and gflops is not None and ai > 0 and gflops > 0:
             out.append((i, row, ai, gflops * 1e9))
@@ -173,7 +174,7 @@ def roofline_figure(run: Run) -> tuple[dict[str, Any], dict[str, list[float]], s
         "legend": {"orientation": "h", "y": -0.15},
         "font": {"size": 12},
     }
-    rows = len(run.ops)
+    rows = nrows(run.ops)
     caption = (f"{len(run_points)} of {rows} op rows have FLOPs and bytes and are on the plot, one point each; "
                f"the other {rows - len(run_points)} (views, copies and other 0-FLOP ops, ops without a cost "
                "model) are in the table.")
@@ -186,10 +187,10 @@ def roofline_figure(run: Run) -> tuple[dict[str, Any], dict[str, list[float]], s
 def _measured_traces(run: Run, modeled: dict[str, list[float]], steps: int) -> list[dict[str, Any]]:
     """The Nsight Compute measurement of each op row that has one (report_data.measured_point), and a
     dotted segment from its modeled point, so the two are read side by side."""
-    if "measured_dram_bytes_per_call" not in run.ops.columns:
+    if "measured_dram_bytes_per_call" not in run.ops:
         return []
     xs, ys, rows, hover, seg_x, seg_y = [], [], [], [], [], []
-    for i, row in enumerate(run.ops.to_dict("records")):
+    for i, row in enumerate(records(run.ops)):
         point = measured_point(row)
         if point is None:
             continue
@@ -294,7 +295,7 @@ def _columns(run: Run) -> list[dict[str, Any]]:
     cols += [("calls", "calls", "num", None), ("time", "time", "num", None), ("share", "share", "num", None),
              ("flops", "FLOP/s", "num", None), ("bw", "B/s", "num", None), ("ai", "FLOP/B", "num", None),
              ("peak", "% peak", "num", None), ("bound", "bound", "", None)]
-    if "kernels" in run.ops.columns:
+    if "kernels" in run.ops:
         cols.append(("cpu", "CPU time", "num", None))
     return [{"key": k, "label": label, "cls": cls, "num": "num" in cls.split(), "title": title}
             for k, label, cls, title in cols]
@@ -535,12 +536,12 @@ def render_html(run: Run, comparison: Comparison | None = None) -> str:
     """The whole report as one HTML document (text)."""
     run = cleaned_run(run)
     columns = _columns(run)
-    records = run.ops.to_dict("records")
+    rows = records(run.ops)
     figure, points, caption = roofline_figure(run)
     modules = module_figure(run)
     data = {
         "page_rows": PAGE_ROWS, "bounds": list(BOUNDS), "columns": columns, "detail_fields": DETAIL_FIELDS,
-        "rows": [_table_row(i, row, columns) for i, row in enumerate(records)],
+        "rows": [_table_row(i, row, columns) for i, row in enumerate(rows)],
         "roofline": figure, "roofline_points": points, "modules": modules,
     }
     app_js = _asset("report.js")
@@ -572,7 +573,7 @@ def render_html(run: Run, comparison: Comparison | None = None) -> str:
 <p class="caption">{esc(caption)} Marker area: share of op time; colour: bound class. Click a point to select its row.</p>
 <div id="roofline-plot" role="img" aria-label="roofline: achieved FLOP/s against arithmetic intensity, one point per op row"></div>
 </section>
-<section id="ops"><h2>Ops ({len(records)} rows, by {'GPU kernel' if 'kernels' in run.ops.columns else 'CPU self'} time)</h2>
+<section id="ops"><h2>Ops ({len(rows)} rows, by {'GPU kernel' if 'kernels' in run.ops else 'CPU self'} time)</h2>
 <div class="controls">
 <label>filter <input type="search" id="ops-filter" placeholder="op, shape, source, module, kernel" aria-controls="ops-table"></label>
 <label>bound <select id="ops-bound" aria-controls="ops-table"><option value="">all</option>{bound_options}</select></label>

@@ -31,7 +31,7 @@ def _fmt(value: Any, kind: str) -> str:
 def rank_rows(run: Run) -> tuple[list[str], list[tuple[list[str], bool]]]:
     """(headers, [(cells, is the straggler)]), times per step; the overlap column only when some rank has
     it (GPU runs with communication kernels)."""
-    ranks = run.ranks_table
+    ranks = run.ranks
     if ranks is None or not nrows(ranks):
         return [], []
     shown = [c for c in COLUMNS if c[1] in ranks

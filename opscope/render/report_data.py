@@ -16,6 +16,7 @@ from opscope import units
 from opscope.render.text import clean
 from opscope.run.model import Run
 from opscope.run.schema import GPU_ONLY_NOTE, GRAPH_KERNEL_NOTE, LOOSE_KERNEL_NOTE
+from opscope.table import group_sums, largest_first, pairwise_sum, records
 from opscope.trace.kernel_names import short_kernel_name
 from opscope.units import number as num  # a finite float, or None
 
@@ -109,16 +110,14 @@ class Share:
 def breakdown(run: Run, column: str) -> list[Share]:
     """Op time summed by the values of `column` (family, bound, module), largest first; values with no
     time left out."""
-    import pandas as pd
-
     ops = run.ops
-    if column not in ops.columns or "time_us_total" not in ops.columns:
+    if column not in ops or "time_us_total" not in ops:
         return []
-    keys = ops[column].map(lambda v: text(v) or "(none)")
-    times = pd.to_numeric(ops["time_us_total"], errors="coerce").fillna(0.0)
-    sums = times.groupby(keys).sum().sort_values(ascending=False)
-    total = float(times.sum())
-    return [Share(str(k), float(v), float(v) / total if total > 0 else 0.0) for k, v in sums.items() if v > 0]
+    keys = [text(v) or "(none)" for v in ops[column]]
+    times = [num(v) or 0.0 for v in ops["time_us_total"]]
+    total = pairwise_sum(times)
+    return [Share(str(k), v, v / total if total > 0 else 0.0)
+            for k, v in largest_first(group_sums(keys, times)) if v > 0]
 
 
 @dataclass
@@ -136,11 +135,10 @@ class ModuleNode:
 
 def module_tree(run: Run) -> list[ModuleNode]:
     """modules.csv's rows, in its (tree) order; empty when the run has no module paths."""
-    df = run.modules
-    if df is None or not len(df):
+    if run.modules is None:
         return []
     out = []
-    for r in df.to_dict("records"):
+    for r in records(run.modules):
         out.append(ModuleNode(path=clean(text(r.get("module"))), time_us=num(r.get("time_us_total")) or 0.0,
                               depth=int(num(r.get("depth")) or 0), module_class=clean(text(r.get("module_class"))),
                               share=num(r.get("time_share")) or 0.0, flops=num(r.get("flops_total")),
@@ -241,10 +239,10 @@ def tree_lines(run: Run, fold: bool = True) -> list[TreeLine]:
 
 def kernels_by_op(run: Run, top: int) -> list[tuple[int, dict[str, Any], list[str]]]:
     """(row index, row, kernel names) for the `top` heaviest GPU op rows that launched kernels."""
-    if "kernels" not in run.ops.columns:
+    if "kernels" not in run.ops:
         return []
     out = []
-    for i, row in enumerate(run.ops.to_dict("records")):
+    for i, row in enumerate(records(run.ops)):
         names = [k for k in text(row.get("kernels")).split(";") if k]
         if names:
             out.append((i, row, names))
@@ -542,7 +540,7 @@ ROOT_MODULE = "(model)"  # how the model itself (qualified name "") is shown
 
 def has_modules(run: Run) -> bool:
     """Whether the run's rows carry module paths (ops.csv `module_class` set on some row)."""
-    ops = run.ops_table
+    ops = run.ops
     return "module_class" in ops and any(isinstance(v, str) and v for v in ops["module_class"])
 
 

@@ -4,6 +4,7 @@ HTML later) passes such strings through `clean` (or a run through `cleaned_run`)
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -36,10 +37,10 @@ def _deep(value: Any) -> Any:
 
 def cleaned_run(run: Run) -> Run:
     """A copy of `run` whose strings (meta, summary, findings, the text cells of the ops and modules
-    tables) are clean. Its ops and modules are Tables (no pandas needed to render it)."""
-    modules = run.modules_table
-    return run.copy_with(meta=_deep(run.meta), summary=_deep(run.summary), findings=_deep(run.findings),
-                         ops=_clean_table(run.ops_table), modules=None if modules is None else _clean_table(modules))
+    tables) are clean."""
+    modules = run.modules
+    return dataclasses.replace(run, meta=_deep(run.meta), summary=_deep(run.summary), findings=_deep(run.findings),
+                         ops=_clean_table(run.ops), modules=None if modules is None else _clean_table(modules))
 
 
 def _clean_table(table: Table) -> Table:

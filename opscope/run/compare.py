@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from opscope.run.model import Run
+from opscope.table import pairwise_sum, records
 
 # Step-time spread assumed when neither run measured it: timings of the same run on a shared machine
 # move by about +-10 % (README, Benchmarks).
@@ -210,7 +211,7 @@ def _group(rows: list[dict[str, Any]], key) -> dict[tuple[str, ...], _Group]:  #
 def match_ops(a: Run, b: Run, band: float) -> list[OpChange]:
     """Per-op changes, largest absolute change per step first."""
     sa, sb = _steps(a), _steps(b)
-    rows_a, rows_b = a.ops.to_dict("records"), b.ops.to_dict("records")
+    rows_a, rows_b = records(a.ops), records(b.ops)
     changes: list[OpChange] = []
 
     def change(ga: _Group | None, gb: _Group | None, matched_by: str) -> OpChange:
@@ -289,9 +290,9 @@ def compare_runs(a: Run, b: Run) -> Comparison:
 
 
 def _op_time(run: Run) -> float:
-    if "time_us_total" not in run.ops.columns:
+    if "time_us_total" not in run.ops:
         return 0.0
-    return float(run.ops["time_us_total"].fillna(0.0).sum())
+    return pairwise_sum(run.ops["time_us_total"])
 
 
 def _notes(a: Run, b: Run) -> list[str]:

@@ -3,16 +3,16 @@ or of the wrong shape is one OpscopeError naming the file and what is wrong."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
+import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opscope.errors import OpscopeError
 from opscope.run.model import DEFAULT_REPORTS_DIR, RANKS_FILE, RUN_FILES, Run
-
-if TYPE_CHECKING:
-    import pandas as pd
+from opscope.table import NAN, Table
 
 
 def find_latest_run(base: Path = DEFAULT_REPORTS_DIR) -> Path:
@@ -173,22 +173,17 @@ NUMBER_COLUMNS = ("calls", "time_us_total", "time_share", "flops_per_call", "byt
 REQUIRED_COLUMNS = ("op", "calls", "time_us_total", "time_share")
 
 
-def read_ops_csv(path: Path) -> pd.DataFrame:
-    import pandas as pd
-
-    try:
-        head = pd.read_csv(path, nrows=0).columns
-        dtypes = {c: str for c in TEXT_COLUMNS if c in head}
-        df = pd.read_csv(path, dtype=dtypes, keep_default_na=False,
-                         na_values={c: [""] for c in head if c not in dtypes})
-    except (OSError, UnicodeDecodeError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise OpscopeError(f"{path} is damaged: {_reason(exc)}") from exc
-    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+def read_ops_csv(path: Path) -> Table:
+    """ops.csv as a table: text columns as text ("" for none), the number columns as floats (NaN for
+    none), any other column typed by its values as pandas would (ints, floats, true/false, else text).
+    Anything damaged is one OpscopeError naming the file."""
+    header, cells = _read_csv(path)
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
     _check(path, not missing, f"missing column(s) {', '.join(missing)}")
-    _numbers(path, df, NUMBER_COLUMNS)
-    calls = df["calls"]
-    _check(path, bool((calls.abs() < math.inf).all() and (calls >= 0).all()), "column 'calls' must hold counts")
-    return df
+    table = _typed(path, header, cells, TEXT_COLUMNS, NUMBER_COLUMNS)
+    calls = table["calls"]
+    _check(path, all(abs(c) < math.inf and c >= 0 for c in calls), "column 'calls' must hold counts")
+    return table
 
 
 # ranks.csv: text columns, and the columns the renderers read as numbers (README, "Run directory format").
@@ -197,31 +192,13 @@ RANKS_NUMBER_COLUMNS = ("rank", "steps", "step_time_us", "op_time_us", "collecti
                         "idle_time_us", "comm_compute_overlap_share", "straggler")
 
 
-def read_ranks_csv(path: Path) -> pd.DataFrame:
+def read_ranks_csv(path: Path) -> Table:
     """ranks.csv of a merged run, checked like ops.csv: damaged is one OpscopeError naming the file."""
-    import pandas as pd
-
-    try:
-        df = pd.read_csv(path, dtype={c: str for c in RANKS_TEXT_COLUMNS}, keep_default_na=False,
-                         na_values={c: [""] for c in RANKS_NUMBER_COLUMNS})
-    except (OSError, UnicodeDecodeError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise OpscopeError(f"{path} is damaged: {_reason(exc)}") from exc
-    _check(path, "rank" in df.columns, "missing column 'rank'")
-    _numbers(path, df, RANKS_NUMBER_COLUMNS)
-    _check(path, bool(df["rank"].notna().all()), "column 'rank' must hold rank numbers")
-    return df
-
-
-def _numbers(path: Path, df: pd.DataFrame, columns: tuple[str, ...]) -> None:
-    """Converts `columns` (those present) to floats in place; anything else in them makes the file damaged."""
-    import pandas as pd
-
-    for col in columns:
-        if col in df.columns:
-            values = pd.to_numeric(df[col], errors="coerce")
-            bad = values.isna() & df[col].notna()
-            _check(path, not bad.any(), f"column {col!r} holds non-numbers (row {int(bad.to_numpy().argmax()) + 1})")
-            df[col] = values.astype(float)
+    header, cells = _read_csv(path)
+    _check(path, "rank" in header, "missing column 'rank'")
+    table = _typed(path, header, cells, RANKS_TEXT_COLUMNS, RANKS_NUMBER_COLUMNS, empty_is_missing=False)
+    _check(path, not any(r != r for r in table["rank"]), "column 'rank' must hold rank numbers")
+    return table
 
 
 MODULE_TEXT_COLUMNS = ("module", "module_class", "bound")
@@ -229,25 +206,88 @@ MODULE_NUMBER_COLUMNS = ("depth", "time_us_total", "time_share", "self_time_us",
                          "findings")
 
 
-def read_modules_csv(path: Path) -> pd.DataFrame | None:
+def read_modules_csv(path: Path) -> Table | None:
     """modules.csv (analysis.modules.COLUMNS), or None when the run has none. It is derived from ops.csv
     and findings.json, so a damaged one is left out (the report shows everything else), not an error."""
-    import pandas as pd
-
     if not path.is_file():
         return None
     try:
-        head = pd.read_csv(path, nrows=0).columns
-        dtypes = {c: str for c in MODULE_TEXT_COLUMNS if c in head}
-        df = pd.read_csv(path, dtype=dtypes, keep_default_na=False,
-                         na_values={c: [""] for c in head if c not in dtypes})
-    except (OSError, UnicodeDecodeError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError):
-        return None
-    if any(c not in df.columns for c in MODULE_TEXT_COLUMNS + MODULE_NUMBER_COLUMNS):
-        return None
-    for col in MODULE_NUMBER_COLUMNS:
-        values = pd.to_numeric(df[col], errors="coerce")
-        if (values.isna() & df[col].notna()).any():
+        header, cells = _read_csv(path)
+        if any(c not in header for c in MODULE_TEXT_COLUMNS + MODULE_NUMBER_COLUMNS):
             return None
-        df[col] = values.astype(float)
-    return df
+        return _typed(path, header, cells, MODULE_TEXT_COLUMNS, MODULE_NUMBER_COLUMNS)
+    except OpscopeError:
+        return None
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
+    """(header, columns of cells) of a CSV file as opscope writes them (opscope.run.write.write_csv)."""
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            rows = [row for row in csv.reader(f) if row]  # blank lines are skipped, as pandas did
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise OpscopeError(f"{path} is damaged: {_reason(exc)}") from exc
+    _check(path, bool(rows), "no columns to parse from file")
+    header = rows[0]
+    _check(path, len(set(header)) == len(header), "a column name appears twice")
+    width = len(header)
+    for line, row in enumerate(rows[1:], 2):
+        _check(path, len(row) <= width, f"expected {width} fields in line {line}, saw {len(row)}")
+    columns = [[row[i] if i < len(row) else "" for row in rows[1:]] for i in range(width)]
+    return header, columns
+
+
+_INT = re.compile(r"[+-]?\d+")
+_TRUE, _FALSE = ("True", "TRUE", "true"), ("False", "FALSE", "false")
+
+
+def _typed(path: Path, header: list[str], columns: list[list[str]], texts: tuple[str, ...],
+           numbers: tuple[str, ...], empty_is_missing: bool = True) -> Table:
+    """The columns typed: `texts` as text, `numbers` as floats (a non-number makes the file damaged),
+    the others by their values. An empty cell is a missing value (NaN) outside the text columns (with
+    `empty_is_missing`) and in the number columns."""
+    table: Table = {}
+    for name, cells in zip(header, columns, strict=True):
+        if name in texts:
+            table[name] = cells
+        elif name in numbers:
+            table[name] = _numbers(path, name, cells)
+        else:
+            table[name] = _inferred(cells, empty_is_missing)
+    return table
+
+
+def _float(cell: str) -> float | None:
+    if "_" in cell:
+        return None
+    try:
+        return float(cell)
+    except ValueError:
+        return None
+
+
+def _numbers(path: Path, name: str, cells: list[str]) -> list[float]:
+    out = []
+    for row, cell in enumerate(cells, 1):
+        value = NAN if cell == "" else _float(cell)
+        _check(path, value is not None, f"column {name!r} holds non-numbers (row {row})")
+        out.append(value)
+    return out
+
+
+def _inferred(cells: list[str], empty_is_missing: bool) -> list[Any]:
+    """A column of no declared type, typed by its values as pandas' read_csv did: all whole numbers ->
+    ints (floats when one is missing), all numbers -> floats, all true/false -> bools, else text."""
+    missing = NAN if empty_is_missing else ""
+    present = [c for c in cells if c != ""] if empty_is_missing else cells
+    if not present:
+        return [NAN] * len(cells)
+    full = len(present) == len(cells)
+    if all(_INT.fullmatch(c) for c in present):
+        return [int(c) for c in cells] if full else [float(c) if c else NAN for c in cells]
+    floats = [_float(c) for c in present]
+    if all(f is not None for f in floats):
+        return [_float(c) if c else NAN for c in cells]
+    if all(c in _TRUE or c in _FALSE for c in present):
+        return [c in _TRUE if c else NAN for c in cells]
+    return [c if c else missing for c in cells]

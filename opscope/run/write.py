@@ -259,13 +259,13 @@ def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
         folder.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=folder))
         (tmp / "meta.json").write_text(dumps(run.meta) + "\n")
-        write_csv(run.ops_table, tmp / "ops.csv")
-        modules = run.modules_table
+        write_csv(run.ops, tmp / "ops.csv")
+        modules = run.modules
         if modules is not None:
             write_csv(modules, tmp / "modules.csv")
         (tmp / "findings.json").write_text(dumps(run.findings) + "\n")
         (tmp / "summary.json").write_text(dumps(run.summary) + "\n")
-        ranks = run.ranks_table
+        ranks = run.ranks
         if ranks is not None:
             write_csv(ranks, tmp / RANKS_FILE)
         for name, text in (extra_texts or {}).items():
