@@ -17,7 +17,7 @@ install: $(BIN)/python
 demo: install
 	$(BIN)/opscope profile examples/mlp.py
 
-# The browser tests (tests/test_browser.py) need Chromium (Debian's `chromium` package): installed here
+# The browser tests (tests/render/test_browser.py) need Chromium (Debian's `chromium` package): installed here
 # when missing and this is root with apt-get; otherwise they are skipped, saying why.
 browser:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \

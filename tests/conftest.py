@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+TESTS = REPO / "tests"
 EXAMPLES = REPO / "examples"
 TRACES = REPO / "tests" / "fixtures" / "traces"  # copies of ../shared/traces (MIT, see README there)
 PEAKS = ["--peak-bw", "20", "--peak-flops", "100"]
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # as the CLI does: no kineto line per profiler start/stop
-# Without a GPU, the Triton kernels are tested under Triton's interpreter (tests/test_kernels_triton.py).
+# Without a GPU, the Triton kernels are tested under Triton's interpreter (tests/kernels/test_kernels_triton.py).
 # It must be on before triton is first imported (triton.language's own helpers are decorated then), and
 # other test modules can import triton indirectly, so it is set here, once, for the whole session.
 if not os.path.exists("/dev/nvidia0") and not os.path.exists("/dev/kfd"):
@@ -94,3 +95,30 @@ def share_gates_off() -> Iterator[None]:
         for name in SHARE_GATED_RULES:
             mp.setattr(importlib.import_module(f"opscope.findings.{name}"), "MIN_SHARE", 0.0)
         yield
+
+
+def assert_clean_error(proc, *needles: str) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    err = proc.stderr.strip()
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert proc.stdout.strip() == ""
+    return lines[0]
+
+
+# A 2-layer GPT-2 from a config (no download), for the model tests.
+GPT2 = """
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    def get_model():
+        torch.manual_seed(0)
+        cfg = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, n_positions=128)
+        return GPT2LMHeadModel(cfg)
+
+    def get_inputs():
+        return {"input_ids": torch.randint(0, 1000, (2, 64))}
+"""

@@ -218,3 +218,10 @@ def ncu_details_csv(kernels: list[dict[str, str]], units: dict[str, str]) -> str
                                     "(80, 1, 1)", "0", "9.0", "Command line profiler metrics", m, unit,
                                     k.get(m, "n/a")]))
     return "\n".join(lines) + "\n"
+
+
+# The shared H100 BERT-small trace and the ncu measurements of the same model (tests/fixtures/nsight).
+BERT = Path(__file__).parent / "fixtures" / "traces" / "h100_bert-small_bf16.json.gz"
+FIXTURES = Path(__file__).parent / "fixtures" / "nsight"
+RAW = FIXTURES / "h100_bert-small_ncu_raw.csv"
+VOCAB = "transformers/models/bert/modeling_bert.py:786"

@@ -62,7 +62,7 @@ class LineJoin(dict):
         self.modules: dict[int, tuple[str, str]] = {}
 
 
-# torch dtype names -> torch.profiler's "Input type" strings (tests/test_source_lines.py checks them
+# torch dtype names -> torch.profiler's "Input type" strings (tests/capture/test_source_lines.py checks them
 # against the profiler).
 PROFILER_DTYPES: dict[str, str] = {
     "float32": "float", "float64": "double", "float16": "c10::Half", "bfloat16": "c10::BFloat16",

@@ -5,7 +5,7 @@ A CUDA/HIP graph replay, a GPU-only trace or a custom op gives opscope kernels w
 shapes) behind them. Their names still say what they do: `Cijk_...` is a hipBLASLt/Tensile GEMM,
 `paged_attention_...` attention, `ncclDevKernel_AllReduce...` communication. FAMILIES is that
 vocabulary, one entry per family, tried in order (the first match wins); each pattern is tested on
-real kernel names (tests/test_kernel_families.py). Names are matched case-insensitively.
+real kernel names (tests/trace/test_kernel_families.py). Names are matched case-insensitively.
 """
 
 from __future__ import annotations

@@ -1,0 +1,159 @@
+"""Script mode: `opscope profile train.py -- ARGS` runs an unmodified script as __main__ and profiles the
+chosen window of its steps (optimizer steps, or calls of --step-fn) only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLES, PEAKS, assert_clean_error, line_of, run_cli, write_model
+from opscope.errors import OpscopeError
+from opscope.run.read import read_run
+from opscope.target.jobs import is_model_file, launch_spec, script_spec
+
+# Step i trains on a batch of 8 + i rows, so the shapes in ops.csv say exactly which steps were profiled.
+GROWING = """
+    import argparse
+    import sys
+
+    import torch
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=10)
+    args = parser.parse_args()
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+    def step(i):
+        x = torch.randn(8 + i, 16)
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+    for i in range(args.n):
+        step(i)
+    print("script finished", file=sys.stderr)
+"""
+
+
+def _batches(run_dir: Path, op: str = "aten::addmm") -> set[int]:
+    ops = read_run(run_dir).to_pandas()
+    return {json.loads(d)[1][0] for d in ops.loc[ops["op"] == op, "input_dims"]}
+
+
+@pytest.mark.slow
+def test_example_training_script_profiles_the_chosen_window_only(tmp_path):
+    """examples/train_script.py, unmodified, with its own argparse arguments: 7 steps run, steps 3-5 are
+    profiled (--skip-steps 2 --steps 3), every step's ops have exactly 3 calls, at the script's lines."""
+    script = EXAMPLES / "train_script.py"
+    out = tmp_path / "run"
+    proc = run_cli("profile", str(script), "--skip-steps", "2", "--steps", "3", "--out", str(out), *PEAKS,
+                   "--", "--steps", "7", "--batch-size", "24", "--width", "40", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "step 0 loss" in proc.stderr  # the script ran as itself (its prints go to stderr)
+    run = read_run(out)
+    assert run.summary["steps"] == 3 and run.meta["mode"] == "train"
+    assert run.meta["script"]["args"] == ["--steps", "7", "--batch-size", "24", "--width", "40"]
+    ops = run.to_pandas()
+    fc1 = ops[(ops["op"] == "aten::addmm") & ops["input_dims"].str.startswith("[[160], [24, 40]")]
+    assert fc1["calls"].tolist() == [3]  # the arguments reached the script; one call per profiled step
+    assert fc1["source_location"].iloc[0].endswith(f"train_script.py:{line_of(script, 'x = x + self.fc2')}")
+    randn = ops[ops["op"] == "aten::normal_"]
+    assert randn["calls"].sum() == 3 * 1  # the batch drawn in each profiled step; none from the others
+    assert (ops["calls"] % 3 == 0).all(), ops.loc[ops["calls"] % 3 != 0, ["op", "calls"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", [[], ["--step-fn", "model:step"], ["--stop-after"]])
+def test_the_window_is_exactly_the_chosen_steps(tmp_path, how):
+    script = write_model(tmp_path, GROWING)
+    out = tmp_path / "run"
+    proc = run_cli("profile", str(script), "--skip-steps", "2", "--steps", "3", "--out", str(out), *PEAKS,
+                   *how, "--", "--n", "7", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert _batches(out) == {10, 11, 12}  # steps 2, 3 and 4 (0-based) of 7
+    stopped = "--stop-after" in how
+    assert ("script finished" in proc.stderr) is not stopped
+    run = read_run(out)
+    assert run.meta["script"]["steps_from"] == ("model:step" if how[:1] == ["--step-fn"] else "optimizer step")
+    assert run.meta["script"]["source_lines"] == "next step"
+    loc = run.to_pandas().loc[run.to_pandas()["op"] == "aten::addmm", "source_location"]
+    assert set(loc) == {f"model.py:{line_of(script, 'loss = model(x)')}"}  # exact lines, from the next step
+
+
+@pytest.mark.slow
+def test_a_script_ending_right_after_the_window_has_no_lines_and_says_so(tmp_path):
+    script = write_model(tmp_path, GROWING)
+    proc = run_cli("profile", str(script), "--skip-steps", "1", "--steps", "2", "--out", str(tmp_path / "r"),
+                   *PEAKS, "--", "--n", "3", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "no step followed the profiled window" in proc.stderr
+    run = read_run(tmp_path / "r")
+    assert run.meta["script"]["source_lines"] == "none"
+    assert _batches(tmp_path / "r") == {9, 10}
+
+
+FAILING = {
+    "raises": ("raise ValueError('bad batch')", "the script raised ValueError: bad batch at model.py:"),
+    "exits": ("sys.exit(3)", "the script exited with sys.exit(3) at model.py:"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(FAILING))
+def test_script_failures_name_the_scripts_own_line(tmp_path, case):
+    statement, needle = FAILING[case]
+    script = write_model(tmp_path, GROWING.replace("        opt.zero_grad()\n", f"        opt.zero_grad()\n        if i == 3:\n            {statement}\n"))
+    proc = run_cli("profile", str(script), "--out", str(tmp_path / "r"), *PEAKS, cwd=tmp_path)
+    line = assert_clean_error(proc, needle)
+    assert line.split("model.py:")[1].startswith(str(line_of(script, statement)))
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_too_few_steps_and_no_steps_are_one_line(tmp_path):
+    script = write_model(tmp_path, GROWING.replace('print("script finished", file=sys.stderr)', ""))
+    proc = run_cli("profile", str(script), "--skip-steps", "2", "--steps", "5", *PEAKS, "--", "--n", "4", cwd=tmp_path)
+    assert_clean_error(proc, "the script ended after 4 optimizer steps", "(--skip-steps 2 + --steps 5 = 7)")
+    no_opt = write_model(tmp_path, "import torch\ntorch.ones(3).sum()\n", "plain.py")
+    assert_clean_error(run_cli("profile", str(no_opt), *PEAKS, cwd=tmp_path), "never called optimizer.step()")
+    proc = run_cli("profile", str(script), "--step-fn", "model:missing", *PEAKS, cwd=tmp_path)
+    assert_clean_error(proc, "--step-fn model:missing: the script never defined missing")
+
+
+def test_script_options_are_checked_before_anything_runs(tmp_path):
+    script = write_model(tmp_path, GROWING)
+    for args, needle in (
+        (["--entry", "f", "--", "--n", "2"], "--entry names a model function"),
+        (["--step-fn", "no colon"], "--step-fn must be MODULE:FUNC"),
+        (["--dtype", "bfloat16", "--script"], "--dtype does not apply to a script"),
+        (["--nnodes", "2"], "need --nproc-per-node"),
+        (["--nproc-per-node", "2", "--nnodes", "2"], "--nnodes above 1 needs --master-addr"),
+        (["--nproc-per-node", "0"], "--nproc-per-node must be between 1"),
+        (["--nproc-per-node", "2", "--node-rank", "1"], "--node-rank must be between 0 and --nnodes - 1 (0)"),
+        (["--nsys"], "--nsys applies to a model file"),
+        (["--ncu", "--nvtx"], "--ncu/--nvtx apply to a model file"),
+    ):
+        assert_clean_error(run_cli("profile", str(script), *args, cwd=tmp_path), needle)
+    # the Nsight passes launch one process: not torchrun's ranks (checked before the GPU and the tools are)
+    proc = run_cli("profile", str(EXAMPLES / "mlp.py"), "--nproc-per-node", "2", "--nsys", "--ncu", cwd=tmp_path)
+    assert_clean_error(proc, "--nsys/--ncu measure one process and do not apply to --nproc-per-node")
+    assert [p.name for p in tmp_path.iterdir()] == ["model.py"]
+
+
+def test_which_files_are_scripts():
+    assert is_model_file(EXAMPLES / "mlp.py") and not is_model_file(EXAMPLES / "train_script.py")
+    base = {"script": False, "entry": None, "args": [], "step_fn": None, "stop_after": False, "dtype": None,
+            "mode": "inference"}
+    assert script_spec(EXAMPLES / "mlp.py", **base) is None
+    assert script_spec(EXAMPLES / "mlp.py", **{**base, "script": True}).args == []
+    assert script_spec(EXAMPLES / "train_script.py", **{**base, "args": ["--lr", "1"]}).args == ["--lr", "1"]
+    with pytest.raises(OpscopeError):
+        script_spec(EXAMPLES / "train_script.py", **{**base, "mode": "train"})
+    assert launch_spec(None, 1, 0, None, None) is None
+    assert launch_spec(4, 2, 1, "node0", 29500).nnodes == 2

@@ -1,0 +1,30 @@
+"""Bad command lines are one line on stderr with exit 2, like every other bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import assert_clean_error, run_cli
+
+
+@pytest.mark.parametrize("args,needles", [
+    (("profile", "x.py", "--mode", "sideways"), ("--mode", "sideways")),
+    (("profile", "x.py", "--threads", "99999999999"), ("--threads", "4096")),
+    (("profile", "x.py", "--threads", "0"), ("--threads",)),
+    (("calibrate", "--threads", "99999999999"), ("--threads",)),
+    (("profile", "x.py", "--steps", "0"), ("--steps",)),
+    (("profile", "x.py", "--warmup", "-1"), ("--warmup",)),
+    (("profile", "x.py", "--bogus"), ("--bogus",)),
+    (("analyze",), ("Missing argument",)),
+    (("nosuch",), ("No such command",)),
+    (("analyze", "t.json", "--peak-bw", "fast"), ("--peak-bw",)),
+])
+def test_usage_errors_are_one_line(tmp_path, args, needles):
+    line = assert_clean_error(run_cli(*args, cwd=tmp_path), *needles)
+    assert line.endswith("--help`)") and "opscope " in line
+
+
+def test_help_and_version_still_work(tmp_path):
+    assert run_cli("--version", cwd=tmp_path).stdout.startswith("opscope ")
+    help_text = run_cli("profile", "--help", cwd=tmp_path)
+    assert help_text.returncode == 0 and "--threads" in help_text.stdout

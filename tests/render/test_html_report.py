@@ -1,0 +1,264 @@
+"""`opscope report --html`: one self-contained file (plotly.js embedded, nothing fetched), one roofline
+point per op row with FLOPs and bytes, hostile names from a trace shown as text (in the page, in plot
+labels and in the embedded JSON), optional sections when the run has them; and the console report."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import io
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from conftest import EXAMPLES, PEAKS, TRACES, run_cli
+from opscope.analysis.trace_file import analyze_trace_file
+from opscope.errors import OpscopeError
+from opscope.render.console_report import render_report
+from opscope.render.html import PAGE_ROWS, plotly_js, render_html, script_json
+from opscope.render.report_data import verdict_line
+from opscope.run.compare import compare_runs
+from opscope.run.read import read_run
+from report_helpers import (
+    BERT,
+    HOSTILE_DEVICE,
+    HOSTILE_KERNEL,
+    HOSTILE_MODULE,
+    HOSTILE_PATH,
+    big_run,
+    hostile_run,
+    plotted_rows,
+)
+
+SCRIPT = re.compile(r"<script([^>]*)>(.*?)</script>", re.S)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("html")
+    analyze_trace_file(BERT, out=folder / "bert")
+    analyze_trace_file(TRACES / "h100_vit-image-classifier_bf16.json.gz", out=folder / "vit")
+    hostile_run(folder)
+    proc = run_cli("profile", str(EXAMPLES / "mlp.py"), "--steps", "2", "--warmup", "1", "--out",
+                   str(folder / "cpu"), *PEAKS, cwd=folder)
+    assert proc.returncode == 0, proc.stderr
+    return {name: folder / name for name in ("bert", "vit", "hostile", "cpu")}
+
+
+def scripts(doc: str) -> list[tuple[str, str]]:
+    """(attributes, content) of every <script> element."""
+    return SCRIPT.findall(doc)
+
+
+def embedded(doc: str) -> dict:
+    attrs, content = next(s for s in scripts(doc) if 'id="opscope-data"' in s[0])
+    return json.loads(content)
+
+
+def assert_self_contained(doc: str) -> None:
+    parts = scripts(doc)
+    code = [content for attrs, content in parts if "application/json" not in attrs]
+    assert len(parts) == 3 and len(code) == 2  # data, the report's own script, plotly.js
+    assert code[1] == plotly_js()  # the installed plotly.js bundle, byte for byte
+    ours = SCRIPT.sub("", doc) + code[0]  # everything but plotly.js (and the JSON: checked as data)
+    for needle in ('src="http', "src='http", 'href="http', "fetch(", "XMLHttpRequest", "@import", "url(", "import("):
+        assert needle not in ours, needle
+    # plotly.js itself contains map-tile code that could fetch: the page's CSP forbids any request,
+    # and allows exactly the two inline scripts above by their hashes.
+    csp = html.unescape(re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', doc).group(1))
+    assert "default-src 'none'" in csp and "connect-src 'none'" in csp and "'unsafe-inline'" not in csp.split(
+        "script-src")[1].split(";")[0]
+    for content in code:
+        digest = base64.b64encode(hashlib.sha256(content.encode()).digest()).decode()
+        assert f"'sha256-{digest}'" in csp
+
+
+@pytest.mark.parametrize("name", ["cpu", "bert", "vit"])
+def test_report_is_self_contained_with_one_point_per_row(runs, name):
+    run = read_run(runs[name])
+    doc = render_html(run)
+    assert_self_contained(doc)
+    data = embedded(doc)
+    traces = [t for t in data["roofline"]["data"] if "customdata" in t]
+    indices = [i for t in traces for i in t["customdata"]]
+    expected = plotted_rows(runs[name])
+    assert expected and sorted(indices) == sorted(expected)  # one point per such row, each once
+    rows = run.to_pandas().to_dict("records")
+    for t in traces:
+        for i, x, y in zip(t["customdata"], t["x"], t["y"], strict=True):
+            assert x == pytest.approx(rows[i]["arithmetic_intensity"])
+            assert y == pytest.approx(rows[i]["achieved_gflops"] * 1e9)
+            assert t["name"] == rows[i]["bound"]
+    assert len(data["rows"]) == len(run.to_pandas()) and data["page_rows"] == PAGE_ROWS
+    assert html.escape(verdict_line(run)) in doc
+    assert doc.count('class="finding ') == len(run.findings)
+
+
+def test_ceilings_are_drawn_per_dtype(runs):
+    run = read_run(runs["vit"])
+    lines = [t for t in embedded(render_html(run))["roofline"]["data"] if t.get("mode", "").startswith("lines")]
+    flops = run.meta["peaks"]["flops_gflops"]
+    dtypes = [t for t in lines if t["uid"].startswith("ceiling-") and t["uid"] != "ceiling-memory"]
+    assert sorted(t["y"][-1] for t in dtypes) == sorted(v * 1e9 for v in flops.values())
+    bw = run.meta["peaks"]["memory_bandwidth_gbps"] * 1e9
+    memory = next(t for t in lines if t["uid"] == "ceiling-memory")
+    assert memory["y"][0] == pytest.approx(memory["x"][0] * bw)  # the slope is the bandwidth
+    visible = {t["name"].split()[0] for t in dtypes if t["visible"] is True}
+    used = {run.to_pandas()["ceiling"][i] for i in plotted_rows(runs["vit"])}
+    assert visible == used == {"bfloat16", "float32"}  # the ceilings the plotted rows use; the rest start hidden
+
+
+def test_cli_writes_the_report(runs, tmp_path):
+    run_dir = tmp_path / "cpu"
+    shutil.copytree(runs["cpu"], run_dir)
+    proc = run_cli("report", str(run_dir), "--html")
+    assert proc.returncode == 0, proc.stderr
+    assert (run_dir / "report.html").stat().st_size > 1_000_000 and "report.html" in proc.stdout
+    out = tmp_path / "elsewhere.html"
+    assert run_cli("report", str(run_dir), "--html", "-o", str(out)).returncode == 0
+    assert_self_contained(out.read_text())
+    proc = run_cli("report", str(run_dir), "--html", "-o", str(tmp_path))
+    assert proc.returncode == 2 and "is a directory" in proc.stderr
+    proc = run_cli("report", str(run_dir), "-o", str(out))
+    assert proc.returncode == 2 and "--html" in proc.stderr
+
+
+def test_hostile_names_are_text(runs):
+    run = read_run(runs["hostile"])
+    doc = render_html(run)
+    assert_self_contained(doc)
+    # Markup from the trace never reaches the page as markup (plotly.js itself, checked above, aside).
+    page = doc.replace(plotly_js(), "")
+    assert "<img" not in page and "<svg" not in page and "<b " not in page
+    assert page.count("</script") == 3 and page.count("<script") == 3 and "<!--" not in page
+    assert html.escape(HOSTILE_PATH) in doc and html.escape(HOSTILE_DEVICE) in doc
+    # The embedded JSON has no <, >, & or U+2028 and gives the names back exactly.
+    raw = next(c for a, c in scripts(doc) if 'id="opscope-data"' in a)
+    assert not set(raw) & {"<", ">", "&", "\u2028", "\u2029"}
+    assert "\\u003c/script\\u003e" in raw
+    data = json.loads(raw)
+    details = [r["d"] for r in data["rows"]]
+    assert any(d["source_location"] == f"{HOSTILE_PATH}:364" for d in details)
+    assert any(k.endswith(HOSTILE_KERNEL) for d in details for k in d["kernels"])
+    assert details[0]["module"] == HOSTILE_MODULE
+    # Plot labels are HTML-escaped, as plotly renders a subset of HTML in them.
+    hover = " ".join(h for t in data["roofline"]["data"] for h in t.get("hovertext", []))
+    assert html.escape(HOSTILE_PATH) in hover and HOSTILE_PATH not in hover
+    labels = " ".join(data["modules"]["data"][0]["labels"] + data["modules"]["data"][0]["hovertext"])
+    assert "&lt;/script&gt;" in labels and "</script" not in labels
+    # The optional sections show the hostile text as text too.
+    for section in ('id="swap"', 'id="memory"', 'id="module-plot"'):
+        assert section in doc
+    assert html.escape(HOSTILE_KERNEL) in doc.split('id="swap"')[1]
+
+
+def test_script_json_escapes():
+    text = script_json({"k": "</script><!-- & \u2028\u2029 \ud800"})
+    assert not set(text) & {"<", ">", "&", "\u2028", "\u2029"}
+    assert json.loads(text) == {"k": "</script><!-- & \u2028\u2029 \ud800"}
+
+
+def test_sections_follow_the_run(runs):
+    run = read_run(runs["bert"])
+    doc = render_html(run)  # the trace was recorded with_modules and profile_memory
+    assert 'id="module-plot"' in doc and 'id="memory"' in doc and "during addmm at" in doc
+    run.modules = None
+    run.ops = {k: v for k, v in run.ops.items() if k not in ("module", "module_class")}
+    del run.summary["memory"]
+    plain = render_html(run)
+    for absent in ('id="swap"', 'id="memory"', 'id="module-plot"', 'id="comparison"'):
+        assert absent not in plain
+    assert 'id="kernels"' in plain and "This run has no module paths" in plain
+    hostile = render_html(read_run(runs["hostile"]))
+    assert "median 4.40 ms" in hostile and "CV 4.0%" in hostile and "noise: quiet" in hostile
+    assert "3 MiB" in hostile  # peak memory, formatted
+    assert 'id="kernels"' not in render_html(read_run(runs["cpu"]))  # CPU runs launch no kernels
+
+
+def test_baseline_adds_the_comparison(runs, tmp_path):
+    out = tmp_path / "r.html"
+    proc = run_cli("report", str(runs["vit"]), "--html", "-o", str(out), "--baseline", str(runs["bert"]))
+    assert proc.returncode == 0, proc.stderr
+    doc = out.read_text()
+    assert 'id="comparison"' in doc and 'id="compare-table"' in doc and "Findings fixed" in doc
+    c = compare_runs(read_run(runs["bert"]), read_run(runs["vit"]))
+    assert f"{c.step_ratio:.2f}x" in doc
+
+
+def test_large_run_stays_small(runs, tmp_path):
+    """~2,000 op rows: under 10 MB, one point per plotted row."""
+    big = big_run(runs["vit"], tmp_path / "big")
+    assert len(read_run(big).to_pandas()) >= 2000
+    doc = render_html(read_run(big))
+    assert len(doc.encode()) < 10_000_000
+    data = embedded(doc)
+    assert sum(len(t["customdata"]) for t in data["roofline"]["data"] if "customdata" in t) == len(plotted_rows(big))
+
+
+# --- the console report -----------------------------------------------------------------------
+
+
+def console_text(run_dir: Path, width: int = 140, baseline: Path | None = None) -> str:
+    out = io.StringIO()
+    run = read_run(run_dir)
+    comparison = compare_runs(read_run(baseline), run) if baseline else None
+    render_report(run, Console(file=out, width=width, color_system=None), comparison=comparison)
+    return out.getvalue()
+
+
+def test_console_report_has_the_same_content(runs):
+    text = console_text(runs["bert"])
+    run = read_run(runs["bert"])
+    flat = " ".join(text.split())
+    assert " ".join(verdict_line(run).split()) in flat
+    for needle in ("Time by bound class", "Time by op family", "Kernels of the top", "cutlass", "→ Take the CPU"):
+        assert needle in text, needle
+    hostile = console_text(runs["hostile"])
+    for needle in ("Time by module", "encoder.layer.1", "Memory", "peak allocated", "3 MiB", "Swap results",
+                   "noise: quiet", HOSTILE_PATH):
+        assert needle in hostile.replace("\n", ""), needle
+    assert "\x1b" not in hostile
+    assert "Comparison with the baseline" in console_text(runs["vit"], baseline=runs["bert"])
+
+
+def test_report_cli_prints_the_full_report(runs):
+    proc = run_cli("report", str(runs["bert"]), "--top", "5")
+    assert proc.returncode == 0, proc.stderr
+    assert "verdict" in proc.stdout and "Time by op family" in proc.stdout
+    proc = run_cli("report", str(runs["vit"]), "--baseline", str(runs["bert"]), "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["comparison"]["step_ratio"] > 1
+
+
+_JUNK = [None, "x", -1, 1e308, [], {}, True, "NaN", {"verdict": 3}, [1, {"a": None}]]
+CHECKED_KEYS = ("noise", "step_time_cv", "step_time_us_p50")  # typed by the run-directory format (read_run)
+
+
+def test_unexpected_optional_keys_never_break_rendering(runs, tmp_path):
+    """Keys the run-directory format may gain (noise, memory, step-time spread) and the optional files,
+    holding any JSON value: both reports render."""
+    for k, value in enumerate(_JUNK):
+        run_dir = tmp_path / f"r{k}"
+        shutil.copytree(runs["hostile"], run_dir)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        for key in ("noise", "memory", "step_time_cv", "step_time_us_p50", "peak_memory_bytes"):
+            summary[key] = value
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        (run_dir / "swap.json").write_text(json.dumps(value))
+        (run_dir / "modules.csv").write_text("module,time_us_total\nx,abc\n" if k % 2 else "garbage\x00\n")
+        try:
+            run = read_run(run_dir)
+        except OpscopeError as exc:
+            # keys the format types (noise, the step-time spread) are checked on reading: a wrong type is one
+            # "damaged" line; the keys it leaves free still get the value
+            assert "summary.json is damaged" in str(exc) and any(k in str(exc) for k in CHECKED_KEYS), exc
+            for key in CHECKED_KEYS:
+                summary.pop(key)
+            (run_dir / "summary.json").write_text(json.dumps(summary))
+            run = read_run(run_dir)
+        render_html(run)
+        render_report(run, Console(file=io.StringIO(), width=100))

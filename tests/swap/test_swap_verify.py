@@ -1,0 +1,142 @@
+"""The numbers verification reports, against hand-computed values; the inputs it runs on; the tolerance
+it uses; and the swap candidates a run lists (catalog) and the fusion finding names."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import TESTS, load_fixture
+from opscope.capture.harness import Harness
+from opscope.findings.fusion import pattern_for
+from opscope.kernels import catalog
+from opscope.run import schema
+from opscope.swap import apply, tolerance, verify
+from opscope.swap.tolerance import Tol, compare_tensor
+from opscope.target.model_file import load_target
+
+FIXTURES = TESTS / "fixtures" / "swap"
+
+
+def test_compare_tensor_numbers_by_hand():
+    want = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    got = torch.tensor([1.0, 2.0, 3.0, 4.1])
+    # bound_i = rtol |want_i| + atol rms(want); rms = sqrt(30 / 4) = 2.7386
+    d = compare_tensor(got, want, Tol(rtol=0.01, atol=0.0))
+    assert d.max_abs == pytest.approx(0.1, rel=1e-6)            # float32 4.1 - 4.0
+    assert d.max_rel == pytest.approx(0.1 / 4.0, rel=1e-5)     # normwise: max |diff| / max |want|
+    assert (d.out, d.n, d.problem) == (1, 4, "")              # 0.1 > 0.01 * 4 = 0.04
+    d = compare_tensor(got, want, Tol(rtol=0.01, atol=0.03))  # 0.04 + 0.03 * 2.7386 = 0.122 > 0.1
+    assert (d.out, d.problem) == (0, "")
+    d = compare_tensor(got, want, Tol(rtol=0.01, atol=0.02))  # 0.04 + 0.0548 = 0.0948 < 0.1
+    assert d.out == 1
+
+
+def test_compare_tensor_guards_and_mismatches():
+    want = torch.tensor([1.0, -2.0, 3.0])
+    tol = Tol(1.0, 1.0)  # loose enough that only the guard can fail these
+    assert "all zeros" in compare_tensor(torch.zeros(3), want, tol).problem
+    assert "NaN or Inf" in compare_tensor(torch.tensor([1.0, math.nan, 3.0]), want, tol).problem
+    assert "constant" in compare_tensor(torch.full((3,), 0.5), want, tol).problem
+    assert "shape [1, 3]" in compare_tensor(want.view(1, 3), want, tol).problem
+    assert "dtype float64" in compare_tensor(want.double(), want, tol).problem
+    assert compare_tensor(None, want, tol).problem == "missing (None)"
+    same_nan = torch.tensor([1.0, math.nan, math.inf])
+    d = compare_tensor(same_nan.clone(), same_nan, Tol(0.0, 0.0))  # NaN where NaN, inf where inf: equal
+    assert (d.out, d.max_abs, d.problem) == (0, 0.0, "")
+
+
+def test_tolerance_is_the_larger_of_the_model_floor_and_the_manifests():
+    rms = catalog.find("rms_norm")  # float32: rtol 1e-5, atol 1e-5; bfloat16: 1.6e-2, 2e-2
+    assert tolerance.tolerance_for(torch.float32, [rms]) == Tol(2e-4, 2e-5)
+    assert tolerance.tolerance_for(torch.bfloat16, [rms]) == Tol(3.2e-2, 2e-2)
+    assert tolerance.tolerance_for(torch.float32, [catalog.find("sum")]) == Tol(2e-4, 1e-3)  # sum's atol 1e-3
+    assert tolerance.tolerance_for(torch.float16, []) == tolerance.MODEL_TOLERANCE[torch.float16]
+
+
+def tiny_harness(mode: str = "inference") -> Harness:
+    target = load_target(FIXTURES / "tiny_model.py")
+    return Harness(target, mode=mode, device=torch.device("cpu"), dtype=None)
+
+
+def test_seed_zero_is_the_models_own_inputs_and_other_seeds_redraw_floating_tensors():
+    h = tiny_harness()
+    h.args = (h.args[0], torch.arange(6), torch.full((3,), 2.0))  # an int tensor and a constant one stay
+    runner = verify.Runner(h)
+    (a0, i0, c0), _ = runner.inputs(0)
+    (a1, i1, c1), _ = runner.inputs(1)
+    (a1b, _, _), _ = runner.inputs(1)
+    assert torch.equal(a0, h.args[0]) and a0 is not h.args[0]
+    assert a1.shape == a0.shape and a1.dtype == a0.dtype and not torch.equal(a1, a0)
+    assert torch.equal(a1, a1b)  # a seed is the same inputs every time
+    assert abs(float(a1.std()) - float(a0.std())) < 0.1 and abs(float(a1.mean()) - float(a0.mean())) < 0.1
+    assert torch.equal(i1, torch.arange(6)) and torch.equal(c1, c0)
+
+
+def test_a_correct_kernel_passes_every_check_in_train_mode():
+    kernels = load_fixture(FIXTURES / "kernels.py")
+
+    h = tiny_harness("train")
+    runner = verify.Runner(h)
+    swap = apply.Builder(h.model, runner.probe_step).user("good_gated", kernels.good_gated, None, "Gated")
+    result = verify.verify(swap, runner)
+    assert result.passed, [c for c in result.checks if not c.passed]
+    names = [c.check for c in result.checks]
+    for seed in range(verify.SEEDS):
+        assert [c.check for c in result.checks if c.seed == seed] == [
+            "outputs", "input gradients", "parameter gradients", "inputs unchanged", "parameters unchanged"]
+    assert names[-7:] == ["swap reverted cleanly", *(f"trap: {t}" for t in (
+        "arguments unchanged", "device/dtype", "memory reuse", "autograd", "memory growth", "determinism"))]
+    grads = next(c for c in result.checks if c.check == "parameter gradients")
+    assert grads.tensors == 5 and grads.max_abs_err == 0 and grads.out_of_tolerance == 0
+    assert (result.swapped_calls, result.fallback_calls) == (1, 0)
+
+
+# --- swap candidates ---------------------------------------------------------------------------------
+
+
+def test_candidates_need_every_op_of_an_entry_at_one_source_line():
+    ops = {
+        "op": ["aten::mul", "aten::silu", "aten::mul", "aten::pow", "aten::mean", "aten::add", "aten::rsqrt",
+               "aten::sum", "aten::gelu"],
+        "source_location": ["m.py:5", "m.py:5", "m.py:9", "m.py:9", "m.py:9", "m.py:9", "m.py:9",
+                            "opscope:harness", "m.py:12"],
+        "time_us_total": [10.0, 5.0, 4.0, 3.0, 2.0, 1.0, 1.0, 7.0, 8.0],
+    }
+    found = {c["kernel"]: c for c in catalog.candidates(ops)}
+    assert catalog.candidates(pd.DataFrame(ops)) == list(found.values())  # a DataFrame reads the same
+    assert found["swiglu"]["rows"] == [0, 1] and found["swiglu"]["time_us"] == 15.0
+    assert found["rms_norm"]["rows"] == [2, 3, 4, 5, 6]  # *RMSNorm and the expression: pow, mean, add, rsqrt, mul
+    assert {e["target"] for e in found["rms_norm"]["replaces"]} == {
+        "*RMSNorm", "x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight"}
+    assert found["broadcast_add"]["rows"] == [5]
+    assert found["mean"]["rows"] == [4]
+    assert "sum" not in found           # only the harness's loss sums
+    assert "bias_gelu" not in found     # gelu without an addmm or add at its line
+    assert list(found) == sorted(found, key=lambda k: -found[k]["time_us"])
+    assert schema.kernels_for_rows(list(found.values()), range(3)) == {0: ["swiglu"], 1: ["swiglu"], 2: ["rms_norm"]}
+
+
+def test_fusion_finding_names_the_bundled_fused_kernel():
+    label, suggestion = pattern_for({"pow", "mean", "add", "rsqrt", "mul"})
+    assert label == "hand-written RMSNorm"
+    assert suggestion.startswith("The bundled fused kernel rms_norm does it in one pass: `opscope swap MODEL "
+                                 "--kernel rms_norm`")
+    label, suggestion = pattern_for({"silu", "mul"})
+    assert label == "SiLU gate (SwiGLU)" and "--kernel swiglu`" in suggestion
+    assert "bundled" not in pattern_for({"exp", "sum", "div"})[1]  # no bundled kernel for a hand-written softmax
+
+
+def test_parse_requests_without_torch():
+    reqs = catalog.parse_requests(["rms_norm", "rms_norm+swiglu", "compile"])
+    assert [(r.label, r.kernels, r.compile, r.source) for r in reqs] == [
+        ("rms_norm", ["rms_norm"], False, "bundled"), ("rms_norm+swiglu", ["rms_norm", "swiglu"], False, "bundled"),
+        ("compile", [], True, "compile")]
+    user = catalog.parse_requests([f"{FIXTURES / 'kernels.py'}:good_add"], op="aten::add.Tensor")[0]
+    assert (user.label, user.user_func, user.op, user.source) == ("kernels.py:good_add", "good_add",
+                                                                 "aten::add.Tensor", "user")
+    with pytest.raises(catalog.SwapRequestError, match="names a kernel twice"):
+        catalog.parse_requests(["swiglu+swiglu"])
