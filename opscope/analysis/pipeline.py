@@ -17,7 +17,8 @@ from opscope.findings import Context, run_rules
 from opscope.findings.base import DtypeProbe, LayoutProbe
 from opscope.machine.noise import step_spread, unknown
 from opscope.machine.peaks import Peaks
-from opscope.run.model import FORMAT_VERSION, Run
+from opscope.run.model import Run
+from opscope.run.schema import FORMAT_VERSION
 from opscope.table import Table, as_table, group_sums, nrows, pairwise_sum, records, take
 from opscope.trace.reader import TraceData, no_gc
 

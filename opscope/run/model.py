@@ -13,7 +13,6 @@ from opscope.table import Table, nrows, to_frame
 if TYPE_CHECKING:
     import pandas as pd
 
-FORMAT_VERSION = 1
 RUN_FILES = ("meta.json", "ops.csv", "findings.json", "summary.json", "trace.json.gz")
 RANKS_FILE = "ranks.csv"  # merged runs of multi-process jobs only (opscope.analysis.ranks)
 DEFAULT_REPORTS_DIR = Path("reports")

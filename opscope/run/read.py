@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from opscope.errors import OpscopeError
+from opscope.run import schema
 from opscope.run.model import DEFAULT_REPORTS_DIR, RANKS_FILE, RUN_FILES, Run
 from opscope.table import NAN, Table
 
@@ -38,9 +39,6 @@ def read_run(path: Path) -> Run:
     meta = _read_json(path / "meta.json", dict)
     summary = _read_json(path / "summary.json", dict)
     findings = _read_json(path / "findings.json", list)
-    _check_meta(path / "meta.json", meta)
-    _check_summary(path / "summary.json", summary)
-    _check_findings(path / "findings.json", findings)
     ops = read_ops_csv(path / "ops.csv")
     modules = read_modules_csv(path / "modules.csv")
     ranks = read_ranks_csv(path / RANKS_FILE) if (path / RANKS_FILE).is_file() else None
@@ -55,6 +53,10 @@ def _read_json(path: Path, kind: type) -> Any:
     if not isinstance(value, kind):
         raise OpscopeError(f"{path} is damaged: expected a JSON {'object' if kind is dict else 'list'}, "
                            f"got {type(value).__name__}")
+    try:
+        schema.check(path.name, value)
+    except schema.FormatError as exc:
+        raise OpscopeError(f"{path} is damaged: {exc}") from None
     return value
 
 
@@ -63,114 +65,15 @@ def _reason(exc: BaseException) -> str:
     return text.splitlines()[0][:200]
 
 
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _check(path: Path, ok: bool, what: str) -> None:
     if not ok:
         raise OpscopeError(f"{path} is damaged: {what}")
 
 
-def _check_meta(path: Path, meta: dict[str, Any]) -> None:
-    for key in ("target", "source"):
-        _check(path, isinstance(meta.get(key, ""), str), f"{key!r} must be text")
-    for key in ("mode", "dtype", "torch_version"):
-        _check(path, meta.get(key) is None or isinstance(meta.get(key), str), f"{key!r} must be text or null")
-    device = meta.get("device", {})
-    _check(path, isinstance(device, dict) and all(isinstance(device.get(k, ""), str) for k in ("type", "name")),
-           "'device' must be an object with text 'type' and 'name'")
-    peaks = meta.get("peaks", {})
-    _check(path, isinstance(peaks, dict), "'peaks' must be an object")
-    bw = peaks.get("memory_bandwidth_gbps")
-    _check(path, bw is None or (_is_num(bw) and bw > 0), "'peaks.memory_bandwidth_gbps' must be a positive number")
-    flops = peaks.get("flops_gflops", {})
-    _check(path, isinstance(flops, dict) and all(isinstance(k, str) and _is_num(v) and v > 0 for k, v in flops.items()),
-           "'peaks.flops_gflops' must map dtype names to positive numbers")
-    origin = peaks.get("origin", {})
-    _check(path, isinstance(origin, dict) and all(isinstance(v, str) for v in origin.values()),
-           "'peaks.origin' must map to text")
-    calibration = meta.get("calibration")
-    _check(path, calibration is None or (isinstance(calibration, dict) and all(
-        isinstance(v, bool) for v in calibration.values())), "'calibration' must be an object of true/false")
-
-
-def _check_summary(path: Path, summary: dict[str, Any]) -> None:
-    steps = summary.get("steps", 1)
-    _check(path, isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0, "'steps' must be a whole number")
-    for key in ("total_time_us", "step_time_us", "ops_covered_time_share", "step_time_us_p50",
-                "step_time_us_max", "step_time_cv"):
-        v = summary.get(key)
-        _check(path, v is None or _is_num(v), f"{key!r} must be a number")
-    noise = summary.get("noise")
-    _check(path, noise is None or (
-        isinstance(noise, dict) and _opt_num(noise.get("other_cpu_share"))
-        and (noise.get("other_cpu_share") is None or 0 <= noise["other_cpu_share"] <= 1)
-        and all(noise.get(k) is None or isinstance(noise.get(k), str) for k in ("verdict", "reason"))
-        and all(_opt_num(noise.get(k)) for k in ("cores", "threads", "window_s"))),
-        "'noise' must be an object with 'other_cpu_share' a share (0-1) or null and 'verdict', 'reason' text")
-    busy = summary.get("device_busy_share")
-    _check(path, busy is None or _is_num(busy), "'device_busy_share' must be a number")
-    shares = summary.get("bound_time_share", {})
-    _check(path, isinstance(shares, dict) and all(v is None or _is_num(v) for v in shares.values()),
-           "'bound_time_share' must map bound classes to numbers")
-    _check_gpu_summary(path, summary)
-
-
-def _opt_num(v: Any) -> bool:
-    return v is None or _is_num(v)
-
-
-def _records(v: Any, numbers: tuple[str, ...], texts: tuple[str, ...]) -> bool:
-    """A list of objects whose `numbers` keys are numbers (or null) and `texts` keys text (or null)."""
-    return isinstance(v, list) and all(
-        isinstance(r, dict) and all(_opt_num(r.get(k)) for k in numbers)
-        and all(r.get(k) is None or isinstance(r.get(k), str) for k in texts) for r in v)
-
-
-def _check_gpu_summary(path: Path, summary: dict[str, Any]) -> None:
-    """The GPU timeline keys (opscope.analysis.gpu_timeline) the console reads."""
-    for key in ("unattributed_time_share", "kernel_families_cover_share", "comm_compute_overlap_share"):
-        _check(path, _opt_num(summary.get(key)), f"{key!r} must be a number or null")
-    families = summary.get("kernel_family_time_share")
-    _check(path, families is None or (isinstance(families, dict) and all(_opt_num(v) for v in families.values())),
-           "'kernel_family_time_share' must map kernel families to numbers")
-    graph = summary.get("graph_replay")
-    launchers = graph.get("launchers") if isinstance(graph, dict) else None
-    _check(path, graph is None or (
-        isinstance(graph, dict)
-        and all(_opt_num(graph.get(k)) for k in ("launches", "kernels", "kernel_time_share", "captured_time_share"))
-        and (launchers is None or (isinstance(launchers, list) and all(isinstance(x, str) for x in launchers)))),
-        "'graph_replay' must be an object of counts, shares and launcher names")
-    streams = summary.get("streams")
-    _check(path, streams is None or _records(streams, ("stream", "busy_us", "busy_share", "kernels"), ()),
-           "'streams' must be a list of objects with numbers")
-    gaps = summary.get("idle_gaps")
-    _check(path, gaps is None or _records(gaps, ("start_us", "duration_us"),
-                                          ("kernel_before", "kernel_after", "cpu_op", "cpu_source_location")),
-           "'idle_gaps' must be a list of objects (times as numbers, names as text)")
-
-
-def _check_findings(path: Path, findings: list[Any]) -> None:
-    for i, f in enumerate(findings):
-        _check(path, isinstance(f, dict), f"finding {i} is not an object")
-        for key in ("rule", "severity", "message", "suggestion"):
-            _check(path, isinstance(f.get(key), str), f"finding {i}: {key!r} must be text")
-        for key in ("op", "source_location"):
-            _check(path, f.get(key) is None or isinstance(f.get(key), str), f"finding {i}: {key!r} must be text")
-        saving = f.get("est_savings_us")
-        _check(path, saving is None or _is_num(saving), f"finding {i}: 'est_savings_us' must be a number or null")
-
-
-TEXT_COLUMNS = ("op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location",
-                "bound", "kernels", "family", "dtype", "ceiling", "note", "kernel_family", "launcher",
-                "measured_kernels", "module", "module_class")
+TEXT_COLUMNS = schema.names(schema.OPS_COLUMNS, "text")
 # The columns the renderers read as numbers; anything else in them makes the file damaged.
-NUMBER_COLUMNS = ("calls", "time_us_total", "time_share", "flops_per_call", "bytes_per_call",
-                  "arithmetic_intensity", "achieved_gflops", "achieved_gbps", "pct_peak_flops",
-                  "pct_peak_bandwidth", "cpu_time_us_total", "time_us_per_call", "alloc_bytes_per_call",
-                  "freed_bytes_per_call")
-REQUIRED_COLUMNS = ("op", "calls", "time_us_total", "time_share")
+NUMBER_COLUMNS = schema.names(schema.OPS_COLUMNS, "number")
+REQUIRED_COLUMNS = schema.OPS_REQUIRED
 
 
 def read_ops_csv(path: Path) -> Table:
@@ -187,9 +90,8 @@ def read_ops_csv(path: Path) -> Table:
 
 
 # ranks.csv: text columns, and the columns the renderers read as numbers (README, "Run directory format").
-RANKS_TEXT_COLUMNS = ("device", "run")
-RANKS_NUMBER_COLUMNS = ("rank", "steps", "step_time_us", "op_time_us", "collective_time_us", "compute_time_us",
-                        "idle_time_us", "comm_compute_overlap_share", "straggler")
+RANKS_TEXT_COLUMNS = schema.names(schema.RANKS_COLUMNS, "text")
+RANKS_NUMBER_COLUMNS = schema.names(schema.RANKS_COLUMNS, "number")
 
 
 def read_ranks_csv(path: Path) -> Table:
@@ -201,9 +103,8 @@ def read_ranks_csv(path: Path) -> Table:
     return table
 
 
-MODULE_TEXT_COLUMNS = ("module", "module_class", "bound")
-MODULE_NUMBER_COLUMNS = ("depth", "time_us_total", "time_share", "self_time_us", "flops_total", "bytes_total",
-                         "findings")
+MODULE_TEXT_COLUMNS = schema.names(schema.MODULES_COLUMNS, "text")
+MODULE_NUMBER_COLUMNS = schema.names(schema.MODULES_COLUMNS, "number")
 
 
 def read_modules_csv(path: Path) -> Table | None:

@@ -1,20 +1,667 @@
-"""The run directory's format: its files, their columns and the fixed texts a run's rows carry."""
+"""The run directory's format, as types: meta.json, summary.json, findings.json and swap.json as msgspec
+Structs, the CSV files' columns, and the format version. This module is the record of the format (the
+docs' JSON Schema and column tables are generated from it: `python -m opscope.run.schema DIR`), and
+opscope.run.read validates every file it reads against it.
 
-from __future__ import annotations
+Compatibility: a reader accepts keys it does not know (a newer opscope of the same format version may add
+some) and rejects a file of a newer format version. Keys are optional unless a renderer cannot do
+without them; a number is finite (NaN and infinity are written as null).
+"""
 
-from typing import Any
+import re
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+FORMAT_VERSION = 1
+
+_MAX = 1.7976931348623157e308
+# A finite number (an int is accepted where a float is expected; true/false are not numbers).
+Number = Annotated[float, Meta(ge=-_MAX, le=_MAX)]
+Share = Annotated[float, Meta(ge=0.0, le=1.0)]
+Count = Annotated[int, Meta(ge=0)]
+Positive = Annotated[float, Meta(gt=0.0, le=_MAX)]
+
+
+def _doc(text: str) -> Meta:
+    return Meta(description=text)
+
+
+# --- fixed texts the rows of ops.csv carry --------------------------------------------------------
 
 UNATTRIBUTED = "(unattributed kernels)"
-
-
 GRAPH_KERNEL_NOTE = ("replayed from a CUDA/HIP graph: the trace records no shapes for it (analyze with --capture "
                      "to map it to the op that launched it during capture)")
-
-
 LOOSE_KERNEL_NOTE = "launched outside any op: the trace records no shapes for it"
-
-
 GPU_ONLY_NOTE = "GPU-only trace: no op or shapes recorded"
+
+
+# --- meta.json ------------------------------------------------------------------------------------
+
+
+class Device(Struct, kw_only=True):
+    """The device the run measured."""
+
+    type: Annotated[str, _doc("cpu, cuda or rocm")] = ""
+    name: Annotated[str, _doc("the CPU model or GPU name")] = ""
+    name_source: Annotated[str | None, _doc(
+        "analyze of a GPU trace: where the name came from (deviceProperties, kernel names, none)")] = None
+
+
+class Peaks(Struct, kw_only=True):
+    """The ceilings the roofline compares against."""
+
+    memory_bandwidth_gbps: Annotated[Positive | None, _doc("GB/s (1e9 bytes/s); null when unknown")] = None
+    flops_gflops: Annotated[dict[str, Positive], _doc(
+        "GFLOP/s per opscope dtype name (float32, tfloat32, bfloat16, float16, float8, float64, "
+        "float64_vector, int8 in GOPS)")] = {}
+    origin: Annotated[dict[str, str], _doc(
+        "memory_bandwidth and flops: measured, spec-table, user or unknown")] = {}
+
+
+class Capture(Struct, kw_only=True):
+    """analyze --capture: how the capture trace's launches were matched to the replayed graphs."""
+
+    trace: str | None = None
+    graph_launches: Count | None = None
+    merged_launches: Count | None = None
+    kernels: Count | None = None
+    captured_graphs: Count | None = None
+    matched_by: Annotated[str | None, _doc("kernel name and order, or order")] = None
+
+
+class Script(Struct, kw_only=True):
+    """Script mode (`opscope profile train.py -- ARGS`)."""
+
+    args: list[str] = []
+    steps_from: Annotated[str | None, _doc("optimizer step, or the --step-fn")] = None
+    skip_steps: Count | None = None
+    stopped_after_window: bool | None = None
+    source_lines: Annotated[str | None, _doc("next step or none")] = None
+
+
+class JobMeta(Struct, kw_only=True):
+    """A merged run of a multi-process job."""
+
+    world_size: Count | None = None
+    ranks: list[int] = []
+    backend: str | None = None
+    trace_rank: Annotated[int | None, _doc("the rank whose trace is the run's trace.json.gz")] = None
+
+
+class RunMeta(Struct, kw_only=True):
+    """meta.json: what was measured, where, and against which ceilings."""
+
+    format_version: Annotated[int, _doc("the run directory format's version")] = FORMAT_VERSION
+    opscope_version: str | None = None
+    created: Annotated[str | None, _doc("local time, %Y-%m-%dT%H:%M:%S%z")] = None
+    source: Annotated[str, _doc("profile or trace")] = ""
+    target: Annotated[str, _doc("the model file, script or trace")] = ""
+    torch_version: Annotated[str | None, _doc("for traces: as recorded in the trace, else null")] = None
+    device: Device = msgspec.field(default_factory=Device)
+    dtype: Annotated[str | None, _doc("the model's dtype; for traces the most common floating dtype")] = None
+    mode: Annotated[str | None, _doc("inference, train or unknown")] = None
+    steps: Count | None = None
+    threads: Count | None = None
+    peaks: Peaks = msgspec.field(default_factory=Peaks)
+    calibration: Annotated[dict[str, bool] | None, _doc(
+        "CPU runs with measured ceilings: stable, cached, quick")] = None
+    capture: Capture | None = None
+    script: Script | None = None
+    rank: Annotated[int | None, _doc("a rank's own run: its rank")] = None
+    world_size: Count | None = None
+    distributed: JobMeta | None = None
+
+
+# --- summary.json -----------------------------------------------------------------------------------
+
+
+class Noise(Struct, kw_only=True):
+    """How busy the machine was with other work while the steps were timed (opscope.machine.noise)."""
+
+    other_cpu_share: Annotated[Share | None, _doc(
+        "share of the cores (0-1) other processes used; null where unknown")] = None
+    verdict: Annotated[str | None, _doc("quiet, noisy or unknown")] = None
+    reason: str | None = None
+    cores: Number | None = None
+    threads: Number | None = None
+    oversubscribed: bool | None = None
+    window_s: Number | None = None
+
+
+class OpRow(Struct, kw_only=True):
+    """One row of ops.csv as an object (summary.json top_ops): numbers as numbers, empty as null."""
+
+    op: str | None = None
+    input_dims: str | None = None
+    input_dtypes: str | None = None
+    input_strides: str | None = None
+    concrete_inputs: str | None = None
+    source_location: str | None = None
+    calls: Number | None = None
+    time_us_total: Number | None = None
+    time_share: Number | None = None
+    flops_per_call: Number | None = None
+    bytes_per_call: Number | None = None
+    arithmetic_intensity: Number | None = None
+    achieved_gflops: Number | None = None
+    achieved_gbps: Number | None = None
+    pct_peak_flops: Number | None = None
+    pct_peak_bandwidth: Number | None = None
+    bound: str | None = None
+    cpu_time_us_total: Number | None = None
+    kernels: str | None = None
+    family: str | None = None
+    dtype: str | None = None
+    ceiling: str | None = None
+    time_us_per_call: Number | None = None
+    note: str | None = None
+    compiled_graph: str | None = None
+    kernel_family: str | None = None
+    launcher: str | None = None
+    module: str | None = None
+    module_class: str | None = None
+    alloc_bytes_per_call: Number | None = None
+    freed_bytes_per_call: Number | None = None
+
+
+class Stream(Struct, kw_only=True):
+    """One GPU stream's work inside the profiled steps."""
+
+    device: int | None = None
+    stream: Number | None = None
+    kernels: Number | None = None
+    kernel_time_us: Number | None = None
+    busy_us: Annotated[Number | None, _doc("the union of its kernels")] = None
+    busy_share: Annotated[Number | None, _doc("of the profiled steps' wall time")] = None
+
+
+class IdleGap(Struct, kw_only=True):
+    """A stretch with no kernel on any stream inside the steps."""
+
+    start_us: Annotated[Number | None, _doc("from the first step, or the first kernel")] = None
+    duration_us: Number | None = None
+    kernel_before: str | None = None
+    kernel_after: str | None = None
+    cpu_op: str | None = None
+    cpu_source_location: str | None = None
+
+
+class GraphReplay(Struct, kw_only=True):
+    """Kernels replayed from CUDA/HIP graphs."""
+
+    launches: Number | None = None
+    kernels: Number | None = None
+    kernel_time_share: Number | None = None
+    launchers: list[str] | None = None
+    captured_kernels: Number | None = None
+    captured_time_share: Number | None = None
+
+
+class Alive(Struct, kw_only=True):
+    """Tensors alive at a memory peak, grouped by the op row that allocated them."""
+
+    op: str | None = None
+    source_location: str | None = None
+    module: str | None = None
+    bytes: Number | None = None
+    tensors: Number | None = None
+
+
+class MemoryStep(Struct, kw_only=True):
+    """One step's memory peak."""
+
+    step: int | None = None
+    peak_allocated_bytes: Number | None = None
+    end_allocated_bytes: Number | None = None
+    peak_op: str | None = None
+    peak_source_location: str | None = None
+    peak_module: str | None = None
+    alive_at_peak: list[Alive] = []
+    cuda_max_memory_allocated_bytes: Number | None = None
+
+
+class Memory(Struct, kw_only=True):
+    """Memory from the allocator's events: the peak, what was alive then, and the growth per step."""
+
+    source: Annotated[str | None, _doc("memory pass or trace")] = None
+    device: str | None = None
+    steps: Count | None = None
+    peak_allocated_bytes: Annotated[Number | None, _doc("the highest of the steps' peaks")] = None
+    peak_step: int | None = None
+    peak_op: Annotated[str | None, _doc("the op row during which the peak was reached")] = None
+    peak_source_location: str | None = None
+    peak_module: str | None = None
+    alive_at_peak: list[Alive] = []
+    alive_at_peak_other_bytes: Number | None = None
+    growth_bytes_per_step: Annotated[Number | None, _doc(
+        "median change of the allocated memory at step ends (2+ steps)")] = None
+    per_step: list[MemoryStep] = []
+    note: str | None = None
+    cuda_max_memory_allocated_bytes: Number | None = None
+
+
+class Replaces(Struct, kw_only=True):
+    """What a bundled kernel replaces (its manifest's `replaces`)."""
+
+    kind: str
+    target: str
+
+
+class SwapCandidate(Struct, kw_only=True):
+    """A bundled kernel that could replace op rows of the run."""
+
+    kernel: str
+    replaces: list[Replaces] = []
+    rows: Annotated[list[Count], _doc("indices into ops.csv")] = []
+    time_us: Annotated[Number | None, _doc("those rows' total time")] = None
+
+
+class Collective(Struct, kw_only=True):
+    """A collective: its calls and time (a rank's over all steps; in a merged run summed over ranks)."""
+
+    name: str | None = None
+    kind: Annotated[str | None, _doc("op, annotation or kernel")] = None
+    calls: Number | None = None
+    time_us: Number | None = None
+    ranks: Number | None = None
+    time_us_per_step: Annotated[Number | None, _doc("the mean rank's")] = None
+    share: Annotated[Number | None, _doc("of the mean step")] = None
+
+
+class RankSummary(Struct, kw_only=True):
+    """A rank's own run of a multi-process job (per profiled step)."""
+
+    rank: int | None = None
+    world_size: Count | None = None
+    backend: str | None = None
+    steps: Count | None = None
+    step_time_us: Number | None = None
+    op_time_us: Number | None = None
+    collective_time_us: Number | None = None
+    compute_time_us: Number | None = None
+    idle_time_us: Number | None = None
+    comm_compute_overlap_share: Number | None = None
+    collectives: list[Collective] = []
+
+
+class Distributed(Struct, kw_only=True):
+    """A merged run of a multi-process job: the ranks side by side and the straggler."""
+
+    world_size: Count | None = None
+    ranks: Annotated[Count | None, _doc("how many ranks were merged")] = None
+    steps_per_rank: Count | None = None
+    backend: str | None = None
+    straggler_rank: int | None = None
+    straggler_compute_time_us: Number | None = None
+    compute_time_us_median: Number | None = None
+    straggler_excess_share: Number | None = None
+    straggler_beyond_noise: Annotated[bool | None, _doc("the excess is 10% or more")] = None
+    compute_spread_share: Annotated[Number | None, _doc("(max - min) / median")] = None
+    step_time_us_min: Number | None = None
+    step_time_us_max: Number | None = None
+    step_time_spread_share: Number | None = None
+    collective_time_us: Number | None = None
+    collective_time_share: Number | None = None
+    idle_time_us: Number | None = None
+    comm_compute_overlap_share: Number | None = None
+    collectives: list[Collective] = []
+
+
+class Nsys(Struct, kw_only=True):
+    """Nsight Systems: the device work inside the steps."""
+
+    report: str | None = None
+    steps: Count | None = None
+    gpu: str | None = None
+    step_time_us: Number | None = None
+    device_busy_share: Number | None = None
+    kernels: Number | None = None
+    kernel_time_us: Number | None = None
+    memcpys: Number | None = None
+    memcpy_time_us: Number | None = None
+    memcpy_bytes: Number | None = None
+    memsets: Number | None = None
+    memset_time_us: Number | None = None
+    memset_bytes: Number | None = None
+    matched_time_share: Annotated[Number | None, _doc("the share of its time lined up with op rows")] = None
+
+
+class Ncu(Struct, kw_only=True):
+    """Nsight Compute: what was measured and matched to op rows."""
+
+    csv: str | None = None
+    kernels_profiled: Number | None = None
+    kernels_matched: Number | None = None
+    rows_measured: Number | None = None
+    rows_selected: Number | None = None
+    kernels_requested: Number | None = None
+
+
+class Summary(Struct, kw_only=True):
+    """summary.json: the run in numbers."""
+
+    format_version: int = FORMAT_VERSION
+    total_time_us: Annotated[Number | None, _doc("op time over all profiled steps")] = None
+    steps: Count = 1
+    step_time_us: Annotated[Number | None, _doc("wall time per step")] = None
+    step_time_us_p50: Number | None = None
+    step_time_us_max: Number | None = None
+    step_time_cv: Annotated[Number | None, _doc(
+        "sample standard deviation / mean of the steps' wall times; null for a single step")] = None
+    step_source: Annotated[str | None, _doc("annotations (ProfilerStep#N ranges) or whole trace")] = None
+    noise: Noise | None = None
+    ops_covered_time_share: Annotated[Number | None, _doc(
+        "fraction of op time whose op has a cost model")] = None
+    bound_time_share: Annotated[dict[str, Number | None], _doc(
+        "memory, compute, overhead, unknown: their shares of op time")] = {}
+    findings: Annotated[Count | None, _doc("how many findings")] = None
+    top_ops: Annotated[list[OpRow], _doc("the first 10 rows of ops.csv")] = []
+    swap_candidates: list[SwapCandidate] = []
+    device_busy_share: Number | None = None
+    kernel_family_time_share: dict[str, Number | None] | None = None
+    kernel_families_cover_share: Number | None = None
+    unattributed_time_share: Number | None = None
+    comm_compute_overlap_share: Number | None = None
+    streams: list[Stream] | None = None
+    idle_gaps: list[IdleGap] | None = None
+    graph_replay: GraphReplay | None = None
+    gpu_only: bool | None = None
+    memory: Memory | None = None
+    rank: RankSummary | None = None
+    distributed: Distributed | None = None
+    nsys: Nsys | None = None
+    ncu: Ncu | None = None
+
+
+# --- findings.json ------------------------------------------------------------------------------------
+
+
+class Finding(Struct, kw_only=True):
+    """One finding: a rule that fired, where, what it saves and what to do."""
+
+    rule: str
+    severity: Annotated[str, _doc("high, medium or low")]
+    message: str
+    suggestion: str
+    op: str | None = None
+    source_location: str | None = None
+    est_savings_us: Annotated[Number | None, _doc("estimated saving over all profiled steps")] = None
+    module: Annotated[str | None, _doc(
+        "the innermost module around the finding's rows; \"\" the model itself; null outside it")] = None
+
+
+# --- swap.json ----------------------------------------------------------------------------------------
+
+SwapStatus = Literal["passed", "failed", "not-applicable", "error"]
+
+
+class Timing(Struct, kw_only=True):
+    """Milliseconds: the median with the 20th and 80th percentiles."""
+
+    median_ms: Number | None = None
+    p20_ms: Number | None = None
+    p80_ms: Number | None = None
+
+
+class SwapCheck(Struct, kw_only=True):
+    """One verification check."""
+
+    check: str | None = None
+    passed: bool | None = None
+    seed: Annotated[int | None, _doc("null for checks not tied to a seed")] = None
+    tensors: Number | None = None
+    max_abs_err: Number | None = None
+    max_rel_err: Number | None = None
+    out_of_tolerance: Annotated[Number | None, _doc("share of elements")] = None
+    worst: str | None = None
+    detail: str | None = None
+
+
+class Verification(Struct, kw_only=True):
+    passed: bool | None = None
+    tolerance: Annotated[dict[str, dict[str, Number]], _doc("per dtype: rtol, atol")] = {}
+    checks: list[SwapCheck] = []
+
+
+class SwapMechanism(Struct, kw_only=True):
+    kind: Annotated[str | None, _doc("module, functional, method, aten, pattern or compile")] = None
+    description: str | None = None
+    sites: list[str] = []
+
+
+class SwapSite(Struct, kw_only=True):
+    kind: str | None = None
+    target: str | None = None
+    where: str | None = None
+    kernel: str | None = None
+    swapped: Number | None = None
+    fallback: Number | None = None
+
+
+class OpLevel(Struct, kw_only=True):
+    """The original op against the kernel on the model's own calls."""
+
+    site: str | None = None
+    kernel: str | None = None
+    call: Annotated[str | None, _doc("its arguments' shapes and dtypes")] = None
+    calls_per_step: Number | None = None
+    original: Timing | None = None
+    swapped: Timing | None = None
+    speedup: Annotated[Number | None, _doc("original / swapped")] = None
+    suspicious: bool | None = None
+    within_noise: bool | None = None
+    flops: Number | None = None
+    bytes: Number | None = None
+    bound: str | None = None
+    pct_peak_before: Number | None = None
+    pct_peak_after: Number | None = None
+
+
+class EndToEnd(Struct, kw_only=True):
+    """The whole step, original against swapped."""
+
+    original: Timing | None = None
+    swapped: Timing | None = None
+    speedup: Number | None = None
+    suspicious: bool | None = None
+    within_noise: bool | None = None
+    repeats: Number | None = None
+    compile_s: Annotated[Number | None, _doc("--kernel compile's first step, else null")] = None
+
+
+class SwapResult(Struct, kw_only=True):
+    """One swap: what was swapped in, whether the model stayed right, and what it saved."""
+
+    label: str
+    status: SwapStatus
+    message: str = ""
+    source: Annotated[str | None, _doc("bundled, user or compile")] = None
+    kernels: list[str] = []
+    notes: list[str] = []
+    mechanisms: list[SwapMechanism] = []
+    calls: dict[str, Number] | None = None
+    sites: list[SwapSite] = []
+    verification: Verification | None = None
+    max_abs_err: Number | None = None
+    max_rel_err: Number | None = None
+    out_of_tolerance: Number | None = None
+    op_level: list[OpLevel] = []
+    end_to_end: EndToEnd | None = None
+
+
+class SwapMethod(Struct, kw_only=True):
+    seeds: Number | None = None
+    repeats: Number | None = None
+    warmup: Number | None = None
+    suspicious_speedup: Number | None = None
+    steady_allocator: bool | None = None
+    note: str | None = None
+
+
+class SwapFile(Struct, kw_only=True):
+    """swap.json (opscope swap, profile --try-swaps)."""
+
+    format_version: int = FORMAT_VERSION
+    opscope_version: str | None = None
+    created: str | None = None
+    target: str | None = None
+    device: Device | None = None
+    dtype: str | None = None
+    mode: str | None = None
+    threads: Count | None = None
+    method: SwapMethod | None = None
+    results: list[Any] = []
+
+
+# --- the CSV files ---------------------------------------------------------------------------------------
+
+ColumnKind = Literal["text", "number", "value"]
+
+
+class Column(Struct, frozen=True):
+    """A CSV column: text ("" for none), number (empty for none), or value (typed by its cells)."""
+
+    name: str
+    kind: ColumnKind
+    description: str
+
+
+def _columns(*rows: tuple[str, ColumnKind, str]) -> tuple[Column, ...]:
+    return tuple(Column(name, kind, text) for name, kind, text in rows)
+
+
+OPS_COLUMNS = _columns(
+    ("op", "text", "the operator as the profiler records it (aten::addmm, c10d::allreduce_, a kernel row's kernel)"),
+    ("input_dims", "text", "JSON text exactly as the trace's Input Dims"),
+    ("input_dtypes", "text", "JSON text exactly as the trace's Input type"),
+    ("input_strides", "text", "JSON text exactly as the trace's Input Strides"),
+    ("concrete_inputs", "text", "JSON text exactly as the trace's Concrete Inputs"),
+    ("source_location", "text", "the user's file:line that issued the calls"),
+    ("calls", "number", "calls over all profiled steps"),
+    ("time_us_total", "number", "time over all profiled steps (CPU runs: self time; GPU runs: kernel time)"),
+    ("time_share", "number", "the row's fraction of the sum over rows"),
+    ("flops_per_call", "number", "FLOPs of one call; empty where the cost model does not know the op"),
+    ("bytes_per_call", "number", "bytes moved by one call; empty where unknown"),
+    ("arithmetic_intensity", "number", "FLOPs per byte"),
+    ("achieved_gflops", "number", "GFLOP/s achieved"),
+    ("achieved_gbps", "number", "GB/s achieved"),
+    ("pct_peak_flops", "number", "% of the FLOP/s ceiling of the row's dtype"),
+    ("pct_peak_bandwidth", "number", "% of the bandwidth ceiling"),
+    ("bound", "text", "memory, compute, overhead or unknown"),
+    ("cpu_time_us_total", "number", "GPU runs: the ops' CPU time"),
+    ("kernels", "text", "GPU runs: ;-separated kernel names"),
+    ("family", "text", "the cost model's op family"),
+    ("dtype", "text", "the dtype whose ceiling applies"),
+    ("ceiling", "text", "the ceiling key the roofline used"),
+    ("time_us_per_call", "number", "time_us_total / calls"),
+    ("note", "text", "why a row has no shapes or cost (kernel rows, custom ops)"),
+    ("compiled_graph", "value", "the torch.compile range the calls ran in; empty for eager ops"),
+    ("kernel_family", "text", "GPU runs: the family of most of the row's kernel time"),
+    ("launcher", "text", "GPU runs, kernel rows: what launched the kernels"),
+    ("module", "text", "the innermost nn.Module's qualified name; \"\" the model itself"),
+    ("module_class", "text", "that module's class; empty outside the model"),
+    ("alloc_bytes_per_call", "number", "bytes allocated during one call (runs with memory events)"),
+    ("freed_bytes_per_call", "number", "bytes freed during one call"),
+    ("ranks", "value", "merged runs: how many ranks ran the row"),
+    ("slowest_rank", "value", "merged runs: the rank with the most time on the row"),
+    ("time_us_max_rank", "value", "merged runs: the row's time on that rank"),
+    ("nsys_time_us_total", "value", "Nsight Systems: the row's measured kernel time"),
+    ("measured_time_us_per_call", "value", "Nsight Compute: measured time per call"),
+    ("measured_dram_bytes_per_call", "value", "Nsight Compute: DRAM bytes per call"),
+    ("measured_flops_per_call", "value", "Nsight Compute: FLOPs per call"),
+    ("measured_tensor_inst_per_call", "value", "Nsight Compute: tensor-core instructions per call"),
+    ("measured_dram_pct_peak", "value", "Nsight Compute: DRAM % of speed of light"),
+    ("measured_sm_pct_peak", "value", "Nsight Compute: SM % of speed of light"),
+    ("measured_bytes_ratio", "value", "measured / modeled bytes"),
+    ("measured_flops_ratio", "value", "measured / modeled FLOPs"),
+    ("measured_kernels", "text", "Nsight Compute: the measured kernels, most traffic first"),
+)
+OPS_REQUIRED = ("op", "calls", "time_us_total", "time_share")
+
+MODULES_COLUMNS = _columns(
+    ("module", "text", "qualified name; \"\" the model; (outside the model) for ops outside its forward"),
+    ("module_class", "text", "its class"),
+    ("depth", "number", "0 for the model and (outside the model); the number of dotted parts otherwise"),
+    ("time_us_total", "number", "inclusive: the module's rows and all its submodules', over all steps"),
+    ("time_share", "number", "of the run's op time"),
+    ("self_time_us", "number", "rows whose module is this one"),
+    ("flops_total", "number", "inclusive FLOPs over all steps; empty when none is known"),
+    ("bytes_total", "number", "inclusive bytes over all steps; empty when none is known"),
+    ("bound", "text", "the bound class with the most inclusive time"),
+    ("findings", "number", "findings whose module is this one or inside it"),
+)
+
+RANKS_COLUMNS = _columns(
+    ("rank", "number", "the rank"),
+    ("steps", "number", "its profiled steps"),
+    ("step_time_us", "number", "per step"),
+    ("op_time_us", "number", "per step"),
+    ("collective_time_us", "number", "per step"),
+    ("compute_time_us", "number", "per step"),
+    ("idle_time_us", "number", "per step"),
+    ("comm_compute_overlap_share", "number", "empty without communication kernels"),
+    ("straggler", "number", "1 for the rank with the most compute per step, else 0"),
+    ("device", "text", "the device's name"),
+    ("run", "text", "its run directory inside the merged run (ranks/<rank>)"),
+)
+
+NSYS_KERNELS_COLUMNS = _columns(
+    ("kind", "text", "kernel, memcpy or memset"), ("name", "text", "as Nsight Systems names it"),
+    ("module", "text", "the NVTX module range"), ("nvtx_op", "text", "the NVTX op range"),
+    ("ops_row", "number", "the ops.csv row it lined up with; -1 where none"), ("op", "text", "that row's op"),
+    ("source_location", "text", "that row's line"), ("calls", "number", "inside the steps"),
+    ("time_us_total", "number", "inside the steps"), ("bytes_total", "number", "memcpy/memset bytes"),
+)
+
+NCU_KERNELS_COLUMNS = _columns(
+    ("id", "number", "Nsight Compute's kernel id"), ("kernel", "text", "its name"),
+    ("ops_row", "number", "the ops.csv row it was matched to; -1 where none"), ("op", "text", "that row's op"),
+    ("source_location", "text", "that row's line"), ("time_us", "number", "measured"),
+    ("dram_bytes", "number", "DRAM bytes read and written"), ("flops", "number", "from the SASS counters"),
+    ("tensor_inst", "number", "tensor-core instructions"), ("dram_pct_peak", "number", "DRAM % of speed of light"),
+    ("sm_pct_peak", "number", "SM % of speed of light"),
+)
+
+
+def names(columns: tuple[Column, ...], kind: ColumnKind) -> tuple[str, ...]:
+    return tuple(c.name for c in columns if c.kind == kind)
+
+
+# --- validation ----------------------------------------------------------------------------------------------
+
+FILE_TYPES: dict[str, Any] = {"meta.json": RunMeta, "summary.json": Summary, "findings.json": list[Finding],
+                              "swap.json": SwapFile}
+
+
+_FINITE = re.compile(r"Expected `float` [<>]= -?1\.7976931348623157e\+308")
+
+
+class FormatError(ValueError):
+    """A file that does not follow the format: the message names what is wrong and where."""
+
+
+def check(name: str, doc: Any) -> None:
+    """Raises FormatError when `doc` (a file's decoded JSON) does not follow the format of the run file
+    `name` (a key of FILE_TYPES), or was written by a newer format version."""
+    version = doc.get("format_version") if isinstance(doc, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        raise FormatError(f"written in run format {version} by a newer opscope; this one reads format "
+                          f"{FORMAT_VERSION} (upgrade opscope)")
+    try:
+        msgspec.convert(doc, FILE_TYPES[name], strict=True)
+    except msgspec.ValidationError as exc:
+        raise FormatError(_FINITE.sub("Expected a finite number", str(exc))) from None
+
+
+def valid_swap_result(result: Any) -> bool:
+    """Whether one entry of swap.json's results follows the format (the renderers skip those that do not)."""
+    try:
+        msgspec.convert(result, SwapResult, strict=True)
+    except msgspec.ValidationError:
+        return False
+    return True
 
 
 def kernels_for_rows(swap_candidates: Any, rows: range) -> dict[int, list[str]]:
@@ -29,3 +676,50 @@ def kernels_for_rows(swap_candidates: Any, rows: range) -> dict[int, list[str]]:
             if isinstance(r, int) and r in rows:
                 out.setdefault(r, []).append(c["kernel"])
     return out
+
+
+# --- the published record -------------------------------------------------------------------------------------
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of the run directory's JSON files: one definition per file under "properties"
+    (meta.json, summary.json, findings.json, swap.json; swap.json's results items are SwapResult)."""
+    types = list(FILE_TYPES.values()) + [SwapResult]
+    schemas, components = msgspec.json.schema_components(types, ref_template="#/$defs/{name}")
+    files = dict(zip(FILE_TYPES, schemas[:-1], strict=True))
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": f"opscope run directory, format {FORMAT_VERSION}",
+            "description": "The JSON files of an opscope run directory (generated from opscope.run.schema).",
+            "type": "object", "properties": files, "$defs": components}
+
+
+def columns_markdown() -> str:
+    """The CSV files' columns as Markdown tables, in file order."""
+    parts = []
+    for file, columns in (("ops.csv", OPS_COLUMNS), ("modules.csv", MODULES_COLUMNS), ("ranks.csv", RANKS_COLUMNS),
+                          ("nsys_kernels.csv", NSYS_KERNELS_COLUMNS), ("ncu_kernels.csv", NCU_KERNELS_COLUMNS)):
+        lines = [f"### `{file}`", "", "| column | kind | meaning |", "|---|---|---|"]
+        lines += [f"| `{c.name}` | {c.kind} | {c.description.replace('|', '/')} |" for c in columns]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+def write_docs(folder: str) -> list[str]:
+    """Writes run-format.schema.json and run-format-columns.md into `folder`; returns their paths."""
+    import json
+    from pathlib import Path
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    schema = out / "run-format.schema.json"
+    schema.write_text(json.dumps(json_schema(), indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    columns = out / "run-format-columns.md"
+    columns.write_text(columns_markdown(), encoding="utf-8")
+    return [str(schema), str(columns)]
+
+
+if __name__ == "__main__":
+    import sys
+
+    for path in write_docs(sys.argv[1] if len(sys.argv) > 1 else "docs/reference"):
+        print(path)

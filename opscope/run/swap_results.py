@@ -1,15 +1,16 @@
-"""swap.json: the swap results of a run (format in README.md, "Run directory format"). Torch-free: the
+"""swap.json: the swap results of a run (format: opscope.run.schema.SwapFile). Torch-free: the
 renderers read it through `read_swap`, which keeps only well-formed results and never raises."""
 
 from __future__ import annotations
 
 import json
-import math
+import typing
 from pathlib import Path
 from typing import Any
 
-FORMAT_VERSION = 1
-STATUSES = ("passed", "failed", "not-applicable", "error")
+from opscope.run.schema import FORMAT_VERSION, SwapStatus, valid_swap_result
+
+STATUSES = typing.get_args(SwapStatus)
 
 
 def result_doc(*, label: str, source: str, kernels: list[str], status: str, message: str = "",
@@ -49,18 +50,11 @@ def dumps(doc: dict[str, Any]) -> str:
     return run_dumps(doc)
 
 
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _well_formed(r: Any) -> bool:
-    return (isinstance(r, dict) and isinstance(r.get("label"), str) and r.get("status") in STATUSES
-            and isinstance(r.get("message", ""), str))
 
 
 def read_swap(path: Path) -> dict[str, Any] | None:
-    """swap.json with only its well-formed results (label text, a known status), or None when the file
-    is missing, unreadable, not an object with a results list, or holds no such result."""
+    """swap.json with only its results that follow the format (opscope.run.schema.SwapResult), or None
+    when the file is missing, unreadable, not an object with a results list, or holds no such result."""
     if not path.is_file():
         return None
     try:
@@ -69,15 +63,9 @@ def read_swap(path: Path) -> dict[str, Any] | None:
         return None
     if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
         return None
-    results = [r for r in doc["results"] if _well_formed(r)]
+    results = [r for r in doc["results"] if valid_swap_result(r)]
     if not results:
         return None
     return {**doc, "results": results}
 
 
-def failed(doc: dict[str, Any] | None) -> list[dict[str, Any]]:
-    return [r for r in (doc or {}).get("results", []) if r.get("status") == "failed"]
-
-
-def num(v: Any) -> float | None:
-    return float(v) if _is_num(v) else None

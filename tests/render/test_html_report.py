@@ -235,7 +235,7 @@ def test_report_cli_prints_the_full_report(runs):
 
 
 _JUNK = [None, "x", -1, 1e308, [], {}, True, "NaN", {"verdict": 3}, [1, {"a": None}]]
-CHECKED_KEYS = ("noise", "step_time_cv", "step_time_us_p50")  # typed by the run-directory format (read_run)
+CHECKED_KEYS = ("noise", "memory", "step_time_cv", "step_time_us_p50")  # typed by opscope.run.schema
 
 
 def test_unexpected_optional_keys_never_break_rendering(runs, tmp_path):
