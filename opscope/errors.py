@@ -22,9 +22,5 @@ class OutputError(OpscopeError):
     """The run directory cannot be written where asked."""
 
 
-class NotAvailableError(OpscopeError):
-    """A command whose capability has not landed yet."""
-
-
 class NsightError(OpscopeError):
     """Nsight Systems / Nsight Compute cannot run or its output cannot be read (opscope.nsight)."""

@@ -15,8 +15,6 @@ from opscope.table import Table, as_table, pairwise_sum
 if TYPE_CHECKING:
     import pandas as pd
 
-SEVERITIES = ("high", "medium", "low")
-
 
 @dataclass
 class Finding:

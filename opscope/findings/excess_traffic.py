@@ -36,11 +36,9 @@ SUGGESTION = ("Find where the extra DRAM traffic comes from in the kernel's Memo
 
 
 def _num(value: object) -> float:
-    try:
-        x = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return math.nan
-    return x
+    """The value as a finite float, else NaN (comparisons with NaN are false: the row is skipped)."""
+    x = units.number(value)
+    return math.nan if x is None else x
 
 
 @rule("excess-traffic")

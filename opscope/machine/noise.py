@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from opscope.units import number
+
 PROC_STAT = "/proc/stat"
 # /proc/stat columns after the name: user nice system idle iowait irq softirq steal guest guest_nice.
 # guest time is already inside user; idle and iowait are not busy.
@@ -182,14 +184,10 @@ def unknown(reason: str) -> dict[str, Any]:
 def remedy(noise: dict[str, Any]) -> str:
     """What to do about a noisy measurement: fewer threads than cores, more steps, an idle machine."""
     cores, share = noise.get("cores"), noise.get("other_cpu_share")
-    if not (_number(cores) and _number(share) and 1 <= cores <= 1 << 20 and 0 <= share <= 1):
+    if not (number(cores) is not None and number(share) is not None and 1 <= cores <= 1 << 20 and 0 <= share <= 1):
         return "rerun on an idle machine, with fewer --threads than cores, or with more --steps"
     free = max(int(cores) - math.ceil(share * cores - 1e-9), 1)
     return f"rerun on an idle machine, with --threads {free}, or with more --steps"
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def noise_caveat(noise: dict[str, Any] | None) -> str:

@@ -17,13 +17,13 @@ it equals "float64"); the other keys are dense (no 2:4 sparsity) tensor-core rat
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from opscope.costmodel.base import TENSOR_CORE_FAMILIES
 from opscope.errors import OpscopeError
+from opscope.units import number
 
 DTYPE_KEYS: tuple[str, ...] = ("float32", "tfloat32", "bfloat16", "float16", "float8", "float64", "int8",
                                "float64_vector")
@@ -79,8 +79,8 @@ class Peaks:
         """The meta.json "peaks" object: {"memory_bandwidth_gbps": float|null, "flops_gflops": {dtype: float},
         "origin": {"memory_bandwidth": ..., "flops": ...}} with origins from ORIGINS."""
         return {
-            "memory_bandwidth_gbps": _num(self.memory_bandwidth_gbps),
-            "flops_gflops": {k: float(v) for k, v in self.flops_gflops.items() if _num(v) is not None},
+            "memory_bandwidth_gbps": _positive(self.memory_bandwidth_gbps),
+            "flops_gflops": {k: float(v) for k, v in self.flops_gflops.items() if _positive(v) is not None},
             "origin": {
                 "memory_bandwidth": self.origin.get("memory_bandwidth", "unknown"),
                 "flops": self.origin.get("flops", "unknown"),
@@ -91,10 +91,10 @@ class Peaks:
     def from_json(cls, d: dict[str, Any]) -> Peaks:
         """Inverse of to_json; tolerant of missing keys and nulls (older or hand-written files)."""
         d = d or {}
-        flops = {str(k): float(v) for k, v in (d.get("flops_gflops") or {}).items() if _num(v) is not None}
+        flops = {str(k): float(v) for k, v in (d.get("flops_gflops") or {}).items() if _positive(v) is not None}
         origin = d.get("origin") or {}
         return cls(
-            memory_bandwidth_gbps=_num(d.get("memory_bandwidth_gbps")),
+            memory_bandwidth_gbps=_positive(d.get("memory_bandwidth_gbps")),
             flops_gflops=flops,
             origin={
                 "memory_bandwidth": str(origin.get("memory_bandwidth", "unknown")),
@@ -113,15 +113,10 @@ class Peaks:
         return None
 
 
-def _num(v: Any) -> float | None:
-    """A positive finite float, else None."""
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) and f > 0 else None
+def _positive(v: Any) -> float | None:
+    """A positive finite number as a float, else None."""
+    f = number(v)
+    return f if f is not None and f > 0 else None
 
 
 # --- GPU spec table ---------------------------------------------------------------------------------
@@ -455,24 +450,17 @@ def parse_peak_flops(values: list[str]) -> dict[str, float]:
             if not item:
                 continue
             if "=" in item:
-                name, _, number = item.partition("=")
+                name, _, text = item.partition("=")
                 key = _DTYPE_ALIASES.get(name.strip().lower())
                 if key is None:
                     raise OpscopeError(f"--peak-flops: unknown dtype {name.strip()!r} in {item!r}: {_PEAK_FLOPS_HELP}")
             else:
-                key, number = "*", item
-            value = _num(_float_or_none(number.strip()))
+                key, text = "*", item
+            value = _positive(text.strip())
             if value is None:
                 raise OpscopeError(f"--peak-flops: bad value in {item!r}: {_PEAK_FLOPS_HELP}")
             out[key] = value
     return out
-
-
-def _float_or_none(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
 
 
 def apply_overrides(peaks: Peaks | None, peak_bw: float | None, peak_flops: list[str] | None) -> Peaks:
@@ -490,7 +478,7 @@ def apply_overrides(peaks: Peaks | None, peak_bw: float | None, peak_flops: list
     if not flops:
         origin["flops"] = "unknown"
     if peak_bw is not None:
-        value = _num(peak_bw)
+        value = _positive(peak_bw)
         if value is None:
             raise OpscopeError(f"--peak-bw: expected a positive number of GB/s, got {peak_bw!r}")
         bw = value

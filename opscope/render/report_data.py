@@ -301,22 +301,6 @@ def op_at(op: Any, location: Any, module: Any) -> str:
     return " ".join(p for p in parts if p)
 
 
-def _format_value(key: str, value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (int, float)) and num(value) is not None:
-        if key.endswith("bytes") or key.endswith("_b"):
-            return units.si(value, "B", 1024.0)
-        if key.endswith("_us"):
-            return units.time_cell(value)
-        if key.endswith("share"):
-            return units.percent(value, 100)
-        return f"{value:,}" if isinstance(value, int) else f"{value:.4g}"
-    if isinstance(value, (dict, list)):
-        return clean(json.dumps(value, ensure_ascii=False, default=str))
-    return clean(value)
-
-
 def swap_results(run: Run) -> dict[str, Any] | None:
     """The run's swap.json (opscope.run.swap_results.read_swap: only well-formed results), strings cleaned;
     None when the run has none or it cannot be read (an optional file never breaks a report)."""

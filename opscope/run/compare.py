@@ -16,12 +16,12 @@ DEFAULT_BAND when neither run measured it, at least NOISY_BAND when either run's
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from opscope.run.model import Run
 from opscope.table import pairwise_sum, records
+from opscope.units import number
 
 # Step-time spread assumed when neither run measured it: timings of the same run on a shared machine
 # move by about +-10 % (README, Benchmarks).
@@ -30,12 +30,6 @@ NOISY_BAND = 0.25  # a run whose own noise verdict is "noisy": other processes t
 MIN_BAND = 0.02  # even on a quiet machine, per-op times move by a percent or two run to run
 
 FASTER, SLOWER, SAME, APPEARED, VANISHED = "faster", "slower", "within noise", "appeared", "vanished"
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def _text(value: Any) -> str:
@@ -149,7 +143,7 @@ def verdict(a: float, b: float, band: float) -> str:
 
 def noise_band(a: Run, b: Run) -> tuple[float, str]:
     """(band, the reason in words): see the module docstring."""
-    cvs = [cv for cv in (_num(r.summary.get("step_time_cv")) for r in (a, b)) if cv is not None and cv >= 0]
+    cvs = [cv for cv in (number(r.summary.get("step_time_cv")) for r in (a, b)) if cv is not None and cv >= 0]
     if cvs:
         band, reason = 2 * max(cvs), f"2 x the larger step-time CV ({max(cvs):.1%})"
     else:
@@ -167,10 +161,10 @@ def step_times(a: Run, b: Run) -> tuple[float | None, float | None, str]:
     """Both runs' step times from the same summary key: the median (`step_time_us_p50`) when both runs
     have it, else the mean (`step_time_us`)."""
     for key in ("step_time_us_p50", "step_time_us"):
-        ta, tb = _num(a.summary.get(key)), _num(b.summary.get(key))
+        ta, tb = number(a.summary.get(key)), number(b.summary.get(key))
         if ta is not None and tb is not None:
             return ta, tb, key
-    return _num(a.summary.get("step_time_us")), _num(b.summary.get("step_time_us")), "step_time_us"
+    return number(a.summary.get("step_time_us")), number(b.summary.get("step_time_us")), "step_time_us"
 
 
 def _steps(run: Run) -> int:
@@ -183,10 +177,10 @@ class _Group:
     rows: list[dict[str, Any]]
 
     def time(self, steps: int) -> float:
-        return sum(_num(r.get("time_us_total")) or 0.0 for r in self.rows) / steps
+        return sum(number(r.get("time_us_total")) or 0.0 for r in self.rows) / steps
 
     def calls(self, steps: int) -> float:
-        return sum(_num(r.get("calls")) or 0.0 for r in self.rows) / steps
+        return sum(number(r.get("calls")) or 0.0 for r in self.rows) / steps
 
     def source(self) -> str:
         """The source line of the group's heaviest row (rows arrive sorted by time)."""
@@ -246,7 +240,7 @@ def match_ops(a: Run, b: Run, band: float) -> list[OpChange]:
 def _finding(f: dict[str, Any]) -> FindingChange:
     return FindingChange(rule=_text(f.get("rule")), op=_text(f.get("op")),
                          source_location=_text(f.get("source_location")), severity=_text(f.get("severity")),
-                         message=_text(f.get("message")), est_savings_us=_num(f.get("est_savings_us")))
+                         message=_text(f.get("message")), est_savings_us=number(f.get("est_savings_us")))
 
 
 def match_findings(a: Run, b: Run) -> tuple[list[FindingChange], list[FindingChange], int]:
