@@ -5,14 +5,14 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint install browser
+.PHONY: demo test test-fast lint install browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 install: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,lint]'
 
 demo: install
 	$(BIN)/opscope profile examples/mlp.py
@@ -28,12 +28,21 @@ browser:
 		echo "opscope: chromium is not installed (installing needs root and apt-get); the browser tests will be skipped"; \
 	fi
 
-# Two phases: everything else 2-wide, then the `serial` tests (CPU hogs, quiet-machine checks) alone, so
-# they neither slow the others down nor read the other worker as noise.
+# The whole gate (what CI runs): lint, then the suite in two phases: everything else 2-wide, then the
+# `serial` tests (CPU hogs, quiet-machine checks) alone, so they neither slow the others down nor read
+# the other worker as noise.
 test: install browser
 	$(BIN)/ruff check opscope reference_kernels tests benchmarks examples
 	$(BIN)/python -m pytest -n 2 -q -m "not serial"
 	$(BIN)/python -m pytest -q -m serial
 
+# The edit loop: the tests not marked slow or serial (under 3 minutes on 2 cores); `make test` before
+# pushing.
+test-fast: install
+	$(BIN)/python -m pytest -n 2 -q -m "not slow and not serial"
+
+# ruff, mypy (pyproject [tool.mypy]) and the architecture's import contracts (pyproject [tool.importlinter]).
 lint: install
 	$(BIN)/ruff check opscope reference_kernels tests benchmarks examples
+	$(BIN)/mypy
+	$(BIN)/lint-imports

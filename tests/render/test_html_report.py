@@ -65,6 +65,9 @@ def assert_self_contained(doc: str) -> None:
     code = [content for attrs, content in parts if "application/json" not in attrs]
     assert len(parts) == 3 and len(code) == 2  # data, the report's own script, plotly.js
     assert code[1] == plotly_js()  # the installed plotly.js bundle, byte for byte
+    from plotly.offline import get_plotlyjs
+
+    assert plotly_js() == get_plotlyjs()  # read from its file: what plotly itself gives
     ours = SCRIPT.sub("", doc) + code[0]  # everything but plotly.js (and the JSON: checked as data)
     for needle in ('src="http', "src='http", 'href="http', "fetch(", "XMLHttpRequest", "@import", "url(", "import("):
         assert needle not in ours, needle
