@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint install browser
+.PHONY: demo test lint install browser docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,3 +37,8 @@ test: install browser
 
 lint: install
 	$(BIN)/ruff check opscope reference_kernels tests benchmarks examples
+
+# The documentation site (mkdocs.yml, docs/) into site/; --strict fails on any broken link or anchor.
+docs: install
+	$(BIN)/pip install -q -e '.[docs]'
+	$(BIN)/mkdocs build --strict
