@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-fast lint install browser
+.PHONY: demo test test-fast lint install browser docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,3 +46,10 @@ lint: install
 	$(BIN)/ruff check opscope reference_kernels tests benchmarks examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# The documentation site (mkdocs.yml, docs/) into site/; --strict fails on any broken link or anchor.
+# docs/generated (the run format's JSON Schema and columns) is written by
+# `python -m opscope.run.schema docs/generated`; tests/run/test_schema.py fails when it is stale.
+docs: install
+	$(BIN)/pip install -q -e '.[docs]'
+	$(BIN)/mkdocs build --strict
