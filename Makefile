@@ -52,4 +52,4 @@ lint: install
 # `python -m opscope.run.schema docs/generated`; tests/run/test_schema.py fails when it is stale.
 docs: install
 	$(BIN)/pip install -q -e '.[docs]'
-	$(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
