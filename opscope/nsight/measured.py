@@ -39,7 +39,6 @@ from opscope.table import from_frame, nrows, to_frame
 MEASURED_COLUMNS = ["measured_time_us_per_call", "measured_dram_bytes_per_call", "measured_flops_per_call",
                     "measured_tensor_inst_per_call", "measured_dram_pct_peak", "measured_sm_pct_peak",
                     "measured_bytes_ratio", "measured_flops_ratio", "measured_kernels"]
-NSYS_COLUMNS = ["nsys_time_us_total"]
 PLAN_COLUMNS = ["step", "kind", "name", "base", "row", "main_thread"]
 # Per precision: (FMA, add, multiply) SASS thread-instruction counts. FLOPs = 2 x FMA + add + multiply.
 FLOP_METRICS = [(f"sm__sass_thread_inst_executed_op_{p}fma_pred_on.sum",
