@@ -14,7 +14,7 @@ import re
 import shlex
 import shutil
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,13 +152,13 @@ def _option_name(arg: str) -> str:
 
 
 def nsys_profile_command(nsys: str, output_base: Path, extra: Sequence[str] = (),
-                         environ: dict[str, str] | None = None) -> NsysCommand:
+                         environ: Mapping[str, str] | None = None) -> NsysCommand:
     """`nsys profile -t cuda,nvtx,osrt,cublas,cudnn --capture-range=cudaProfilerApi
     --capture-range-end=stop -o OUTPUT -f true [EXTRA]`. The measured pass calls
     torch.cuda.profiler.start()/stop() around its steps, so only they are captured. An EXTRA option that
     opscope also sets (-t/--trace, -c/--capture-range, --capture-range-end) replaces opscope's; -o and -f
     are opscope's own (it reads the report from there) and refused."""
-    environ = os.environ if environ is None else environ
+    env: Mapping[str, str] = os.environ if environ is None else environ
     extra = list(extra)
     names = {_option_name(a) for a in extra if a.startswith("-")}
     owned = sorted(n for n in names if n in _NSYS_OWNED or _NSYS_ALIASES.get(n) in _NSYS_OWNED)
@@ -177,7 +177,7 @@ def nsys_profile_command(nsys: str, output_base: Path, extra: Sequence[str] = ()
                for i, a in enumerate(extra) if _option_name(a) == "--capture-range"]
     if capture and capture[-1] == "nvtx":
         cmd.nvtx_capture = True
-        if NSYS_REGISTER_ONLY not in environ:
+        if NSYS_REGISTER_ONLY not in env:
             cmd.env[NSYS_REGISTER_ONLY] = "0"
             cmd.notes.append(f"--capture-range=nvtx: set {NSYS_REGISTER_ONLY}=0 so that nsys also matches NVTX "
                              "ranges named with plain (non-registered) strings, such as torch.cuda.nvtx.range_push's")

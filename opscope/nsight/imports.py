@@ -17,19 +17,21 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opscope.errors import NsightError
 from opscope.nsight.commands import last_error_line, ncu_import_command, tool_for_file
 from opscope.run.model import DEFAULT_REPORTS_DIR, Run
-from opscope.run.write import check_out_dir, write_run
+from opscope.run.write import check_out_dir, write_csv, write_run
+from opscope.table import Table, largest_first, nrows
 
 if TYPE_CHECKING:
     from opscope.nsight.ncu_csv import NcuTable
 
 # Only nsight_kind and check_measurement_files run on `opscope analyze TRACE` without Nsight files: the
-# modules that read Nsight results (pandas, numpy) are imported by the functions that use them.
+# modules that read and attach Nsight results are imported by the functions that use them.
 TRACE_SUFFIXES = (".json", ".json.gz")
 
 NSYS_BYTES_NOTE = "NVTX op ranges record sizes, not dtypes: bytes assume 4-byte elements"
@@ -92,7 +94,7 @@ def load_ncu(path: Path) -> NcuTable:
 def _checked(table: NcuTable, path: Path, warn: Callable[[str], None]) -> NcuTable:
     for line in table.warnings:
         warn(line)
-    if not len(table.kernels):
+    if not nrows(table.kernels):
         raise NsightError(f"{path} holds an Nsight Compute table without kernel rows (ncu profiled no kernels: its "
                           "filters matched nothing)")
     return table
@@ -140,7 +142,7 @@ def _nsys_run(path: Path, folder: Path, peak_bw: float | None, peak_flops: list[
         ops["note"] = [(f"{n}; {NSYS_BYTES_NOTE}" if n else NSYS_BYTES_NOTE) if g else n
                        for g, n in zip(guessed, ops["note"], strict=True)]
         warn(f"{path}: {NSYS_BYTES_NOTE} (float32); for a 16-bit model they are 2x too high")
-    kernels.to_csv(folder / "nsys_kernels.csv", index=False)
+    write_csv(kernels, folder / "nsys_kernels.csv")
     return run, {"nsys_kernels.csv": folder / "nsys_kernels.csv"}
 
 
@@ -148,9 +150,6 @@ def _ncu_run(path: Path, table: NcuTable, folder: Path, peak_bw: float | None, p
              warn: Callable[[str], None]) -> tuple[Run, dict[str, Path]]:
     """One op row per kernel (by its full name): calls, time, and the measured_* columns; FLOPs and
     bytes per call stay empty (they are the cost model's) and the bound unknown."""
-    import numpy as np
-    import pandas as pd
-
     from opscope import __version__
     from opscope.analysis.ops_table import (
         CONTRACT_COLUMNS,
@@ -161,8 +160,8 @@ def _ncu_run(path: Path, table: NcuTable, folder: Path, peak_bw: float | None, p
     )
     from opscope.analysis.pipeline import summarize
     from opscope.machine.peaks import apply_overrides
-    from opscope.nsight.measured import attach_ncu, ncu_kernels_table
-    from opscope.table import from_frame
+    from opscope.nsight.measured import TIME, attach_ncu, ncu_kernels_table
+    from opscope.table import NAN, pairwise_sum, take
     from opscope.trace.kernel_names import kernel_family
 
     meas = table.kernels
@@ -170,37 +169,41 @@ def _ncu_run(path: Path, table: NcuTable, folder: Path, peak_bw: float | None, p
     if peaks.memory_bandwidth_gbps is None:
         warn("the Nsight Compute table does not name the GPU: pass --peak-bw/--peak-flops to draw its ceilings on "
              "the roofline")
-    time_us = meas["gpu__time_duration.sum"].to_numpy(dtype=float) / 1e3 if "gpu__time_duration.sum" in meas \
-        else np.full(len(meas), np.nan)
-    names = list(dict.fromkeys(meas["kernel"].tolist()))
-    row_of = {n: i for i, n in enumerate(names)}
-    ops = pd.DataFrame({
-        "op": ["kernel::" + (re.sub(r"\W", "_", b) or "unnamed")
-               for b in (meas.loc[meas["kernel"] == n, "base"].iloc[0] for n in names)],
-        "input_dims": "", "input_dtypes": "", "input_strides": "", "concrete_inputs": "", "source_location": "",
-        "calls": [int((meas["kernel"] == n).sum()) for n in names],
-        "time_us_total": [float(np.nansum(time_us[(meas["kernel"] == n).to_numpy()])) for n in names],
-        "cpu_time_us_total": np.nan, "kernels": names, "flops_per_call": np.nan, "bytes_per_call": np.nan,
-        "family": "", "dtype": "", "note": NCU_ROW_NOTE, "compiled_graph": "",
-        "kernel_family": [kernel_family(n) for n in names], "launcher": ""})
-    total = float(ops["time_us_total"].sum())
-    ops["time_share"] = ops["time_us_total"] / total if total > 0 else 0.0
+    launches: dict[str, list[int]] = {}  # kernel name -> its launches (rows of the table), in order
+    for i, kernel in enumerate(meas["kernel"]):
+        launches.setdefault(kernel, []).append(i)
+    names = list(launches)  # one op row each, in order of first launch
+    time_us = [t / 1e3 for t in meas[TIME]] if TIME in meas else [NAN] * len(meas["kernel"])
+    n = len(names)
+    ops: Table = {
+        "op": ["kernel::" + (re.sub(r"\W", "_", meas["base"][launches[k][0]]) or "unnamed") for k in names],
+        "input_dims": [""] * n, "input_dtypes": [""] * n, "input_strides": [""] * n, "concrete_inputs": [""] * n,
+        "source_location": [""] * n, "calls": [len(launches[k]) for k in names],
+        "time_us_total": [pairwise_sum([time_us[i] for i in launches[k]]) for k in names],  # np.nansum
+        "cpu_time_us_total": [NAN] * n, "kernels": names, "flops_per_call": [NAN] * n, "bytes_per_call": [NAN] * n,
+        "family": [""] * n, "dtype": [""] * n, "note": [NCU_ROW_NOTE] * n, "compiled_graph": [""] * n,
+        "kernel_family": [kernel_family(k) for k in names], "launcher": [""] * n}
+    total = pairwise_sum(ops["time_us_total"])
+    ops["time_share"] = [t / total for t in ops["time_us_total"]] if total > 0 else [0.0] * n
     ops = add_roofline(ops, peaks, gpu=True)
-    ops = ops[CONTRACT_COLUMNS + GPU_COLUMNS + EXTRA_COLUMNS + GPU_EXTRA_COLUMNS]
-    order = ops.sort_values("time_us_total", ascending=False, kind="stable").index
-    ops = ops.loc[order].reset_index(drop=True)
-    new_row = {old: new for new, old in enumerate(order.tolist())}
-    plan = pd.DataFrame({"step": 0, "kind": "kernel", "name": meas["kernel"], "base": meas["base"],
-                         "row": [new_row[row_of[n]] for n in meas["kernel"]], "main_thread": True})
-    meta = {"format_version": 1, "opscope_version": __version__, "created": pd.Timestamp.now().strftime(
-                "%Y-%m-%dT%H:%M:%S"), "source": "trace", "target": str(path), "torch_version": None,
+    ops = {c: ops[c] for c in CONTRACT_COLUMNS + GPU_COLUMNS + EXTRA_COLUMNS + GPU_EXTRA_COLUMNS}
+    order = [r for r, _ in largest_first(dict(enumerate(ops["time_us_total"])))]
+    ops = take(ops, order)
+    row_of = {names[old]: new for new, old in enumerate(order)}
+    count = len(meas["kernel"])
+    plan: Table = {"step": [0] * count, "kind": ["kernel"] * count, "name": list(meas["kernel"]),
+                   "base": list(meas["base"]), "row": [row_of[k] for k in meas["kernel"]],
+                   "main_thread": [True] * count}
+    meta = {"format_version": 1, "opscope_version": __version__,
+            "created": datetime.now().strftime("%Y-%m-%dT%H:%M:%S"), "source": "trace", "target": str(path),
+            "torch_version": None,
             "device": {"type": "cuda", "name": "unknown GPU (the Nsight Compute table does not name it)"},
             "dtype": None, "mode": "unknown", "steps": 1, "peaks": peaks.to_json()}
-    run = Run(meta=meta, ops=from_frame(ops), findings=[], summary={"steps": 1})
+    run = Run(meta=meta, ops=ops, findings=[], summary={"steps": 1})
     info = attach_ncu(run, plan, table)
     run.summary = summarize(run.ops, steps=1, step_time_us=total, n_findings=0, busy=None)
     run.summary["ncu"] = {"csv": path.name, **info}
-    ncu_kernels_table(run, table).to_csv(folder / "ncu_kernels.csv", index=False)
+    write_csv(ncu_kernels_table(run, table), folder / "ncu_kernels.csv")
     return run, {"ncu_kernels.csv": folder / "ncu_kernels.csv"}
 
 
@@ -227,12 +230,12 @@ def measurement_hook(nsys: Path | None, ncu: Path | None, folder: Path,
                 warn(line)
             summary, kernels = attach_nsys(run, plan, data)
             run.summary["nsys"] = {"report": nsys.name, **summary}
-            kernels.to_csv(folder / "nsys_kernels.csv", index=False)
+            write_csv(kernels, folder / "nsys_kernels.csv")
             extra["nsys_kernels.csv"] = folder / "nsys_kernels.csv"
         if ncu is not None:
             table = _checked(load_ncu(ncu), ncu, warn)
             run.summary["ncu"] = {"csv": ncu.name, **attach_ncu(run, plan, table)}
-            ncu_kernels_table(run, table).to_csv(folder / "ncu_kernels.csv", index=False)
+            write_csv(ncu_kernels_table(run, table), folder / "ncu_kernels.csv")
             extra["ncu_kernels.csv"] = folder / "ncu_kernels.csv"
         add_measured_findings(run)
         return extra

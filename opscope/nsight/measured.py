@@ -21,26 +21,26 @@ from __future__ import annotations
 
 import difflib
 import math
+import sys
+from collections.abc import Sequence
 from typing import Any
-
-import numpy as np
-import pandas as pd
 
 from opscope.analysis.pipeline import top_ops, union_length
 from opscope.capture.options import STEP_RANGE
-from opscope.findings.common import ops_rows_for_events
+from opscope.findings.tree import ops_rows_for_events
 from opscope.nsight.commands import kernel_base_name, kernel_key
 from opscope.nsight.ncu_csv import NcuTable
 from opscope.nsight.nsys_sqlite import NsysData, attribute, parse_op_range
 from opscope.run.model import Run
 from opscope.run.schema import UNATTRIBUTED
-from opscope.table import from_frame, nrows, to_frame
+from opscope.table import NAN, Table, empty, factorize, group_sums, largest_first, nrows, pairwise_sum, take
 
 MEASURED_COLUMNS = ["measured_time_us_per_call", "measured_dram_bytes_per_call", "measured_flops_per_call",
                     "measured_tensor_inst_per_call", "measured_dram_pct_peak", "measured_sm_pct_peak",
                     "measured_bytes_ratio", "measured_flops_ratio", "measured_kernels"]
-NSYS_COLUMNS = ["nsys_time_us_total"]
 PLAN_COLUMNS = ["step", "kind", "name", "base", "row", "main_thread"]
+NSYS_KERNELS_COLUMNS = ["kind", "name", "module", "nvtx_op", "ops_row", "op", "source_location", "calls",
+                        "time_us_total", "bytes_total"]
 # Per precision: (FMA, add, multiply) SASS thread-instruction counts. FLOPs = 2 x FMA + add + multiply.
 FLOP_METRICS = [(f"sm__sass_thread_inst_executed_op_{p}fma_pred_on.sum",
                  f"sm__sass_thread_inst_executed_op_{p}add_pred_on.sum",
@@ -51,38 +51,49 @@ TENSOR = "sm__inst_executed_pipe_tensor.sum"
 DRAM_SOL = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
 SM_SOL = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
 _KIND = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+_FLOAT_MAX = sys.float_info.max
+
+
+def _nan_last(x: float) -> tuple[bool, float]:
+    """A sort key putting NaN after every number, as pandas' sort_values does."""
+    return (True, 0.0) if x != x else (False, x)
 
 
 # --- the plan -----------------------------------------------------------------------------------
 
 
-def kernel_plan(run: Run) -> pd.DataFrame:
+def kernel_plan(run: Run) -> Table:
     """The run's device activities in launch order (launching op's start, then the activity's own), with
     their step, kind (kernel/memcpy/memset), name, function name, op row (-1: none) and whether the
     launching thread is the one that ran the steps (the first op's thread; backward runs elsewhere)."""
-    if run.events is None or run.kernels is None or not nrows(run.kernels):
-        return pd.DataFrame(columns=PLAN_COLUMNS)
-    ev, kern = to_frame(run.events), to_frame(run.kernels)
-    rows_of = np.asarray(ops_rows_for_events(run.ops, run.events), dtype=np.int64)
+    ev, kern = run.events, run.kernels
+    if ev is None or kern is None or not nrows(kern):
+        return empty(PLAN_COLUMNS)
+    rows_of = ops_rows_for_events(run.ops, ev)
     lost = [i for i, op in enumerate(run.ops["op"]) if op == UNATTRIBUTED]
     lost_row = lost[0] if lost else -1
-    op = kern["op"].to_numpy()
-    launched = op >= 0
-    safe = np.where(launched, op, 0)
-    ev_ts = ev["ts"].to_numpy()
-    first_tid = ev["tid"].to_numpy()[int(np.argmin(ev_ts))] if len(ev) else 0
-    plan = pd.DataFrame({
-        "step": np.where(launched, ev["step"].to_numpy()[safe], -1),
-        "kind": [_KIND.get(c, "kernel") for c in kern["cat"].tolist()],
-        "name": kern["name"].tolist(),
-        "base": [kernel_base_name(n) for n in kern["name"].tolist()],
-        "row": np.where(launched, rows_of[safe], lost_row),
-        "main_thread": launched & (ev["tid"].to_numpy()[safe] == first_tid),
-        "_t0": np.where(launched, ev_ts[safe], kern["ts"].to_numpy()),
-        "_t1": kern["ts"].to_numpy(),
-    })
-    plan = plan[plan["step"] >= 0].sort_values(["step", "_t0", "_t1"], kind="stable")
-    return plan[PLAN_COLUMNS].reset_index(drop=True)
+    ev_ts, ev_tid, ev_step = ev["ts"], ev["tid"], ev["step"]
+    first_tid = ev_tid[_argmin(ev_ts)] if ev_ts else 0
+    entries = []
+    for op, cat, name, ts in zip(kern["op"], kern["cat"], kern["name"], kern["ts"], strict=True):
+        launched = op >= 0
+        step = ev_step[op] if launched else -1
+        if step < 0:
+            continue
+        t0 = float(ev_ts[op]) if launched else float(ts)
+        entries.append(((step, _nan_last(t0), _nan_last(float(ts))),
+                        (step, _KIND.get(cat, "kernel"), name, kernel_base_name(name),
+                         rows_of[op] if launched else lost_row, launched and ev_tid[op] == first_tid)))
+    entries.sort(key=lambda e: e[0])  # stable: activities launched at the same time keep their order
+    return {c: [e[1][k] for e in entries] for k, c in enumerate(PLAN_COLUMNS)}
+
+
+def _argmin(values: Sequence[float]) -> int:
+    """numpy's argmin: the first NaN if there is one, else the first smallest value."""
+    for i, v in enumerate(values):
+        if v != v:
+            return i
+    return min(range(len(values)), key=values.__getitem__)
 
 
 def align(expected: list[str], measured: list[str]) -> list[int]:
@@ -107,207 +118,271 @@ def align(expected: list[str], measured: list[str]) -> list[int]:
     return out
 
 
-def first_step(plan: pd.DataFrame) -> pd.DataFrame:
-    return plan[plan["step"] == plan["step"].min()] if len(plan) else plan
+def first_step(plan: Table) -> Table:
+    """The plan's rows of its first step."""
+    if not nrows(plan):
+        return plan
+    first = min(plan["step"])
+    return take(plan, [i for i, s in enumerate(plan["step"]) if s == first])
 
 
-def ncu_selection(run: Run, plan: pd.DataFrame, top: int) -> tuple[set[str], int, list[int]]:
+def ncu_selection(run: Run, plan: Table, top: int) -> tuple[set[str], int, list[int]]:
     """What `--ncu-top N` measures: the function names of the kernels of the N op rows with the most GPU
     time (launched from the steps' thread, in the first step), how many launches of those names one step
     makes (ncu's -c), and the rows."""
     step = first_step(plan)
-    step = step[(step["kind"] == "kernel") & step["main_thread"] & (step["row"] >= 0)]
+    step = take(step, [i for i, (kind, main, row) in enumerate(zip(step["kind"], step["main_thread"], step["row"],
+                                                                   strict=True))
+                       if kind == "kernel" and main and row >= 0])
     rows: list[int] = []
-    launching = set(step["row"].tolist())
+    launching = set(step["row"])
     for r in range(nrows(run.ops)):  # ops.csv is sorted by time
         if r in launching and run.ops["op"][r] != UNATTRIBUTED:
-            rows.append(int(r))
+            rows.append(r)
         if len(rows) >= top:
             break
-    bases = set(step.loc[step["row"].isin(rows), "base"].tolist())
-    count = int(step["base"].isin(bases).sum())
+    chosen = set(rows)
+    bases = {base for base, row in zip(step["base"], step["row"], strict=True) if row in chosen}
+    count = sum(base in bases for base in step["base"])
     return bases, count, rows
 
 
 # --- Nsight Compute -----------------------------------------------------------------------------
 
 
-def _sum(df: pd.DataFrame, col: str) -> float:
-    if col not in df.columns:
-        return math.nan
-    values = df[col].to_numpy(dtype=float)
-    return float(np.nansum(values)) if np.isfinite(values).any() else math.nan
+def _column(table: Table, col: str, rows: Sequence[int]) -> list[float]:
+    values = table[col]
+    return [float(values[i]) for i in rows]
 
 
-def kernel_flops(df: pd.DataFrame) -> np.ndarray:
+def _sum(table: Table, col: str, rows: Sequence[int]) -> float:
+    """np.nansum of the column over `rows`; NaN when none of them is finite (or the column is missing)."""
+    if col not in table:
+        return NAN
+    values = _column(table, col, rows)
+    return pairwise_sum(values) if any(math.isfinite(v) for v in values) else NAN
+
+
+def _nan_to_num(x: float) -> float:
+    """numpy's nan_to_num: NaN -> 0, infinities -> the largest finite floats."""
+    if x != x:
+        return 0.0
+    if math.isinf(x):
+        return _FLOAT_MAX if x > 0 else -_FLOAT_MAX
+    return x
+
+
+def kernel_flops(table: Table) -> list[float]:
     """CUDA-core FLOPs per measured kernel: 2 x FMA + add + multiply, over fp16/fp32/fp64 (NaN when no
     count is known)."""
-    total = np.zeros(len(df))
-    known = np.zeros(len(df), dtype=bool)
+    n = nrows(table)
+    total = [0.0] * n
+    known = [False] * n
     for fma, add, mul in FLOP_METRICS:
         for col, weight in ((fma, 2.0), (add, 1.0), (mul, 1.0)):
-            if col in df.columns:
-                v = df[col].to_numpy(dtype=float)
-                total += weight * np.nan_to_num(v)
-                known |= np.isfinite(v)
-    return np.where(known, total, np.nan)
+            if col in table:
+                for i, v in enumerate(table[col]):
+                    v = float(v)
+                    total[i] += weight * _nan_to_num(v)
+                    known[i] = known[i] or math.isfinite(v)
+    return [t if k else NAN for t, k in zip(total, known, strict=True)]
 
 
-def _weighted(df: pd.DataFrame, col: str) -> float:
-    if col not in df.columns:
-        return math.nan
-    v = df[col].to_numpy(dtype=float)
-    w = df[TIME].to_numpy(dtype=float) if TIME in df.columns else np.ones(len(df))
-    ok = np.isfinite(v) & np.isfinite(w)
-    if not ok.any():
-        return math.nan
-    return float(np.average(v[ok], weights=w[ok])) if w[ok].sum() > 0 else float(v[ok].mean())
+def _weighted(table: Table, col: str, rows: Sequence[int]) -> float:
+    """The time-weighted mean of the column over `rows` (np.average), the plain mean where the times add up
+    to nothing; rows whose value or time is not finite are left out."""
+    if col not in table:
+        return NAN
+    values = _column(table, col, rows)
+    weights = _column(table, TIME, rows) if TIME in table else [1.0] * len(rows)
+    ok = [(v, w) for v, w in zip(values, weights, strict=True) if math.isfinite(v) and math.isfinite(w)]
+    if not ok:
+        return NAN
+    weight = pairwise_sum([w for _, w in ok])
+    if weight > 0:
+        return pairwise_sum([v * w for v, w in ok]) / weight
+    return pairwise_sum([v for v, _ in ok]) / len(ok)
 
 
-def attach_ncu(run: Run, plan: pd.DataFrame, table: NcuTable, bases: set[str] | None = None) -> dict[str, Any]:
-    """Adds the measured_* columns to run.ops (in place) from one step's worth of ncu measurements and
-    returns what happened ({"kernels_profiled", "kernels_matched", "rows_measured"}). `bases`: the
+def attach_ncu(run: Run, plan: Table, table: NcuTable, bases: set[str] | None = None) -> dict[str, Any]:
+    """Adds the measured_* columns to run.ops (a new ops table) from one step's worth of ncu measurements
+    and returns what happened ({"kernels_profiled", "kernels_matched", "rows_measured"}). `bases`: the
     function names opscope asked ncu for (steps' thread only); None for a table recorded elsewhere (all
-    planned kernels with a name the table has)."""
-    ops = to_frame(run.ops)
+    planned kernels with a name the table has). The table's kernels get columns flops and row (the op row
+    each lined up with, -1: none), for ncu_kernels_table."""
+    ops = dict(run.ops)
+    n_ops = nrows(ops)
     for col in MEASURED_COLUMNS:
-        ops[col] = "" if col == "measured_kernels" else np.nan
-    meas = table.kernels.copy()
+        ops[col] = [""] * n_ops if col == "measured_kernels" else [NAN] * n_ops
+    meas = dict(table.kernels)
     meas["flops"] = kernel_flops(meas)
-    step = first_step(plan).reset_index(drop=True)
+    step = first_step(plan)
     if bases is not None:
-        expected = step[(step["kind"] == "kernel") & step["main_thread"] & step["base"].isin(bases)]
+        wanted = bases
+        expected = [i for i, (kind, main, base) in enumerate(zip(step["kind"], step["main_thread"], step["base"],
+                                                                 strict=True))
+                    if kind == "kernel" and main and base in wanted]
     else:
-        expected = step[(step["kind"] == "kernel") & step["base"].isin(set(meas["base"].tolist()))]
-    match = align(expected["name"].tolist(), meas["kernel"].tolist())
-    exp_rows = expected["row"].tolist()
-    exp_index = expected.index.tolist()
-    meas["row"] = [exp_rows[m] if m >= 0 else -1 for m in match]
-    table.kernels = meas  # each measured kernel with its op row, for ncu_kernels.csv
-    matched_plan = {exp_index[m] for m in match if m >= 0}
+        wanted = set(meas["base"])
+        expected = [i for i, (kind, base) in enumerate(zip(step["kind"], step["base"], strict=True))
+                    if kind == "kernel" and base in wanted]
+    match = align([step["name"][i] for i in expected], meas["kernel"])
+    meas["row"] = [step["row"][expected[m]] if m >= 0 else -1 for m in match]
+    table.kernels = meas
+    matched_plan = {expected[m] for m in match if m >= 0}
     steps = max(int(run.summary.get("steps") or 1), 1)
+    by_row: dict[int, list[int]] = {}
+    for i, r in enumerate(meas["row"]):
+        if r >= 0:
+            by_row.setdefault(r, []).append(i)
     measured_rows = 0
-    for r, group in meas[meas["row"] >= 0].groupby("row"):
-        planned = step.index[step["row"] == r].tolist()
+    for r in sorted(by_row):
+        group = by_row[r]
+        planned = [i for i, row in enumerate(step["row"]) if row == r]
         if not planned or any(i not in matched_plan for i in planned):
             continue  # some of the row's work was not measured: no per-call numbers for it
-        calls = float(ops.at[r, "calls"]) / steps
+        calls = float(ops["calls"][r]) / steps
         if not calls > 0:
             continue
         measured_rows += 1
-        nbytes = _sum(group, DRAM_READ) + _sum(group, DRAM_WRITE)
-        flops = float(np.nansum(group["flops"])) if np.isfinite(group["flops"]).any() else math.nan
-        tensor = _sum(group, TENSOR)
+        nbytes = _sum(meas, DRAM_READ, group) + _sum(meas, DRAM_WRITE, group)
+        flops = _sum(meas, "flops", group)
+        tensor = _sum(meas, TENSOR, group)
         values = {
-            "measured_time_us_per_call": _sum(group, TIME) / 1e3 / calls,
+            "measured_time_us_per_call": _sum(meas, TIME, group) / 1e3 / calls,
             "measured_dram_bytes_per_call": nbytes / calls,
             "measured_flops_per_call": flops / calls,
             "measured_tensor_inst_per_call": tensor / calls,
-            "measured_dram_pct_peak": _weighted(group, DRAM_SOL),
-            "measured_sm_pct_peak": _weighted(group, SM_SOL),
+            "measured_dram_pct_peak": _weighted(meas, DRAM_SOL, group),
+            "measured_sm_pct_peak": _weighted(meas, SM_SOL, group),
         }
-        modeled_bytes, modeled_flops = float(ops.at[r, "bytes_per_call"]), float(ops.at[r, "flops_per_call"])
+        modeled_bytes, modeled_flops = float(ops["bytes_per_call"][r]), float(ops["flops_per_call"][r])
         if modeled_bytes > 0 and math.isfinite(values["measured_dram_bytes_per_call"]):
             values["measured_bytes_ratio"] = values["measured_dram_bytes_per_call"] / modeled_bytes
         if modeled_flops > 0 and math.isfinite(values["measured_flops_per_call"]) and not tensor > 0:
             values["measured_flops_ratio"] = values["measured_flops_per_call"] / modeled_flops
         for col, v in values.items():
-            ops.at[r, col] = v
-        traffic = sum((group[c].fillna(0.0) for c in (DRAM_READ, DRAM_WRITE) if c in group.columns),
-                      pd.Series(0.0, index=group.index))
-        order = traffic.groupby(group["kernel"]).sum().sort_values(ascending=False, kind="stable")
-        ops.at[r, "measured_kernels"] = ";".join(order.index.tolist())
-    run.ops = from_frame(ops)
-    return {"kernels_profiled": int(len(meas)), "kernels_matched": int(sum(m >= 0 for m in match)),
+            ops[col][r] = v
+        traffic = [0.0] * len(group)
+        for c in (DRAM_READ, DRAM_WRITE):
+            if c in meas:
+                traffic = [t + (0.0 if v != v else v) for t, v in zip(traffic, _column(meas, c, group), strict=True)]
+        by_traffic = largest_first(group_sums([meas["kernel"][i] for i in group], traffic))
+        ops["measured_kernels"][r] = ";".join(name for name, _ in by_traffic)
+    run.ops = ops
+    return {"kernels_profiled": nrows(meas), "kernels_matched": sum(m >= 0 for m in match),
             "rows_measured": measured_rows}
 
 
-def ncu_kernels_table(run: Run, table: NcuTable) -> pd.DataFrame:
+def ncu_kernels_table(run: Run, table: NcuTable) -> Table:
     """ncu_kernels.csv: each measured kernel, its derived numbers and the op row attach_ncu matched it to."""
     meas = table.kernels
-    rows = [int(r) for r in meas["row"]] if "row" in meas.columns else [-1] * len(meas)
+    n = nrows(meas)
+    rows = [int(r) for r in meas["row"]] if "row" in meas else [-1] * n
 
-    def col(name: str) -> Any:
-        return meas[name].to_numpy(dtype=float) if name in meas.columns else np.nan
+    def col(name: str) -> list[float]:
+        return [float(v) for v in meas[name]] if name in meas else [NAN] * n
 
-    return pd.DataFrame({
-        "id": meas["id"], "kernel": meas["kernel"], "ops_row": rows,
+    return {
+        "id": list(meas["id"]), "kernel": list(meas["kernel"]), "ops_row": rows,
         "op": [run.ops["op"][r] if r >= 0 else "" for r in rows],
         "source_location": [run.ops["source_location"][r] if r >= 0 else "" for r in rows],
-        "time_us": col(TIME) / 1e3, "dram_bytes": col(DRAM_READ) + col(DRAM_WRITE), "flops": kernel_flops(meas),
-        "tensor_inst": col(TENSOR), "dram_pct_peak": col(DRAM_SOL), "sm_pct_peak": col(SM_SOL),
-    })
+        "time_us": [t / 1e3 for t in col(TIME)],
+        "dram_bytes": [a + b for a, b in zip(col(DRAM_READ), col(DRAM_WRITE), strict=True)],
+        "flops": kernel_flops(meas), "tensor_inst": col(TENSOR), "dram_pct_peak": col(DRAM_SOL),
+        "sm_pct_peak": col(SM_SOL),
+    }
 
 
 # --- Nsight Systems -----------------------------------------------------------------------------
 
 
-def attach_nsys(run: Run, plan: pd.DataFrame, data: NsysData) -> tuple[dict[str, Any], pd.DataFrame]:
-    """Adds nsys_time_us_total to run.ops (in place); returns the summary's "nsys" object and
+def attach_nsys(run: Run, plan: Table, data: NsysData) -> tuple[dict[str, Any], Table]:
+    """Adds nsys_time_us_total to run.ops (a new ops table); returns the summary's "nsys" object and
     nsys_kernels.csv (device work by kind, name, module, NVTX op and op row)."""
     act = attribute(data)
-    ops = to_frame(run.ops)
-    ops["nsys_time_us_total"] = np.nan
-    act["row"] = -1
-    ranges = data.ranges
-    steps = ranges[ranges["text"] == STEP_RANGE] if len(ranges) else ranges
-    in_steps = act[act["step"] >= 0] if len(steps) else act
-    if len(steps):
+    n = nrows(act)
+    launch, start, names = act["launch"], act["start"], act["name"]
+    row = [-1] * n
+    steps = take(data.ranges, [i for i, t in enumerate(data.ranges["text"]) if t == STEP_RANGE])  # export order
+    in_steps = [i for i, s in enumerate(act["step"]) if s >= 0] if nrows(steps) else list(range(n))
+
+    def line_up(indices: list[int], planned: Table) -> None:
+        order = sorted(indices, key=lambda i: (launch[i], start[i]))  # stable: launch order, then start
+        planned_rows = planned["row"]
+        for i, m in zip(order, align(planned["name"], [names[i] for i in order]), strict=True):
+            row[i] = planned_rows[m] if m >= 0 else -1
+
+    if nrows(steps):
         step_plan = first_step(plan)
-        for _, group in in_steps.groupby("step"):
-            group = group.sort_values(["launch", "start"], kind="stable")
-            match = align(step_plan["name"].tolist(), group["name"].tolist())
-            rows = step_plan["row"].tolist()
-            act.loc[group.index, "row"] = [rows[m] if m >= 0 else -1 for m in match]
+        by_step: dict[int, list[int]] = {}
+        for i in in_steps:
+            by_step.setdefault(act["step"][i], []).append(i)
+        for s in sorted(by_step):
+            line_up(by_step[s], step_plan)
     else:  # no step ranges: the whole report against every step of the plan
-        group = act.sort_values(["launch", "start"], kind="stable")
-        match = align(plan["name"].tolist(), group["name"].tolist())
-        rows = plan["row"].tolist()
-        act.loc[group.index, "row"] = [rows[m] if m >= 0 else -1 for m in match]
-    act["dur_us"] = (act["end"] - act["start"]) / 1e3
-    counted = act.loc[in_steps.index]
-    matched = counted[counted["row"] >= 0]
-    ops.loc[:, "nsys_time_us_total"] = 0.0
-    for r, t in matched.groupby("row")["dur_us"].sum().items():
-        ops.at[int(r), "nsys_time_us_total"] = float(t)
-    ops.loc[ops["nsys_time_us_total"] == 0.0, "nsys_time_us_total"] = np.nan
-    run.ops = from_frame(ops)
+        line_up(list(range(n)), plan)
+    act["row"] = row
+    act["dur_us"] = [(e - s) / 1e3 for s, e in zip(act["start"], act["end"], strict=True)]
+    counted = take(act, in_steps)
+    matched = [i for i, r in enumerate(counted["row"]) if r >= 0]
+    nsys_time = [NAN] * nrows(run.ops)
+    per_row = group_sums([counted["row"][i] for i in matched], [counted["dur_us"][i] for i in matched])
+    for r, t in per_row.items():
+        nsys_time[r] = t if t != 0.0 else NAN  # a row whose kernels took no time was not measured
+    run.ops = {**run.ops, "nsys_time_us_total": nsys_time}
     summary = nsys_summary(data, counted, steps)
-    total = float(counted["dur_us"].sum())
-    summary["matched_time_share"] = float(matched["dur_us"].sum()) / total if total > 0 else None
+    total = pairwise_sum(counted["dur_us"])
+    summary["matched_time_share"] = pairwise_sum([counted["dur_us"][i] for i in matched]) / total \
+        if total > 0 else None
     return summary, nsys_kernels(run, counted)
 
 
-def nsys_summary(data: NsysData, counted: pd.DataFrame, steps: pd.DataFrame) -> dict[str, Any]:
+def nsys_summary(data: NsysData, counted: Table, steps: Table) -> dict[str, Any]:
     """Step count and time, GPU busy share, and the device work inside the steps."""
-    out: dict[str, Any] = {"steps": int(len(steps)), "gpu": data.gpu_name}
-    if len(steps):
-        durations = (steps["end"] - steps["start"]).to_numpy() / 1e3
-        out["step_time_us"] = float(durations.mean())
-        busy = union_length(counted["start"].to_numpy(dtype=float), counted["end"].to_numpy(dtype=float)) / 1e3
-        out["device_busy_share"] = float(min(busy / durations.sum(), 1.0)) if durations.sum() > 0 else None
-    kinds = counted.groupby("kind")
+    out: dict[str, Any] = {"steps": nrows(steps), "gpu": data.gpu_name}
+    if nrows(steps):
+        durations = [(e - s) / 1e3 for s, e in zip(steps["start"], steps["end"], strict=True)]
+        total = pairwise_sum(durations)
+        out["step_time_us"] = total / len(durations)
+        busy = union_length([float(s) for s in counted["start"]], [float(e) for e in counted["end"]]) / 1e3
+        out["device_busy_share"] = min(busy / total, 1.0) if total > 0 else None
     for kind in ("kernel", "memcpy", "memset"):
-        group = kinds.get_group(kind) if kind in kinds.groups else counted.iloc[:0]
-        out[f"{kind}s"] = int(len(group))
-        out[f"{kind}_time_us"] = float(group["dur_us"].sum()) if len(group) else 0.0
+        rows = [i for i, k in enumerate(counted["kind"]) if k == kind]
+        out[f"{kind}s"] = len(rows)
+        out[f"{kind}_time_us"] = pairwise_sum([counted["dur_us"][i] for i in rows]) if rows else 0.0
         if kind != "kernel":
-            out[f"{kind}_bytes"] = float(np.nansum(group["bytes"].to_numpy(dtype=float))) if len(group) else 0.0
+            out[f"{kind}_bytes"] = pairwise_sum([counted["bytes"][i] for i in rows]) if rows else 0.0
     return out
 
 
-def nsys_kernels(run: Run, act: pd.DataFrame) -> pd.DataFrame:
-    """nsys_kernels.csv: the steps' device work summed by (kind, name, module, NVTX op, op row)."""
-    act = act.assign(nvtx_op=[(parse_op_range(t) or ("",))[0] for t in act["op_range"].tolist()])
-    grouped = act.groupby(["kind", "name", "module", "nvtx_op", "row"], sort=False, dropna=False).agg(
-        calls=("dur_us", "size"), time_us_total=("dur_us", "sum"),
-        bytes_total=("bytes", lambda b: b.sum(min_count=1))).reset_index()
-    grouped["op"] = [run.ops["op"][r] if r >= 0 else "" for r in grouped["row"].tolist()]
-    grouped["source_location"] = [run.ops["source_location"][r] if r >= 0 else "" for r in grouped["row"].tolist()]
-    grouped = grouped.rename(columns={"row": "ops_row"})
-    columns = ["kind", "name", "module", "nvtx_op", "ops_row", "op", "source_location", "calls", "time_us_total",
-               "bytes_total"]
-    return grouped[columns].sort_values("time_us_total", ascending=False, kind="stable").reset_index(drop=True)
+def nsys_kernels(run: Run, counted: Table) -> Table:
+    """nsys_kernels.csv: the steps' device work summed by (kind, name, module, NVTX op, op row), groups in
+    order of first appearance, the most time first."""
+    nvtx_op = [(parse_op_range(t) or ("",))[0] for t in counted["op_range"]]
+    codes, keys = factorize(zip(counted["kind"], counted["name"], counted["module"], nvtx_op, counted["row"],
+                                strict=True))
+    members: list[list[int]] = [[] for _ in keys]
+    for i, g in enumerate(codes):
+        members[g].append(i)
+    times = group_sums(codes, counted["dur_us"])  # pandas' groupby sum: its float, to the last bit
+    nbytes = counted["bytes"]
+    out = empty(NSYS_KERNELS_COLUMNS)
+    for g, (kind, name, module, op_name, r) in enumerate(keys):
+        group_bytes = [nbytes[i] for i in members[g]]
+        out["kind"].append(kind)
+        out["name"].append(name)
+        out["module"].append(module)
+        out["nvtx_op"].append(op_name)
+        out["ops_row"].append(r)
+        out["op"].append(run.ops["op"][r] if r >= 0 else "")
+        out["source_location"].append(run.ops["source_location"][r] if r >= 0 else "")
+        out["calls"].append(len(members[g]))
+        out["time_us_total"].append(times[g])
+        # sum(min_count=1): NaN when no activity of the group has a byte count (kernels)
+        out["bytes_total"].append(pairwise_sum(group_bytes) if any(b == b for b in group_bytes) else NAN)
+    order = [g for g, _ in largest_first(dict(enumerate(out["time_us_total"])))]
+    return take(out, order)
 
 
 # --- after attaching ------------------------------------------------------------------------------

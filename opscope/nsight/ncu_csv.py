@@ -22,11 +22,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-
 from opscope.errors import NsightError
 from opscope.nsight.commands import diagnose, kernel_base_name
+from opscope.table import NAN, Table
 
 IDENTITY = {"ID": "id", "Process ID": "pid", "Process Name": "process", "Host Name": "host",
             "Kernel Name": "kernel", "Context": "context", "Stream": "stream", "Block Size": "block",
@@ -46,17 +44,19 @@ _SCALED = re.compile(r"^(?P<p>[KkMGTP]i?)?(?P<u>byte|B|inst|cycle|sector|request
 
 @dataclass
 class NcuTable:
-    """One row per profiled kernel launch, in ncu's ID order: id, kernel (as printed), base (its function
-    name), pid, stream, device, grid, block, then one float column per metric in base units."""
+    """One row per profiled kernel launch, in ncu's ID order (an opscope.table Table): id, kernel (as
+    printed), base (its function name), pid, stream, device, grid, block (text as printed), then one float
+    column per metric in base units (NaN: not measured). opscope.nsight.measured.attach_ncu adds flops and
+    row (the op row each kernel lined up with)."""
 
-    kernels: pd.DataFrame
+    kernels: Table
     layout: str  # "raw" | "details"
     messages: list[str] = field(default_factory=list)  # ncu's own ==PROF==/==WARNING==/==ERROR== lines
     warnings: list[str] = field(default_factory=list)
 
     @property
     def metrics(self) -> list[str]:
-        return [c for c in self.kernels.columns if METRIC_NAME.match(c)]
+        return [c for c in self.kernels if METRIC_NAME.match(c)]
 
 
 def parse_number(text: str) -> float:
@@ -136,10 +136,10 @@ def read_ncu_csv(path: Path) -> NcuTable:
     return parse_ncu_csv(text, str(path))
 
 
-def _identity(record: dict[str, str]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for col, key in IDENTITY.items():
-        out[key] = record.get(col, "")
+def _identity(record: dict[str, str]) -> dict[str, str | int | float]:
+    """The identity columns of a row (as printed; the id as an int, -1 if none) and the kernel's base name;
+    the metrics are added to it."""
+    out: dict[str, str | int | float] = {key: record.get(col, "") for col, key in IDENTITY.items()}
     kid = parse_number(str(out["id"]))
     out["id"] = int(kid) if math.isfinite(kid) else -1
     out["base"] = kernel_base_name(str(out["kernel"]))
@@ -155,7 +155,7 @@ def _convert(value: str, unit: str, metric: str, odd_units: dict[str, str]) -> f
     return x * factor
 
 
-def _raw(header: list[str], rows: list[list[str]], warnings: list[str], source: str) -> pd.DataFrame:
+def _raw(header: list[str], rows: list[list[str]], warnings: list[str], source: str) -> Table:
     units: dict[str, str] = {}
     id_col = header.index("ID")
     if rows and not rows[0][id_col].strip():  # the units row of the raw page
@@ -171,11 +171,11 @@ def _raw(header: list[str], rows: list[list[str]], warnings: list[str], source: 
             item[m] = _convert(record[m], units.get(m, ""), m, odd)
         out.append(item)
     _odd_warning(odd, warnings, source)
-    return _frame(out, metrics)
+    return _table(out, metrics)
 
 
-def _details(header: list[str], rows: list[list[str]], warnings: list[str], source: str) -> pd.DataFrame:
-    by_id: dict[tuple[int, str], dict[str, object]] = {}
+def _details(header: list[str], rows: list[list[str]], warnings: list[str], source: str) -> Table:
+    by_id: dict[tuple[int, str], dict[str, str | int | float]] = {}
     odd: dict[str, str] = {}
     shown: dict[tuple[int, str], dict[str, float]] = {}
     metrics: dict[str, None] = {}
@@ -188,18 +188,22 @@ def _details(header: list[str], rows: list[list[str]], warnings: list[str], sour
         value = _convert(record.get("Metric Value", ""), record.get("Metric Unit", ""), name, odd)
         if METRIC_NAME.match(name):
             metrics[name] = None
-            if not isinstance(entry.get(name), float) or math.isnan(entry[name]):  # type: ignore[arg-type]
+            if not _known(entry.get(name)):
                 entry[name] = value
         elif name in DISPLAY_NAMES:
             shown.setdefault(key, {})[DISPLAY_NAMES[name]] = value
     for key, values in shown.items():  # display names fill in what the raw metrics did not give
         for m, v in values.items():
-            current = by_id[key].get(m)
-            if not isinstance(current, float) or math.isnan(current):
+            if not _known(by_id[key].get(m)):
                 by_id[key][m] = v
                 metrics[m] = None
     _odd_warning(odd, warnings, source)
-    return _frame(list(by_id.values()), list(metrics))
+    return _table(list(by_id.values()), list(metrics))
+
+
+def _known(value: object) -> bool:
+    """Whether a kernel's metric already has a number (a later row of the details page does not replace it)."""
+    return isinstance(value, float) and not math.isnan(value)
 
 
 def _odd_warning(odd: dict[str, str], warnings: list[str], source: str) -> None:
@@ -208,11 +212,13 @@ def _odd_warning(odd: dict[str, str], warnings: list[str], source: str) -> None:
         warnings.append(f"{source}: unit(s) not understood, values kept as printed: {listed}")
 
 
-def _frame(items: list[dict[str, object]], metrics: list[str]) -> pd.DataFrame:
-    columns = ["id", *IDENTITY.values(), "base"]
-    columns = list(dict.fromkeys(columns))
-    df = pd.DataFrame(items, columns=columns + [m for m in metrics if m not in columns])
+def _table(items: list[dict[str, str | int | float]], metrics: list[str]) -> Table:
+    """The kernels by id (equal ids in the order read): identity columns, base, then the metrics (NaN where
+    a kernel has none)."""
+    columns = list(dict.fromkeys(["id", *IDENTITY.values(), "base"]))
+    metrics = [m for m in metrics if m not in columns]
+    items = sorted(items, key=lambda item: int(item["id"]))
+    table: Table = {c: [item.get(c, NAN) for item in items] for c in columns}
     for m in metrics:
-        df[m] = pd.to_numeric(df[m], errors="coerce").astype(float)
-    df["id"] = df["id"].astype(np.int64) if len(df) else df["id"]
-    return df.sort_values("id", kind="stable").reset_index(drop=True)
+        table[m] = [float(item.get(m, NAN)) for item in items]
+    return table

@@ -20,24 +20,23 @@ an error.
 
 from __future__ import annotations
 
+import bisect
 import math
 import numbers
 import re
 import sqlite3
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from opscope.analysis.events import innermost
 from opscope.capture.options import MODULE_RANGE_PREFIX, STEP_RANGE
 from opscope.errors import NsightError
 from opscope.nsight.commands import kernel_base_name
-from opscope.table import from_frame
+from opscope.table import NAN, Table, empty, nrows, take
 from opscope.trace.reader import TraceData
-
-if TYPE_CHECKING:  # imported where used: `opscope analyze` of a torch trace imports this module, not pandas
-    import numpy as np
-    import pandas as pd
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 MEMCPY_TABLE = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -56,17 +55,26 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 # (torch/csrc/profiler/util.cpp getNvtxStr); plain "ns::op" ranges are ops too.
 _OP_RANGE = re.compile(r"^(?P<name>[A-Za-z_]\w*::[A-Za-z_][\w.]*)(?:, seq = (?P<seq>-?\d+))?(?:, op_id = \d+)?"
                        r"(?:, sizes = (?P<sizes>\[.*\]))?$")
-_ACTIVITY_COLUMNS = ["kind", "name", "start", "end", "device", "stream", "correlation", "pid", "bytes"]
+# Times (start, end) are nanoseconds as nsys writes them, ints; ids are ints, -1 where unknown.
+ACTIVITY_COLUMNS = ["kind", "name", "start", "end", "device", "stream", "correlation", "pid", "bytes"]
+LAUNCH_COLUMNS = ["name", "start", "end", "gtid", "correlation", "pid"]
+RANGE_COLUMNS = ["text", "start", "end", "gtid", "domain"]
+# What attribute() adds to the activities (see there).
+ATTRIBUTION_COLUMNS = ["gtid", "launch", "step", "module", "op_range"]
+
+NameOf = Callable[[object], str]
 
 
 @dataclass
 class NsysData:
-    """One export as tables; times are nanoseconds as nsys writes them."""
+    """One export as tables (opscope.table); times are nanoseconds as nsys writes them."""
 
     path: str
-    activities: pd.DataFrame  # kind (kernel|memcpy|memset), name, start, end, device, stream, correlation, pid, bytes
-    launches: pd.DataFrame  # runtime API calls: name, start, end, gtid, correlation, pid
-    ranges: pd.DataFrame  # NVTX push/pop ranges: text, start, end, gtid, domain
+    # kind (kernel|memcpy|memset), name, start, end, device, stream, correlation, pid, bytes (NaN: unknown);
+    # by start, then end
+    activities: Table
+    launches: Table  # runtime API calls: name, start, end, gtid, correlation, pid
+    ranges: Table  # NVTX push/pop ranges: text, start, end, gtid, domain
     gpu_name: str | None = None
     warnings: list[str] = field(default_factory=list)
 
@@ -111,7 +119,7 @@ class _Schema:
             self._columns[table] = [r[1] for r in rows]
         return self._columns[table]
 
-    def select(self, table: str, wanted: list[str], where: str = "") -> list[tuple]:
+    def select(self, table: str, wanted: list[str], where: str = "") -> list[tuple[Any, ...]]:
         """Rows of `wanted` columns; a column the table lacks reads as NULL."""
         have = set(self.columns(table))
         expr = ", ".join(f'"{c}"' if c in have else f'NULL AS "{c}"' for c in wanted)
@@ -155,18 +163,39 @@ def _has_times(schema: _Schema, table: str, warnings: list[str], path: Path) -> 
     return True
 
 
-def _pid(global_id: object) -> int:
+def _pid(global_id: Any) -> int:
     """The process id inside an nsys serialized GlobalId (globalPid / globalTid)."""
     if global_id is None:
         return -1
     return (int(global_id) >> 24) & 0xFFFFFF
 
 
-def _activities(schema: _Schema, name_of, warnings: list[str], path: Path) -> pd.DataFrame:  # noqa: ANN001
-    import numpy as np
-    import pandas as pd
+def _number(value: Any) -> float | int | None:
+    """A value of a numeric column as a number, None where it is none (NULL, NaN, text that is not a
+    number): what pandas.to_numeric(errors="coerce") reads, NaN being None."""
+    if value is None or isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return None if value != value else value
+    try:
+        text = value.decode() if isinstance(value, bytes) else str(value)
+        return int(text)
+    except ValueError:
+        try:
+            number = float(text)
+        except ValueError:
+            return None
+        return None if number != number else number
 
-    out: list[tuple] = []
+
+def _id(value: Any) -> int:
+    """An id column's value as an int, -1 where unknown."""
+    number = _number(value)
+    return -1 if number is None else int(number)
+
+
+def _activities(schema: _Schema, name_of: NameOf, warnings: list[str], path: Path) -> Table:
+    out: list[tuple[Any, ...]] = []
     if _has_times(schema, KERNEL_TABLE, warnings, path):
         cols = schema.columns(KERNEL_TABLE)
         name_col = next((c for c in ("demangledName", "shortName", "mangledName", "name") if c in cols), None)
@@ -196,24 +225,22 @@ def _activities(schema: _Schema, name_of, warnings: list[str], path: Path) -> pd
             name = f"Memset ({MEMORY_KINDS[kind]})" if kind in MEMORY_KINDS else "Memset"
             out.append(("memset", name, start, end, dev, stream, corr, _pid(gpid),
                         float(nbytes) if nbytes is not None else math.nan))
-    df = pd.DataFrame(out, columns=_ACTIVITY_COLUMNS)
-    for c in ("device", "stream", "correlation", "pid"):
-        df[c] = pd.to_numeric(df[c], errors="coerce").fillna(-1).astype(np.int64)
-    for c in ("start", "end"):
-        df[c] = pd.to_numeric(df[c], errors="coerce")
-    bad = df["start"].isna() | df["end"].isna() | (df["end"] < df["start"])
-    if bad.any():
-        warnings.append(f"{path}: left out {int(bad.sum())} GPU activities without a valid start/end")
-        df = df[~bad]
-    df = df.astype({"start": np.int64, "end": np.int64})
-    return df.sort_values(["start", "end"], kind="stable").reset_index(drop=True)
+    rows: list[tuple[Any, ...]] = []
+    bad = 0
+    for kind, name, start, end, dev, stream, corr, pid, nbytes in out:
+        begin, finish = _number(start), _number(end)
+        if begin is None or finish is None or finish < begin:
+            bad += 1
+            continue
+        rows.append((kind, name, int(begin), int(finish), _id(dev), _id(stream), _id(corr), _id(pid), nbytes))
+    if bad:
+        warnings.append(f"{path}: left out {bad} GPU activities without a valid start/end")
+    rows.sort(key=lambda r: (r[2], r[3]))  # stable: equal times keep the tables' order
+    return {c: [r[k] for r in rows] for k, c in enumerate(ACTIVITY_COLUMNS)}
 
 
-def _launches(schema: _Schema, name_of, warnings: list[str], path: Path) -> pd.DataFrame:  # noqa: ANN001
-    import numpy as np
-    import pandas as pd
-
-    rows: list[tuple] = []
+def _launches(schema: _Schema, name_of: NameOf, warnings: list[str], path: Path) -> Table:
+    rows: list[tuple[str, int, int, int, int, int]] = []
     if _has_times(schema, RUNTIME_TABLE, warnings, path):
         cols = schema.columns(RUNTIME_TABLE)
         if "correlationId" not in cols:
@@ -223,22 +250,17 @@ def _launches(schema: _Schema, name_of, warnings: list[str], path: Path) -> pd.D
             for start, end, gtid, corr, name in schema.select(
                     RUNTIME_TABLE, ["start", "end", "globalTid", "correlationId", "nameId"],
                     'WHERE "correlationId" IS NOT NULL AND "correlationId" > 0'):
-                rows.append((name_of(name), start, end, -1 if gtid is None else int(gtid), int(corr), _pid(gtid)))
+                rows.append((name_of(name), int(start), int(end), -1 if gtid is None else int(gtid), int(corr),
+                             _pid(gtid)))
     elif RUNTIME_TABLE not in schema.tables:
         warnings.append(f"{path}: no {RUNTIME_TABLE} table: kernels cannot be joined to the threads that launched "
                         "them")
-    df = pd.DataFrame(rows, columns=["name", "start", "end", "gtid", "correlation", "pid"])
-    return df.astype({"start": np.int64, "end": np.int64, "gtid": np.int64, "correlation": np.int64,
-                      "pid": np.int64}) if len(df) else df
+    return {c: [r[k] for r in rows] for k, c in enumerate(LAUNCH_COLUMNS)}
 
 
-def _ranges(schema: _Schema, name_of, warnings: list[str], path: Path) -> pd.DataFrame:  # noqa: ANN001
-    import numpy as np
-    import pandas as pd
-
-    columns = ["text", "start", "end", "gtid", "domain"]
+def _ranges(schema: _Schema, name_of: NameOf, warnings: list[str], path: Path) -> Table:
     if not _has_times(schema, NVTX_TABLE, warnings, path):
-        return pd.DataFrame(columns=columns)
+        return empty(RANGE_COLUMNS)
     cols = set(schema.columns(NVTX_TABLE))
     push_pop, domain_create = PUSH_POP, DOMAIN_CREATE
     if {"id", "name"} <= set(schema.columns("ENUM_NSYS_EVENT_TYPE")):
@@ -256,27 +278,26 @@ def _ranges(schema: _Schema, name_of, warnings: list[str], path: Path) -> pd.Dat
     if "eventType" not in cols:
         warnings.append(f"{path}: {NVTX_TABLE} has no eventType column: every closed range is taken as a push/pop "
                         "range")
-    rows = []
+    rows: list[tuple[str, int, int, int, str]] = []
     for text, text_id, start, end, gtid, dom in schema.select(
             NVTX_TABLE, ["text", "textId", "start", "end", "globalTid", "domainId"], where):
         label = str(text) if text is not None else name_of(text_id)
-        rows.append((label, start, end, -1 if gtid is None else int(gtid),
+        rows.append((label, int(start), int(end), -1 if gtid is None else int(gtid),
                      domains.get(int(dom), "") if dom is not None else ""))
-    df = pd.DataFrame(rows, columns=columns)
-    if len(df):
-        df = df.astype({"start": np.int64, "end": np.int64, "gtid": np.int64})
-    return df
+    return {c: [r[k] for r in rows] for k, c in enumerate(RANGE_COLUMNS)}
 
 
-def _gpu_name(schema: _Schema, activities: pd.DataFrame) -> str | None:
+def _gpu_name(schema: _Schema, activities: Table) -> str | None:
     if "name" not in schema.columns("TARGET_INFO_GPU"):
         return None
     rows = schema.select("TARGET_INFO_GPU", ["id", "name"])
     names = {r[0]: r[1] for r in rows if r[1]}
     if not names:
         return None
-    if len(activities):
-        device = int(activities["device"].mode().iloc[0])
+    if nrows(activities):
+        counts = Counter(activities["device"])
+        most = max(counts.values())
+        device = min(d for d, n in counts.items() if n == most)  # the most frequent; the lowest of a tie
         if device in names:
             return str(names[device])
     return str(next(iter(names.values())))
@@ -302,45 +323,48 @@ def module_of_range(text: str) -> str | None:
     return text[len(MODULE_RANGE_PREFIX):].split(" (", 1)[0]
 
 
-def attribute(data: NsysData) -> pd.DataFrame:
-    """The activities with what they belong to: the launching thread and time (from the runtime call with
-    the same correlation id in the same process), the step (opscope's step range around the launch, on any
-    thread: backward kernels launch from autograd's thread), and the innermost module range and op range
-    around the launch on the launching thread."""
-    import numpy as np
+def step_ranges(ranges: Table) -> list[int]:
+    """The rows of opscope's step ranges, by start (equal starts in the export's order)."""
+    starts = ranges["start"]
+    return sorted((i for i, t in enumerate(ranges["text"]) if t == STEP_RANGE), key=starts.__getitem__)
 
-    act = data.activities.copy()
-    n = len(act)
-    act["gtid"] = np.int64(-1)
-    act["launch"] = act["start"].astype(float)
-    if len(data.launches) and n:
-        found = _launch_of(act, data.launches)
-        gtids = data.launches["gtid"].to_numpy()
-        starts = data.launches["start"].to_numpy()
-        found_arr = np.asarray(found, dtype=np.int64)
-        ok = found_arr >= 0
-        act.loc[ok, "gtid"] = gtids[found_arr[ok]]
-        act.loc[ok, "launch"] = starts[found_arr[ok]].astype(float)
+
+def attribute(data: NsysData) -> Table:
+    """The activities with what they belong to: the launching thread (gtid, -1: unknown) and time (launch,
+    float ns; the activity's own start without a launch) from the runtime call with the same correlation id
+    in the same process, the step (opscope's step range around the launch, on any thread: backward kernels
+    launch from autograd's thread; -1: none; 0 for all without step ranges), and the innermost module range
+    (module path) and op range (its text) around the launch on the launching thread ("": none)."""
+    act = {c: list(v) for c, v in data.activities.items()}
+    launches = data.launches
+    gtids = [-1] * nrows(act)
+    launch = [float(s) for s in act["start"]]
+    if nrows(launches) and nrows(act):
+        for i, j in enumerate(_launch_of(act, launches)):
+            if j >= 0:
+                gtids[i] = launches["gtid"][j]
+                launch[i] = float(launches["start"][j])
+    act["gtid"] = gtids
+    act["launch"] = launch
     ranges = data.ranges
-    texts = ranges["text"].tolist()
-    steps = ranges[ranges["text"] == STEP_RANGE].sort_values("start", kind="stable")
-    act["step"] = _step_of(act["launch"].to_numpy(), steps["start"].to_numpy(), steps["end"].to_numpy())
-    op_mask = np.asarray([parse_op_range(t) is not None for t in texts], dtype=bool)
-    mod_mask = np.asarray([t.startswith(MODULE_RANGE_PREFIX) for t in texts], dtype=bool)
-    act["module"] = _innermost_text(ranges, mod_mask, act, lambda t: module_of_range(t) or "")
-    act["op_range"] = _innermost_text(ranges, op_mask, act, lambda t: t)
+    steps = step_ranges(ranges)
+    act["step"] = _step_of(launch, [ranges["start"][i] for i in steps], [ranges["end"][i] for i in steps])
+    texts = ranges["text"]
+    modules = [i for i, t in enumerate(texts) if t.startswith(MODULE_RANGE_PREFIX)]
+    op_ranges = [i for i, t in enumerate(texts) if parse_op_range(t) is not None]
+    act["module"] = _innermost_text(ranges, modules, act, lambda t: module_of_range(t) or "")
+    act["op_range"] = _innermost_text(ranges, op_ranges, act, lambda t: t)
     return act
 
 
-def _launch_of(act: pd.DataFrame, launches: pd.DataFrame) -> list[int]:
+def _launch_of(act: Table, launches: Table) -> list[int]:
     """Per activity, the row of the runtime call that launched it (-1 if none): same process and
     correlation id; the correlation id alone where either side does not know its process."""
-    index = {(p, c): i for i, (p, c) in enumerate(zip(launches["pid"].tolist(), launches["correlation"].tolist(),
-                                                      strict=True))}
-    by_corr = {c: i for i, c in enumerate(launches["correlation"].tolist())}
-    pids_known = bool((launches["pid"] >= 0).any())
+    index = {(p, c): i for i, (p, c) in enumerate(zip(launches["pid"], launches["correlation"], strict=True))}
+    by_corr = {c: i for i, c in enumerate(launches["correlation"])}
+    pids_known = any(p >= 0 for p in launches["pid"])
     out = []
-    for p, c in zip(act["pid"].tolist(), act["correlation"].tolist(), strict=True):
+    for p, c in zip(act["pid"], act["correlation"], strict=True):
         hit = index.get((p, c))
         if hit is None and (p < 0 or not pids_known):
             hit = by_corr.get(c)
@@ -348,24 +372,25 @@ def _launch_of(act: pd.DataFrame, launches: pd.DataFrame) -> list[int]:
     return out
 
 
-def _step_of(times: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    import numpy as np
+def _step_of(times: Sequence[float], starts: Sequence[int], ends: Sequence[int]) -> list[int]:
+    """The step whose range (starts sorted) holds each time: the last one starting at or before it, if it
+    has not ended before it; -1 for none; 0 for every time when there are no steps."""
+    if not starts:
+        return [0] * len(times)
+    out = []
+    for t in times:
+        k = bisect.bisect_right(starts, t) - 1
+        out.append(k if k >= 0 and t <= ends[k] else -1)
+    return out
 
-    if len(starts) == 0:
-        return np.zeros(len(times), dtype=np.int64)
-    idx = np.searchsorted(starts, times, side="right") - 1
-    inside = (idx >= 0) & (times <= ends[np.clip(idx, 0, None)])
-    return np.where(inside, idx, -1).astype(np.int64)
 
-
-def _innermost_text(ranges: pd.DataFrame, mask: np.ndarray, act: pd.DataFrame, label) -> list[str]:  # noqa: ANN001
-    chosen = ranges[mask] if len(ranges) else ranges
-    if not len(chosen) or not len(act):
-        return [""] * len(act)
-    j = innermost(chosen["gtid"].to_numpy(), chosen["start"].to_numpy().astype(float),
-                  chosen["end"].to_numpy().astype(float), act["gtid"].to_numpy(), act["launch"].to_numpy())
-    texts = chosen["text"].tolist()
-    return [label(texts[k]) if k >= 0 else "" for k in (int(x) for x in j)]
+def _innermost_text(ranges: Table, chosen: list[int], act: Table, label: Callable[[str], str]) -> list[str]:
+    if not chosen or not nrows(act):
+        return [""] * nrows(act)
+    j = innermost([ranges["gtid"][i] for i in chosen], [float(ranges["start"][i]) for i in chosen],
+                  [float(ranges["end"][i]) for i in chosen], act["gtid"], act["launch"])
+    texts = [ranges["text"][i] for i in chosen]
+    return [label(texts[k]) if k >= 0 else "" for k in j]
 
 
 # --- as a trace ------------------------------------------------------------------------------------
@@ -373,7 +398,8 @@ def _innermost_text(ranges: pd.DataFrame, mask: np.ndarray, act: pd.DataFrame, l
 _CATEGORY = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}
 
 
-def _split_gtid(gtid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _split_gtid(gtid: int) -> tuple[int, int]:
+    """(pid, tid) of an nsys serialized GlobalId."""
     return (gtid >> 24) & 0xFFFFFF, gtid & 0xFFFFFF
 
 
@@ -387,91 +413,85 @@ def _synthetic_op(kind: str, name: str) -> str:
     return "cuda::memset"
 
 
+def _op_table(names: list[str], gtids: list[int], dims: list[str], seqs: list[int], starts: list[int],
+              ends: list[int], us: Callable[[int], float]) -> Table:
+    """Op rows as a torch trace's ops table (opscope.trace.reader): what nsys cannot know is "", -1 or NaN."""
+    n = len(names)
+    pid_tid = [_split_gtid(g) for g in gtids]
+    return {
+        "name": names, "pid": [p for p, _ in pid_tid], "tid": [t for _, t in pid_tid], "input_dims": dims,
+        "input_dtypes": [""] * n, "input_strides": [""] * n, "concrete_inputs": [""] * n, "call_stack": [""] * n,
+        "ts": [us(s) for s in starts], "dur": [(e - s) / 1e3 for s, e in zip(starts, ends, strict=True)],
+        "ext_id": [-1] * n, "seq": seqs, "fwd_tid": [-1] * n,
+        "kernel_backend": [""] * n, "kernel_flop": [NAN] * n, "kernel_num_gb": [NAN] * n}
+
+
 def to_trace_data(data: NsysData) -> TraceData:
     """The export as the tables a torch.profiler trace gives (opscope.trace.reader.TraceData), so that `opscope
     analyze` runs its whole analysis on it: ops are the NVTX op ranges (emit_nvtx(record_shapes=True):
     name, sizes; no dtypes, strides or values), kernels are joined to them through their launches, steps
     are opscope's step ranges. A report without op ranges gets one op per launch, named after its kernel."""
-    import numpy as np
-    import pandas as pd
-
     act = data.activities
     launches = data.launches
     ranges = data.ranges
-    starts = [int(x.min()) for x in (act["start"], launches["start"] if len(launches) else act["start"],
-                                      ranges["start"] if len(ranges) else act["start"]) if len(x)]
-    t0 = min(starts) if starts else 0
+    t0 = min((min(t["start"]) for t in (act, launches, ranges) if nrows(t)), default=0)
 
-    def us(ns: pd.Series | np.ndarray) -> np.ndarray:
-        return (np.asarray(ns, dtype=np.int64) - t0) / 1e3
+    def us(ns: int) -> float:
+        return (ns - t0) / 1e3
 
     warnings = list(data.warnings)
-    op_rows = [(i, parse_op_range(t)) for i, t in enumerate(ranges["text"].tolist())]
-    op_rows = [(i, p) for i, p in op_rows if p is not None]
+    op_rows: list[tuple[int, tuple[str, str, int]]] = []
+    for i, text in enumerate(ranges["text"]):
+        parsed = parse_op_range(text)
+        if parsed is not None:
+            op_rows.append((i, parsed))
     if op_rows:
-        idx = [i for i, _ in op_rows]
-        sel = ranges.iloc[idx]
-        pid, tid = _split_gtid(sel["gtid"].to_numpy())
-        ops = pd.DataFrame({
-            "name": [p[0] for _, p in op_rows], "pid": pid, "tid": tid,
-            "input_dims": [p[1] for _, p in op_rows], "input_dtypes": "", "input_strides": "",
-            "concrete_inputs": "", "call_stack": "",
-            "ts": us(sel["start"]), "dur": (sel["end"].to_numpy() - sel["start"].to_numpy()) / 1e3,
-            "ext_id": np.int64(-1), "seq": np.asarray([p[2] for _, p in op_rows], dtype=np.int64),
-            "fwd_tid": np.int64(-1)})
+        rows = [i for i, _ in op_rows]
+        ops = _op_table([p[0] for _, p in op_rows], [ranges["gtid"][i] for i in rows], [p[1] for _, p in op_rows],
+                        [p[2] for _, p in op_rows], [ranges["start"][i] for i in rows],
+                        [ranges["end"][i] for i in rows], us)
     else:
         ops = _launch_ops(act, launches, us)
-        if len(ops):
+        if nrows(ops):
             warnings.append(f"{data.path}: no NVTX op ranges (record with `opscope profile --nsys --nvtx-ops`, or run "
                             "the model under torch.autograd.profiler.emit_nvtx(record_shapes=True)): each launch is "
                             "a row named after its kernel")
-    if not len(ops):
+    if not nrows(ops):
         raise NsightError(f"{data.path} holds no CUDA kernels, launches or NVTX op ranges to analyze")
-    ops["kernel_backend"] = pd.Series([""] * len(ops), dtype=object)
-    ops["kernel_flop"] = np.nan
-    ops["kernel_num_gb"] = np.nan
-    kernels = pd.DataFrame({
-        "cat": [_CATEGORY[k] for k in act["kind"].tolist()], "name": act["name"].tolist(),
-        "ts": us(act["start"]), "dur": (act["end"].to_numpy() - act["start"].to_numpy()) / 1e3,
-        "correlation": act["correlation"].to_numpy(), "ext_id": np.int64(-1),
-        "stream": act["stream"].to_numpy(), "device": act["device"].to_numpy()})
-    lpid, ltid = _split_gtid(launches["gtid"].to_numpy()) if len(launches) else (np.zeros(0, np.int64),) * 2
-    launch_df = pd.DataFrame({
-        "name": launches["name"].tolist() if len(launches) else [], "pid": lpid, "tid": ltid,
-        "ts": us(launches["start"]) if len(launches) else np.zeros(0),
-        "dur": (launches["end"].to_numpy() - launches["start"].to_numpy()) / 1e3 if len(launches) else np.zeros(0),
-        "correlation": launches["correlation"].to_numpy() if len(launches) else np.zeros(0, np.int64),
-        "ext_id": np.full(len(launches), -1, dtype=np.int64)})
-    step_ranges = ranges[ranges["text"] == STEP_RANGE].sort_values("start", kind="stable")
-    spid, stid = _split_gtid(step_ranges["gtid"].to_numpy())
-    steps = pd.DataFrame({"step": np.arange(len(step_ranges), dtype=np.int64), "pid": spid, "tid": stid,
-                          "ts": us(step_ranges["start"]),
-                          "dur": (step_ranges["end"].to_numpy() - step_ranges["start"].to_numpy()) / 1e3})
-    python = {c: [] for c in ("name", "pid", "tid", "ts", "dur")}
-    return TraceData(path=data.path, ops=from_frame(ops), kernels=from_frame(kernels), launches=from_frame(launch_df),
-                     steps=from_frame(steps), python=python,
-                     device_properties=[{"name": data.gpu_name}] if data.gpu_name else [],
-                     torch_version=None, gpu_runtime="cuda" if len(act) else None,
-                     n_events=len(act) + len(launches) + len(ranges), warnings=warnings)
+    n_act, n_launch = nrows(act), nrows(launches)
+    kernels = {
+        "cat": [_CATEGORY[k] for k in act["kind"]], "name": list(act["name"]), "ts": [us(s) for s in act["start"]],
+        "dur": [(e - s) / 1e3 for s, e in zip(act["start"], act["end"], strict=True)],
+        "correlation": list(act["correlation"]), "ext_id": [-1] * n_act, "stream": list(act["stream"]),
+        "device": list(act["device"])}
+    launch_ids = [_split_gtid(g) for g in launches["gtid"]]
+    launch_table = {
+        "name": list(launches["name"]), "pid": [p for p, _ in launch_ids], "tid": [t for _, t in launch_ids],
+        "ts": [us(s) for s in launches["start"]],
+        "dur": [(e - s) / 1e3 for s, e in zip(launches["start"], launches["end"], strict=True)],
+        "correlation": list(launches["correlation"]), "ext_id": [-1] * n_launch}
+    steps = take(ranges, step_ranges(ranges))
+    step_ids = [_split_gtid(g) for g in steps["gtid"]]
+    step_table: Table = {"step": list(range(nrows(steps))), "pid": [p for p, _ in step_ids], "tid": [t for _, t in step_ids],
+                  "ts": [us(s) for s in steps["start"]],
+                  "dur": [(e - s) / 1e3 for s, e in zip(steps["start"], steps["end"], strict=True)]}
+    python = empty(["name", "pid", "tid", "ts", "dur"])
+    return TraceData(path=data.path, ops=ops, kernels=kernels, launches=launch_table, steps=step_table,
+                     python=python, device_properties=[{"name": data.gpu_name}] if data.gpu_name else [],
+                     torch_version=None, gpu_runtime="cuda" if n_act else None,
+                     n_events=n_act + n_launch + nrows(ranges), warnings=warnings)
 
 
-def _launch_ops(act: pd.DataFrame, launches: pd.DataFrame, us) -> pd.DataFrame:  # noqa: ANN001
-    import numpy as np
-    import pandas as pd
-
-    if not len(launches) or not len(act):
-        return pd.DataFrame()
+def _launch_ops(act: Table, launches: Table, us: Callable[[int], float]) -> Table:
+    """One op row per launch that started device work, named after that work (_synthetic_op), in the
+    launches' order; no rows when nothing was launched."""
+    if not nrows(launches) or not nrows(act):
+        return {}
     launched: dict[int, str] = {}
-    for j, (kind, name) in zip(_launch_of(act, launches), zip(act["kind"].tolist(), act["name"].tolist(),
-                                                                strict=True), strict=True):
+    for j, kind, name in zip(_launch_of(act, launches), act["kind"], act["name"], strict=True):
         if j >= 0 and j not in launched:
             launched[j] = _synthetic_op(kind, name)
     keep = sorted(launched)
-    names = [launched[j] for j in keep]
-    sel = launches.iloc[keep]
-    pid, tid = _split_gtid(sel["gtid"].to_numpy())
-    return pd.DataFrame({
-        "name": names, "pid": pid, "tid": tid, "input_dims": "", "input_dtypes": "", "input_strides": "",
-        "concrete_inputs": "", "call_stack": "", "ts": us(sel["start"]),
-        "dur": (sel["end"].to_numpy() - sel["start"].to_numpy()) / 1e3, "ext_id": np.int64(-1),
-        "seq": np.int64(-1), "fwd_tid": np.int64(-1)})
+    n = len(keep)
+    return _op_table([launched[j] for j in keep], [launches["gtid"][j] for j in keep], [""] * n, [-1] * n,
+                     [launches["start"][j] for j in keep], [launches["end"][j] for j in keep], us)

@@ -15,13 +15,14 @@ Anything failing on the way leaves nothing behind (the private folder goes, no r
 
 from __future__ import annotations
 
+import pickle
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opscope.capture.options import STEP_RANGE
 from opscope.errors import NsightError
@@ -35,14 +36,12 @@ from opscope.nsight.commands import (
     require_tools,
 )
 from opscope.run.model import Run
-from opscope.run.write import write_run
+from opscope.run.write import write_csv, write_run
+from opscope.table import Table, nrows
 from opscope.target.supervise import Listener, ToolFailed, run_worker
 
-if TYPE_CHECKING:
-    import pandas as pd
-
 # The CLI imports this module for every `opscope profile` (NsightRequest, check_request): the modules that
-# read and attach measurements (pandas, numpy) are imported by the passes that use them.
+# read and attach measurements are imported by the passes that use them.
 
 WORKER = "opscope.nsight.worker"
 
@@ -102,8 +101,6 @@ def profile_with_nsight(spec: dict[str, Any], req: NsightRequest, tools: dict[st
                         *, out: Path | None, reports: Path, stem: str,
                         on_abort: Callable[[int], None] | None = None) -> Path:
     """Runs the passes and writes the run directory; returns its path."""
-    import pandas as pd
-
     from opscope.nsight.measured import add_measured_findings
 
     private = Path(tempfile.mkdtemp(prefix="opscope-nsight-"))
@@ -111,9 +108,10 @@ def profile_with_nsight(spec: dict[str, Any], req: NsightRequest, tools: dict[st
         held = private / "held"
         held.mkdir()
         run_worker(WORKER, {**spec, "hold": str(held)}, listener, on_abort=on_abort)
-        loaded = pd.read_pickle(held / "held.pkl")
+        with open(held / "held.pkl", "rb") as f:  # written by our own worker (opscope.nsight.worker.hold_run)
+            loaded = pickle.load(f)
         run: Run = loaded["run"]
-        plan: pd.DataFrame = loaded["plan"]
+        plan: Table = loaded["plan"]
         extra: dict[str, Path] = {}
         measure = {**spec, "pass": "measure", "out": None}
         if req.nsys:
@@ -127,7 +125,7 @@ def profile_with_nsight(spec: dict[str, Any], req: NsightRequest, tools: dict[st
         shutil.rmtree(private, ignore_errors=True)
 
 
-def _nsys_pass(run: Run, plan: pd.DataFrame, req: NsightRequest, nsys: str, spec: dict[str, Any],
+def _nsys_pass(run: Run, plan: Table, req: NsightRequest, nsys: str, spec: dict[str, Any],
                listener: Listener, private: Path, extra: dict[str, Path]) -> None:
     from opscope.nsight.measured import attach_nsys
     from opscope.nsight.nsys_sqlite import read_nsys_sqlite
@@ -150,7 +148,7 @@ def _nsys_pass(run: Run, plan: pd.DataFrame, req: NsightRequest, nsys: str, spec
     data = read_nsys_sqlite(sqlite)
     for line in data.warnings:
         listener.warn(line)
-    if not len(data.activities):
+    if not nrows(data.activities):
         hint = ("; with --capture-range=nvtx nsys matches only the range you named, and (unless "
                 "NSYS_NVTX_PROFILER_REGISTER_ONLY=0, which opscope sets when it is unset) only registered NVTX "
                 "strings" if cmd.nvtx_capture else
@@ -158,12 +156,12 @@ def _nsys_pass(run: Run, plan: pd.DataFrame, req: NsightRequest, nsys: str, spec
         raise NsightError(f"nsys recorded no GPU work{hint}")
     summary, kernels = attach_nsys(run, plan, data)
     run.summary["nsys"] = {"report": "nsys.nsys-rep", **summary}
-    kernels.to_csv(private / "nsys_kernels.csv", index=False)
+    write_csv(kernels, private / "nsys_kernels.csv")
     extra["nsys.nsys-rep"] = report
     extra["nsys_kernels.csv"] = private / "nsys_kernels.csv"
 
 
-def _ncu_pass(run: Run, plan: pd.DataFrame, req: NsightRequest, ncu: str, spec: dict[str, Any],
+def _ncu_pass(run: Run, plan: Table, req: NsightRequest, ncu: str, spec: dict[str, Any],
               listener: Listener, private: Path, extra: dict[str, Path]) -> None:
     from opscope.nsight.measured import attach_ncu, ncu_kernels_table, ncu_selection
     from opscope.nsight.ncu_csv import parse_ncu_csv
@@ -191,13 +189,13 @@ def _ncu_pass(run: Run, plan: pd.DataFrame, req: NsightRequest, ncu: str, spec: 
     table = parse_ncu_csv(text, "ncu's output")
     for line in table.warnings:
         listener.warn(line)
-    if not len(table.kernels):
+    if not nrows(table.kernels):
         raise NsightError(why or no_kernels_message(filters))
     info = attach_ncu(run, plan, table, bases)
     run.summary["ncu"] = {"csv": "ncu.csv", "rows_selected": len(rows), "kernels_requested": count, **info}
     if info["kernels_matched"] < info["kernels_profiled"]:
         listener.warn(f"ncu: {info['kernels_profiled'] - info['kernels_matched']} of {info['kernels_profiled']} "
                       "measured kernels did not line up with the profile's kernels (ncu_kernels.csv, ops_row -1)")
-    ncu_kernels_table(run, table).to_csv(private / "ncu_kernels.csv", index=False)
+    write_csv(ncu_kernels_table(run, table), private / "ncu_kernels.csv")
     extra["ncu.csv"] = csv_log
     extra["ncu_kernels.csv"] = private / "ncu_kernels.csv"

@@ -23,8 +23,7 @@ def hold_run(folder: Path) -> Any:
         from opscope.nsight.measured import kernel_plan
 
         plan = kernel_plan(run)
-        # what pandas.to_pickle wrote (the parent reads it with pandas.read_pickle), without importing pandas
-        with open(folder / "held.pkl", "wb") as f:
+        with open(folder / "held.pkl", "wb") as f:  # read back by opscope.nsight.session.profile_with_nsight
             pickle.dump({"run": dataclasses.replace(run, events=None, kernels=None), "plan": plan}, f,
                         protocol=pickle.HIGHEST_PROTOCOL)
         shutil.copyfile(trace_path, folder / "trace.json")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections import Counter
 
 import pandas as pd
 import pytest
@@ -30,7 +31,7 @@ from opscope.nsight.measured import (
 from opscope.nsight.ncu_csv import read_ncu_csv
 from opscope.nsight.nsys_sqlite import read_nsys_sqlite
 from opscope.run.model import Run
-from opscope.table import from_frame
+from opscope.table import Table, from_records, nrows
 from opscope.trace.reader import load_trace
 
 DETAILS = FIXTURES / "h100_bert-small_ncu_details.csv"
@@ -63,14 +64,18 @@ def row_at(run: Run, line: str, op: str = "aten::addmm", module: str | None = No
 
 
 def test_kernel_plan(run):
-    plan = kernel_plan(run)
-    assert len(plan) == 61 and set(plan["step"]) == {0} and plan["main_thread"].all()
-    assert plan["kind"].value_counts().to_dict() == {"kernel": 60, "memcpy": 1}
-    vocab = plan[plan["row"] == row_at(run, VOCAB)]
-    assert len(vocab) == 1 and vocab["name"].iloc[0].startswith("void " + VOCAB_KERNEL)
+    plan = kernel_plan(run)  # a Table, in launch order
+    assert list(plan) == ["step", "kind", "name", "base", "row", "main_thread"]
+    assert nrows(plan) == 61 and set(plan["step"]) == {0} and all(plan["main_thread"])
+    assert Counter(plan["kind"]) == {"kernel": 60, "memcpy": 1}
+    vocab = [name for name, r in zip(plan["name"], plan["row"], strict=True) if r == row_at(run, VOCAB)]
+    assert len(vocab) == 1 and vocab[0].startswith("void " + VOCAB_KERNEL)
     # every kernel lands on a row whose kernels column names it
     for name, r in zip(plan["name"], plan["row"], strict=True):
-        assert name in run.to_pandas().at[r, "kernels"].split(";")
+        assert name in run.ops["kernels"][r].split(";")
+    # launch order: by the launching op's start, then the kernel's own
+    launch = [(run.events["ts"][e], ts) for e, ts in zip(run.kernels["op"], run.kernels["ts"], strict=True)]
+    assert plan["name"] == [run.kernels["name"][k] for k in sorted(range(len(launch)), key=launch.__getitem__)]
 
 
 def test_align():
@@ -118,7 +123,7 @@ def test_attach_ncu_raw_fixture(run):
     assert math.isnan(ops.loc[row_at(run, "transformers/models/bert/modeling_bert.py:551",
                                      module="BertLayer_0.BertOutput.Linear"),
                               "measured_dram_bytes_per_call"])
-    assert (table.kernels["row"] >= 0).all()
+    assert all(r >= 0 for r in table.kernels["row"])
 
 
 def test_excess_traffic_fires_on_the_fixture_and_names_op_line_and_kernel(run):
@@ -148,7 +153,8 @@ def test_excess_traffic_does_not_fire_at_1_1x(run):
 def _ctx(rows: list[dict]) -> Context:
     base = {"op": "aten::copy_", "input_dims": "[[1024, 1024]]", "source_location": "m.py:3", "calls": 10,
             "time_us_total": 1000.0, "bytes_per_call": 8 << 20, "measured_kernels": "k1;k2"}
-    ops = from_frame(pd.DataFrame([{**base, **r} for r in rows]))  # a missing key: NaN
+    records = [{**base, **r} for r in rows]
+    ops = from_records(records, list(dict.fromkeys(c for r in records for c in r)), fill=math.nan)
     return Context(ops=ops, events={}, peaks=Peaks(3350.0, {"float32": 66900.0}), gpu=True,
                    source="trace", steps=10, step_time_us=100.0)
 
@@ -168,7 +174,7 @@ def test_excess_traffic_thresholds():
     assert "kernel k1 moved 16 MiB" in f["message"]
 
 
-def _nsys_from_plan(plan: pd.DataFrame, steps: int) -> dict[str, list[dict]]:
+def _nsys_from_plan(plan: Table, steps: int) -> dict[str, list[dict]]:
     """An nsys export of `steps` steps replaying the plan: launch j at 1 µs steps, kernel j lasting
     (row + 1) µs; nsys' spelling of template literals ('(int)4')."""
     strings: dict[str, int] = {}
@@ -203,10 +209,12 @@ def test_attach_nsys_per_row_kernel_time(run, tmp_path):
     summary, kernels = attach_nsys(run, plan, data)
     assert summary["steps"] == 3 and summary["step_time_us"] == 5000.0 and summary["matched_time_share"] == 1.0
     assert summary["kernels"] == 180 and summary["memcpys"] == 3 and summary["memcpy_bytes"] == 24.0
-    per_row = plan.groupby("row").size()
+    per_row = Counter(plan["row"])
     for r, n in per_row.items():  # 3 steps of n activities of (row + 1) µs
-        assert run.to_pandas().at[r, "nsys_time_us_total"] == pytest.approx(3 * n * (r + 1)), r
-    assert kernels["calls"].sum() == 183 and (kernels["ops_row"] >= 0).all()
+        assert run.ops["nsys_time_us_total"][r] == pytest.approx(3 * n * (r + 1)), r
+    assert all(math.isnan(t) for r, t in enumerate(run.ops["nsys_time_us_total"]) if r not in per_row)
+    assert sum(kernels["calls"]) == 183 and all(r >= 0 for r in kernels["ops_row"])
+    assert kernels["time_us_total"] == sorted(kernels["time_us_total"], reverse=True)
 
 
 def test_analyze_trace_with_ncu_cli(tmp_path):

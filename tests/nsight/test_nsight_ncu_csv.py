@@ -12,6 +12,7 @@ from conftest import TESTS
 from nsight_fixtures import ncu_details_csv, ncu_raw_csv
 from opscope.errors import NsightError
 from opscope.nsight.ncu_csv import parse_ncu_csv, parse_number, read_ncu_csv, unit_factor
+from opscope.table import nrows
 
 FIXTURES = TESTS / "fixtures" / "nsight"
 GEMM = "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_256x128_64x3_tn_align2>(T1)"
@@ -33,17 +34,18 @@ def test_raw_page_values_in_base_units():
     table = parse_ncu_csv(ncu_raw_csv(KERNELS, UNITS))
     assert table.layout == "raw" and table.warnings == []
     assert [m[:9] for m in table.messages] == ["==PROF== "] * 4
-    k = table.kernels
-    assert list(k["id"]) == [0, 1] and list(k["kernel"]) == [GEMM, ADD]
-    assert list(k["base"]) == ["Kernel2", "vectorized_elementwise_kernel"]
-    assert k.loc[0, "dram__bytes_read.sum"] == pytest.approx(111.426e6)
-    assert k.loc[0, "dram__bytes_write.sum"] == pytest.approx(12_380.78e3)
-    assert k.loc[0, "gpu__time_duration.sum"] == pytest.approx(43_340.0)  # ns
-    assert k.loc[0, "sm__sass_thread_inst_executed_op_ffma_pred_on.sum"] == 1_155_072
-    assert k.loc[0, "dram__throughput.avg.pct_of_peak_sustained_elapsed"] == 85.2
-    assert math.isnan(k.loc[1, "dram__throughput.avg.pct_of_peak_sustained_elapsed"])  # n/a is unknown, not 0
-    assert k.loc[1, "sm__sass_thread_inst_executed_op_ffma_pred_on.sum"] == 0
-    assert list(k["stream"]) == ["7", "7"] and list(k["grid"]) == ["(80, 1, 1)"] * 2
+    k = table.kernels  # a Table: column -> list
+    assert k["id"] == [0, 1] and k["kernel"] == [GEMM, ADD]
+    assert k["base"] == ["Kernel2", "vectorized_elementwise_kernel"]
+    assert k["dram__bytes_read.sum"][0] == pytest.approx(111.426e6)
+    assert k["dram__bytes_write.sum"][0] == pytest.approx(12_380.78e3)
+    assert k["gpu__time_duration.sum"][0] == pytest.approx(43_340.0)  # ns
+    assert k["sm__sass_thread_inst_executed_op_ffma_pred_on.sum"][0] == 1_155_072
+    assert k["dram__throughput.avg.pct_of_peak_sustained_elapsed"][0] == 85.2
+    assert math.isnan(k["dram__throughput.avg.pct_of_peak_sustained_elapsed"][1])  # n/a is unknown, not 0
+    assert k["sm__sass_thread_inst_executed_op_ffma_pred_on.sum"][1] == 0
+    assert type(k["sm__sass_thread_inst_executed_op_ffma_pred_on.sum"][1]) is float
+    assert k["stream"] == ["7", "7"] and k["grid"] == ["(80, 1, 1)"] * 2
     assert set(table.metrics) == set(UNITS)
 
 
@@ -52,17 +54,17 @@ def test_details_page_gives_the_same_table():
     details = parse_ncu_csv(ncu_details_csv(KERNELS, UNITS))
     assert details.layout == "details"
     for m in UNITS:
-        assert details.kernels[m].tolist() == pytest.approx(raw[m].tolist(), nan_ok=True), m
-    assert details.kernels["kernel"].tolist() == raw["kernel"].tolist()
+        assert details.kernels[m] == pytest.approx(raw[m], nan_ok=True), m
+    assert details.kernels["kernel"] == raw["kernel"]
 
 
 def test_the_bert_fixtures_raw_and_details_agree():
     raw = read_ncu_csv(FIXTURES / "h100_bert-small_ncu_raw.csv")
     details = read_ncu_csv(FIXTURES / "h100_bert-small_ncu_details.csv")
-    assert len(raw.kernels) == 26 and len(details.kernels) == 8
+    assert nrows(raw.kernels) == 26 and nrows(details.kernels) == 8
     for m in raw.metrics:
-        assert details.kernels[m].tolist() == pytest.approx(raw.kernels[m].head(8).tolist(), nan_ok=True), m
-    assert raw.kernels["sm__sass_thread_inst_executed_op_dfma_pred_on.sum"].isna().all()
+        assert details.kernels[m] == pytest.approx(raw.kernels[m][:8], nan_ok=True), m
+    assert all(math.isnan(v) for v in raw.kernels["sm__sass_thread_inst_executed_op_dfma_pred_on.sum"])
 
 
 def test_details_section_names_fill_in_missing_metrics():
@@ -72,23 +74,23 @@ def test_details_section_names_fill_in_missing_metrics():
             '"0","1","python","h","k(float*)","1","7","GPU Speed Of Light Throughput","DRAM Throughput","%","7.5"',
             '"0","1","python","h","k(float*)","1","7","GPU Speed Of Light Throughput","Memory Throughput","%","9"']
     k = parse_ncu_csv("\n".join([header, *rows])).kernels
-    assert k.loc[0, "gpu__time_duration.sum"] == pytest.approx(1.5e6)
-    assert k.loc[0, "dram__throughput.avg.pct_of_peak_sustained_elapsed"] == 7.5
-    assert "Memory Throughput" not in k.columns  # a different quantity than DRAM: not mapped
+    assert k["gpu__time_duration.sum"][0] == pytest.approx(1.5e6)
+    assert k["dram__throughput.avg.pct_of_peak_sustained_elapsed"][0] == 7.5
+    assert "Memory Throughput" not in k  # a different quantity than DRAM: not mapped
 
 
 def test_other_output_around_the_table_is_skipped():
     text = ("the model printed this\nand, this, too\n" + ncu_raw_csv(KERNELS, UNITS)
             + "more model output\n\"1\",\"too\",\"short\"\n")
     table = parse_ncu_csv(text, "ncu.csv")
-    assert len(table.kernels) == 2
+    assert nrows(table.kernels) == 2
     assert table.warnings == ["ncu.csv: skipped 2 line(s) that are not rows of the table"]
 
 
 def test_an_unknown_unit_keeps_the_value_and_says_so():
     text = ncu_raw_csv([{"name": "k", "dram__bytes_read.sum": "3"}], {"dram__bytes_read.sum": "furlong"})
     table = parse_ncu_csv(text, "x.csv")
-    assert table.kernels.loc[0, "dram__bytes_read.sum"] == 3.0
+    assert table.kernels["dram__bytes_read.sum"][0] == 3.0
     assert "dram__bytes_read.sum in 'furlong'" in table.warnings[0]
 
 
@@ -123,4 +125,5 @@ def test_no_table_is_one_error_with_the_reason_when_ncu_gave_one():
 def test_a_table_without_kernels():
     text = ncu_raw_csv([], UNITS) + "==WARNING== No kernels were profiled.\n"
     table = parse_ncu_csv(text)
-    assert table.kernels.empty and "==WARNING== No kernels were profiled." in table.messages
+    assert nrows(table.kernels) == 0 and "==WARNING== No kernels were profiled." in table.messages
+    assert list(table.kernels)[:2] == ["id", "pid"] and table.metrics == list(UNITS)

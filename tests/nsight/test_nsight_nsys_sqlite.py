@@ -27,6 +27,7 @@ from nsight_fixtures import (
 )
 from opscope.errors import NsightError
 from opscope.nsight.nsys_sqlite import attribute, parse_op_range, read_nsys_sqlite, to_trace_data
+from opscope.table import nrows
 from opscope.trace.reader import load_trace
 
 
@@ -38,21 +39,22 @@ def export(tmp_path):
 def test_reads_kernels_memcpy_memset_launches_and_ranges(export):
     data = read_nsys_sqlite(export)
     assert data.warnings == [] and data.gpu_name == GPU
-    act = data.activities
-    assert act["kind"].tolist() == ["kernel", "kernel", "kernel", "memcpy", "memset", "kernel",
-                                    "kernel", "kernel", "memcpy", "memset"]
-    assert act["name"].tolist()[:6] == [WARMUP, GEMM, ADD, "Memcpy DtoH (Device -> Pinned)", "Memset (Device)", ORPHAN]
-    assert act["bytes"].tolist()[3:5] == [4.0, 65536.0] and math.isnan(act["bytes"].iloc[1])
-    assert (act["pid"] == PID).all() and (act["stream"] == 7).all()
-    assert (act["end"] - act["start"]).tolist()[:3] == [100, 100_000, 10_000]
+    act = data.activities  # a Table: column -> list of Python values, by start time
+    assert list(act) == ["kind", "name", "start", "end", "device", "stream", "correlation", "pid", "bytes"]
+    assert act["kind"] == ["kernel", "kernel", "kernel", "memcpy", "memset", "kernel",
+                           "kernel", "kernel", "memcpy", "memset"]
+    assert act["name"][:6] == [WARMUP, GEMM, ADD, "Memcpy DtoH (Device -> Pinned)", "Memset (Device)", ORPHAN]
+    assert act["bytes"][3:5] == [4.0, 65536.0] and math.isnan(act["bytes"][1])
+    assert set(act["pid"]) == {PID} and set(act["stream"]) == {7} and type(act["start"][0]) is int
+    assert [e - s for s, e in zip(act["start"], act["end"], strict=True)][:3] == [100, 100_000, 10_000]
     launches = data.launches
-    assert len(launches) == 9 and launches["correlation"].tolist()[:3] == [1, 101, 102]
-    assert launches["gtid"].tolist()[4] == gtid(AUTOGRAD) and launches["name"].iloc[3] == "cudaMemcpyAsync_v3020"
+    assert nrows(launches) == 9 and launches["correlation"][:3] == [1, 101, 102]
+    assert launches["gtid"][4] == gtid(AUTOGRAD) and launches["name"][3] == "cudaMemcpyAsync_v3020"
     ranges = data.ranges  # push/pop only: the domain creation and the mark are not ranges
-    texts = ranges["text"].tolist()
+    texts = ranges["text"]
     assert texts.count("opscope_step") == 2 and "opscope_module:fc (Linear)" in texts  # registered strings
     assert "a mark" not in texts and "user" not in texts
-    assert ranges.loc[ranges["text"] == "a user range", "domain"].tolist() == ["user"]
+    assert [d for t, d in zip(texts, ranges["domain"], strict=True) if t == "a user range"] == ["user"]
 
 
 def test_work_is_attributed_to_steps_modules_and_op_ranges(export):
@@ -68,7 +70,8 @@ def test_work_is_attributed_to_steps_modules_and_op_ranges(export):
         (ORPHAN, 0, "", ""),  # its launch is not in the runtime table
     ]
     assert got[6:8] == [(GEMM, 1, "fc", "aten::addmm"), (ADD, 1, "fc", "aten::add")]
-    assert act["gtid"].tolist()[4] == gtid(AUTOGRAD) and act["gtid"].tolist()[5] == -1
+    assert act["gtid"][4] == gtid(AUTOGRAD) and act["gtid"][5] == -1
+    assert act["launch"][1] == 1_040_000.0  # the GEMM's launch, not its start (1_050_000)
 
 
 def test_op_ranges():
@@ -111,12 +114,12 @@ def test_missing_tables_degrade_with_a_warning(tmp_path, drop, warning):
     assert any(warning in w for w in data.warnings), data.warnings
     act = attribute(data)
     if drop == "CUPTI_ACTIVITY_KIND_RUNTIME":
-        assert (act["gtid"] == -1).all() and (act["op_range"] == "").all() and len(act) == 10
+        assert set(act["gtid"]) == {-1} and set(act["op_range"]) == {""} and nrows(act) == 10
     if drop == "StringIds":
-        assert all(n.startswith("<string ") for n in act.loc[act["kind"] == "kernel", "name"])
-        assert act["module"].eq("").all()  # range names are registered strings, unknown now
+        assert all(n.startswith("<string ") for n, k in zip(act["name"], act["kind"], strict=True) if k == "kernel")
+        assert set(act["module"]) == {""}  # range names are registered strings, unknown now
     if drop == "CUPTI_ACTIVITY_KIND_KERNEL":
-        assert act["kind"].tolist() == ["memcpy", "memset"] * 2
+        assert act["kind"] == ["memcpy", "memset"] * 2
 
 
 def test_missing_memcpy_memset_and_enum_tables(tmp_path):
@@ -125,8 +128,8 @@ def test_missing_memcpy_memset_and_enum_tables(tmp_path):
                                                                  "TARGET_INFO_GPU"))
     data = read_nsys_sqlite(path)
     assert data.warnings == [] and data.gpu_name is None
-    assert data.activities["kind"].tolist() == ["kernel"] * 6
-    assert data.ranges["text"].tolist().count("opscope_step") == 2  # push/pop is eventType 59 without the enum
+    assert data.activities["kind"] == ["kernel"] * 6
+    assert data.ranges["text"].count("opscope_step") == 2  # push/pop is eventType 59 without the enum
 
 
 @pytest.mark.parametrize("dropped, name", [(("demangledName",), "Kernel2"), (("demangledName", "shortName"), "_ZKernel2"),
@@ -134,7 +137,7 @@ def test_missing_memcpy_memset_and_enum_tables(tmp_path):
 def test_kernel_names_fall_back(tmp_path, dropped, name):
     data = read_nsys_sqlite(build_nsys_sqlite(tmp_path / "r.sqlite",
                                               drop_columns={"CUPTI_ACTIVITY_KIND_KERNEL": dropped}))
-    assert data.activities["name"].tolist()[1] == name
+    assert data.activities["name"][1] == name
     assert bool(data.warnings) == (name == "<unnamed kernel>")
 
 
@@ -149,18 +152,18 @@ def test_missing_columns(tmp_path):
     assert any("CUPTI_ACTIVITY_KIND_MEMSET has no start" in w for w in data.warnings)
     assert "memset" not in set(data.activities["kind"])
     act = attribute(data)
-    gemm = act[act["name"] == GEMM]
-    assert gemm["gtid"].tolist() == [gtid(MAIN)] * 2 and gemm["module"].tolist() == ["fc", "fc"]
-    kernels = data.activities[data.activities["kind"] == "kernel"]
-    assert (kernels["stream"] == -1).all() and (kernels["pid"] == -1).all()
+    gemm = [i for i, n in enumerate(act["name"]) if n == GEMM]
+    assert [act["gtid"][i] for i in gemm] == [gtid(MAIN)] * 2 and [act["module"][i] for i in gemm] == ["fc", "fc"]
+    kernels = [i for i, k in enumerate(data.activities["kind"]) if k == "kernel"]
+    assert {data.activities["stream"][i] for i in kernels} == {data.activities["pid"][i] for i in kernels} == {-1}
     # without eventType every closed range is taken: the domain creation and the mark have no end
-    assert "a mark" not in data.ranges["text"].tolist()
+    assert "a mark" not in data.ranges["text"]
 
 
 def test_missing_runtime_correlation(tmp_path):
     data = read_nsys_sqlite(build_nsys_sqlite(tmp_path / "r.sqlite",
                                               drop_columns={"CUPTI_ACTIVITY_KIND_RUNTIME": ("correlationId",)}))
-    assert any("no correlationId" in w for w in data.warnings) and data.launches.empty
+    assert any("no correlationId" in w for w in data.warnings) and nrows(data.launches) == 0
 
 
 def test_not_an_nsys_export(tmp_path):

@@ -265,7 +265,7 @@ def test_nsys_failures_are_one_line(tmp_path, model, monkeypatch):
     private.mkdir()
     with pytest.raises(NsightError, match=r"^nsys exited with code 1 before the model's code \(under nsys\) started "
                                           r"\(unrecognised option '--bogus'\)$"):
-        _nsys_pass(run, pd.DataFrame(), NsightRequest(nsys=True, nsys_args=["--bogus"]), str(broken), measure,
+        _nsys_pass(run, {}, NsightRequest(nsys=True, nsys_args=["--bogus"]), str(broken), measure,
                    Listener(), private, {})
     # a report without GPU work (the capture range never saw a kernel)
     empty = build_nsys_sqlite(tmp_path / "empty.sqlite", {"StringIds": []}, drop_tables=("CUPTI_ACTIVITY_KIND_KERNEL",))
@@ -273,5 +273,5 @@ def test_nsys_failures_are_one_line(tmp_path, model, monkeypatch):
     monkeypatch.setenv("FAKE_REPORT", str(empty))
     monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "argv.txt"))
     with pytest.raises(NsightError, match="nsys recorded no GPU work; with --capture-range=nvtx .*REGISTER_ONLY=0"):
-        _nsys_pass(run, pd.DataFrame(), NsightRequest(nsys=True, nsys_args=["--capture-range=nvtx"]), str(nsys),
+        _nsys_pass(run, {}, NsightRequest(nsys=True, nsys_args=["--capture-range=nvtx"]), str(nsys),
                    measure, Listener(), private, {})
