@@ -40,13 +40,13 @@ from opscope.capture.dtype_probe import float32_probe
 from opscope.capture.harness import process_state_kept, resolve_device
 from opscope.capture.layout_probe import conv_layout_probe
 from opscope.capture.lines import LineRecord, join_lines, line_mode
-from opscope.capture.options import ProfileOptions
-from opscope.capture.torch_profiler import Progress, machine_peaks, profile_meta, profiler_activities
+from opscope.capture.options import Progress
+from opscope.capture.torch_profiler import machine_peaks, profile_meta, profiler_activities
 from opscope.errors import OpscopeError, TargetError
 from opscope.machine.peaks import Peaks
 from opscope.run.model import DEFAULT_REPORTS_DIR, Run
 from opscope.run.write import check_out_dir, write_run
-from opscope.target.jobs import STEP_FN_RE, ScriptSpec
+from opscope.target.jobs import STEP_FN_RE
 from opscope.target.model_file import (
     ACCEPTED,
     add_model_folder,
@@ -54,6 +54,7 @@ from opscope.target.model_file import (
     describe_exception,
     user_frame_of,
 )
+from opscope.target.specs import ProfileOptions, ScriptSpec
 from opscope.trace.reader import TraceData, load_trace
 
 

@@ -27,13 +27,14 @@ from opscope.capture.harness import Harness, process_state_kept, resolve_device
 from opscope.capture.layout_probe import conv_layout_probe
 from opscope.capture.lines import join_lines, module_classes, module_origins, record_lines
 from opscope.capture.nvtx_ranges import module_ranges, step_range
-from opscope.capture.options import ProfileOptions
+from opscope.capture.options import Progress
 from opscope.errors import OpscopeError
 from opscope.machine.noise import CpuSampler, window_noise
 from opscope.machine.peaks import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
 from opscope.run.model import DEFAULT_REPORTS_DIR, Run
 from opscope.run.write import check_out_dir, write_run
 from opscope.target.model_file import load_target
+from opscope.target.specs import ProfileOptions
 from opscope.trace.reader import TraceData, load_trace
 
 
@@ -50,14 +51,6 @@ class ProfileTimings:
     lines: float = 0.0
     memory: float = 0.0
     analysis: float = 0.0
-
-
-class Progress:
-    """Phase reporting hook; the CLI passes a rich progress bar, tests pass nothing."""
-
-    def phase(self, name: str, total: int | None = None) -> None: ...
-    def advance(self, n: int = 1) -> None: ...
-    def warn(self, message: str) -> None: ...
 
 
 def _validate(opts: ProfileOptions) -> None:

@@ -10,7 +10,7 @@ import sys
 import traceback
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -22,6 +22,8 @@ from opscope.machine.peaks import dtype_names
 
 if TYPE_CHECKING:
     from opscope.nsight.session import NsightRequest
+    from opscope.run.model import Run
+    from opscope.target.specs import Job, ProfileOptions
 
 app = typer.Typer(
     add_completion=False,
@@ -177,8 +179,10 @@ def profile(
     from opscope.nsight.commands import split_tool_args
     from opscope.nsight.session import NsightRequest, check_request
     from opscope.target.jobs import check_tool_options, launch_spec, script_spec
+    from opscope.target.specs import ProfileJob, SwapJob, SwapSpec
 
-    spec = _model_spec(target, entry, device, dtype, mode, warmup, steps, threads, peak_bw, peak_flops, out, debug)
+    options = _profile_options(target, entry, device, dtype, mode, warmup, steps, threads, peak_bw, peak_flops, out,
+                               debug)
     job_script = script_spec(target, script=script, entry=entry, args=list(script_args or []), step_fn=step_fn,
                              stop_after=stop_after, dtype=dtype.value if dtype else None, mode=mode.value)
     job_launch = launch_spec(nproc_per_node, nnodes, node_rank, master_addr, master_port)
@@ -186,10 +190,6 @@ def profile(
     if try_swaps and (job_script or job_launch):
         raise OpscopeError("--try-swaps works on a model file in one process: run `opscope swap` on the model "
                            "file" + (" instead of the script" if job_script else ", without --nproc-per-node"))
-    if job_script:
-        spec["script"] = job_script.to_json()
-    if job_launch:
-        spec["launch"] = job_launch.to_json()
     if nsys_args is not None and not nsys:
         raise OpscopeError("--nsys-args passes arguments to nsys: use it with --nsys")
     nsight = NsightRequest(nsys=nsys, nsys_args=split_tool_args(nsys_args, "--nsys-args"), ncu=ncu,
@@ -197,14 +197,14 @@ def profile(
     if try_swaps and nsight.wanted:
         raise OpscopeError("--try-swaps cannot be combined with --nsys/--ncu yet: run them as two profiles")
     tools = check_request(nsight, device.value)  # GPU, tools on PATH, flags: before anything runs
-    spec["nvtx"] = nvtx or nsight.wanted
+    options.nvtx = nvtx or nsight.wanted
     if nsight.wanted:
-        run_dir = _with_nsight(spec, nsight, tools, target, out)
+        run_dir = _with_nsight(options, nsight, tools, target, out)
+    elif try_swaps:
+        run_dir = Path(_supervised("opscope.swap.worker", SwapJob(options=options, swap=SwapSpec()), out)["run_dir"])
     else:
-        if try_swaps:
-            spec["swap"] = {"requests": None, "repeats": 15}
-        run_dir = Path(_supervised("opscope.swap.worker" if try_swaps else "opscope.capture.worker", spec,
-                                   out)["run_dir"])
+        job = ProfileJob(options=options, script=job_script, launch=job_launch)
+        run_dir = Path(_supervised("opscope.capture.worker", job, out)["run_dir"])
     from opscope.run.read import read_run
 
     run = read_run(run_dir)
@@ -219,26 +219,28 @@ def profile(
                                                                "of this model"))
 
 
-def _model_spec(target: Path, entry: str | None, device: Device, dtype: DType | None, mode: Mode, warmup: int,
-                steps: int, threads: int | None, peak_bw: float | None, peak_flops: list[str] | None,
-                out: Path | None, debug: bool) -> dict:
-    """The child's spec for profiling a model file, after every check that needs no torch (so that
-    they are one line before the child starts and imports torch)."""
+def _profile_options(target: Path, entry: str | None, device: Device, dtype: DType | None, mode: Mode, warmup: int,
+                     steps: int, threads: int | None, peak_bw: float | None, peak_flops: list[str] | None,
+                     out: Path | None, debug: bool) -> ProfileOptions:
+    """The options of a child's job, after every check that needs no torch (so that they are one line
+    before the child starts and imports torch)."""
     from opscope.machine.peaks import apply_overrides
     from opscope.run.model import DEFAULT_REPORTS_DIR
     from opscope.run.write import check_out_dir
     from opscope.target.model_file import check_target_file
+    from opscope.target.specs import ProfileOptions
 
     check_target_file(target)
     check_out_dir(out.absolute() if out else None, DEFAULT_REPORTS_DIR.absolute())
     apply_overrides(None, peak_bw, list(peak_flops or []))  # a bad --peak-* is one line now, not later
-    return {"target": str(target.absolute()), "entry": entry, "device": device.value,
-            "dtype": dtype.value if dtype else None, "mode": mode.value, "warmup": warmup, "steps": steps,
-            "threads": threads, "peak_bw": peak_bw, "peak_flops": list(peak_flops or []),
-            "out": str(out.absolute()) if out else None, "debug": debug, "nvtx": False}
+    return ProfileOptions(target=target.absolute(), entry=entry, device=device.value,
+                          dtype=dtype.value if dtype else None, mode=mode.value, warmup=warmup, steps=steps,
+                          threads=threads, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
+                          out=out.absolute() if out else None, debug=debug)
 
 
-def _with_nsight(spec: dict, nsight: NsightRequest, tools: dict[str, str], target: Path, out: Path | None) -> Path:
+def _with_nsight(options: ProfileOptions, nsight: NsightRequest, tools: dict[str, str], target: Path,
+                 out: Path | None) -> Path:
     """`profile --nsys/--ncu` (opscope.nsight.session), with the progress bar; the run directory."""
     from opscope.nsight.session import profile_with_nsight
     from opscope.run.model import DEFAULT_REPORTS_DIR
@@ -248,15 +250,16 @@ def _with_nsight(spec: dict, nsight: NsightRequest, tools: dict[str, str], targe
     folders = [out.absolute().parent if out else DEFAULT_REPORTS_DIR.absolute()]
     with _RichProgress(stderr) as progress:
         listener = Listener(phase=progress.phase, advance=progress.advance, warn=progress.warn)
-        return profile_with_nsight(spec, nsight, tools, listener, out=out.absolute() if out else None,
+        return profile_with_nsight(options, nsight, tools, listener, out=out.absolute() if out else None,
                                    reports=DEFAULT_REPORTS_DIR.absolute(), stem=target.stem,
                                    on_abort=lambda pid: discard_staging(folders, pid))
 
 
-def _supervised(module: str, spec: dict, out: Path | None) -> dict:
-    """Runs the child `module` with `spec` under supervision, with the progress bar; its result."""
+def _supervised(module: str, job: Job, out: Path | None) -> dict[str, Any]:
+    """Runs the child `module` with `job` under supervision, with the progress bar; its result."""
     from opscope.run.model import DEFAULT_REPORTS_DIR
     from opscope.run.write import discard_staging
+    from opscope.target.specs import SwapJob
     from opscope.target.supervise import Listener, WorkerCrashed, run_worker
 
     folders = [out.absolute().parent if out else DEFAULT_REPORTS_DIR.absolute()]
@@ -268,7 +271,8 @@ def _supervised(module: str, spec: dict, out: Path | None) -> dict:
 
         listener = Listener(phase=phase, advance=progress.advance, warn=progress.warn)
         try:
-            return run_worker(module, spec, listener, what="the code under test" if "swap" in spec else "the model's code",
+            return run_worker(module, job, listener,
+                              what="the code under test" if isinstance(job, SwapJob) else "the model's code",
                               on_abort=lambda pid: discard_staging(folders, pid))
         except WorkerCrashed as exc:
             from opscope.swap.worker import PHASE_PREFIX
@@ -278,7 +282,7 @@ def _supervised(module: str, spec: dict, out: Path | None) -> dict:
             raise
 
 
-def read_run_dir(result: dict):  # noqa: ANN201
+def read_run_dir(result: dict[str, Any]) -> Run:
     from opscope.run.read import read_run
 
     return read_run(Path(result["run_dir"]))
@@ -543,9 +547,12 @@ def swap(
     requests = parse_requests(list(kernel or []), op, module) if kernel else None
     if not kernel and (op is not None or module is not None):
         raise OpscopeError("--op and --module say what a user kernel replaces: give it with --kernel FILE.py:FUNC")
-    spec = _model_spec(target, entry, device, dtype, mode, warmup, steps, threads, peak_bw, peak_flops, out, debug)
-    spec["swap"] = {"requests": [r.to_json() for r in requests] if requests is not None else None, "repeats": repeats}
-    run = read_run_dir(_supervised("opscope.swap.worker", spec, out))
+    from opscope.target.specs import SwapJob, SwapSpec
+
+    options = _profile_options(target, entry, device, dtype, mode, warmup, steps, threads, peak_bw, peak_flops, out,
+                               debug)
+    swaps = SwapSpec(requests=[r.to_json() for r in requests] if requests is not None else None, repeats=repeats)
+    run = read_run_dir(_supervised("opscope.swap.worker", SwapJob(options=options, swap=swaps), out))
     from opscope.render.report_data import swap_results
     from opscope.render.text import clean, cleaned_run
     from opscope.run.model import shown_path
