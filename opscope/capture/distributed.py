@@ -132,7 +132,7 @@ def _torchrun(launch: LaunchSpec, spec_path: Path, threads: int, ranks_dir: Path
     if not debug:  # opscope says which rank failed, in one line; torchrun's own reports are for --debug
         _quiet_torchrun()
     try:
-        run(parse_args(torchrun_args(launch, spec_path)))
+        run(parse_args(torchrun_args(launch, spec_path)))  # type: ignore[no-untyped-call, unused-ignore]  # unannotated in torch
     except ChildFailedError as exc:
         raise RankFailed(failure_message({r: f.exitcode for r, f in exc.failures.items()}, ranks_dir)) from None
     except SignalException:  # torchrun has stopped the ranks; opscope's parent reports the signal
@@ -190,7 +190,7 @@ def _collect(ranks_dir: Path, n: int) -> list[RankRun]:
             raise RankFailed(f"rank {rank} ended without writing its run; opscope wrote nothing")
         run = read_run(folder)
         stats = run.summary.get("rank")
-        if not valid_stats(stats):
+        if not isinstance(stats, dict) or not valid_stats(stats):
             raise RankFailed(f"rank {rank}'s run has no rank numbers (summary.json \"rank\"); opscope wrote nothing")
         out.append(RankRun(rank, run, stats, f"ranks/{rank}"))
         (ranks_dir / STATUS.format(rank=rank)).unlink()
@@ -289,10 +289,11 @@ def _profile_rank(job: RankJob, rank: int, local_rank: int, world: int) -> None:
 def _lost_peer(exc: BaseException) -> bool:
     """Whether the failure is another rank's: a distributed error, or gloo/NCCL losing a peer."""
     seen = 0
-    while exc is not None and seen < 10:
-        if type(exc).__name__ in ("DistBackendError", "DistNetworkError", "DistStoreError") or PEER_LOST.search(str(exc)):
+    cause: BaseException | None = exc
+    while cause is not None and seen < 10:
+        if type(cause).__name__ in ("DistBackendError", "DistNetworkError", "DistStoreError") or PEER_LOST.search(str(cause)):
             return True
-        exc = exc.__cause__ or exc.__context__
+        cause = cause.__cause__ or cause.__context__
         seen += 1
     return False
 

@@ -67,7 +67,7 @@ class StepWindow:
     """Turns the script's step boundaries into torch.profiler schedule steps, then records one more step
     under the line-recording dispatch mode."""
 
-    def __init__(self, skip: int, steps: int, activities: list, trace_path: Path, stop_after: bool,
+    def __init__(self, skip: int, steps: int, activities: list[torch.profiler.ProfilerActivity], trace_path: Path, stop_after: bool,
                  progress: Progress) -> None:
         self.skip, self.steps, self.stop_after, self.progress = skip, steps, stop_after, progress
         self.trace_path = trace_path
@@ -137,7 +137,7 @@ class _StepOfOptimizer:
 
     def __init__(self, on_step: Callable[[], None]) -> None:
         self.on_step = on_step
-        self.first: weakref.ref | None = None
+        self.first: weakref.ref[torch.optim.Optimizer] | None = None
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self.handle = register_optimizer_step_post_hook(self._hook)
@@ -194,7 +194,7 @@ def _install(value: Any, path: list[str], on_return: Callable[[], None]) -> Any:
     return value
 
 
-class _MainNamespace(dict):
+class _MainNamespace(dict[str, Any]):
     """The script's globals when --step-fn names a function the script itself defines: the function is
     wrapped as the script's top-level code binds its name (CPython stores module-level names of a dict
     subclass through __setitem__), so the script stays unmodified."""
@@ -316,7 +316,7 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
             window.records = None
         progress.phase("analyzing")
         trace = load_trace(trace_path, with_python=False)
-        meta = profile_meta(opts, device, types.SimpleNamespace(dtype_name=None), peaks)
+        meta = profile_meta(opts, device, None, peaks)
         meta["mode"] = "unknown"
         records = window.records
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",
