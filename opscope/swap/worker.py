@@ -52,7 +52,7 @@ class SwapSession:
         from opscope.run import swap_results as result
 
         explicit = self.requests is not None
-        requests = self.requests if explicit else [
+        requests = self.requests if self.requests is not None else [
             SwapRequest(label=c["kernel"], kernels=[c["kernel"]]) for c in run.summary.get("swap_candidates") or []]
         from opscope.capture.torch_profiler import restore_weights
 
@@ -122,7 +122,7 @@ class SwapSession:
                                    progress=lambda m: self.phase(label, m))
         _reset_compile(request)
         notes = list(swap.notes)
-        suspicious = [r for r in rows if r.to_json()["suspicious"]] or ([e2e] if e2e.to_json()["suspicious"] else [])
+        suspicious = any(r.to_json()["suspicious"] for r in rows) or bool(e2e.to_json()["suspicious"])
         if suspicious:
             notes.append(f"speedup over {benchmark.SUSPICIOUS:g}x: suspicious; check that the kernel does all of the "
                          "original's work")
