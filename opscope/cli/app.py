@@ -21,6 +21,8 @@ from opscope.errors import OpscopeError
 from opscope.machine.peaks import dtype_names
 
 if TYPE_CHECKING:
+    from rich.progress import TaskID
+
     from opscope.nsight.session import NsightRequest
     from opscope.run.model import Run
     from opscope.target.specs import Job, ProfileOptions
@@ -84,7 +86,7 @@ class _RichProgress:
         self.console = console
         self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=console, auto_refresh=False, transient=True)
-        self.task = None
+        self.task: TaskID | None = None
 
     def __enter__(self) -> _RichProgress:
         self.bar.start()
@@ -109,7 +111,8 @@ class _RichProgress:
         self.bar.refresh()
 
 
-def _emit(run, json_out: bool, top: int) -> None:  # noqa: ANN001
+def _emit(run: Run, json_out: bool, top: int) -> None:
+    """Shows a run just written: its summary as JSON (and where it is, on stderr), or the console report."""
     from rich.text import Text
 
     from opscope.render.text import clean
@@ -117,6 +120,7 @@ def _emit(run, json_out: bool, top: int) -> None:  # noqa: ANN001
     from opscope.run.write import dumps
 
     if json_out:
+        assert run.path is not None  # a written run knows its directory
         sys.stdout.write(dumps(run.summary) + "\n")
         sys.stdout.flush()
         stderr.print(Text(f"run directory: {clean(shown_path(run.path))}"), highlight=False)
@@ -282,12 +286,6 @@ def _supervised(module: str, job: Job, out: Path | None) -> dict[str, Any]:
             raise
 
 
-def read_run_dir(result: dict[str, Any]) -> Run:
-    from opscope.run.read import read_run
-
-    return read_run(Path(result["run_dir"]))
-
-
 @app.command()
 def analyze(
     trace: Path = typer.Argument(..., help="torch.profiler Chrome trace (.json or .json.gz), an Nsight file "
@@ -373,7 +371,8 @@ def report(
 
     if output is not None and not html:
         raise OpscopeError("-o/--output names the HTML file: use it with --html")
-    run = read_run(run_dir if run_dir is not None else find_latest_run())
+    run_path = run_dir if run_dir is not None else find_latest_run()
+    run = read_run(run_path)
     comparison = None
     if baseline is not None:
         from opscope.run.compare import compare_runs
@@ -386,7 +385,7 @@ def report(
         from opscope.render.text import clean
         from opscope.run.model import shown_path
 
-        path = write_html(run, output if output is not None else default_html_path(run.path), comparison)
+        path = write_html(run, output if output is not None else default_html_path(run_path), comparison)
         Console(highlight=False).print(Text(f"report: {clean(shown_path(path))}"), soft_wrap=True)
         return
     if json_out:
@@ -552,18 +551,21 @@ def swap(
     options = _profile_options(target, entry, device, dtype, mode, warmup, steps, threads, peak_bw, peak_flops, out,
                                debug)
     swaps = SwapSpec(requests=[r.to_json() for r in requests] if requests is not None else None, repeats=repeats)
-    run = read_run_dir(_supervised("opscope.swap.worker", SwapJob(options=options, swap=swaps), out))
+    run_dir = Path(_supervised("opscope.swap.worker", SwapJob(options=options, swap=swaps), out)["run_dir"])
     from opscope.render.report_data import swap_results
     from opscope.render.text import clean, cleaned_run
     from opscope.run.model import shown_path
+    from opscope.run.read import read_run
     from opscope.run.write import dumps
+
+    run = read_run(run_dir)
 
     doc = swap_results(run)
     if json_out:
         from opscope.run.swap_results import read_swap
 
-        sys.stdout.write(dumps(read_swap(Path(run.path) / "swap.json") or {"results": []}) + "\n")
-        stderr.print(Text(f"run directory: {clean(shown_path(run.path))}"), highlight=False)
+        sys.stdout.write(dumps(read_swap(run_dir / "swap.json") or {"results": []}) + "\n")
+        stderr.print(Text(f"run directory: {clean(shown_path(run_dir))}"), highlight=False)
     else:
         from opscope.render.console import summary_panel
         from opscope.render.console_report import swap_group
@@ -574,7 +576,7 @@ def swap(
         section = swap_group(clean_run)
         console.print(section if section is not None else
                       Text("no swap candidates: no bundled kernel matches an op of this model (see `opscope kernels`)"))
-        console.print(Text("run directory: ") + Text(clean(shown_path(run.path)), style="bold"))
+        console.print(Text("run directory: ") + Text(clean(shown_path(run_dir)), style="bold"))
     failed = [r for r in (doc or {}).get("results", []) if r.get("status") == "failed"]
     if failed:
         stderr.print(Text(f"opscope: verification failed for {', '.join(clean(r['label']) for r in failed)}: no speedup "
@@ -630,7 +632,7 @@ def main() -> None:
     try:
         from typer._click import exceptions as click_errors
     except ImportError:
-        from click import exceptions as click_errors
+        from click import exceptions as click_errors  # type: ignore[no-redef, unused-ignore]
 
     if "--debug" not in sys.argv:
         # libkineto prints "USDT: profiler_start/stop" lines on every profile; 6 silences them.
