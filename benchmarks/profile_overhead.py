@@ -23,13 +23,9 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # as the CLI does: no kineto lin
 import torch  # noqa: E402
 
 from opscope.capture.harness import Harness, resolve_device  # noqa: E402
-from opscope.capture.torch_profiler import (  # noqa: E402
-    ProfileOptions,
-    profile_target,
-    profiler_activities,
-    timed_pass,
-)
+from opscope.capture.torch_profiler import profile_target, profiler_activities, timed_pass  # noqa: E402
 from opscope.target.model_file import load_target  # noqa: E402
+from opscope.target.specs import ProfileOptions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

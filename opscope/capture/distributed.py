@@ -32,20 +32,26 @@ import sys
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import msgspec
 
 from opscope.analysis.ranks import RankRun, merge_ranks, rank_stats, staging_folder, valid_stats, write_merged
+from opscope.capture.options import Progress
 from opscope.errors import OpscopeError
 from opscope.run.model import DEFAULT_REPORTS_DIR, Run
 from opscope.run.read import read_run
 from opscope.run.write import check_out_dir
-from opscope.target.jobs import LaunchSpec, ScriptSpec
 from opscope.target.model_file import check_target_file
-from opscope.target.supervise import Stopped, boot_command, child_setup, death_by_signal, target_error_message
-
-if TYPE_CHECKING:  # torch-importing modules: only the ranks and the launcher load them
-    from opscope.capture.options import ProfileOptions
-    from opscope.capture.torch_profiler import Progress
+from opscope.target.specs import LaunchSpec, ProfileOptions, RankJob, ScriptSpec, encode_job
+from opscope.target.supervise import (
+    Stopped,
+    boot_command,
+    child_setup,
+    death_by_signal,
+    read_job,
+    target_error_message,
+)
 
 SEED_STRIDE = 1_000_003  # rank r's torch.manual_seed(s) becomes s + r * SEED_STRIDE while the file loads
 STATUS = ".status-{rank}.json"
@@ -61,8 +67,7 @@ class RankFailed(OpscopeError):
 # --- the launcher (in opscope profile's supervised child) -------------------------------------------------
 
 
-def launch_ranks(opts: ProfileOptions, script: ScriptSpec | None, launch: LaunchSpec, progress: Progress, *,
-                 debug: bool = False) -> Run:
+def launch_ranks(opts: ProfileOptions, script: ScriptSpec | None, launch: LaunchSpec, progress: Progress) -> Run:
     """Runs the job's ranks through torchrun and merges their runs into one run directory."""
     import torch
 
@@ -87,14 +92,13 @@ def launch_ranks(opts: ProfileOptions, script: ScriptSpec | None, launch: Launch
     with staging_folder(out.parent if out is not None else reports) as staging:
         ranks_dir = staging / "ranks"
         ranks_dir.mkdir()
-        options = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()}
-        spec = {"options": options, "script": script.to_json() if script else None, "device": device.type,
-                "threads": threads, "peaks": peaks, "ranks_dir": str(ranks_dir), "debug": debug}
+        job = RankJob(options=opts, script=script, device="cuda" if device.type == "cuda" else "cpu",
+                      threads=threads, peaks=peaks, ranks_dir=ranks_dir)
         spec_path = staging / "rank-spec.json"
-        spec_path.write_text(json.dumps(spec))
+        spec_path.write_bytes(encode_job(job))
         where = f" on node {launch.node_rank} of {launch.nnodes}" if launch.nnodes > 1 else ""
         progress.phase(f"running {n} ranks{where} ({'gloo' if device.type == 'cpu' else 'NCCL'})")
-        _torchrun(launch, spec_path, threads, ranks_dir, debug)
+        _torchrun(launch, spec_path, threads, ranks_dir, opts.debug)
         progress.phase("merging the ranks")
         rank_runs = _collect(ranks_dir, n)
         merged = merge_ranks(rank_runs, target=str(opts.target), warn=progress.warn)
@@ -128,7 +132,7 @@ def _torchrun(launch: LaunchSpec, spec_path: Path, threads: int, ranks_dir: Path
     if not debug:  # opscope says which rank failed, in one line; torchrun's own reports are for --debug
         _quiet_torchrun()
     try:
-        run(parse_args(torchrun_args(launch, spec_path)))
+        run(parse_args(torchrun_args(launch, spec_path)))  # type: ignore[no-untyped-call, unused-ignore]  # unannotated in torch
     except ChildFailedError as exc:
         raise RankFailed(failure_message({r: f.exitcode for r, f in exc.failures.items()}, ranks_dir)) from None
     except SignalException:  # torchrun has stopped the ranks; opscope's parent reports the signal
@@ -186,7 +190,7 @@ def _collect(ranks_dir: Path, n: int) -> list[RankRun]:
             raise RankFailed(f"rank {rank} ended without writing its run; opscope wrote nothing")
         run = read_run(folder)
         stats = run.summary.get("rank")
-        if not valid_stats(stats):
+        if not isinstance(stats, dict) or not valid_stats(stats):
             raise RankFailed(f"rank {rank}'s run has no rank numbers (summary.json \"rank\"); opscope wrote nothing")
         out.append(RankRun(rank, run, stats, f"ranks/{rank}"))
         (ranks_dir / STATUS.format(rank=rank)).unlink()
@@ -198,15 +202,11 @@ def _collect(ranks_dir: Path, n: int) -> list[RankRun]:
 # --- one rank (a process torchrun started) ------------------------------------------------------------------
 
 
-class _RankProgress:
-    """A rank has no control pipe: warnings go to stderr, prefixed with the rank."""
+class _RankProgress(Progress):
+    """A rank has no control pipe: no phases, warnings to stderr, prefixed with the rank."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
-
-    def phase(self, name: str, total: int | None = None) -> None: ...
-
-    def advance(self, n: int = 1) -> None: ...
 
     def warn(self, message: str) -> None:
         sys.stderr.write(f"opscope: rank {self.rank}: {message.removeprefix('opscope: ')}\n")
@@ -249,33 +249,31 @@ def join_job(harness: Any, device: Any, progress: Any) -> None:
     dist.barrier()
 
 
-def _profile_rank(spec: dict[str, Any], rank: int, local_rank: int, world: int) -> None:
+def _profile_rank(job: RankJob, rank: int, local_rank: int, world: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from opscope.capture.options import options_from_spec
     from opscope.machine.peaks import Peaks
 
-    opts = options_from_spec({**spec["options"], "out": str(Path(spec["ranks_dir"]) / str(rank))})
-    cuda = spec["device"] == "cuda"
+    opts = msgspec.structs.replace(job.options, out=job.ranks_dir / str(rank))
+    cuda = job.device == "cuda"
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    if spec.get("threads"):
-        torch.set_num_threads(int(spec["threads"]))
-    peaks = Peaks.from_json(spec["peaks"]) if spec.get("peaks") else None
+    torch.set_num_threads(job.threads)
+    peaks = Peaks.from_json(job.peaks) if job.peaks else None
     progress = _RankProgress(rank)
-    backend = None if spec.get("script") else ("nccl" if cuda else "gloo")
+    backend = None if job.script is not None else ("nccl" if cuda else "gloo")
 
     def finish(run: Run, trace: Any) -> None:
         run.summary["rank"] = rank_stats(trace, run.summary, rank=rank, world_size=world, backend=backend)
         run.meta["rank"] = rank
         run.meta["world_size"] = world
 
-    if spec.get("script"):
+    if job.script is not None:
         from opscope.capture.script import profile_script
 
-        profile_script(opts, ScriptSpec(**spec["script"]), progress, peaks=peaks, finish=finish)
+        profile_script(opts, job.script, progress, peaks=peaks, finish=finish)
         return
     from opscope.capture.torch_profiler import profile_target
 
@@ -291,10 +289,11 @@ def _profile_rank(spec: dict[str, Any], rank: int, local_rank: int, world: int) 
 def _lost_peer(exc: BaseException) -> bool:
     """Whether the failure is another rank's: a distributed error, or gloo/NCCL losing a peer."""
     seen = 0
-    while exc is not None and seen < 10:
-        if type(exc).__name__ in ("DistBackendError", "DistNetworkError", "DistStoreError") or PEER_LOST.search(str(exc)):
+    cause: BaseException | None = exc
+    while cause is not None and seen < 10:
+        if type(cause).__name__ in ("DistBackendError", "DistNetworkError", "DistStoreError") or PEER_LOST.search(str(cause)):
             return True
-        exc = exc.__cause__ or exc.__context__
+        cause = cause.__cause__ or cause.__context__
         seen += 1
     return False
 
@@ -302,15 +301,15 @@ def _lost_peer(exc: BaseException) -> bool:
 def main() -> None:
     """A rank's entry point (torchrun runs it): profile, write ranks/<rank>/ and a status file, exit."""
     child_setup()
-    spec = json.loads(Path(sys.argv[1]).read_text())
+    job = read_job(RankJob)
     rank = int(os.environ.get("RANK", "0"))
-    status_path = Path(spec["ranks_dir"]) / STATUS.format(rank=rank)
+    status_path = job.ranks_dir / STATUS.format(rank=rank)
     status: dict[str, Any]
     try:
-        _profile_rank(spec, rank, int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
+        _profile_rank(job, rank, int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
         status = {"ok": True}
     except OpscopeError as exc:
-        if spec.get("debug"):
+        if job.options.debug:
             traceback.print_exc()
         status = {"error": str(exc), "peer": _lost_peer(exc)}
     except BaseException as exc:  # noqa: BLE001 (the user's code may raise anything, exit included)

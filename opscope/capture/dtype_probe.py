@@ -12,12 +12,15 @@ untimed call of each first), a few calls per op, and never more than BUDGET_S fo
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from opscope.findings.base import DtypeProbe
 
 BUDGET_S = 1.0  # all replays of one run together
 PER_OP_S = 0.05  # timed runs per op stop after this long (at least MIN_RUNS)
@@ -67,11 +70,11 @@ def build_call(spec: dict[str, Any], device: torch.device, float32: bool = True)
         except (RuntimeError, TypeError) as exc:
             error = exc
             continue
-        return lambda op=op, args=args, kwargs=kwargs: op(*args, **kwargs)
+        return functools.partial(op, *args, **kwargs)
     raise error
 
 
-def float32_probe(device: torch.device):  # -> opscope.findings.base.DtypeProbe
+def float32_probe(device: torch.device) -> DtypeProbe:
     """A probe with its own time budget (BUDGET_S) and cache, for one run."""
     deadline: list[float] = []  # set at the first call: the budget starts when the rules first ask
     cache: dict[str, tuple[float | None, float] | None] = {}

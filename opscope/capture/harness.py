@@ -176,7 +176,7 @@ class Harness:
         out = self._forward()
         loss = self._loss(out)
         try:
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call, unused-ignore]  # unannotated in torch
         except Exception as exc:
             raise TargetError(f"backward failed: {describe_exception(exc)}") from exc
         if self.optimizer is not None:

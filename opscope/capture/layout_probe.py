@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from opscope.capture.harness import DTYPES
+from opscope.findings.base import LayoutProbe
 
 BUDGET_S = 0.02  # per layout: "a few milliseconds" of real runs, at least MIN_RUNS
 MIN_RUNS = 3
@@ -25,7 +27,7 @@ def _time_layouts(x: torch.Tensor, w: torch.Tensor, x_cl: torch.Tensor, w_cl: to
     def run(a: torch.Tensor, b: torch.Tensor) -> None:
         F.conv2d(a, b, None, spec["stride"], spec["padding"], spec["dilation"], spec["groups"])
 
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync: Callable[[], None] = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(2):
         run(x, w)
         run(x_cl, w_cl)
@@ -42,8 +44,8 @@ def _time_layouts(x: torch.Tensor, w: torch.Tensor, x_cl: torch.Tensor, w_cl: to
     return statistics.median(nchw) * 1e6, statistics.median(cl) * 1e6
 
 
-def conv_layout_probe(device: torch.device):  # -> LayoutProbe
-    cache: dict[tuple, tuple[float, float] | None] = {}
+def conv_layout_probe(device: torch.device) -> LayoutProbe:
+    cache: dict[tuple[tuple[str, Any], ...], tuple[float, float] | None] = {}
 
     def probe(spec: dict[str, Any]) -> tuple[float, float] | None:
         key = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(spec.items()))

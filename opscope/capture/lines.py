@@ -32,10 +32,14 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from opscope.sources import HARNESS, frame_location
 from opscope.table import Table
+
+if TYPE_CHECKING:
+    import torch
 
 WINDOW = 8  # records a join may skip when the timed trace lacks one (e.g. an op not recorded)
 
@@ -43,7 +47,7 @@ WINDOW = 8  # records a join may skip when the timed trace lacks one (e.g. an op
 @dataclass(frozen=True)
 class LineRecord:
     name: str
-    shapes: tuple  # shapes of tensor inputs, in schema order (nested tuples for tensor lists)
+    shapes: tuple[Any, ...]  # shapes of tensor inputs, in schema order (nested tuples for tensor lists)
     location: str
     # (schema argument index, element dtypes as the profiler names them) of each tensor-list argument
     list_dtypes: tuple[tuple[int, tuple[str, ...]], ...] = ()
@@ -51,7 +55,7 @@ class LineRecord:
     module_class: str = ""  # its class name; "" outside the model's forward
 
 
-class LineJoin(dict):
+class LineJoin(dict[int, str]):
     """Event index -> exact line ('file:line'); `input_types`: event index -> the event's "Input type"
     (JSON text) with its TensorList entries' element dtypes filled in from the dispatch pass; `modules`:
     event index -> (qualified module name, module class) of the matched record."""
@@ -76,7 +80,7 @@ PROFILER_DTYPES: dict[str, str] = {
 
 
 # nn.Module instance -> "file:line" of the user code that created it (see module_origins()).
-_MODULE_ORIGINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_MODULE_ORIGINS: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
 
 
 @contextmanager
@@ -88,11 +92,11 @@ def module_origins() -> Iterator[None]:
 
     original = torch.nn.Module.__init__
 
-    def init(self, *args, **kwargs):  # noqa: ANN001, ANN202
+    def init(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         if self in _MODULE_ORIGINS:
             return
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         while frame is not None:
             if frame.f_locals.get("self") is not self:  # skip the module's own __init__ chain
                 where = frame_location(frame.f_code.co_filename, frame.f_lineno)
@@ -102,11 +106,11 @@ def module_origins() -> Iterator[None]:
                     return
             frame = frame.f_back
 
-    torch.nn.Module.__init__ = init
+    torch.nn.Module.__init__ = init  # type: ignore[method-assign]
     try:
         yield
     finally:
-        torch.nn.Module.__init__ = original
+        torch.nn.Module.__init__ = original  # type: ignore[method-assign]
 
 
 def _module_of(frame: Any) -> Any:
@@ -119,7 +123,7 @@ def _module_of(frame: Any) -> Any:
 def caller_location(start_depth: int = 2) -> str:
     """Innermost user frame's 'file:line'; opscope's own frames mean the harness issued the op, unless
     a module's forward is running in between (then: where that module was created)."""
-    frame = sys._getframe(start_depth)
+    frame: FrameType | None = sys._getframe(start_depth)
     innermost_module = None
     while frame is not None:
         where = frame_location(frame.f_code.co_filename, frame.f_lineno)
@@ -146,7 +150,7 @@ def _shape_of(value: Any) -> Any:
     return None
 
 
-def _signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, tuple]:
+def _signature(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """(shapes of the tensor inputs, (index, element dtypes) of the tensor-list inputs), in schema order."""
     shapes = []
     lists = []
@@ -184,10 +188,11 @@ def module_stack(model: Any) -> Iterator[Callable[[], tuple[str, str]]]:
             names.setdefault(id(m), name)
     local = threading.local()
 
-    def stack() -> list:
+    def stack() -> list[tuple[str, str] | None]:
         if not hasattr(local, "stack"):
             local.stack = []
-        return local.stack
+        entries: list[tuple[str, str] | None] = local.stack
+        return entries
 
     def pre(module: Any, args: Any) -> None:
         name = names.get(id(module))
@@ -236,8 +241,9 @@ def line_mode(records: list[LineRecord],
 
     lock = threading.Lock()
 
-    class _LineMode(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+    class _LineMode(TorchDispatchMode):  # type: ignore[no-untyped-call, unused-ignore]  # unannotated in torch
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                               kwargs: dict[str, Any] | None = None) -> Any:
             kwargs = kwargs or {}
             shapes, lists = _signature(func, args, kwargs)
             module, cls = current_module()
@@ -246,10 +252,10 @@ def line_mode(records: list[LineRecord],
                 records.append(rec)
             return func(*args, **kwargs)
 
-    return _LineMode()
+    return _LineMode()  # type: ignore[no-untyped-call, unused-ignore]  # unannotated in torch
 
 
-def _trace_signature(dims_text: str) -> tuple:
+def _trace_signature(dims_text: str) -> tuple[Any, ...]:
     try:
         dims = json.loads(dims_text) if dims_text else []
     except ValueError:
@@ -335,11 +341,12 @@ def _fill_list_types(out: LineJoin, i: int, types_text: str, dims_text: str,
     except ValueError:
         return
     ordered = iter(lists) if isinstance(lists, list) else None
+    by_index = lists if isinstance(lists, dict) else {}
     changed = False
     for k, entry in enumerate(entries):
         if entry != "TensorList":
             continue
-        dtypes = next(ordered, None) if ordered is not None else lists.get(k)
+        dtypes = next(ordered, None) if ordered is not None else by_index.get(k)
         shape = shapes[k] if k < len(shapes) else None
         if dtypes and all(dtypes) and isinstance(shape, list) and len(shape) == len(dtypes):
             entries[k] = list(dtypes)

@@ -20,8 +20,9 @@ import nvtx
 import torch
 
 from opscope.capture.harness import Harness, process_state_kept, resolve_device
-from opscope.capture.options import MODULE_RANGE_PREFIX, STEP_RANGE
+from opscope.capture.options import MODULE_RANGE_PREFIX, STEP_RANGE, Progress
 from opscope.target.model_file import load_target
+from opscope.target.specs import ProfileOptions
 
 
 @contextlib.contextmanager
@@ -64,8 +65,8 @@ def module_ranges(model: torch.nn.Module, enabled: bool = True) -> Iterator[None
             h.remove()
 
 
-def measured_pass(opts: Any, nvtx_ops: bool, progress: Any, label: str = "") -> dict[str, Any]:
-    """The steps nsys/ncu measure (opts: ProfileOptions; `label` names the tool in progress phases).
+def measured_pass(opts: ProfileOptions, nvtx_ops: bool, progress: Progress, label: str = "") -> dict[str, Any]:
+    """The steps nsys/ncu measure (`label` names the tool in progress phases).
     Returns {"steps": n}."""
     prefix = f"{label}: " if label else ""
     if opts.threads:
@@ -83,9 +84,11 @@ def measured_pass(opts: Any, nvtx_ops: bool, progress: Any, label: str = "") -> 
             progress.advance()
         harness.synchronize()
         progress.phase(f"{prefix}measuring {opts.steps} steps", total=opts.steps)
-        ops_ranges = torch.autograd.profiler.emit_nvtx(record_shapes=True) if nvtx_ops else contextlib.nullcontext()
+        ops_ranges: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if nvtx_ops:
+            ops_ranges = torch.autograd.profiler.emit_nvtx(record_shapes=True)  # type: ignore[no-untyped-call, unused-ignore]  # unannotated in torch
         if cuda:
-            torch.cuda.profiler.start()
+            torch.cuda.profiler.start()  # type: ignore[no-untyped-call, unused-ignore]  # unannotated in torch
         try:
             with ops_ranges:
                 for _ in range(opts.steps):
@@ -95,5 +98,5 @@ def measured_pass(opts: Any, nvtx_ops: bool, progress: Any, label: str = "") -> 
                     progress.advance()
         finally:
             if cuda:
-                torch.cuda.profiler.stop()
+                torch.cuda.profiler.stop()  # type: ignore[no-untyped-call, unused-ignore]  # unannotated in torch
     return {"steps": opts.steps}

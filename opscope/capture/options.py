@@ -1,33 +1,16 @@
-"""What a profile is asked to do (ProfileOptions), built from the supervised child's spec; torch-free."""
+"""What every capture shares besides its options (opscope.target.specs.ProfileOptions), torch-free: the
+progress hook, and the names of the NVTX ranges that the Nsight passes select by."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
+class Progress:
+    """Phase reporting hook: silent here; the supervised child reports on its control pipe (the CLI
+    shows a progress bar), a rank of a multi-process job writes its warnings to stderr."""
 
-@dataclass
-class ProfileOptions:
-    target: Path
-    entry: str | None = None
-    device: str = "auto"
-    dtype: str | None = None
-    mode: str = "inference"
-    warmup: int = 2
-    steps: int = 5
-    threads: int | None = None
-    peak_bw: float | None = None
-    peak_flops: list[str] = field(default_factory=list)
-    out: Path | None = None
-    nvtx: bool = False  # NVTX ranges around the timed steps and top-level module forwards (for Nsight)
-
-
-def options_from_spec(spec: dict[str, Any]) -> ProfileOptions:
-    spec = dict(spec)
-    spec["target"] = Path(spec["target"])
-    spec["out"] = Path(spec["out"]) if spec.get("out") else None
-    return ProfileOptions(**spec)
+    def phase(self, name: str, total: int | None = None) -> None: ...
+    def advance(self, n: int = 1) -> None: ...
+    def warn(self, message: str) -> None: ...
 
 
 # NVTX ranges of the measured passes (and of `opscope profile --nvtx`): one push/pop range per step, with

@@ -40,13 +40,13 @@ from opscope.capture.dtype_probe import float32_probe
 from opscope.capture.harness import process_state_kept, resolve_device
 from opscope.capture.layout_probe import conv_layout_probe
 from opscope.capture.lines import LineRecord, join_lines, line_mode
-from opscope.capture.options import ProfileOptions
-from opscope.capture.torch_profiler import Progress, machine_peaks, profile_meta, profiler_activities
+from opscope.capture.options import Progress
+from opscope.capture.torch_profiler import machine_peaks, profile_meta, profiler_activities
 from opscope.errors import OpscopeError, TargetError
 from opscope.machine.peaks import Peaks
 from opscope.run.model import DEFAULT_REPORTS_DIR, Run
 from opscope.run.write import check_out_dir, write_run
-from opscope.target.jobs import STEP_FN_RE, ScriptSpec
+from opscope.target.jobs import STEP_FN_RE
 from opscope.target.model_file import (
     ACCEPTED,
     add_model_folder,
@@ -54,6 +54,7 @@ from opscope.target.model_file import (
     describe_exception,
     user_frame_of,
 )
+from opscope.target.specs import ProfileOptions, ScriptSpec
 from opscope.trace.reader import TraceData, load_trace
 
 
@@ -66,7 +67,7 @@ class StepWindow:
     """Turns the script's step boundaries into torch.profiler schedule steps, then records one more step
     under the line-recording dispatch mode."""
 
-    def __init__(self, skip: int, steps: int, activities: list, trace_path: Path, stop_after: bool,
+    def __init__(self, skip: int, steps: int, activities: list[torch.profiler.ProfilerActivity], trace_path: Path, stop_after: bool,
                  progress: Progress) -> None:
         self.skip, self.steps, self.stop_after, self.progress = skip, steps, stop_after, progress
         self.trace_path = trace_path
@@ -136,7 +137,7 @@ class _StepOfOptimizer:
 
     def __init__(self, on_step: Callable[[], None]) -> None:
         self.on_step = on_step
-        self.first: weakref.ref | None = None
+        self.first: weakref.ref[torch.optim.Optimizer] | None = None
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self.handle = register_optimizer_step_post_hook(self._hook)
@@ -193,7 +194,7 @@ def _install(value: Any, path: list[str], on_return: Callable[[], None]) -> Any:
     return value
 
 
-class _MainNamespace(dict):
+class _MainNamespace(dict[str, Any]):
     """The script's globals when --step-fn names a function the script itself defines: the function is
     wrapped as the script's top-level code binds its name (CPython stores module-level names of a dict
     subclass through __setitem__), so the script stays unmodified."""
@@ -315,7 +316,7 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
             window.records = None
         progress.phase("analyzing")
         trace = load_trace(trace_path, with_python=False)
-        meta = profile_meta(opts, device, types.SimpleNamespace(dtype_name=None), peaks)
+        meta = profile_meta(opts, device, None, peaks)
         meta["mode"] = "unknown"
         records = window.records
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",

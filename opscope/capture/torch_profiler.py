@@ -25,15 +25,16 @@ from opscope.analysis.pipeline import analyze
 from opscope.capture.dtype_probe import float32_probe
 from opscope.capture.harness import Harness, process_state_kept, resolve_device
 from opscope.capture.layout_probe import conv_layout_probe
-from opscope.capture.lines import join_lines, module_classes, module_origins, record_lines
+from opscope.capture.lines import LineRecord, join_lines, module_classes, module_origins, record_lines
 from opscope.capture.nvtx_ranges import module_ranges, step_range
-from opscope.capture.options import ProfileOptions
+from opscope.capture.options import Progress
 from opscope.errors import OpscopeError
 from opscope.machine.noise import CpuSampler, window_noise
 from opscope.machine.peaks import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
 from opscope.run.model import DEFAULT_REPORTS_DIR, Run
 from opscope.run.write import check_out_dir, write_run
 from opscope.target.model_file import load_target
+from opscope.target.specs import ProfileOptions
 from opscope.trace.reader import TraceData, load_trace
 
 
@@ -50,14 +51,6 @@ class ProfileTimings:
     lines: float = 0.0
     memory: float = 0.0
     analysis: float = 0.0
-
-
-class Progress:
-    """Phase reporting hook; the CLI passes a rich progress bar, tests pass nothing."""
-
-    def phase(self, name: str, total: int | None = None) -> None: ...
-    def advance(self, n: int = 1) -> None: ...
-    def warn(self, message: str) -> None: ...
 
 
 def _validate(opts: ProfileOptions) -> None:
@@ -98,14 +91,14 @@ def machine_peaks(opts: ProfileOptions, device: torch.device,
     return apply_overrides(peaks, opts.peak_bw, opts.peak_flops), calibration
 
 
-def profiler_activities(device: torch.device) -> list:
+def profiler_activities(device: torch.device) -> list[torch.profiler.ProfilerActivity]:
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     return activities
 
 
-def timed_pass(harness: Harness, steps: int, activities: list,
+def timed_pass(harness: Harness, steps: int, activities: list[torch.profiler.ProfilerActivity],
                nvtx: bool = False) -> tuple[torch.profiler.profile, float, list[float]]:
     """The only timed part of a profile: shapes recorded, nothing else. Returns (profiler, seconds,
     each step's wall seconds including its synchronize). With `nvtx`, each step is also an NVTX range and
@@ -128,7 +121,7 @@ def timed_pass(harness: Harness, steps: int, activities: list,
 MEMORY_STEPS = 3  # steps of the memory pass: memory-growth compares what each of them leaves allocated
 
 
-def memory_pass(harness: Harness, activities: list, path: Path, steps: int = MEMORY_STEPS) -> list[int]:
+def memory_pass(harness: Harness, activities: list[torch.profiler.ProfilerActivity], path: Path, steps: int = MEMORY_STEPS) -> list[int]:
     """Untimed: `steps` more steps under torch.profiler with profile_memory, exported to `path`. Returns
     torch.cuda.max_memory_allocated of each step on CUDA (else [])."""
     cuda = harness.device.type == "cuda"
@@ -146,7 +139,7 @@ def memory_pass(harness: Harness, activities: list, path: Path, steps: int = MEM
     return cuda_peaks
 
 
-def memory_of(path: Path, records: list, cuda_peaks: list[int]) -> MemoryProfile | None:
+def memory_of(path: Path, records: list[LineRecord], cuda_peaks: list[int]) -> MemoryProfile | None:
     """The memory pass's trace, its ops joined to the dispatch pass's lines and modules like the timed
     trace's, as a MemoryProfile keyed like ops.csv rows."""
     trace = load_trace(path, with_python=False)
@@ -242,7 +235,7 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
         progress.phase("analyzing")
         t0 = time.perf_counter()
         trace = load_trace(trace_path, with_python=False)
-        meta = profile_meta(opts, device, harness, peaks)
+        meta = profile_meta(opts, device, harness.dtype_name, peaks)
         if calibration is not None:
             meta["calibration"] = calibration
         probe = conv_layout_probe(device) if opts.mode in ("inference", "train") else None
@@ -252,6 +245,7 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
                       dtype_probe=float32_probe(device), module_classes=classes, memory=memory,
                       noise=noise, step_us=[t * 1e6 for t in step_s])
         # `opscope analyze RUN/trace.json.gz` reproduces this run's table from what is embedded here
+        assert run.events is not None  # analyze() keeps the events it analyzed
         embed(trace_path, make_block(run.events, classes, memory))
         if finish is not None:
             finish(run, trace)
@@ -278,7 +272,8 @@ def restore_weights(model: torch.nn.Module, snapshot: dict[str, torch.Tensor]) -
             v.copy_(snapshot[k])
 
 
-def profile_meta(opts: ProfileOptions, device: torch.device, harness: Harness, peaks: Peaks) -> dict[str, Any]:
+def profile_meta(opts: ProfileOptions, device: torch.device, dtype: str | None, peaks: Peaks) -> dict[str, Any]:
+    """meta.json of a profile; `dtype` is the model's (None where opscope does not know it: a script)."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         dev = {"type": "rocm" if torch.version.hip else "cuda", "name": name}
@@ -292,7 +287,7 @@ def profile_meta(opts: ProfileOptions, device: torch.device, harness: Harness, p
         "target": os.path.relpath(opts.target) if not opts.target.is_absolute() else str(opts.target),
         "torch_version": torch.__version__,
         "device": dev,
-        "dtype": harness.dtype_name,
+        "dtype": dtype,
         "mode": opts.mode,
         "steps": opts.steps,
         "threads": torch.get_num_threads(),

@@ -1,21 +1,20 @@
-"""The supervised child of `opscope profile` (see opscope/supervise.py): loads the model, profiles it,
-analyzes and writes the run directory, and reports progress and the outcome on the control pipe."""
+"""The supervised child of `opscope profile` (see opscope/target/supervise.py): loads the model, profiles
+it, analyzes and writes the run directory, and reports progress and the outcome on the control pipe."""
 
 from __future__ import annotations
 
-import json
 import sys
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from opscope.capture.options import options_from_spec
+from opscope.capture.options import Progress
 from opscope.errors import OpscopeError
-from opscope.target.supervise import Control, Stopped, child_setup, target_error_message
+from opscope.target.specs import JobT, ProfileJob
+from opscope.target.supervise import Control, Stopped, child_setup, read_job, target_error_message
 
 
-class _PipeProgress:
+class _PipeProgress(Progress):
     def __init__(self, control: Control) -> None:
         self.control = control
 
@@ -29,16 +28,16 @@ class _PipeProgress:
         self.control.send(type="warn", message=message)
 
 
-
-def serve(task: Callable[[dict[str, Any], _PipeProgress, bool], dict[str, Any]], what: str = "profiling") -> None:
-    """The body of every supervised child: read the spec, run `task(spec, progress, debug)`, report its
-    result (or the error, as one line) on the control pipe."""
+def serve(job_type: type[JobT], task: Callable[[JobT, Progress], dict[str, Any]], what: str = "profiling") -> None:
+    """The body of every supervised child: read the job (a `job_type`), run `task(job, progress)`, report
+    its result (or the error, as one line) on the control pipe."""
     child_setup()
     control = Control()
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    debug = bool(spec.pop("debug", False))
+    debug = False  # until the job says otherwise (--debug)
     try:
-        result = task(spec, _PipeProgress(control), debug)
+        job = read_job(job_type)
+        debug = job.options.debug
+        result = task(job, _PipeProgress(control))
         control.send(type="done", result=result)
     except OpscopeError as exc:
         if debug:
@@ -61,30 +60,25 @@ def serve(task: Callable[[dict[str, Any], _PipeProgress, bool], dict[str, Any]],
     sys.stderr.flush()
 
 
-def _profile(spec: dict[str, Any], progress: _PipeProgress, debug: bool = False) -> dict[str, Any]:
-    script = spec.pop("script", None)  # opscope.target.jobs.ScriptSpec as JSON: script mode
-    launch = spec.pop("launch", None)  # opscope.target.jobs.LaunchSpec as JSON: several processes via torchrun
-    if launch is not None:
+def _profile(job: ProfileJob, progress: Progress) -> dict[str, Any]:
+    if job.launch is not None:  # several processes via torchrun
         from opscope.capture.distributed import launch_ranks
-        from opscope.target.jobs import LaunchSpec, ScriptSpec
 
-        run = launch_ranks(options_from_spec(spec), ScriptSpec(**script) if script else None,
-                           LaunchSpec(**launch), progress, debug=debug)
+        run = launch_ranks(job.options, job.script, job.launch, progress)
         return {"run_dir": str(run.path)}
-    if script is not None:
+    if job.script is not None:  # script mode
         from opscope.capture.script import profile_script
-        from opscope.target.jobs import ScriptSpec
 
-        run = profile_script(options_from_spec(spec), ScriptSpec(**script), progress)
+        run = profile_script(job.options, job.script, progress)
         return {"run_dir": str(run.path)}
     from opscope.capture.torch_profiler import profile_target
 
-    run, _ = profile_target(options_from_spec(spec), progress)
+    run, _ = profile_target(job.options, progress)
     return {"run_dir": str(run.path)}
 
 
 def main() -> None:
-    serve(_profile)
+    serve(ProfileJob, _profile)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import sys
 import traceback
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -21,7 +21,11 @@ from opscope.errors import OpscopeError
 from opscope.machine.peaks import dtype_names
 
 if TYPE_CHECKING:
+    from rich.progress import TaskID
+
     from opscope.nsight.session import NsightRequest
+    from opscope.run.model import Run
+    from opscope.target.specs import Job, ProfileOptions
 
 app = typer.Typer(
     add_completion=False,
@@ -82,7 +86,7 @@ class _RichProgress:
         self.console = console
         self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=console, auto_refresh=False, transient=True)
-        self.task = None
+        self.task: TaskID | None = None
 
     def __enter__(self) -> _RichProgress:
         self.bar.start()
@@ -107,7 +111,8 @@ class _RichProgress:
         self.bar.refresh()
 
 
-def _emit(run, json_out: bool, top: int) -> None:  # noqa: ANN001
+def _emit(run: Run, json_out: bool, top: int) -> None:
+    """Shows a run just written: its summary as JSON (and where it is, on stderr), or the console report."""
     from rich.text import Text
 
     from opscope.render.text import clean
@@ -115,6 +120,7 @@ def _emit(run, json_out: bool, top: int) -> None:  # noqa: ANN001
     from opscope.run.write import dumps
 
     if json_out:
+        assert run.path is not None  # a written run knows its directory
         sys.stdout.write(dumps(run.summary) + "\n")
         sys.stdout.flush()
         stderr.print(Text(f"run directory: {clean(shown_path(run.path))}"), highlight=False)
@@ -177,8 +183,10 @@ def profile(
     from opscope.nsight.commands import split_tool_args
     from opscope.nsight.session import NsightRequest, check_request
     from opscope.target.jobs import check_tool_options, launch_spec, script_spec
+    from opscope.target.specs import ProfileJob, SwapJob, SwapSpec
 
-    spec = _model_spec(target, entry, device, dtype, mode, warmup, steps, threads, peak_bw, peak_flops, out, debug)
+    options = _profile_options(target, entry, device, dtype, mode, warmup, steps, threads, peak_bw, peak_flops, out,
+                               debug)
     job_script = script_spec(target, script=script, entry=entry, args=list(script_args or []), step_fn=step_fn,
                              stop_after=stop_after, dtype=dtype.value if dtype else None, mode=mode.value)
     job_launch = launch_spec(nproc_per_node, nnodes, node_rank, master_addr, master_port)
@@ -186,10 +194,6 @@ def profile(
     if try_swaps and (job_script or job_launch):
         raise OpscopeError("--try-swaps works on a model file in one process: run `opscope swap` on the model "
                            "file" + (" instead of the script" if job_script else ", without --nproc-per-node"))
-    if job_script:
-        spec["script"] = job_script.to_json()
-    if job_launch:
-        spec["launch"] = job_launch.to_json()
     if nsys_args is not None and not nsys:
         raise OpscopeError("--nsys-args passes arguments to nsys: use it with --nsys")
     nsight = NsightRequest(nsys=nsys, nsys_args=split_tool_args(nsys_args, "--nsys-args"), ncu=ncu,
@@ -197,14 +201,14 @@ def profile(
     if try_swaps and nsight.wanted:
         raise OpscopeError("--try-swaps cannot be combined with --nsys/--ncu yet: run them as two profiles")
     tools = check_request(nsight, device.value)  # GPU, tools on PATH, flags: before anything runs
-    spec["nvtx"] = nvtx or nsight.wanted
+    options.nvtx = nvtx or nsight.wanted
     if nsight.wanted:
-        run_dir = _with_nsight(spec, nsight, tools, target, out)
+        run_dir = _with_nsight(options, nsight, tools, target, out)
+    elif try_swaps:
+        run_dir = Path(_supervised("opscope.swap.worker", SwapJob(options=options, swap=SwapSpec()), out)["run_dir"])
     else:
-        if try_swaps:
-            spec["swap"] = {"requests": None, "repeats": 15}
-        run_dir = Path(_supervised("opscope.swap.worker" if try_swaps else "opscope.capture.worker", spec,
-                                   out)["run_dir"])
+        job = ProfileJob(options=options, script=job_script, launch=job_launch)
+        run_dir = Path(_supervised("opscope.capture.worker", job, out)["run_dir"])
     from opscope.run.read import read_run
 
     run = read_run(run_dir)
@@ -219,26 +223,28 @@ def profile(
                                                                "of this model"))
 
 
-def _model_spec(target: Path, entry: str | None, device: Device, dtype: DType | None, mode: Mode, warmup: int,
-                steps: int, threads: int | None, peak_bw: float | None, peak_flops: list[str] | None,
-                out: Path | None, debug: bool) -> dict:
-    """The child's spec for profiling a model file, after every check that needs no torch (so that
-    they are one line before the child starts and imports torch)."""
+def _profile_options(target: Path, entry: str | None, device: Device, dtype: DType | None, mode: Mode, warmup: int,
+                     steps: int, threads: int | None, peak_bw: float | None, peak_flops: list[str] | None,
+                     out: Path | None, debug: bool) -> ProfileOptions:
+    """The options of a child's job, after every check that needs no torch (so that they are one line
+    before the child starts and imports torch)."""
     from opscope.machine.peaks import apply_overrides
     from opscope.run.model import DEFAULT_REPORTS_DIR
     from opscope.run.write import check_out_dir
     from opscope.target.model_file import check_target_file
+    from opscope.target.specs import ProfileOptions
 
     check_target_file(target)
     check_out_dir(out.absolute() if out else None, DEFAULT_REPORTS_DIR.absolute())
     apply_overrides(None, peak_bw, list(peak_flops or []))  # a bad --peak-* is one line now, not later
-    return {"target": str(target.absolute()), "entry": entry, "device": device.value,
-            "dtype": dtype.value if dtype else None, "mode": mode.value, "warmup": warmup, "steps": steps,
-            "threads": threads, "peak_bw": peak_bw, "peak_flops": list(peak_flops or []),
-            "out": str(out.absolute()) if out else None, "debug": debug, "nvtx": False}
+    return ProfileOptions(target=target.absolute(), entry=entry, device=device.value,
+                          dtype=dtype.value if dtype else None, mode=mode.value, warmup=warmup, steps=steps,
+                          threads=threads, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
+                          out=out.absolute() if out else None, debug=debug)
 
 
-def _with_nsight(spec: dict, nsight: NsightRequest, tools: dict[str, str], target: Path, out: Path | None) -> Path:
+def _with_nsight(options: ProfileOptions, nsight: NsightRequest, tools: dict[str, str], target: Path,
+                 out: Path | None) -> Path:
     """`profile --nsys/--ncu` (opscope.nsight.session), with the progress bar; the run directory."""
     from opscope.nsight.session import profile_with_nsight
     from opscope.run.model import DEFAULT_REPORTS_DIR
@@ -248,15 +254,16 @@ def _with_nsight(spec: dict, nsight: NsightRequest, tools: dict[str, str], targe
     folders = [out.absolute().parent if out else DEFAULT_REPORTS_DIR.absolute()]
     with _RichProgress(stderr) as progress:
         listener = Listener(phase=progress.phase, advance=progress.advance, warn=progress.warn)
-        return profile_with_nsight(spec, nsight, tools, listener, out=out.absolute() if out else None,
+        return profile_with_nsight(options, nsight, tools, listener, out=out.absolute() if out else None,
                                    reports=DEFAULT_REPORTS_DIR.absolute(), stem=target.stem,
                                    on_abort=lambda pid: discard_staging(folders, pid))
 
 
-def _supervised(module: str, spec: dict, out: Path | None) -> dict:
-    """Runs the child `module` with `spec` under supervision, with the progress bar; its result."""
+def _supervised(module: str, job: Job, out: Path | None) -> dict[str, Any]:
+    """Runs the child `module` with `job` under supervision, with the progress bar; its result."""
     from opscope.run.model import DEFAULT_REPORTS_DIR
     from opscope.run.write import discard_staging
+    from opscope.target.specs import SwapJob
     from opscope.target.supervise import Listener, WorkerCrashed, run_worker
 
     folders = [out.absolute().parent if out else DEFAULT_REPORTS_DIR.absolute()]
@@ -268,7 +275,8 @@ def _supervised(module: str, spec: dict, out: Path | None) -> dict:
 
         listener = Listener(phase=phase, advance=progress.advance, warn=progress.warn)
         try:
-            return run_worker(module, spec, listener, what="the code under test" if "swap" in spec else "the model's code",
+            return run_worker(module, job, listener,
+                              what="the code under test" if isinstance(job, SwapJob) else "the model's code",
                               on_abort=lambda pid: discard_staging(folders, pid))
         except WorkerCrashed as exc:
             from opscope.swap.worker import PHASE_PREFIX
@@ -276,12 +284,6 @@ def _supervised(module: str, spec: dict, out: Path | None) -> dict:
             if phases and phases[-1].startswith(PHASE_PREFIX):  # a swapped kernel crashed: a failed check
                 exc.exit_code = 1
             raise
-
-
-def read_run_dir(result: dict):  # noqa: ANN201
-    from opscope.run.read import read_run
-
-    return read_run(Path(result["run_dir"]))
 
 
 @app.command()
@@ -369,7 +371,8 @@ def report(
 
     if output is not None and not html:
         raise OpscopeError("-o/--output names the HTML file: use it with --html")
-    run = read_run(run_dir if run_dir is not None else find_latest_run())
+    run_path = run_dir if run_dir is not None else find_latest_run()
+    run = read_run(run_path)
     comparison = None
     if baseline is not None:
         from opscope.run.compare import compare_runs
@@ -382,7 +385,7 @@ def report(
         from opscope.render.text import clean
         from opscope.run.model import shown_path
 
-        path = write_html(run, output if output is not None else default_html_path(run.path), comparison)
+        path = write_html(run, output if output is not None else default_html_path(run_path), comparison)
         Console(highlight=False).print(Text(f"report: {clean(shown_path(path))}"), soft_wrap=True)
         return
     if json_out:
@@ -543,20 +546,26 @@ def swap(
     requests = parse_requests(list(kernel or []), op, module) if kernel else None
     if not kernel and (op is not None or module is not None):
         raise OpscopeError("--op and --module say what a user kernel replaces: give it with --kernel FILE.py:FUNC")
-    spec = _model_spec(target, entry, device, dtype, mode, warmup, steps, threads, peak_bw, peak_flops, out, debug)
-    spec["swap"] = {"requests": [r.to_json() for r in requests] if requests is not None else None, "repeats": repeats}
-    run = read_run_dir(_supervised("opscope.swap.worker", spec, out))
+    from opscope.target.specs import SwapJob, SwapSpec
+
+    options = _profile_options(target, entry, device, dtype, mode, warmup, steps, threads, peak_bw, peak_flops, out,
+                               debug)
+    swaps = SwapSpec(requests=[r.to_json() for r in requests] if requests is not None else None, repeats=repeats)
+    run_dir = Path(_supervised("opscope.swap.worker", SwapJob(options=options, swap=swaps), out)["run_dir"])
     from opscope.render.report_data import swap_results
     from opscope.render.text import clean, cleaned_run
     from opscope.run.model import shown_path
+    from opscope.run.read import read_run
     from opscope.run.write import dumps
+
+    run = read_run(run_dir)
 
     doc = swap_results(run)
     if json_out:
         from opscope.run.swap_results import read_swap
 
-        sys.stdout.write(dumps(read_swap(Path(run.path) / "swap.json") or {"results": []}) + "\n")
-        stderr.print(Text(f"run directory: {clean(shown_path(run.path))}"), highlight=False)
+        sys.stdout.write(dumps(read_swap(run_dir / "swap.json") or {"results": []}) + "\n")
+        stderr.print(Text(f"run directory: {clean(shown_path(run_dir))}"), highlight=False)
     else:
         from opscope.render.console import summary_panel
         from opscope.render.console_report import swap_group
@@ -567,7 +576,7 @@ def swap(
         section = swap_group(clean_run)
         console.print(section if section is not None else
                       Text("no swap candidates: no bundled kernel matches an op of this model (see `opscope kernels`)"))
-        console.print(Text("run directory: ") + Text(clean(shown_path(run.path)), style="bold"))
+        console.print(Text("run directory: ") + Text(clean(shown_path(run_dir)), style="bold"))
     failed = [r for r in (doc or {}).get("results", []) if r.get("status") == "failed"]
     if failed:
         stderr.print(Text(f"opscope: verification failed for {', '.join(clean(r['label']) for r in failed)}: no speedup "
@@ -623,7 +632,7 @@ def main() -> None:
     try:
         from typer._click import exceptions as click_errors
     except ImportError:
-        from click import exceptions as click_errors
+        from click import exceptions as click_errors  # type: ignore[no-redef, unused-ignore]
 
     if "--debug" not in sys.argv:
         # libkineto prints "USDT: profiler_start/stop" lines on every profile; 6 silences them.

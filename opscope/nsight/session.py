@@ -22,7 +22,8 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+import msgspec
 
 from opscope.capture.options import STEP_RANGE
 from opscope.errors import NsightError
@@ -38,6 +39,7 @@ from opscope.nsight.commands import (
 from opscope.run.model import Run
 from opscope.run.write import write_csv, write_run
 from opscope.table import Table, nrows
+from opscope.target.specs import HoldRun, MeasureSteps, NsightPass, ProfileOptions
 from opscope.target.supervise import Listener, ToolFailed, run_worker
 
 # The CLI imports this module for every `opscope profile` (NsightRequest, check_request): the modules that
@@ -97,7 +99,7 @@ def _tool_failure(tool: str, exc: ToolFailed, text: str, filters: str = "") -> N
     return NsightError(why or f"{exc} ({last_error_line(text)})")
 
 
-def profile_with_nsight(spec: dict[str, Any], req: NsightRequest, tools: dict[str, str], listener: Listener,
+def profile_with_nsight(options: ProfileOptions, req: NsightRequest, tools: dict[str, str], listener: Listener,
                         *, out: Path | None, reports: Path, stem: str,
                         on_abort: Callable[[int], None] | None = None) -> Path:
     """Runs the passes and writes the run directory; returns its path."""
@@ -107,25 +109,27 @@ def profile_with_nsight(spec: dict[str, Any], req: NsightRequest, tools: dict[st
     try:
         held = private / "held"
         held.mkdir()
-        run_worker(WORKER, {**spec, "hold": str(held)}, listener, on_abort=on_abort)
+        run_worker(WORKER, NsightPass(options=options, task=HoldRun(folder=held)), listener, on_abort=on_abort)
         with open(held / "held.pkl", "rb") as f:  # written by our own worker (opscope.nsight.worker.hold_run)
             loaded = pickle.load(f)
         run: Run = loaded["run"]
         plan: Table = loaded["plan"]
         extra: dict[str, Path] = {}
-        measure = {**spec, "pass": "measure", "out": None}
+        measured = msgspec.structs.replace(options, out=None)  # the measured passes write no run
         if req.nsys:
-            _nsys_pass(run, plan, req, tools["nsys"], {**measure, "nvtx_ops": req.nvtx_ops, "tool": "nsys"},
+            _nsys_pass(run, plan, req, tools["nsys"],
+                       NsightPass(options=measured, task=MeasureSteps(tool="nsys", nvtx_ops=req.nvtx_ops)),
                        listener, private, extra)
         if req.ncu:
-            _ncu_pass(run, plan, req, tools["ncu"], {**measure, "tool": "ncu"}, listener, private, extra)
+            _ncu_pass(run, plan, req, tools["ncu"], NsightPass(options=measured, task=MeasureSteps(tool="ncu")),
+                      listener, private, extra)
         add_measured_findings(run)
         return write_run(run, out, stem, held / "trace.json", base=reports, extra_files=extra)
     finally:
         shutil.rmtree(private, ignore_errors=True)
 
 
-def _nsys_pass(run: Run, plan: Table, req: NsightRequest, nsys: str, spec: dict[str, Any],
+def _nsys_pass(run: Run, plan: Table, req: NsightRequest, nsys: str, job: NsightPass,
                listener: Listener, private: Path, extra: dict[str, Path]) -> None:
     from opscope.nsight.measured import attach_nsys
     from opscope.nsight.nsys_sqlite import read_nsys_sqlite
@@ -135,7 +139,7 @@ def _nsys_pass(run: Run, plan: Table, req: NsightRequest, nsys: str, spec: dict[
         listener.warn(note)
     log = private / "nsys.log"
     try:
-        run_worker(WORKER, spec, listener, what="the model's code (under nsys)", wrapper=cmd.prefix,
+        run_worker(WORKER, job, listener, what="the model's code (under nsys)", wrapper=cmd.prefix,
                    wrapper_env=cmd.env, tool_log=log)
     except ToolFailed as exc:
         raise _tool_failure("nsys", exc, _read(log)) from exc
@@ -161,7 +165,7 @@ def _nsys_pass(run: Run, plan: Table, req: NsightRequest, nsys: str, spec: dict[
     extra["nsys_kernels.csv"] = private / "nsys_kernels.csv"
 
 
-def _ncu_pass(run: Run, plan: Table, req: NsightRequest, ncu: str, spec: dict[str, Any],
+def _ncu_pass(run: Run, plan: Table, req: NsightRequest, ncu: str, job: NsightPass,
               listener: Listener, private: Path, extra: dict[str, Path]) -> None:
     from opscope.nsight.measured import attach_ncu, ncu_kernels_table, ncu_selection
     from opscope.nsight.ncu_csv import parse_ncu_csv
@@ -175,7 +179,7 @@ def _ncu_pass(run: Run, plan: Table, req: NsightRequest, ncu: str, spec: dict[st
     cmd = ncu_profile_command(ncu, kernel_bases=bases, count=count, log_file=csv_log)
     filters = f"NVTX range {STEP_RANGE}/, kernels {cmd[cmd.index('-k') + 1]}, -c {count}"
     try:
-        run_worker(WORKER, spec, listener, what="the model's code (under ncu)", wrapper=cmd, tool_log=out_log)
+        run_worker(WORKER, job, listener, what="the model's code (under ncu)", wrapper=cmd, tool_log=out_log)
     except ToolFailed as exc:
         raise _tool_failure("ncu", exc, _read(csv_log) + "\n" + _read(out_log), filters) from exc
     text = _read(csv_log)

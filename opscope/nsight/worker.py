@@ -7,8 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from opscope.capture.options import options_from_spec
+from opscope.capture.options import Progress
 from opscope.capture.worker import serve
+from opscope.target.specs import MeasureSteps, NsightPass
 
 
 def hold_run(folder: Path) -> Any:
@@ -30,23 +31,19 @@ def hold_run(folder: Path) -> Any:
     return sink
 
 
-def _pass(spec: dict[str, Any], progress: Any, debug: bool = False) -> dict[str, Any]:
-    kind = spec.pop("pass", "profile")
-    hold = spec.pop("hold", None)
-    nvtx_ops = bool(spec.pop("nvtx_ops", False))
-    tool = str(spec.pop("tool", ""))
-    if kind == "measure":  # the process nsys / ncu launch
+def _pass(job: NsightPass, progress: Progress) -> dict[str, Any]:
+    if isinstance(job.task, MeasureSteps):  # the process nsys / ncu launch
         from opscope.capture.nvtx_ranges import measured_pass
 
-        return measured_pass(options_from_spec(spec), nvtx_ops, progress, tool)
+        return measured_pass(job.options, job.task.nvtx_ops, progress, job.task.tool)
     from opscope.capture.torch_profiler import profile_target
 
-    profile_target(options_from_spec(spec), progress, sink=hold_run(Path(hold)))
-    return {"held": hold}
+    profile_target(job.options, progress, sink=hold_run(job.task.folder))
+    return {"held": str(job.task.folder)}
 
 
 def main() -> None:
-    serve(_pass)
+    serve(NsightPass, _pass)
 
 
 if __name__ == "__main__":

@@ -36,9 +36,9 @@ import builtins
 import fnmatch
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -87,7 +87,10 @@ def _signature_from_doc(fn: Any) -> inspect.Signature | None:
         tree = ast.parse(f"def _{doc[0].split('->')[0].strip()[len(doc[0].split('(')[0]):]}: pass")
     except SyntaxError:
         return None
-    a = tree.body[0].args
+    parsed = tree.body[0]
+    if not isinstance(parsed, ast.FunctionDef):
+        return None
+    a = parsed.args
     params = []
     defaults = [None] * (len(a.args) - len(a.defaults)) + list(a.defaults)
     for arg, default in zip(a.args, defaults, strict=True):
@@ -133,7 +136,7 @@ class Binder:
         spare = [p for p in self.params if p not in used_names]
         self.alias = dict(zip(missing, spare, strict=False))
 
-    def __call__(self, args: tuple, kwargs: dict[str, Any], first: Any = None) -> dict[str, Any]:
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any], first: Any = None) -> dict[str, Any]:
         bound = self.sig.bind(first, *args, **kwargs) if self.skip_first else self.sig.bind(*args, **kwargs)
         bound.apply_defaults()
         ns = dict(bound.arguments)
@@ -266,7 +269,7 @@ def _class_matches(module: torch.nn.Module, target: str) -> bool:
         return fnmatch.fnmatchcase(cls.__name__, target)
     owner, name, value = resolve(target)
     # the class itself, or a subclass that keeps its forward (its math is the class's)
-    return isinstance(value, type) and isinstance(module, value) and cls.forward is value.forward
+    return isinstance(value, type) and isinstance(module, value) and cls.forward is cast(Any, value).forward
 
 
 class Builder:
@@ -316,8 +319,8 @@ class Builder:
             fn = site_function(site, f"opscope_swap_{name.strip('_')}")
             patches = functional_patches(owner, name, original, self.model, fn) if entry.kind == "functional" \
                 else [(owner, name, fn)]
-            mech: Mechanism = AttributePatch(entry.kind, patches, [site], f"{entry.kind} {entry.target}")
-            return self._if_reached(mech, swap)
+            patch = AttributePatch(entry.kind, patches, [site], f"{entry.kind} {entry.target}")
+            return self._if_reached(patch, swap)
         if entry.kind == "aten":
             func = aten_target(entry.target)
             overload = func if hasattr(func, "_schema") else getattr(func, func.overloads()[0])
@@ -329,7 +332,8 @@ class Builder:
         raise SwapError(f"{kernel.name}: unknown [[replaces]] kind {entry.kind!r}")
 
     def _modules(self, kernel: BundledKernel, entry: Any, glue: Glue) -> Mechanism | None:
-        forwards, sites = [], []
+        forwards: list[tuple[torch.nn.Module, Site]] = []
+        sites: list[Site] = []
         for qualname, module in self.model.named_modules():
             if id(module) in self.claimed or id(module) in self.rewritten or "forward" in module.__dict__ \
                     or not _class_matches(module, entry.target):
@@ -381,7 +385,8 @@ class Builder:
     def user(self, label: str, fn: Callable[..., Any], op: str | None, module: str | None) -> Swap:
         swap = Swap(label=label)
         if module is not None:
-            forwards, sites = [], []
+            forwards: list[tuple[torch.nn.Module, Site]] = []
+            sites: list[Site] = []
             for qualname, m in self.model.named_modules():
                 if not _user_module_matches(qualname, m, module):
                     continue
@@ -401,17 +406,17 @@ class Builder:
         if op.startswith("aten::"):
             func = aten_target(op)
             site = Site(kind="aten", target=op, where=op, kernel=label, original=func, replacement=fn, in_autograd=False)
-            mech: Mechanism | None = AtenRoute({func: site}, f"aten {op}")
+            mech: Mechanism = AtenRoute({func: site}, f"aten {op}")
         else:
             owner, name, original = resolve(op)
             site = Site(kind="functional", target=op, where=op, kernel=label, original=original, replacement=fn)
             mech = AttributePatch("functional", functional_patches(owner, name, original, self.model,
                                                                   site_function(site, f"opscope_swap_{name}")),
                                   [site], f"functional {op}")
-        mech = self._if_reached(mech, swap)
-        if mech is None:
+        reached = self._if_reached(mech, swap)
+        if reached is None:
             raise SwapError(f"--op {op}: the model never calls it (one step was run to look)")
-        swap.mechanisms.append(mech)
+        swap.mechanisms.append(reached)
         return swap
 
     def compiled(self) -> Swap:
@@ -454,10 +459,11 @@ class Snapshot:
     dispatch_modes: int
 
 
-def _namespaces(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
+def _namespaces(model: torch.nn.Module) -> dict[str, Mapping[str, Any]]:
     import torch.nn.functional as F  # noqa: N812
 
-    spaces = {"torch": vars(torch), "torch.nn.functional": vars(F), "torch.Tensor": vars(torch.Tensor)}
+    spaces: dict[str, Mapping[str, Any]] = {"torch": vars(torch), "torch.nn.functional": vars(F),
+                                            "torch.Tensor": vars(torch.Tensor)}
     for g in _model_globals(model):
         spaces[str(g.get("__name__"))] = g
     return spaces

@@ -25,6 +25,7 @@ memory-bound work, the vector FLOP/s of its dtype otherwise), from the run's own
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -86,13 +87,14 @@ def _trace_arg(value: Any) -> tuple[Any, Any, Any, str]:
     return [], "", [], ""
 
 
-class _CountWork(TorchDispatchMode):
+class _CountWork(TorchDispatchMode):  # type: ignore[no-untyped-call, unused-ignore]  # unannotated in torch
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call, unused-ignore]  # unannotated in torch
         self.flops = 0.0
         self.unknown: set[str] = set()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         schema = func._schema
         values = [args[i] if i < len(args) else kwargs.get(a.name, a.default_value if a.has_default_value() else None)
@@ -116,7 +118,7 @@ def count_flops(fn: Callable[[], Any]) -> tuple[float | None, set[str]]:
 
 def min_bytes(call: RecordedCall, out: Any) -> int:
     """Every distinct tensor the work reads (arguments, a module's parameters) once, outputs written once."""
-    seen: dict[tuple[int, int], int] = {}
+    seen: dict[tuple[int, int | torch.SymInt], int] = {}
     for t in [*tensors_of((call.args, call.kwargs)), *call.site.params, *tensors_of(out)]:
         key = (t.untyped_storage().data_ptr(), t.storage_offset()) if t.numel() else (id(t), 0)
         seen[key] = max(seen.get(key, 0), t.numel() * t.element_size())
@@ -204,14 +206,14 @@ def op_level(calls: list[RecordedCall], peaks: Peaks, device: torch.device, repe
         progress(f"op level: {call.site.where}")
         args, kwargs = fresh_args(call)
         with torch.no_grad():
-            orig, k = _batched(lambda a=args, kw=kwargs, c=call: c.site.original(*a, **kw), sync)
-            new, k2 = _batched(lambda a=args, kw=kwargs, c=call: c.site.replacement(*a, **kw), sync)
+            orig, k = _batched(functools.partial(call.site.original, *args, **kwargs), sync)
+            new, k2 = _batched(functools.partial(call.site.replacement, *args, **kwargs), sync)
             one_round = SAMPLE_S * 2
             timings = interleaved({"original": orig, "kernel": new}, _repeats(one_round, OP_BUDGET_S, repeats), sync)
             out = call.site.replacement(*args, **kwargs)
         t_orig = _per_call(timings["original"], k)
         t_new = _per_call(timings["kernel"], k2)
-        flops, _ = count_flops(lambda a=args, kw=kwargs, c=call: c.site.original(*a, **kw))
+        flops, _ = count_flops(functools.partial(call.site.original, *args, **kwargs))
         nbytes = min_bytes(call, out)
         dtype = _dtype_of(call)
         rows.append(OpRow(site=call.site.where, kernel=call.site.kernel, call=call.signature,

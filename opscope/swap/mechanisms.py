@@ -5,7 +5,7 @@ that holds them. opscope.swap.apply decides what goes where; opscope.swap.patter
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +28,7 @@ class RecordedCall:
     recorded step had this signature, and whether the kernel ran them."""
 
     site: Site
-    args: tuple
+    args: tuple[Any, ...]
     kwargs: dict[str, Any]
     signature: str
     calls: int = 0
@@ -63,7 +63,7 @@ class Recorder:
         self.calls: dict[tuple[int, str], RecordedCall] = {}
         self._lock = threading.Lock()
 
-    def record(self, site: Site, args: tuple, kwargs: dict[str, Any]) -> RecordedCall | None:
+    def record(self, site: Site, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RecordedCall | None:
         sig = ", ".join([describe_value(a) for a in args] + [f"{k}={describe_value(v)}" for k, v in kwargs.items()])
         key = (id(site), sig)
         with self._lock:
@@ -156,7 +156,7 @@ class Mechanism:
 class InstanceForward(Mechanism):
     """module, pattern and compile: instance attributes `forward`, deleted on revert."""
 
-    def __init__(self, kind: str, forwards: list[tuple[torch.nn.Module, Callable[..., Any]]], sites: list[Site],
+    def __init__(self, kind: str, forwards: Sequence[tuple[torch.nn.Module, Callable[..., Any]]], sites: list[Site],
                  description: str) -> None:
         super().__init__(sites, description)
         self.kind = kind
@@ -214,12 +214,13 @@ class AttributePatch(Mechanism):
                 delattr(owner, name)
 
 
-class _RouteMode(TorchDispatchMode):
+class _RouteMode(TorchDispatchMode):  # type: ignore[no-untyped-call, unused-ignore]  # unannotated in torch
     def __init__(self, routes: dict[Any, Site]) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call, unused-ignore]  # unannotated in torch
         self.routes = routes
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         site = self.routes.get(func) or self.routes.get(func.overloadpacket)
         if site is None:
@@ -237,11 +238,11 @@ class AtenRoute(Mechanism):
 
     def activate(self) -> None:
         self._mode = _RouteMode(self.routes)
-        self._mode.__enter__()
+        self._mode.__enter__()  # type: ignore[no-untyped-call, unused-ignore]  # unannotated in torch
 
     def deactivate(self) -> None:
         if self._mode is not None:
-            self._mode.__exit__(None, None, None)
+            self._mode.__exit__(None, None, None)  # type: ignore[no-untyped-call, unused-ignore]  # unannotated in torch
             self._mode = None
 
 

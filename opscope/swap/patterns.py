@@ -59,7 +59,7 @@ def _meth(node: Any, *names: str) -> bool:
 
 
 def _module(node: Any, root: torch.nn.Module, *classes: type) -> torch.nn.Module | None:
-    if isinstance(node, fx.Node) and node.op == "call_module":
+    if isinstance(node, fx.Node) and node.op == "call_module" and isinstance(node.target, str):
         sub = root.get_submodule(node.target)
         if type(sub) in classes:
             return sub
@@ -70,7 +70,9 @@ def _only_use(node: Any) -> bool:
     return isinstance(node, fx.Node) and len(node.users) == 1
 
 
-def _number(v: Any) -> bool:
+def _is_number_constant(v: Any) -> bool:
+    """An int or float argument of a graph node (not a bool, not a node): a type check, so infinities
+    count, unlike opscope.units.number's finite coercion."""
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -125,7 +127,7 @@ def _gelu(node: Any, root: torch.nn.Module) -> tuple[Any, str] | None:
         if isinstance(approximate, str) and len(node.args) == 1:
             return node.args[0], approximate
     sub = _module(node, root, torch.nn.GELU)
-    if sub is not None:
+    if isinstance(sub, torch.nn.GELU):
         return node.args[0], sub.approximate
     return None
 
@@ -182,7 +184,7 @@ def match_rms(node: fx.Node, root: torch.nn.Module) -> Match | None:
             if a is None or not _only_use(r.args[0]):
                 continue
             for mean, eps in (a, a[::-1]):
-                if not (_number(eps) and (_fn(mean, torch.mean) or _meth(mean, "mean")) and _only_use(mean)):
+                if not (_is_number_constant(eps) and (_fn(mean, torch.mean) or _meth(mean, "mean")) and _only_use(mean)):
                     continue
                 if not (_is_last_dim(_arg(mean, 1, "dim", None)) and _arg(mean, 2, "keepdim", False) is True):
                     continue
@@ -199,8 +201,9 @@ def match_scaled_masked_softmax(node: fx.Node, root: torch.nn.Module) -> Match |
             return None
     else:
         return None
-    a = _add(node.args[0])
-    if a is None or not _only_use(node.args[0]):
+    summed = node.args[0]
+    a = _add(summed)
+    if a is None or not isinstance(summed, fx.Node) or not _only_use(summed):
         return None
     for scaled, mask in (a, a[::-1]):
         if not isinstance(mask, fx.Node) or not _only_use(scaled):
@@ -208,11 +211,11 @@ def match_scaled_masked_softmax(node: fx.Node, root: torch.nn.Module) -> Match |
         ab = _mul(scaled)
         if ab is not None:
             for scores, scale in (ab, ab[::-1]):
-                if isinstance(scores, fx.Node) and _number(scale):
-                    return Match([scores, mask], {"scale": float(scale)}, [node, node.args[0], scaled])
+                if isinstance(scores, fx.Node) and _is_number_constant(scale):
+                    return Match([scores, mask], {"scale": float(scale)}, [node, summed, scaled])
         div = _binary(scaled, (operator.truediv, torch.div), "div")
-        if div is not None and isinstance(div[0], fx.Node) and _number(div[1]) and div[1] != 0:
-            return Match([div[0], mask], {"scale": 1.0 / float(div[1])}, [node, node.args[0], scaled])
+        if div is not None and isinstance(div[0], fx.Node) and _is_number_constant(div[1]) and div[1] != 0:
+            return Match([div[0], mask], {"scale": 1.0 / float(div[1])}, [node, summed, scaled])
     return None
 
 
@@ -309,13 +312,14 @@ def pattern_mechanism(model: torch.nn.Module, kernel: Any, entry: Any, glue: Any
 def _graph_of(module: torch.nn.Module, forwards: list[tuple[torch.nn.Module, Any]]) -> fx.Graph:
     for m, fn in forwards:
         if m is module:
-            return fn.__self__.graph
+            graph: fx.Graph = fn.__self__.graph
+            return graph
     raise AssertionError("module not rewritten")
 
 
 def _rewrite(graph: fx.Graph, module: torch.nn.Module, pattern: Pattern, kernel: Any, entry: Any, glue: Any,
              qualname: str) -> list[Site]:
-    sites = []
+    sites: list[Site] = []
     for node in list(graph.nodes):
         if node.graph is not graph or node.op == "output":
             continue  # erased by an earlier match
@@ -325,7 +329,7 @@ def _rewrite(graph: fx.Graph, module: torch.nn.Module, pattern: Pattern, kernel:
         constants = dict(match.constants)
         names = pattern.names
 
-        def namespace(args: tuple, _c: dict[str, Any] = constants, _n: tuple[str, ...] = names) -> dict[str, Any]:
+        def namespace(args: tuple[Any, ...], _c: dict[str, Any] = constants, _n: tuple[str, ...] = names) -> dict[str, Any]:
             return {**dict(zip(_n, args, strict=True)), **_c}
 
         site = Site(kind="pattern", target=entry.target, where=f"{qualname or '(the model)'}: {node.name}",

@@ -74,20 +74,20 @@ def _map(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     return value
 
 
-def fresh_args(call: RecordedCall, fn: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[tuple, dict]:
+def fresh_args(call: RecordedCall, fn: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """New copies of the recorded arguments (through `fn`, else clones)."""
     f = fn or (lambda t: t.detach().clone())
     return _map(call.args, f), _map(call.kwargs, f)
 
 
-def _run(call: RecordedCall, args: tuple, kwargs: dict[str, Any]) -> Any:
+def _run(call: RecordedCall, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     out = call.site.replacement(*args, **kwargs)
     if out is NotImplemented:
         raise _Declined
     return out
 
 
-def _perturbed(call: RecordedCall, seed: int) -> tuple[tuple, dict]:
+def _perturbed(call: RecordedCall, seed: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The recorded arguments with each floating tensor redrawn (same shape, dtype, scale), seeded."""
     gen = torch.Generator().manual_seed(seed)
 
@@ -100,7 +100,7 @@ def _perturbed(call: RecordedCall, seed: int) -> tuple[tuple, dict]:
     return _map(call.args, redraw), _map(call.kwargs, redraw)
 
 
-def _copies(a: tuple[tuple, dict]) -> tuple[tuple, dict]:
+def _copies(a: tuple[tuple[Any, ...], dict[str, Any]]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return _map(a[0], lambda t: t.clone()), _map(a[1], lambda t: t.clone())
 
 
@@ -166,7 +166,7 @@ def trap_device_dtype(call: RecordedCall, tol_of: Callable[[torch.dtype], Tol], 
         first = tensors[0]
         other = _other_device(first.device)
 
-        def moved() -> tuple[tuple, dict]:
+        def moved() -> tuple[tuple[Any, ...], dict[str, Any]]:
             return fresh_args(call, lambda t: t.detach().to(other) if t is first else t.detach().clone())
 
         try:
@@ -231,7 +231,7 @@ def trap_memory_reuse(call: RecordedCall, **_: Any) -> str:
     sizes = [(t.shape, t.dtype, t.device) for t in tensors_of((args, kwargs))]
     del args, kwargs
     gc.collect()
-    junk = []
+    junk: list[torch.Tensor] = []
     for k in range(2):
         other = fresh_args(call, lambda t: (torch.randn_like(t) * 3 + 1 if t.is_floating_point() else t.detach().clone()))
         _run(call, *other)
@@ -249,7 +249,7 @@ def trap_autograd(call: RecordedCall, tol_of: Callable[[torch.dtype], Tol], trai
         raise _NotApplicable("inference mode" if not train else
                              "aten route: the kernel runs below autograd, the original op's derivative is used")
 
-    def leaves() -> tuple[tuple, dict, list[torch.Tensor]]:
+    def leaves() -> tuple[tuple[Any, ...], dict[str, Any], list[torch.Tensor]]:
         args, kwargs = fresh_args(call, lambda t: t.detach().clone().requires_grad_(t.is_floating_point()))
         return args, kwargs, [t for t in tensors_of((args, kwargs)) if t.requires_grad]
 
@@ -301,7 +301,7 @@ def trap_memory_growth(call: RecordedCall, train: bool, **_: Any) -> str:
     del args, kwargs
     calls = max(MIN_CALLS, min(MAX_CALLS, math.ceil(GROWTH_BYTES / out_bytes)))
     cuda = torch.cuda.is_available()
-    for _ in range(5):
+    for _round in range(5):  # warm: one-time allocations (caches, workspaces) are not growth
         once()
     gc.collect()
     rss0 = _rss()

@@ -104,7 +104,7 @@ class Runner:
         self.train = harness.mode == "train"
         self.buffers = {k: b.detach().clone() for k, b in self.model.named_buffers()}
 
-    def inputs(self, seed: int) -> tuple[tuple, dict[str, Any]]:
+    def inputs(self, seed: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
         args, kwargs = copy_tree(self.harness.args), copy_tree(self.harness.kwargs)
         if seed == 0:
             return args, kwargs
@@ -127,7 +127,7 @@ class Runner:
                 if k in self.buffers and b.shape == self.buffers[k].shape:
                     b.copy_(self.buffers[k])
 
-    def run(self, args: tuple, kwargs: dict[str, Any], seed: int) -> Outputs:
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any], seed: int) -> Outputs:
         self._restore_buffers()
         torch.manual_seed(1000 + seed)
         with process_state_kept():
@@ -145,8 +145,9 @@ class Runner:
             grads = torch.autograd.grad(loss, wrt, allow_unused=True) if wrt else ()
         named = _named_tensors(out)
         outputs = {k: v.detach() for k, v in named.items()}
-        if not named and first_tensor(out) is not None:
-            outputs = {"output": first_tensor(out).detach()}
+        first = first_tensor(out) if not named else None
+        if first is not None:
+            outputs = {"output": first.detach()}
         k = len(leaves)
         return Outputs(outputs=outputs,
                        input_grads={f"grad {n}": g for n, g in zip(leaves, grads[:k], strict=True)},
@@ -157,7 +158,7 @@ class Runner:
         self.run(args, kwargs, 0)
 
 
-def input_tensors(args: tuple, kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
+def input_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The tensors among a call's arguments by name: input[0], input[1][2], input.mask, ..."""
     return {**_named_tensors(tuple(args), "input"), **_named_tensors(dict(kwargs), "input")}
 

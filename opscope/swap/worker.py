@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from opscope.capture.options import options_from_spec
+from opscope.capture.options import Progress
 from opscope.capture.worker import serve
 from opscope.errors import OpscopeError
+from opscope.target.specs import SwapJob, SwapSpec
 
 PHASE_PREFIX = "swap "
-REPEATS = 15
 
 
 class NothingToSwap(OpscopeError):
@@ -38,11 +38,11 @@ def _first_failure(verification: Any) -> str:
 class SwapSession:
     """Runs every requested swap on the profiled model (the `extra` hook of profile_target)."""
 
-    def __init__(self, spec: dict[str, Any], progress: Any) -> None:
+    def __init__(self, spec: SwapSpec, progress: Progress) -> None:
         from opscope.kernels.catalog import SwapRequest
 
-        self.requests = [SwapRequest.from_json(r) for r in spec["requests"]] if spec.get("requests") is not None else None
-        self.repeats = int(spec.get("repeats") or REPEATS)
+        self.requests = [SwapRequest.from_json(r) for r in spec.requests] if spec.requests is not None else None
+        self.repeats = spec.repeats
         self.progress = progress
         self.results: list[dict[str, Any]] = []
         self.steady: bool | None = None
@@ -52,7 +52,7 @@ class SwapSession:
         from opscope.run import swap_results as result
 
         explicit = self.requests is not None
-        requests = self.requests if explicit else [
+        requests = self.requests if self.requests is not None else [
             SwapRequest(label=c["kernel"], kernels=[c["kernel"]]) for c in run.summary.get("swap_candidates") or []]
         from opscope.capture.torch_profiler import restore_weights
 
@@ -122,7 +122,7 @@ class SwapSession:
                                    progress=lambda m: self.phase(label, m))
         _reset_compile(request)
         notes = list(swap.notes)
-        suspicious = [r for r in rows if r.to_json()["suspicious"]] or ([e2e] if e2e.to_json()["suspicious"] else [])
+        suspicious = any(r.to_json()["suspicious"] for r in rows) or bool(e2e.to_json()["suspicious"])
         if suspicious:
             notes.append(f"speedup over {benchmark.SUSPICIOUS:g}x: suspicious; check that the kernel does all of the "
                          "original's work")
@@ -151,18 +151,17 @@ def _user_function(request: Any) -> Any:
     return fn
 
 
-def _task(spec: dict[str, Any], progress: Any, debug: bool = False) -> dict[str, Any]:
+def _task(job: SwapJob, progress: Progress) -> dict[str, Any]:
     from opscope.capture.torch_profiler import profile_target
 
-    swap_spec = spec.pop("swap")
-    session = SwapSession(swap_spec, progress)
+    session = SwapSession(job.swap, progress)
     t0 = time.perf_counter()
-    run, _ = profile_target(options_from_spec(spec), progress, extra=session)
+    run, _ = profile_target(job.options, progress, extra=session)
     return {"run_dir": str(run.path), "seconds": time.perf_counter() - t0}
 
 
 def main() -> None:
-    serve(_task, what="swap")
+    serve(SwapJob, _task, what="swap")
 
 
 if __name__ == "__main__":

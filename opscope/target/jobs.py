@@ -9,45 +9,16 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from opscope.errors import OpscopeError, TargetError
+from opscope.target.specs import LaunchSpec, ScriptSpec
 
 # Top-level names that make a file a model file (CONTRACT.md: the accepted shapes).
 MODEL_SHAPES = (("get_model", "get_inputs"), ("Model", "get_inputs"))
 STEP_FN_RE = re.compile(r"^(?P<module>[A-Za-z_][\w.]*):(?P<func>[A-Za-z_]\w*(\.[A-Za-z_]\w*)*)$")
 MAX_PROCS = 1024  # per node; far above any real node, far below what the OS refuses
 MAX_NODES = 100_000
-
-
-@dataclass
-class ScriptSpec:
-    """Script mode: the script runs as __main__ with `args` as sys.argv[1:]; a step ends at each
-    optimizer step (the first optimizer that steps) or at each return of `step_fn`."""
-
-    args: list[str] = field(default_factory=list)
-    step_fn: str | None = None  # "module:func" or "module:Class.method"
-    stop_after: bool = False  # stop the script once the window (and the line step) are done
-    auto: bool = False  # a script because the file has no model-file shape (nothing asked for script mode)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class LaunchSpec:
-    """torchrun's topology options."""
-
-    nproc_per_node: int
-    nnodes: int = 1
-    node_rank: int = 0
-    master_addr: str | None = None
-    master_port: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def top_level_names(path: Path) -> set[str]:

@@ -34,7 +34,7 @@ class Target:
     path: Path
     module: ModuleType
     model: Any  # torch.nn.Module
-    args: tuple = ()
+    args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     loss_fn: Callable[[Any], Any] | None = None
 
@@ -155,7 +155,7 @@ def load_target(path: str | Path, entry: str | None = None) -> Target:
                   loss_fn=loss_fn if callable(loss_fn) else None)
 
 
-def _split_inputs(inputs: Any, source: str) -> tuple[tuple, dict[str, Any]]:
+def _split_inputs(inputs: Any, source: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
     import torch
 
     if isinstance(inputs, dict):

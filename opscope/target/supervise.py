@@ -6,7 +6,8 @@ settings, raise a BaseException — cannot change opscope's own contract: with `
 exactly one JSON document; an early end of the user's process is one error line naming it (and the
 line when known), exit 2; nothing is left half-written. The parent never imports torch.
 
-The protocol: the parent starts `python -c BOOT SPEC_FILE` in a new session with
+The protocol: the parent writes the job (a typed opscope.target.specs.Job, as JSON) to SPEC_FILE and
+starts `python -c BOOT SPEC_FILE` in a new session with
 
 - the child's stdout and stderr both going to the parent's stderr (so a model's prints never reach
   stdout, and the user still sees them);
@@ -45,8 +46,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 import opscope
 from opscope.errors import OpscopeError, TargetError
+from opscope.target.specs import Job, JobT, decode_job, encode_job
 
 CONTROL_FD_ENV = "OPSCOPE_CONTROL_FD"
 CONTROL_FILE_ENV = "OPSCOPE_CONTROL_FILE"  # the channel when a tool (nsys, ncu) starts the child
@@ -80,11 +84,11 @@ class Listener:
     warn: Callable[[str], None] = lambda message: None
 
 
-def run_worker(module: str, spec: dict[str, Any], listener: Listener | None = None, *,
+def run_worker(module: str, job: Job, listener: Listener | None = None, *,
                what: str = "the model's code", on_abort: Callable[[int], None] | None = None,
                wrapper: Sequence[str] | None = None, wrapper_env: dict[str, str] | None = None,
                tool_log: Path | None = None) -> dict[str, Any]:
-    """Runs `module.main()` in a supervised child with `spec` (JSON) and returns the "done" message's
+    """Runs `module.main()` in a supervised child with `job` and returns the "done" message's
     result. Raises the child's own OpscopeError (with its message and exit code), WorkerCrashed when it
     ends early, InternalError on a bug in the child. `on_abort(pid)` runs whenever the child did not
     finish with a result (to remove what it may have left half-written).
@@ -97,7 +101,7 @@ def run_worker(module: str, spec: dict[str, Any], listener: Listener | None = No
     listener = listener or Listener()
     private = Path(tempfile.mkdtemp(prefix="opscope-"))
     spec_path = private / "spec.json"
-    spec_path.write_text(json.dumps(spec))
+    spec_path.write_bytes(encode_job(job))
     child_tmp = private / "tmp"
     child_tmp.mkdir()
     relay = _Relay(listener)
@@ -111,7 +115,7 @@ def run_worker(module: str, spec: dict[str, Any], listener: Listener | None = No
         env = dict(os.environ, **(wrapper_env or {}), TMPDIR=str(child_tmp), **{CONTROL_FILE_ENV: str(control_file)})
         env.pop(CONTROL_FD_ENV, None)
     _keep_compile_caches(env)
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     command = [*boot_command(module), str(spec_path)]
     try:
         if wrapper is None:
@@ -199,7 +203,7 @@ class _Relay:
             self.result = msg.get("result") or {}
 
 
-def _follow(proc: subprocess.Popen, control_file: Path, relay: _Relay, interval: float = 0.05) -> int:
+def _follow(proc: subprocess.Popen[bytes], control_file: Path, relay: _Relay, interval: float = 0.05) -> int:
     """Relays the control file's complete lines while `proc` runs; returns its exit status."""
     with open(control_file, "rb") as control:
         pending = b""
@@ -248,7 +252,7 @@ def _ended_early(code: int, phase: str, what: str) -> str:
             "(os._exit(), or a C library calling exit()); opscope wrote nothing")
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: subprocess.Popen[bytes]) -> None:
     """Ends the child's whole process group: SIGTERM, then SIGKILL after a grace period."""
     for sig, wait in ((signal.SIGTERM, _GRACE_S), (signal.SIGKILL, 5.0)):
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -292,6 +296,17 @@ class Control:
             pass
 
 
+def read_job(job_type: type[JobT]) -> JobT:
+    """The child's job, from the spec file its command line names. A spec that does not decode as
+    `job_type` is opscope's own bug (the parent wrote it): an InternalError naming the mismatch."""
+    path = Path(sys.argv[1])
+    try:
+        return decode_job(path.read_bytes(), job_type)
+    except (OSError, msgspec.DecodeError) as exc:
+        raise InternalError(f"internal error in opscope's worker process: its spec {path.name} does not decode as "
+                            f"{job_type.__name__} ({exc})") from exc
+
+
 def child_setup() -> None:
     """What every supervised child does first: leave SIGINT to the parent, die with the parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -330,4 +345,4 @@ def target_error_message(exc: BaseException) -> str | None:
 
 
 __all__ = ["Control", "InternalError", "Listener", "Stopped", "TargetError", "ToolFailed", "WorkerCrashed",
-           "boot_command", "child_setup", "death_by_signal", "run_worker", "target_error_message"]
+           "boot_command", "child_setup", "death_by_signal", "read_job", "run_worker", "target_error_message"]

@@ -12,9 +12,9 @@ import pytest
 
 from conftest import TRACES, line_of, write_model
 from opscope.analysis.trace_file import analyze_trace_file
-from opscope.capture.options import ProfileOptions
 from opscope.capture.torch_profiler import MEMORY_STEPS, profile_target
 from opscope.findings import memory_growth
+from opscope.target.specs import ProfileOptions
 
 FAST = dict(steps=2, warmup=1, peak_bw=20.0, peak_flops=["100"], threads=1)
 

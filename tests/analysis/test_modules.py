@@ -14,13 +14,13 @@ from rich.console import Console
 from conftest import GPT2, TRACES, run_cli, write_model
 from opscope.analysis.modules import COLUMNS, OUTSIDE, common_module, finding_modules, module_table
 from opscope.analysis.trace_file import analyze_trace_file
-from opscope.capture.options import ProfileOptions
 from opscope.capture.torch_profiler import profile_target
 from opscope.render.console import ops_table
 from opscope.render.report_data import tree_lines
 from opscope.run.model import Run
 from opscope.run.read import read_run
 from opscope.table import to_frame
+from opscope.target.specs import ProfileOptions
 
 FAST = dict(warmup=1, peak_bw=20.0, peak_flops=["100"], threads=1)
 

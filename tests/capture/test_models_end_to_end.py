@@ -13,9 +13,9 @@ from torch.utils.flop_counter import FlopCounterMode, conv_backward_flop
 
 from conftest import EXAMPLES, GPT2, write_model
 from opscope.capture.harness import Harness
-from opscope.capture.options import ProfileOptions
 from opscope.capture.torch_profiler import profile_target
 from opscope.target.model_file import load_target
+from opscope.target.specs import ProfileOptions
 
 STEPS = 2
 TENSOR_FAMILIES = ("matmul", "conv", "attention")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from conftest import line_of, write_model
-from opscope.capture.options import ProfileOptions
 from opscope.capture.torch_profiler import profile_target
 from opscope.sources import HARNESS
+from opscope.target.specs import ProfileOptions
 
 FAST = dict(steps=2, warmup=1, peak_bw=20.0, peak_flops=["100"], threads=1)
 

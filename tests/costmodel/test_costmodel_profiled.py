@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 
 from conftest import line_of, write_model
-from opscope.capture.options import ProfileOptions
 from opscope.capture.torch_profiler import profile_target
+from opscope.target.specs import ProfileOptions
 
 N = 16 * 32  # loss elements
 F32 = 4

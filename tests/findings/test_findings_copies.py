@@ -14,12 +14,12 @@ import pytest
 
 from conftest import EXAMPLES, REPO, line_of, run_cli, share_gates_off, write_model
 from opscope.analysis.trace_file import analyze_trace_file
-from opscope.capture.options import ProfileOptions
 from opscope.capture.torch_profiler import profile_target
 from opscope.findings import Context, run_rules
 from opscope.findings.copies import all_copies, layout_family, preferred_layout
 from opscope.findings.layout import Tensor
 from opscope.machine.peaks import Peaks
+from opscope.target.specs import ProfileOptions
 
 AVX2_CL_TRAIN = REPO / "tests" / "fixtures" / "cpu_traces" / "avx2_channels_last_after_train.json.gz"
 USER_COPY_RULES = {"implicit-copy", "contiguous-call"}

@@ -20,12 +20,12 @@ from conftest import REPO, write_model
 from opscope.analysis.trace_file import analyze_trace_file
 from opscope.capture import dtype_probe
 from opscope.capture.dtype_probe import build_call, float32_probe
-from opscope.capture.options import ProfileOptions
 from opscope.capture.torch_profiler import profile_target
 from opscope.findings import Context, run_rules
 from opscope.findings import dtype_slow_path as rule
 from opscope.findings.dtype_slow_path import replay_spec
 from opscope.machine.peaks import Peaks
+from opscope.target.specs import ProfileOptions
 
 FIXTURES = REPO / "tests" / "fixtures" / "cpu_traces"
 AVX2 = FIXTURES / "avx2_convnet_bf16_train.json.gz"

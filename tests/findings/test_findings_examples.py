@@ -12,9 +12,9 @@ import pytest
 
 import opscope.capture.torch_profiler as tp
 from conftest import EXAMPLES, PEAKS, line_of, run_cli, share_gates_off
-from opscope.capture.options import ProfileOptions
 from opscope.capture.torch_profiler import profile_target
 from opscope.sources import HARNESS
+from opscope.target.specs import ProfileOptions
 
 PAIRS = EXAMPLES / "findings"
 COPY_OPS = {"aten::clone", "aten::contiguous", "aten::copy_", "aten::_to_copy"}

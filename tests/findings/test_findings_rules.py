@@ -18,11 +18,11 @@ import pytest
 
 import opscope.capture.torch_profiler as tp
 from conftest import EXAMPLES, SHARE_GATED_RULES, line_of, share_gates_off, write_model
-from opscope.capture.options import ProfileOptions
 from opscope.capture.torch_profiler import profile_target
 from opscope.findings import RULES, Context, run_rules
 from opscope.machine.peaks import Peaks
 from opscope.sources import HARNESS
+from opscope.target.specs import ProfileOptions
 from opscope.units import duration as fmt_us
 
 LAYOUT_RULES = {"implicit-copy", "contiguous-call", "channels-last", "dtype-conversion", "strided-reduction"}

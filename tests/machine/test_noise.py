@@ -182,8 +182,8 @@ def get_inputs():
 def test_profile_and_analyze_summaries(tmp_path: Path) -> None:
     """profile: step stats from its own per-step wall times and a measured noise entry; analyze of the
     same trace: step stats from the ProfilerStep annotations, noise unknown."""
-    from opscope.capture.options import ProfileOptions
     from opscope.capture.torch_profiler import profile_target
+    from opscope.target.specs import ProfileOptions
 
     path = write_model(tmp_path, TINY)
     run, _ = profile_target(ProfileOptions(target=path, out=tmp_path / "run", steps=4, warmup=1, threads=1,
@@ -283,8 +283,8 @@ def test_profile_verdict_from_injected_readings(tmp_path: Path, monkeypatch: pyt
     """A real profile under a real busy loop, with the /proc/stat readings injected: hogged readings make
     a noisy run (summary, header with reason and remedy, caveats), idle ones a quiet run without them."""
     from opscope.capture import torch_profiler
-    from opscope.capture.options import ProfileOptions
     from opscope.capture.torch_profiler import profile_target
+    from opscope.target.specs import ProfileOptions
 
     monkeypatch.setattr(torch_profiler, "CpuSampler", lambda: _Snapshots(*readings))
     path = write_model(tmp_path, TINY)

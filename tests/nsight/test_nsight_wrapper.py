@@ -17,6 +17,7 @@ from conftest import write_model
 from nsight_fixtures import GEMM, GPU, build_nsys_sqlite
 from opscope.errors import NsightError
 from opscope.nsight.session import NsightRequest, profile_with_nsight
+from opscope.target.specs import MeasureSteps, NsightPass, ProfileOptions
 from opscope.target.supervise import Listener, ToolFailed, WorkerCrashed, run_worker
 
 pytestmark = pytest.mark.slow
@@ -85,10 +86,14 @@ def script(folder: Path, name: str, text: str) -> Path:
     return path
 
 
-def spec(model: Path, **extra: object) -> dict:
-    return {"target": str(model), "entry": None, "device": "cpu", "dtype": None, "mode": "inference", "warmup": 1,
-            "steps": 2, "threads": 1, "peak_bw": 20.0, "peak_flops": ["100"], "out": None, "debug": False,
-            "nvtx": True, **extra}
+def options(model: Path, out: Path | None = None) -> ProfileOptions:
+    return ProfileOptions(target=model, device="cpu", warmup=1, steps=2, threads=1, peak_bw=20.0, peak_flops=["100"],
+                          out=out, nvtx=True)
+
+
+def measure(model: Path, tool: str) -> NsightPass:
+    """The job of a measured pass that `tool` launches."""
+    return NsightPass(options=options(model), task=MeasureSteps(tool=tool))
 
 
 @pytest.fixture
@@ -101,7 +106,7 @@ def test_the_tool_launches_the_supervised_worker(tmp_path, model):
     record = tmp_path / "argv.txt"
     phases = []
     log = tmp_path / "tool.log"
-    result = run_worker("opscope.nsight.worker", spec(model, **{"pass": "measure", "tool": "fake"}),
+    result = run_worker("opscope.nsight.worker", measure(model, "fake"),
                         Listener(phase=lambda name, total: phases.append(name)),
                         wrapper=[str(tool), "--record", str(record), "--"], tool_log=log)
     assert result == {"steps": 2}
@@ -117,7 +122,7 @@ def test_the_tool_launches_the_supervised_worker(tmp_path, model):
 def test_a_tool_failing_before_the_model_starts(tmp_path, model):
     tool = script(tmp_path, "broken-tool", "#!/bin/sh\necho 'broken-tool: unrecognized option' >&2\nexit 3\n")
     with pytest.raises(ToolFailed) as err:
-        run_worker("opscope.nsight.worker", spec(model, **{"pass": "measure"}), wrapper=[str(tool)],
+        run_worker("opscope.nsight.worker", measure(model, ""), wrapper=[str(tool)],
                    tool_log=tmp_path / "log")
     assert err.value.code == 3 and not err.value.started and "before the model's code started" in str(err.value)
     assert "unrecognized option" in (tmp_path / "log").read_text()
@@ -126,7 +131,7 @@ def test_a_tool_failing_before_the_model_starts(tmp_path, model):
 def test_a_tool_failing_after_the_model_finished(tmp_path, model):
     tool = script(tmp_path, "fake-tool", FAKE_TOOL)
     with pytest.raises(ToolFailed) as err:
-        run_worker("opscope.nsight.worker", spec(model, **{"pass": "measure"}),
+        run_worker("opscope.nsight.worker", measure(model, ""),
                    wrapper=[str(tool), "--record", str(tmp_path / "r"), "--exit", "5", "--"])
     assert err.value.code == 5 and err.value.started
 
@@ -135,7 +140,7 @@ def test_a_model_crashing_under_the_tool(tmp_path, model, monkeypatch):
     tool = script(tmp_path, "fake-tool", FAKE_TOOL)
     monkeypatch.setenv("CRASH_IN_FORWARD", "1")
     with pytest.raises(WorkerCrashed, match=r"ended the process \(exit code 7\) during warmup.*\(under fake-tool\)"):
-        run_worker("opscope.nsight.worker", spec(model, **{"pass": "measure"}),
+        run_worker("opscope.nsight.worker", measure(model, ""),
                    wrapper=[str(tool), "--record", str(tmp_path / "r"), "--"])
 
 
@@ -159,7 +164,7 @@ def test_profile_with_a_stand_in_nsys(tmp_path, model, monkeypatch, private_tmp)
     monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "nsys-argv.txt"))
     out = tmp_path / "run"
     reports = tmp_path / "reports"
-    path = profile_with_nsight(spec(model, out=str(out)), NsightRequest(nsys=True, nsys_args=["--sample=none"]),
+    path = profile_with_nsight(options(model, out), NsightRequest(nsys=True, nsys_args=["--sample=none"]),
                                {"nsys": str(nsys)}, Listener(), out=out, reports=reports, stem="model")
     assert path == out
     assert sorted(p.name for p in out.iterdir()) == ["findings.json", "meta.json", "modules.csv",
@@ -183,7 +188,7 @@ def test_profile_with_ncu_and_nothing_to_measure_leaves_nothing(tmp_path, model,
     ncu = script(tmp_path, "ncu", "#!/bin/sh\nexit 99\n")
     out = tmp_path / "run"
     with pytest.raises(NsightError, match="nothing for ncu to measure"):
-        profile_with_nsight(spec(model, out=str(out)), NsightRequest(ncu=True), {"ncu": str(ncu)}, Listener(),
+        profile_with_nsight(options(model, out), NsightRequest(ncu=True), {"ncu": str(ncu)}, Listener(),
                             out=out, reports=tmp_path / "reports", stem="model")
     assert not out.exists() and not (tmp_path / "reports").exists() and leftovers(private_tmp) == []
 
@@ -231,19 +236,19 @@ def test_the_ncu_pass_with_a_stand_in_ncu(tmp_path, model, monkeypatch, mode):
     private = tmp_path / "private"
     private.mkdir()
     extra: dict[str, Path] = {}
-    measure = spec(model, **{"pass": "measure", "tool": "ncu"})
+    job = measure(model, "ncu")
     if mode == "perm":
         with pytest.raises(NsightError, match="ERR_NVGPUCTRPERM.*NVreg_RestrictProfilingToAdminUsers=0"):
-            _ncu_pass(run, kernel_plan(run), NsightRequest(ncu=True, ncu_top=3), str(ncu), measure, Listener(),
+            _ncu_pass(run, kernel_plan(run), NsightRequest(ncu=True, ncu_top=3), str(ncu), job, Listener(),
                       private, extra)
         return
     if mode == "none":
         with pytest.raises(NsightError, match=r"ncu profiled no kernels: its filters matched nothing \(NVTX range "
                                               r"opscope_step/, kernels regex:.*Kernel2\|flash_fwd_kernel.*-c 26\)"):
-            _ncu_pass(run, kernel_plan(run), NsightRequest(ncu=True, ncu_top=3), str(ncu), measure, Listener(),
+            _ncu_pass(run, kernel_plan(run), NsightRequest(ncu=True, ncu_top=3), str(ncu), job, Listener(),
                       private, extra)
         return
-    _ncu_pass(run, kernel_plan(run), NsightRequest(ncu=True, ncu_top=3), str(ncu), measure, Listener(), private, extra)
+    _ncu_pass(run, kernel_plan(run), NsightRequest(ncu=True, ncu_top=3), str(ncu), job, Listener(), private, extra)
     argv = (tmp_path / "argv.txt").read_text().splitlines()
     assert argv[1:8] == ["--target-processes", "all", "--nvtx", "--nvtx-include", "opscope_step/", "-k",
                          "regex:^(?:.*::)?(?:Kernel2|flash_fwd_kernel)$"]
@@ -259,13 +264,13 @@ def test_nsys_failures_are_one_line(tmp_path, model, monkeypatch):
     from opscope.nsight.session import _nsys_pass
 
     run = None  # the failures come before the run is touched
-    measure = spec(model, **{"pass": "measure", "tool": "nsys"})
+    job = measure(model, "nsys")
     broken = script(tmp_path, "nsys", "#!/bin/sh\necho \"unrecognised option '--bogus'\" >&2\nexit 1\n")
     private = tmp_path / "private"
     private.mkdir()
     with pytest.raises(NsightError, match=r"^nsys exited with code 1 before the model's code \(under nsys\) started "
                                           r"\(unrecognised option '--bogus'\)$"):
-        _nsys_pass(run, {}, NsightRequest(nsys=True, nsys_args=["--bogus"]), str(broken), measure,
+        _nsys_pass(run, {}, NsightRequest(nsys=True, nsys_args=["--bogus"]), str(broken), job,
                    Listener(), private, {})
     # a report without GPU work (the capture range never saw a kernel)
     empty = build_nsys_sqlite(tmp_path / "empty.sqlite", {"StringIds": []}, drop_tables=("CUPTI_ACTIVITY_KIND_KERNEL",))
@@ -274,4 +279,4 @@ def test_nsys_failures_are_one_line(tmp_path, model, monkeypatch):
     monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "argv.txt"))
     with pytest.raises(NsightError, match="nsys recorded no GPU work; with --capture-range=nvtx .*REGISTER_ONLY=0"):
         _nsys_pass(run, {}, NsightRequest(nsys=True, nsys_args=["--capture-range=nvtx"]), str(nsys),
-                   measure, Listener(), private, {})
+                   job, Listener(), private, {})

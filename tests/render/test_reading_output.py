@@ -17,11 +17,11 @@ from rich.console import Console
 
 from conftest import PEAKS, TRACES, line_of, run_cli, write_model
 from opscope.analysis.trace_file import analyze_trace_file
-from opscope.capture.options import ProfileOptions
 from opscope.capture.torch_profiler import profile_target
 from opscope.machine.peaks import _DTYPE_ALIASES, DTYPE_KEYS, parse_peak_flops
 from opscope.render.console import render_run
 from opscope.run.read import read_run
+from opscope.target.specs import ProfileOptions
 from opscope.units import UNKNOWN, gbps, si
 from opscope.units import time_cell as fmt_us
 

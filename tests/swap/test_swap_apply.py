@@ -368,8 +368,8 @@ def test_profile_target_hands_swaps_the_weights_as_loaded_in_train_mode(tmp_path
     start from the model as loaded, not from however far those steps drifted it."""
     tiny_model = load_fixture(FIXTURES / "tiny_model.py")
 
-    from opscope.capture.options import ProfileOptions
     from opscope.capture.torch_profiler import profile_target
+    from opscope.target.specs import ProfileOptions
 
     seen: dict[str, dict[str, torch.Tensor]] = {}
 
