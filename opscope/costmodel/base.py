@@ -122,9 +122,6 @@ class OpCall:
                 return t.dtype, "the op's tensor argument's"
         return "float", "default"
 
-    def is_tensor(self, i: int) -> bool:
-        return self.tensor(i) is not None
-
     def tensors(self) -> list[TensorArg]:
         """All plain tensor inputs, in order."""
         return [t for t in (self.tensor(i) for i in range(len(self.dims))) if t is not None]
