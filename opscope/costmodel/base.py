@@ -282,7 +282,8 @@ def register_bias_copied_by_child(*names: str) -> Callable[[CostFn], CostFn]:
 
 
 def estimate(call: OpCall, *, bias_copied_by_child: bool = False) -> Cost | None:
-    """FLOPs/bytes of one call, or None when the op is unknown or its inputs can't be interpreted.
+    """FLOPs/bytes of one call, or None when the op is unknown or its inputs can't be interpreted
+    (UnreadableCall: any other exception is a bug in the cost function, and propagates).
     `bias_copied_by_child`: the call has a child aten::copy_ that wrote its bias into the output (see
     BIAS_COPIED_BY_CHILD; ignored for other ops)."""
     fn = (BIAS_COPIED_BY_CHILD.get(call.name) if bias_copied_by_child else None) or REGISTRY.get(call.name)
@@ -290,7 +291,7 @@ def estimate(call: OpCall, *, bias_copied_by_child: bool = False) -> Cost | None
         return None
     try:
         return fn(call)
-    except (IndexError, KeyError, TypeError, ValueError, ArithmeticError, AttributeError):
+    except UnreadableCall:
         return None
 
 
