@@ -27,13 +27,16 @@ upper bound, noted). A sliding window (the raw kernels' window_size arguments) i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
-from opscope.costmodel.base import Cost, OpCall, TensorArg, composite, register
+from opscope.costmodel.base import Cost, OpCall, TensorArg, UnreadableCall, composite, register
 
 CAUSAL_NOTE = "causal: unmasked (query, key) pairs only (FlopCounterMode counts all Tq*Tk)"
 VARLEN_NOTE = "variable-length batch: counted at max sequence length (upper bound)"
 WINDOW_NOTE = "sliding window not modelled: counted without it (upper bound)"
 TOP_LEFT, BOTTOM_RIGHT = "top-left", "bottom-right"
+# The efficient kernels' custom_mask_type: 0 none, 1 CausalFromTopLeft, 2 CausalFromBottomRight.
+MASK_TYPE_ALIGN: dict[float, str] = {1: TOP_LEFT, 2: BOTTOM_RIGHT}
 
 
 def causal_pairs(tq: int, tk: int, align: str = TOP_LEFT) -> int:
@@ -66,6 +69,8 @@ class AttnArgs:
 
 
 def _bhtd(t: TensorArg, layout: str) -> tuple[int, int, int, int]:
+    if len(t.shape) != 4:
+        raise UnreadableCall(f"attention input of shape {list(t.shape)}, not 4 dims")
     if layout == "bthd":
         b, s, h, d = t.shape
         return b, h, s, d
@@ -74,20 +79,21 @@ def _bhtd(t: TensorArg, layout: str) -> tuple[int, int, int, int]:
 
 
 def attention_cost(call: OpCall, spec: AttnArgs) -> Cost:
-    q, k, v = call.tensor(spec.q), call.tensor(spec.q + 1), call.tensor(spec.q + 2)
+    q, k, v = call.required_tensor(spec.q), call.required_tensor(spec.q + 1), call.required_tensor(spec.q + 2)
     note = ""
-    if spec.varlen is not None and call.tensor(spec.varlen[0]) is not None and len(q.shape) == 3:
-        # [total, H, D] with cumulative sequence offsets: B = len(offsets) - 1, T = max_seqlen
-        batch = call.tensor(spec.varlen[0]).numel - 1
-        tq, tk = int(call.arg(spec.varlen[1])), int(call.arg(spec.varlen[2]))
-        hq, dq = q.shape[1], q.shape[2]
-        dv = v.shape[2]
-        note = VARLEN_NOTE
-    elif spec.varlen is not None and call.tensor(spec.varlen[0]) is not None:
-        batch = call.tensor(spec.varlen[0]).numel - 1
-        tq, tk = int(call.arg(spec.varlen[1])), int(call.arg(spec.varlen[2]))
-        _, hq, _, dq = _bhtd(q, spec.layout)
-        dv = _bhtd(v, spec.layout)[3]
+    offsets = call.tensor(spec.varlen[0]) if spec.varlen is not None else None
+    if spec.varlen is not None and offsets is not None:
+        # cumulative sequence offsets: B = len(offsets) - 1, T = max_seqlen
+        batch = offsets.numel - 1
+        tq, tk = call.int_arg(spec.varlen[1]), call.int_arg(spec.varlen[2])
+        if len(q.shape) == 3:  # [total, H, D]
+            if len(v.shape) < 3:
+                raise UnreadableCall(f"{call.name}: value of shape {list(v.shape)}")
+            hq, dq = q.shape[1], q.shape[2]
+            dv = v.shape[2]
+        else:
+            _, hq, _, dq = _bhtd(q, spec.layout)
+            dv = _bhtd(v, spec.layout)[3]
         note = VARLEN_NOTE
     else:
         batch, hq, tq, dq = _bhtd(q, spec.layout)
@@ -95,7 +101,11 @@ def attention_cost(call: OpCall, spec: AttnArgs) -> Cost:
         dv = _bhtd(v, spec.layout)[3]
     align = spec.align if spec.causal is not None and call.arg(spec.causal, False) is True else None
     if spec.mask_type is not None:
-        align = {1: TOP_LEFT, 2: BOTTOM_RIGHT}.get(call.arg(spec.mask_type, 0), align)
+        mask_type = call.arg(spec.mask_type, 0)
+        if isinstance(mask_type, (int, float)):
+            align = MASK_TYPE_ALIGN.get(mask_type, align)
+        elif mask_type is not None:
+            raise UnreadableCall(f"{call.name}: custom_mask_type is {mask_type!r}")
     pairs = causal_pairs(tq, tk, align) if align else tq * tk
     notes = [CAUSAL_NOTE] if align else []
     if note:
@@ -108,14 +118,14 @@ def attention_cost(call: OpCall, spec: AttnArgs) -> Cost:
     flops = (3 * fwd_qk + 2 * fwd_pv) if spec.backward else (fwd_qk + fwd_pv)
 
     read = q.storage_bytes + k.storage_bytes + v.storage_bytes
-    for i in spec.masks:
-        m = call.tensor(i)
-        read += m.storage_bytes if m is not None else 0
+    for mask_index in spec.masks:
+        mask = call.tensor(mask_index)
+        read += mask.storage_bytes if mask is not None else 0
     out_bytes = batch * hq * tq * dv * q.itemsize
     lse_bytes = batch * hq * tq * 4
     if spec.backward:
-        for i in (spec.grad, spec.out, spec.logsumexp):
-            t = call.tensor(i) if i is not None else None
+        for position in (spec.grad, spec.out, spec.logsumexp):
+            t = call.tensor(position) if position is not None else None
             read += t.storage_bytes if t is not None else 0
         written = q.nbytes + k.nbytes + v.nbytes
     else:
@@ -124,7 +134,7 @@ def attention_cost(call: OpCall, spec: AttnArgs) -> Cost:
     return Cost(flops, read + written, "attention", note)
 
 
-def _is_window(value) -> bool:
+def _is_window(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
@@ -178,7 +188,7 @@ ATTENTION_OPS: dict[str, AttnArgs] = {
 }
 
 for _name, _spec in ATTENTION_OPS.items():
-    register(f"aten::{_name}")(lambda call, spec=_spec: attention_cost(call, spec))
+    register(f"aten::{_name}")(partial(attention_cost, spec=_spec))
 
 # Always delegate: scaled_dot_product_attention picks one of the fused ops above (or the math path,
 # itself a composite of bmm/softmax/... children).

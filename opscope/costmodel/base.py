@@ -3,18 +3,39 @@
 Everything here works from what torch.profiler records per op call ("Input Dims", "Input type",
 "Input Strides", "Concrete Inputs"); it never imports torch, because `opscope analyze` uses it on
 traces recorded elsewhere.
+
+Those traces may come from another torch version or writer, with another argument layout for an op.
+The cost functions read their inputs through OpCall's checked accessors (required_tensor, int_arg,
+ints_arg, ...) and the checking helpers here, which raise UnreadableCall for an input that does not
+have the recorded form the function reads; estimate() gives such a call no cost. Any other exception
+from a cost function is a bug in it and propagates.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeAlias, TypeGuard
 
 # Families whose FLOPs may run on tensor cores (matmul-like work). Everything else uses the vector peak.
 TENSOR_CORE_FAMILIES = frozenset({"matmul", "conv", "attention"})
+
+# One input's entry in a trace's JSON columns, as recorded (untyped JSON from traces recorded elsewhere).
+JsonValue: TypeAlias = "None | bool | int | float | str | list[JsonValue] | dict[str, JsonValue]"
+
+
+class UnreadableCall(ValueError):
+    """The call's recorded inputs do not have the layout its cost function reads: a missing or
+    non-tensor input, a shape of another rank, a concrete argument of another type or out of range (a
+    trace from another torch version or writer). estimate() gives such a call no cost."""
+
+
+def is_int_list(value: object) -> TypeGuard[list[int]]:
+    """A JSON list of ints (a shape or strides as recorded; bools count, as Python's ints)."""
+    return isinstance(value, list) and all(isinstance(v, int) for v in value)
 
 
 @dataclass(frozen=True)
@@ -24,10 +45,10 @@ class OpCall:
     the profiler's strings ("float", "c10::BFloat16", "Scalar", ... and "1", "[1, 1]", "False", "")."""
 
     name: str
-    dims: tuple = ()
-    dtypes: tuple = ()
-    strides: tuple = ()
-    concrete: tuple = ()
+    dims: tuple[JsonValue, ...] = ()
+    dtypes: tuple[JsonValue, ...] = ()
+    strides: tuple[JsonValue, ...] = ()
+    concrete: tuple[JsonValue, ...] = ()
     # torch.profiler records a TensorList's type as just "TensorList" (no element dtype); `dtypes` may
     # carry the element dtypes instead (a list per TensorList, e.g. from `profile`'s dispatch pass).
     # Where it does not, the cost functions assume this hint (e.g. the run's most common dtype), else the
@@ -37,53 +58,95 @@ class OpCall:
     @classmethod
     def from_json_text(cls, name: str, dims: str, dtypes: str, strides: str, concrete: str,
                        list_dtype: str = "") -> OpCall:
-        """Builds a call from the four JSON-text columns of ops.csv / the trace."""
+        """Builds a call from the four JSON-text columns of ops.csv / the trace (UnreadableCall when one
+        is not a JSON list)."""
         return cls(name, _parse(dims), _parse(dtypes), _parse(strides), _parse(concrete), list_dtype)
 
     @property
     def nargs(self) -> int:
         return len(self.dims)
 
-    def arg(self, i: int, default: Any = None) -> Any:
+    def arg(self, i: int, default: object = None) -> object:
         """Concrete input i parsed to a Python value ("1" -> 1, "[1, 1]" -> [1, 1], "False" -> False,
-        "" -> default)."""
-        if i >= len(self.concrete):
+        "" or absent -> default)."""
+        if not 0 <= i < len(self.concrete):
             return default
         return parse_scalar(self.concrete[i], default)
 
+    def int_arg(self, i: int, default: int | None = None) -> int:
+        """Concrete input i as int() reads it (a float truncates); UnreadableCall when it is absent and
+        there is no default, or not a finite number."""
+        value = self.arg(i, default)
+        if isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)):
+            return int(value)
+        raise UnreadableCall(f"{self.name}: argument {i} is {value!r}, not an integer")
+
+    def ints_arg(self, i: int, default: list[int] | None = None) -> list[int]:
+        """Concrete input i as a list of ints (a size, a shape); UnreadableCall when it is anything else
+        (or absent without a default)."""
+        return int_list(self.arg(i, default), f"{self.name}: argument {i}")
+
+    def flags_arg(self, i: int, default: list[bool]) -> list[bool]:
+        """Concrete input i as a list of flags (an output_mask); UnreadableCall when it is not a list."""
+        value = self.arg(i, default)
+        if not isinstance(value, (list, tuple)):
+            raise UnreadableCall(f"{self.name}: argument {i} is {value!r}, not a list of flags")
+        return [bool(v) for v in value]
+
     def tensor(self, i: int) -> TensorArg | None:
-        """Input i as a tensor (None if it is not a tensor or absent)."""
-        if i >= len(self.dims):
+        """Input i as a tensor (None if it is not a tensor or absent). Strides that are not a list of ints
+        count as unrecorded; a shape that is not one is UnreadableCall."""
+        if not 0 <= i < len(self.dims):
             return None
         shape = self.dims[i]
         dtype = self.dtypes[i] if i < len(self.dtypes) else ""
-        if not isinstance(shape, list) or isinstance(dtype, list) or dtype in NON_TENSOR_TYPES:
+        if not isinstance(shape, list) or not isinstance(dtype, str) or dtype in NON_TENSOR_TYPES:
             return None  # (a list of dtypes: a TensorList's elements)
         if shape and isinstance(shape[0], list):
             return None  # a TensorList; see tensor_list()
         if not shape and dtype not in ITEMSIZE:
             return None
+        if not is_int_list(shape):
+            raise UnreadableCall(f"{self.name}: input {i} has the shape {shape!r}")
         stride = self.strides[i] if i < len(self.strides) else []
-        return TensorArg(tuple(shape), dtype, tuple(stride) if isinstance(stride, list) else ())
+        return TensorArg(tuple(shape), dtype, tuple(stride) if is_int_list(stride) else ())
+
+    def required_tensor(self, i: int, *, ndim: int | None = None, min_ndim: int = 0) -> TensorArg:
+        """Input i, which the cost function cannot do without: UnreadableCall when it is not a tensor, or
+        has another number of dims than `ndim` / fewer than `min_ndim`."""
+        t = self.tensor(i)
+        if t is None:
+            raise UnreadableCall(f"{self.name}: input {i} is not a tensor")
+        if (ndim is not None and len(t.shape) != ndim) or len(t.shape) < min_ndim:
+            expected = f"{ndim}" if ndim is not None else f"at least {min_ndim}"
+            raise UnreadableCall(f"{self.name}: input {i} has the shape {list(t.shape)}, not {expected} dims")
+        return t
 
     def tensor_list(self, i: int, unknown_dtype: str | None = None) -> list[TensorArg]:
         """Input i as a list of tensors (TensorList inputs such as cat's). Elements whose dtype the trace
         does not record get `unknown_dtype` if given (e.g. "long int" for index lists), else
         assumed_list_dtype()."""
-        if i >= len(self.dims) or not isinstance(self.dims[i], list):
+        if not 0 <= i < len(self.dims):
             return []
         shapes = self.dims[i]
-        if not shapes or not isinstance(shapes[0], list):
+        if not isinstance(shapes, list) or not shapes or not isinstance(shapes[0], list):
             return []
         dtype_entry = self.dtypes[i] if i < len(self.dtypes) else ""
         strides = self.strides[i] if i < len(self.strides) else []
         out = []
         for k, shape in enumerate(shapes):
-            stride = strides[k] if isinstance(strides, list) and k < len(strides) and isinstance(strides[k], list) else []
-            dtype = dtype_entry[k] if isinstance(dtype_entry, list) and k < len(dtype_entry) else dtype_entry
-            if dtype not in ITEMSIZE:
+            if not is_int_list(shape):
+                raise UnreadableCall(f"{self.name}: input {i} has the element shape {shape!r}")
+            stride = strides[k] if isinstance(strides, list) and k < len(strides) else []
+            if isinstance(dtype_entry, list):
+                if k >= len(dtype_entry):
+                    raise UnreadableCall(f"{self.name}: input {i} records fewer element dtypes than tensors")
+                dtype = dtype_entry[k]
+            else:
+                dtype = dtype_entry
+            if not isinstance(dtype, str) or dtype not in ITEMSIZE:
                 dtype = unknown_dtype or self.assumed_list_dtype()
-            out.append(TensorArg(tuple(shape), dtype, tuple(stride)))
+            out.append(TensorArg(tuple(shape), dtype, tuple(stride) if is_int_list(stride) else ()))
         return out
 
     def list_dtype_known(self) -> bool:
@@ -92,7 +155,8 @@ class OpCall:
         for i, shapes in enumerate(self.dims):
             if isinstance(shapes, list) and shapes and isinstance(shapes[0], list):
                 entry = self.dtypes[i] if i < len(self.dtypes) else ""
-                if not (isinstance(entry, list) and len(entry) == len(shapes) and all(d in ITEMSIZE for d in entry)):
+                if not (isinstance(entry, list) and len(entry) == len(shapes)
+                        and all(isinstance(d, str) and d in ITEMSIZE for d in entry)):
                     return False
         return True
 
@@ -122,9 +186,6 @@ class OpCall:
                 return t.dtype, "the op's tensor argument's"
         return "float", "default"
 
-    def is_tensor(self, i: int) -> bool:
-        return self.tensor(i) is not None
-
     def tensors(self) -> list[TensorArg]:
         """All plain tensor inputs, in order."""
         return [t for t in (self.tensor(i) for i in range(len(self.dims))) if t is not None]
@@ -132,6 +193,8 @@ class OpCall:
 
 @dataclass(frozen=True)
 class TensorArg:
+    """A tensor input: its shape, profiler dtype string and strides (() when not recorded)."""
+
     shape: tuple[int, ...]
     dtype: str
     stride: tuple[int, ...] = ()
@@ -182,7 +245,9 @@ class Cost:
 # analysis layer treats it as a composite, so the work is counted once.
 DELEGATES_TO_ANY_CHILD = frozenset({"aten::_fused_rms_norm", "aten::_fused_rms_norm_backward"})
 
-CostFn = Callable[[OpCall], "Cost | None"]
+# A cost function: the call's cost, or None when the op does no countable work in this form (e.g.
+# aten::index with unrecorded indices). It raises UnreadableCall for inputs it cannot read.
+CostFn: TypeAlias = Callable[[OpCall], "Cost | None"]
 REGISTRY: dict[str, CostFn] = {}
 
 # Ops whose output some backends pre-fill with the bias through a child aten::copy_ (CPU addmm, baddbmm,
@@ -217,7 +282,8 @@ def register_bias_copied_by_child(*names: str) -> Callable[[CostFn], CostFn]:
 
 
 def estimate(call: OpCall, *, bias_copied_by_child: bool = False) -> Cost | None:
-    """FLOPs/bytes of one call, or None when the op is unknown or its inputs can't be interpreted.
+    """FLOPs/bytes of one call, or None when the op is unknown or its inputs can't be interpreted
+    (UnreadableCall: any other exception is a bug in the cost function, and propagates).
     `bias_copied_by_child`: the call has a child aten::copy_ that wrote its bias into the output (see
     BIAS_COPIED_BY_CHILD; ignored for other ops)."""
     fn = (BIAS_COPIED_BY_CHILD.get(call.name) if bias_copied_by_child else None) or REGISTRY.get(call.name)
@@ -225,7 +291,7 @@ def estimate(call: OpCall, *, bias_copied_by_child: bool = False) -> Cost | None
         return None
     try:
         return fn(call)
-    except (IndexError, KeyError, TypeError, ValueError, ArithmeticError, AttributeError):
+    except UnreadableCall:
         return None
 
 
@@ -338,7 +404,7 @@ def dtype_category(dtype: str) -> int:
     return 1
 
 
-def scalar_type(code: Any) -> str | None:
+def scalar_type(code: object) -> str | None:
     """A dtype= argument's profiler string ("15" -> "c10::BFloat16"), or None when absent/unknown."""
     if isinstance(code, bool) or not isinstance(code, int):
         return None
@@ -366,11 +432,11 @@ def result_dtype(tensors: Iterable[TensorArg]) -> str:
     """The dtype of an element-wise result (torch's type promotion): tensors with dims outrank 0-dim
     ones within a category; a 0-dim operand of a higher category wins, a 0-dim "double" (how a Python
     float is recorded) giving the default float32."""
-    tensors = [t for t in tensors if t.dtype in ITEMSIZE]
-    if not tensors:
+    typed = [t for t in tensors if t.dtype in ITEMSIZE]
+    if not typed:
         return "float"
-    dimmed = [t.dtype for t in tensors if t.shape]
-    zero = [t.dtype for t in tensors if not t.shape]
+    dimmed = [t.dtype for t in typed if t.shape]
+    zero = [t.dtype for t in typed if not t.shape]
     if not dimmed:
         out = zero[0]
         for d in zero[1:]:
@@ -390,20 +456,17 @@ def float_result(dtype: str) -> str:
     return dtype if dtype_category(dtype) >= 2 else "float"
 
 
-def reduce_dims(dim: Any, ndim: int) -> list[int]:
+def reduce_dims(dim: object, ndim: int) -> list[int]:
     """A reduction's dim argument (int, list, None, [] = all) -> sorted non-negative dims."""
     if dim is None or dim == [] or dim == "":
         return list(range(ndim))
-    if isinstance(dim, int) and not isinstance(dim, bool):
-        dim = [dim]
-    if not isinstance(dim, (list, tuple)):
-        raise ValueError(f"bad dim {dim!r}")
+    dims = [dim] if isinstance(dim, int) and not isinstance(dim, bool) else int_list(dim, "dim")
     if ndim == 0:
         return []
-    return sorted({d % ndim for d in dim})
+    return sorted({d % ndim for d in dims})
 
 
-def reduced_shape(shape: Sequence[int], dim: Any, keepdim: bool) -> tuple[int, ...]:
+def reduced_shape(shape: Sequence[int], dim: object, keepdim: bool) -> tuple[int, ...]:
     dims = set(reduce_dims(dim, len(shape)))
     if keepdim:
         return tuple(1 if i in dims else s for i, s in enumerate(shape))
@@ -420,10 +483,9 @@ def floating_dtype(call: OpCall) -> str | None:
     if call.name in INT8_GEMMS and call.dtypes and call.dtypes[0] == "signed char":
         return "int8"
     for entry in call.dtypes:
-        if isinstance(entry, list):
-            entry = entry[0] if entry else ""
-        if entry in DTYPE_NAMES:
-            return DTYPE_NAMES[entry]
+        dtype = (entry[0] if entry else "") if isinstance(entry, list) else entry
+        if isinstance(dtype, str) and dtype in DTYPE_NAMES:
+            return DTYPE_NAMES[dtype]
     return None if call.list_dtype_known() else DTYPE_NAMES.get(call.list_dtype)
 
 
@@ -455,25 +517,53 @@ def is_contiguous(shape: Sequence[int], stride: Sequence[int]) -> bool:
 
 
 def broadcast_shapes(*shapes: Iterable[int]) -> tuple[int, ...]:
-    """NumPy/torch broadcasting of shapes."""
-    shapes = [tuple(s) for s in shapes]
-    ndim = max((len(s) for s in shapes), default=0)
+    """NumPy/torch broadcasting of shapes (UnreadableCall when they do not broadcast)."""
+    tuples = [tuple(s) for s in shapes]
+    ndim = max((len(s) for s in tuples), default=0)
     out = []
     for i in range(ndim):
         size = 1
-        for s in shapes:
+        for s in tuples:
             d = s[i - ndim + len(s)] if i - ndim + len(s) >= 0 else 1
             if d != 1:
                 if size not in (1, d):
-                    raise ValueError(f"shapes {shapes} do not broadcast")
+                    raise UnreadableCall(f"shapes {tuples} do not broadcast")
                 size = d
         out.append(size)
     return tuple(out)
 
 
-def parse_scalar(text: str, default: Any = None) -> Any:
+def _is_int_sequence(value: object) -> TypeGuard[list[int] | tuple[int, ...]]:
+    return isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value)
+
+
+def int_list(value: object, what: str) -> list[int]:
+    """`value` (a concrete argument) as a list of ints: a list or tuple of ints, else UnreadableCall."""
+    if _is_int_sequence(value):
+        return list(value)
+    raise UnreadableCall(f"{what} is {value!r}, not a list of integers")
+
+
+def ints_per_dim(value: object, ndim: int, default: int | None, what: str) -> list[int]:
+    """A per-spatial-dim argument (kernel_size, stride, padding, ...): an int or a one-element list
+    applies to every dim; absent (None, "", []) is `default` for every dim, or UnreadableCall without
+    one; a list shorter than `ndim` is UnreadableCall too."""
+    if value is None or value == "" or value == []:
+        if default is None:
+            raise UnreadableCall(f"{what} missing")
+        return [default] * ndim
+    if isinstance(value, int):
+        return [value] * ndim
+    values = int_list(value, what)
+    values = values * ndim if len(values) == 1 and ndim > 1 else values
+    if len(values) < ndim:
+        raise UnreadableCall(f"{what} {values} has fewer than {ndim} entries")
+    return values
+
+
+def parse_scalar(text: object, default: object = None) -> object:
     """Concrete Inputs entries are Python-literal-ish strings: "1", "0.5", "[1, 1]", "False", "".
-    Returns `default` for "" and the raw text when it is not a literal."""
+    Returns `default` for "" and the raw text when it is not a literal (non-strings as they are)."""
     if text is None or text == "":
         return default
     if not isinstance(text, str):
@@ -489,11 +579,18 @@ def parse_scalar(text: str, default: Any = None) -> Any:
         return text
 
 
-def _parse(text: Any) -> tuple:
+def _parse(text: object) -> tuple[JsonValue, ...]:
+    """One JSON-text column (or an already parsed list) -> one entry per input."""
     if isinstance(text, (list, tuple)):
         return tuple(text)
     if text is None or text == "":
         return ()
-    import json
-
-    return tuple(json.loads(text))
+    if not isinstance(text, str):
+        raise UnreadableCall(f"{text!r} is not JSON text")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UnreadableCall(f"{text[:60]!r} is not JSON") from exc
+    if not isinstance(value, list):
+        raise UnreadableCall(f"{text[:60]!r} is not a JSON list")
+    return tuple(value)

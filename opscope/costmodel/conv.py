@@ -20,9 +20,20 @@ kernels take kernel_size and no groups); one ConvArgs entry per op records it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
-from opscope.costmodel.base import ITEMSIZE, Cost, OpCall, TensorArg, composite, register
+from opscope.costmodel.base import (
+    ITEMSIZE,
+    Cost,
+    OpCall,
+    TensorArg,
+    UnreadableCall,
+    composite,
+    ints_per_dim,
+    register,
+)
 
 
 @dataclass(frozen=True)
@@ -40,16 +51,8 @@ class ConvArgs:
     extra_inputs: tuple[int, ...] = ()  # other tensors read (cudnn_convolution_add_relu's z)
 
 
-def _ints(value, ndim: int, default: int) -> list[int]:
-    if value is None or value == "" or value == []:
-        return [default] * ndim
-    if isinstance(value, int):
-        return [value] * ndim
-    value = list(value)
-    return value * ndim if len(value) == 1 and ndim > 1 else value
-
-
-def conv_flop_count(x_shape, w_shape, out_shape, transposed: bool) -> int:
+def conv_flop_count(x_shape: Sequence[int], w_shape: Sequence[int], out_shape: Sequence[int],
+                    transposed: bool) -> int:
     """torch.utils.flop_counter.conv_flop_count."""
     batch = x_shape[0]
     conv_shape = (x_shape if transposed else out_shape)[2:]
@@ -57,32 +60,43 @@ def conv_flop_count(x_shape, w_shape, out_shape, transposed: bool) -> int:
     return math.prod(conv_shape) * math.prod(kernel) * batch * c_out * c_in * 2
 
 
-def conv_output_shape(x: tuple, w: tuple, stride, padding, dilation, transposed: bool,
-                      output_padding, groups: int) -> tuple[int, ...]:
+def conv_output_shape(x: tuple[int, ...], w: tuple[int, ...], stride_arg: object, padding_arg: object,
+                      dilation_arg: object, transposed: bool, output_padding_arg: object,
+                      groups: int) -> tuple[int, ...]:
+    """The output shape from the input and weight shapes (w at least as many dims as x) and the
+    recorded stride, padding, dilation and output_padding arguments."""
     nd = len(x) - 2
-    stride, padding = _ints(stride, nd, 1), _ints(padding, nd, 0)
-    dilation, output_padding = _ints(dilation, nd, 1), _ints(output_padding, nd, 0)
+    stride, padding = ints_per_dim(stride_arg, nd, 1, "stride"), ints_per_dim(padding_arg, nd, 0, "padding")
+    dilation = ints_per_dim(dilation_arg, nd, 1, "dilation")
+    output_padding = ints_per_dim(output_padding_arg, nd, 0, "output_padding")
     kernel = w[2:]
     if transposed:
         spatial = [(x[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (kernel[i] - 1)
                    + output_padding[i] + 1 for i in range(nd)]
         c_out = w[1] * groups
     else:
+        if 0 in stride[:nd]:
+            raise UnreadableCall(f"stride {stride} has a zero")
         spatial = [(x[2 + i] + 2 * padding[i] - dilation[i] * (kernel[i] - 1) - 1) // stride[i] + 1
                    for i in range(nd)]
         c_out = w[0]
     return (x[0], c_out, *spatial)
 
 
+def _arg(call: OpCall, position: int | None) -> object:
+    """The argument at `position`, None when the op has no such argument."""
+    return call.arg(position) if position is not None else None
+
+
 def conv_cost(call: OpCall, spec: ConvArgs) -> Cost:
-    x, w = call.tensor(0), call.tensor(1)
-    if x is None or w is None or len(x.shape) < 3:
-        raise ValueError("convolution needs input and weight tensors")
-    arg = lambda i: call.arg(i) if i is not None else None  # noqa: E731
+    x = call.required_tensor(0, min_ndim=3)
+    w = call.required_tensor(1, min_ndim=len(x.shape))  # [C_out, C_in/groups, *kernel]
     transposed = spec.transposed if isinstance(spec.transposed, bool) else bool(call.arg(spec.transposed, False))
-    groups = arg(spec.groups) or 1
-    out = conv_output_shape(x.shape, w.shape, arg(spec.stride), arg(spec.padding), arg(spec.dilation),
-                            transposed, arg(spec.output_padding), groups)
+    groups = _arg(call, spec.groups) or 1
+    if not isinstance(groups, int):
+        raise UnreadableCall(f"{call.name}: groups is {groups!r}")
+    out = conv_output_shape(x.shape, w.shape, _arg(call, spec.stride), _arg(call, spec.padding),
+                            _arg(call, spec.dilation), transposed, _arg(call, spec.output_padding), groups)
     out_numel = math.prod(out)
     flops = conv_flop_count(x.shape, w.shape, out, transposed) + spec.epilogue_flops * out_numel
     read = x.storage_bytes + w.storage_bytes
@@ -138,7 +152,7 @@ CONV_OPS: dict[str, ConvArgs] = {
 }
 
 for _name, _spec in CONV_OPS.items():
-    register(f"aten::{_name}")(lambda call, spec=_spec: conv_cost(call, spec))
+    register(f"aten::{_name}")(partial(conv_cost, spec=_spec))
 
 # Always delegate: conv1d/2d/3d and conv_transpose1d/2d/3d -> convolution (or _convolution_mode for
 # string padding) -> _convolution; the backend op (mkldnn_convolution, cudnn_convolution, ...) or
@@ -148,11 +162,12 @@ for _name in ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2
     register(f"aten::{_name}")(composite)
 
 
-def _t(shape) -> list[int]:
+def _t(shape: Sequence[int]) -> list[int]:
     return [shape[1], shape[0], *shape[2:]]
 
 
-def conv_backward_flops(grad_out, x, w, transposed: bool, output_mask, groups: int = 1) -> int:
+def conv_backward_flops(grad_out: Sequence[int], x: Sequence[int], w: Sequence[int], transposed: bool,
+                        output_mask: Sequence[bool], groups: int = 1) -> int:
     """torch.utils.flop_counter.conv_backward_flop with its grad_weight term divided by `groups`."""
     flops = 0
     if output_mask[0]:
@@ -166,13 +181,13 @@ def conv_backward_flops(grad_out, x, w, transposed: bool, output_mask, groups: i
     return flops
 
 
-def _groups(value) -> int:
+def _groups(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
 
 
-def _conv_backward_cost(grad_out: TensorArg, x: TensorArg, w: TensorArg, transposed: bool, mask,
-                        groups: int = 1) -> Cost:
-    mask = list(mask) + [False] * (3 - len(mask))
+def _conv_backward_cost(grad_out: TensorArg, x: TensorArg, w: TensorArg, transposed: bool, output_mask: list[bool],
+                        groups: object = 1) -> Cost:
+    mask = output_mask + [False] * (3 - len(output_mask))
     flops = conv_backward_flops(grad_out.shape, x.shape, w.shape, transposed, mask, _groups(groups))
     read = grad_out.storage_bytes
     written = 0
@@ -188,28 +203,31 @@ def _conv_backward_cost(grad_out: TensorArg, x: TensorArg, w: TensorArg, transpo
     return Cost(flops, read + written, "conv")
 
 
+def _backward_tensors(call: OpCall) -> tuple[TensorArg, TensorArg, TensorArg]:
+    """(grad_output, input, weight): [N, C, ...] each (a weight [C_out, C_in/groups, *kernel])."""
+    return (call.required_tensor(0, min_ndim=2), call.required_tensor(1, min_ndim=2),
+            call.required_tensor(2, min_ndim=2))
+
+
 @register("aten::convolution_backward")
 def convolution_backward(call: OpCall) -> Cost:
     """convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
     transposed, output_padding, groups, output_mask)."""
-    mask = call.arg(10, [True, True, True])
-    return _conv_backward_cost(call.tensor(0), call.tensor(1), call.tensor(2), bool(call.arg(7, False)), mask,
-                               call.arg(9, 1))
+    return _conv_backward_cost(*_backward_tensors(call), bool(call.arg(7, False)),
+                               call.flags_arg(10, [True, True, True]), call.arg(9, 1))
 
 
 @register("aten::convolution_backward_overrideable")
 def convolution_backward_overrideable(call: OpCall) -> Cost:
     """(grad_output, input, weight, stride, padding, dilation, transposed, output_padding, groups,
     output_mask)."""
-    mask = call.arg(9, [True, True, True])
-    return _conv_backward_cost(call.tensor(0), call.tensor(1), call.tensor(2), bool(call.arg(6, False)), mask,
-                               call.arg(8, 1))
+    return _conv_backward_cost(*_backward_tensors(call), bool(call.arg(6, False)),
+                               call.flags_arg(9, [True, True, True]), call.arg(8, 1))
 
 
 @register("aten::_slow_conv2d_backward")
 def slow_conv2d_backward(call: OpCall) -> Cost:
     """(grad_output, self, weight, kernel_size, stride, padding, output_mask) (CPU fallback)."""
-    mask = call.arg(6, [True, True, True])
-    if not isinstance(mask, list):
-        mask = [True, True, True]  # the .grad_input overload passes out tensors instead of a mask
-    return _conv_backward_cost(call.tensor(0), call.tensor(1), call.tensor(2), False, mask)
+    # the .grad_input overload passes out tensors instead of a mask
+    mask = call.flags_arg(6, [True, True, True]) if isinstance(call.arg(6), list) else [True, True, True]
+    return _conv_backward_cost(*_backward_tensors(call), False, mask)

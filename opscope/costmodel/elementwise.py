@@ -12,12 +12,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from opscope.costmodel.base import (
     ITEMSIZE,
     Cost,
     OpCall,
     TensorArg,
+    UnreadableCall,
     broadcast_shapes,
     composite,
     float_result,
@@ -53,9 +55,8 @@ def elementwise_cost(call: OpCall, spec: EW, *, inplace: bool = False, family: s
     destinations are not read; an in-place self is read once and written once)."""
     ins = [t for t in (call.tensor(i) for i in spec.inputs) if t is not None]
     if not ins:
-        raise ValueError(f"{call.name}: no tensor inputs")
-    outs = [call.tensor(i) for i in range(call.nargs) if i not in spec.inputs]
-    outs = [t for t in outs if t is not None]
+        raise UnreadableCall(f"{call.name}: no tensor inputs")
+    outs = [t for t in (call.tensor(i) for i in range(call.nargs) if i not in spec.inputs) if t is not None]
     flops_per = spec.flops(call) if callable(spec.flops) else spec.flops
     read = sum(t.storage_bytes for t in ins)
     if inplace:
@@ -76,9 +77,9 @@ def elementwise_cost(call: OpCall, spec: EW, *, inplace: bool = False, family: s
 
 def _register_table(table: dict[str, EW], inplace_names: set[str]) -> None:
     for name, spec in table.items():
-        register(f"aten::{name}")(lambda call, spec=spec: elementwise_cost(call, spec))
+        register(f"aten::{name}")(partial(elementwise_cost, spec=spec))
         if name in inplace_names:
-            register(f"aten::{name}_")(lambda call, spec=spec: elementwise_cost(call, spec, inplace=True))
+            register(f"aten::{name}_")(partial(elementwise_cost, spec=spec, inplace=True))
 
 
 # --- FLOP rules that read concrete arguments ----------------------------------------------------------
@@ -275,7 +276,7 @@ def _where(call: OpCall) -> Cost:
 @register("aten::glu")
 def _glu(call: OpCall) -> Cost:
     """glu(x, dim): a * sigmoid(b) over the two halves: 5 FLOPs per output element (half the input)."""
-    x = call.tensor(0)
+    x = call.required_tensor(0)
     out_numel = x.numel // 2
     return Cost(5 * out_numel, x.storage_bytes + out_numel * x.itemsize, "elementwise")
 
@@ -283,7 +284,7 @@ def _glu(call: OpCall) -> Cost:
 @register("aten::_prelu_kernel_backward")
 def _prelu_backward(call: OpCall) -> Cost:
     """(grad_output, self, weight) -> (grad_input, grad_weight): 3 FLOPs per element."""
-    grad, x, w = call.tensor(0), call.tensor(1), call.tensor(2)
+    grad, x, w = call.required_tensor(0), call.required_tensor(1), call.required_tensor(2)
     read = grad.storage_bytes + x.storage_bytes + w.storage_bytes
     return Cost(3 * x.numel, read + x.numel * grad.itemsize + w.nbytes, "elementwise")
 

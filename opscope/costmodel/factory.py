@@ -9,7 +9,17 @@ from __future__ import annotations
 
 import math
 
-from opscope.costmodel.base import ITEMSIZE, Cost, OpCall, composite, register, scalar_type
+from opscope.costmodel.base import (
+    ITEMSIZE,
+    Cost,
+    CostFn,
+    OpCall,
+    UnreadableCall,
+    composite,
+    int_list,
+    register,
+    scalar_type,
+)
 
 FACTORY = "factory"
 
@@ -18,10 +28,11 @@ def _write(numel: int, dtype: str | None) -> Cost:
     return Cost(0, numel * ITEMSIZE.get(dtype or "float", 4), FACTORY)
 
 
-def _size_numel(value) -> int:
+def _size_numel(value: object) -> int:
+    """Elements of a recorded size argument: an int, or a list of ints (a shape)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    return math.prod(value)
+    return math.prod(int_list(value, "size"))
 
 
 @register("aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
@@ -36,7 +47,7 @@ def empty(call: OpCall) -> Cost:
           "aten::bernoulli_", "aten::fill_diagonal_")
 def fill_(call: OpCall) -> Cost:
     """In-place fills: self written (not read); a tensor fill value / probability is read."""
-    x = call.tensor(0)
+    x = call.required_tensor(0)
     read = sum(t.storage_bytes for t in (call.tensor(i) for i in range(1, call.nargs)) if t is not None)
     if call.name == "aten::fill_diagonal_":
         n = min(x.shape) if x.shape else 1
@@ -44,7 +55,7 @@ def fill_(call: OpCall) -> Cost:
     return Cost(0, read + x.storage_bytes, FACTORY)
 
 
-def _sized(size_arg: int, dtype_arg: int | None, default: str = "float"):
+def _sized(size_arg: int, dtype_arg: int | None, default: str = "float") -> CostFn:
     """Ops laid out (..., size at size_arg, ..., dtype at dtype_arg, ...)."""
 
     def cost(call: OpCall) -> Cost:
@@ -71,14 +82,14 @@ def randint(call: OpCall) -> Cost:
 @register("aten::randperm")
 def randperm(call: OpCall) -> Cost:
     """randperm(n, dtype, ...): n int64 values."""
-    return _write(int(call.arg(0)), scalar_type(call.arg(1)) or "long int")
+    return _write(call.int_arg(0), scalar_type(call.arg(1)) or "long int")
 
 
-def _like(dtype_arg: int | None):
+def _like(dtype_arg: int | None) -> CostFn:
     """(self, [fill_value,] dtype, ...): shaped like self."""
 
     def cost(call: OpCall) -> Cost:
-        x = call.tensor(0)
+        x = call.required_tensor(0)
         dtype = scalar_type(call.arg(dtype_arg)) if dtype_arg is not None else None
         return _write(x.numel, dtype or x.dtype)
 
@@ -91,12 +102,13 @@ register("aten::full_like")(_like(2))
 register("aten::randint_like")(_like(None))
 
 
-def _new(dtype_arg: int):
-    """self.new_zeros(size, dtype, ...): (self, size, ..., dtype at dtype_arg)."""
+def _new(dtype_arg: int) -> CostFn:
+    """self.new_zeros(size, dtype, ...): (self, size, ..., dtype at dtype_arg); self's dtype unless
+    dtype= is given."""
 
     def cost(call: OpCall) -> Cost:
-        x = call.tensor(0)
-        return _write(_size_numel(call.arg(1)), scalar_type(call.arg(dtype_arg)) or x.dtype)
+        numel = _size_numel(call.arg(1))
+        return _write(numel, scalar_type(call.arg(dtype_arg)) or call.required_tensor(0).dtype)
 
     return cost
 
@@ -116,17 +128,18 @@ def linspace(call: OpCall) -> Cost:
     """linspace(start, end, steps, dtype, ...) / its out variant (start, end, steps, out)."""
     out = call.tensor(3)
     if out is not None:
-        return _write(int(call.arg(2)), out.dtype)
+        return _write(call.int_arg(2), out.dtype)
     dtype_pos = 4 if call.name == "aten::logspace" else 3
-    return _write(int(call.arg(2)), scalar_type(call.arg(dtype_pos)) or "float")
+    return _write(call.int_arg(2), scalar_type(call.arg(dtype_pos)) or "float")
 
 
 @register("aten::eye")
 def eye(call: OpCall) -> Cost:
     """eye(n, dtype, ...), eye(n, m, dtype, ...), eye.out(n, out), eye.m_out(n, m, out): n*m written."""
-    n = int(call.arg(0))
-    out = next((call.tensor(i) for i in (1, 2) if call.tensor(i) is not None), None)
-    m = call.arg(1) if isinstance(call.arg(1), int) and call.nargs != 5 else n
+    n = call.int_arg(0)
+    out = next((t for t in map(call.tensor, (1, 2)) if t is not None), None)
+    second = call.arg(1)
+    m = second if isinstance(second, int) and call.nargs != 5 else n
     if out is not None:
         return _write(n * m, out.dtype)
     dtype = scalar_type(call.arg(1 if call.nargs == 5 else 2))
@@ -140,6 +153,8 @@ def arange(call: OpCall) -> Cost:
     start/end/step are all integers, else float32, unless dtype/out says otherwise."""
     nargs = call.nargs
     out = call.tensor(nargs - 1)
+    start: object
+    step: object
     if nargs == 2:
         start, end, step, dtype = 0, call.arg(0), 1, None
     elif nargs == 4:
@@ -150,7 +165,17 @@ def arange(call: OpCall) -> Cost:
         start, end, step, dtype = call.arg(0), call.arg(1), 1, call.arg(2)
     else:
         start, end, step, dtype = call.arg(0), call.arg(1), call.arg(2), call.arg(3)
-    numel = max(math.ceil((end - start) / step), 0)
+    if not (isinstance(start, (int, float)) and isinstance(end, (int, float)) and isinstance(step, (int, float))):
+        raise UnreadableCall(f"{call.name}: start, end, step = {start!r}, {end!r}, {step!r}")
+    if step == 0:
+        raise UnreadableCall(f"{call.name}: step 0")
+    try:
+        span = (end - start) / step
+    except OverflowError as exc:  # integers past the float range
+        raise UnreadableCall(f"{call.name}: start, end, step = {start}, {end}, {step}") from exc
+    if not math.isfinite(span):
+        raise UnreadableCall(f"{call.name}: {span} elements")
+    numel = max(math.ceil(span), 0)
     if out is not None:
         return _write(numel, out.dtype)
     explicit = scalar_type(dtype)

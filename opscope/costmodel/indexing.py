@@ -7,6 +7,7 @@ for accumulating scatters (1 add per scattered element) and embedding_bag's sums
 from __future__ import annotations
 
 import math
+from functools import partial
 
 from opscope.costmodel.base import Cost, OpCall, composite, register
 
@@ -20,7 +21,7 @@ def _row_elems(shape: tuple[int, ...], dim: int) -> int:
 @register("aten::index_select")
 def index_select(call: OpCall) -> Cost:
     """index_select(self, dim, index): reads index + the selected slices, writes them."""
-    x, dim, idx = call.tensor(0), int(call.arg(1, 0)), call.tensor(2)
+    x, dim, idx = call.required_tensor(0), call.int_arg(1, 0), call.required_tensor(2)
     if not x.shape:
         moved = idx.numel * x.itemsize
     else:
@@ -31,7 +32,7 @@ def index_select(call: OpCall) -> Cost:
 @register("aten::gather")
 def gather(call: OpCall) -> Cost:
     """gather(self, dim, index, sparse_grad): output shaped like index; one element read per index."""
-    x, idx = call.tensor(0), call.tensor(2)
+    x, idx = call.required_tensor(0), call.required_tensor(2)
     return Cost(0, idx.storage_bytes + 2 * idx.numel * x.itemsize, "gather")
 
 
@@ -40,7 +41,7 @@ def index(call: OpCall) -> Cost | None:
     """index(self, indices): when the indices are recorded as a TensorList, output = broadcast index
     shape x the un-indexed trailing dims; reads the indices and the gathered elements. torch.profiler
     usually records the Tensor?[] argument as nothing at all, and then the cost is unknown (None)."""
-    x = call.tensor(0)
+    x = call.required_tensor(0)
     idxs = call.tensor_list(1, unknown_dtype="long int")
     if not idxs:
         return None
@@ -58,7 +59,7 @@ def embedding_dense_backward(call: OpCall) -> Cost:
     index accumulated into the [num_weights, D] table (1 add per grad element; read-modify-write of the
     addressed rows). The table's zero-fill is its child aten::zeros -> zero_ (CPU and CUDA), counted
     there."""
-    grad, idx = call.tensor(0), call.tensor(1)
+    grad, idx = call.required_tensor(0), call.required_tensor(1)
     return Cost(grad.numel, grad.storage_bytes + idx.storage_bytes + 2 * grad.numel * grad.itemsize, "scatter")
 
 
@@ -66,7 +67,7 @@ def _embedding_bag(call: OpCall) -> Cost:
     """_embedding_bag(weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
     include_last_offset, padding_idx): gathers one row per index, sums (mean: + a divide, max:
     compares) into one row per bag."""
-    w, idx, offsets = call.tensor(0), call.tensor(1), call.tensor(2)
+    w, idx, offsets = call.required_tensor(0, min_ndim=1), call.required_tensor(1), call.tensor(2)
     d = w.shape[-1]
     psw = call.tensor(6)
     bags = offsets.numel - (1 if call.arg(7, False) is True else 0) if offsets is not None else 1
@@ -84,7 +85,7 @@ register("aten::_embedding_bag", "aten::_embedding_bag_forward_only")(_embedding
 def _scatter(call: OpCall, accumulate: bool) -> Cost:
     """scatter/scatter_add/scatter_reduce(self, dim, index, src|value, ...): index + src values read,
     addressed destination elements written (and read first when accumulating)."""
-    x, idx, src = call.tensor(0), call.tensor(2), call.tensor(3)
+    x, idx, src = call.required_tensor(0), call.required_tensor(2), call.tensor(3)
     n = idx.numel
     read = idx.storage_bytes + (n * src.itemsize if src is not None and src.shape else 0)
     moved = n * x.itemsize * (2 if accumulate else 1)
@@ -92,8 +93,7 @@ def _scatter(call: OpCall, accumulate: bool) -> Cost:
 
 
 for _name, _acc in (("scatter", False), ("scatter_add", True), ("scatter_reduce", True)):
-    register(f"aten::{_name}")(lambda call, acc=_acc: _scatter(call, acc))
-    register(f"aten::{_name}_")(lambda call, acc=_acc: _scatter(call, acc))
+    register(f"aten::{_name}", f"aten::{_name}_")(partial(_scatter, accumulate=_acc))
 
 
 @register("aten::index_add", "aten::index_add_", "aten::index_copy", "aten::index_copy_",
@@ -101,7 +101,7 @@ for _name, _acc in (("scatter", False), ("scatter_add", True), ("scatter_reduce"
 def index_add(call: OpCall) -> Cost:
     """index_add(self, dim, index, source, alpha) / index_copy(self, dim, index, source): source rows
     read and written into self (index_add reads the destination rows too and adds)."""
-    x, idx, src = call.tensor(0), call.tensor(2), call.tensor(3)
+    x, idx, src = call.required_tensor(0), call.required_tensor(2), call.required_tensor(3)
     accumulate = "copy" not in call.name
     moved = src.numel * x.itemsize
     return Cost(src.numel if accumulate else 0,
@@ -114,7 +114,7 @@ def index_put_impl(call: OpCall) -> Cost:
     addressed elements of self (read too when accumulate). The indices (Tensor?[]) are usually not
     recorded; a 0-dim `values` broadcast over the indexed positions counts as one element (a lower
     bound, noted)."""
-    x, values = call.tensor(0), call.tensor(2)
+    x, values = call.required_tensor(0), call.tensor(2)
     accumulate = call.arg(3, False) is True
     idxs = call.tensor_list(1, unknown_dtype="long int")
     n = values.numel if values is not None else 1
@@ -127,14 +127,14 @@ def index_put_impl(call: OpCall) -> Cost:
 def masked_select(call: OpCall) -> Cost:
     """masked_select(self, mask): reads self and mask; the output size depends on the data and is not
     counted (noted)."""
-    x, mask = call.tensor(0), call.tensor(1)
+    x, mask = call.required_tensor(0), call.required_tensor(1)
     return Cost(0, x.storage_bytes + mask.storage_bytes, "gather", "data-dependent output not counted")
 
 
 @register("aten::nonzero")
 def nonzero(call: OpCall) -> Cost:
     """nonzero(self): reads self; the [n, ndim] int64 output size depends on the data (not counted)."""
-    x = call.tensor(0)
+    x = call.required_tensor(0)
     return Cost(0, x.storage_bytes, "gather", "data-dependent output not counted")
 
 

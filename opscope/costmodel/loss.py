@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import math
 
-from opscope.costmodel.base import Cost, OpCall, broadcast_shapes, composite, register
+from opscope.costmodel.base import Cost, CostFn, OpCall, broadcast_shapes, composite, register
 
 
-def _reduced_numel(numel: int, reduction) -> int:
+def _reduced_numel(numel: int, reduction: object) -> int:
+    """Loss values written: one per element for reduction 0 (none), else one."""
     return numel if reduction == 0 else 1
 
 
@@ -34,7 +35,7 @@ def _reduced_numel(numel: int, reduction) -> int:
 def nll_loss_forward(call: OpCall) -> Cost:
     """(self [N, C, ...] log-probabilities, target [N, ...], weight [C]?, reduction, ignore_index) ->
     (output, total_weight)."""
-    x, target, weight = call.tensor(0), call.tensor(1), call.tensor(2)
+    x, target, weight = call.required_tensor(0), call.required_tensor(1), call.tensor(2)
     n = target.numel
     read = target.storage_bytes + n * x.itemsize + (n * weight.itemsize if weight is not None else 0)
     written = (_reduced_numel(n, call.arg(3, 1)) + 1) * x.itemsize
@@ -46,31 +47,31 @@ def nll_loss_backward(call: OpCall) -> Cost:
     """(grad_output, self, target, weight, reduction, ignore_index, total_weight): one value per target
     element scattered into grad_input (shaped like self); its zero-fill is the child aten::zero_
     (CPU and CUDA), counted there."""
-    grad, x, target, weight = call.tensor(0), call.tensor(1), call.tensor(2), call.tensor(3)
+    grad, x, target, weight = call.required_tensor(0), call.required_tensor(1), call.required_tensor(2), call.tensor(3)
     n = target.numel
     read = grad.storage_bytes + target.storage_bytes + (n * weight.itemsize if weight is not None else 0)
     return Cost(n, read + n * x.itemsize, "loss")
 
 
-def _unreduced_loss(per_elem: float, beta_index: int | None = None):
+def _unreduced_loss(per_elem: float, beta_index: int | None = None) -> CostFn:
     """(self, target, reduction[, beta/delta]): the element-wise loss written unreduced (the reduction,
     if any, is the child mean/sum)."""
 
     def cost(call: OpCall) -> Cost:
         if beta_index is not None and call.arg(beta_index, 1.0) == 0:
             return composite(call)  # smooth_l1_loss(beta=0) runs as l1_loss's sub/abs/mean children
-        x, target = call.tensor(0), call.tensor(1)
+        x, target = call.required_tensor(0), call.required_tensor(1)
         numel = math.prod(broadcast_shapes(x.shape, target.shape))
         return Cost(per_elem * numel, x.storage_bytes + target.storage_bytes + numel * x.itemsize, "loss")
 
     return cost
 
 
-def _pointwise_loss_backward(per_elem: float):
+def _pointwise_loss_backward(per_elem: float) -> CostFn:
     """(grad_output, self, target, ...): grad_input shaped like self."""
 
     def cost(call: OpCall) -> Cost:
-        grad, x, target = call.tensor(0), call.tensor(1), call.tensor(2)
+        grad, x, target = call.required_tensor(0), call.required_tensor(1), call.required_tensor(2)
         read = grad.storage_bytes + x.storage_bytes + target.storage_bytes
         return Cost(per_elem * x.numel, read + x.numel * x.itemsize, "loss")
 
@@ -89,7 +90,7 @@ register("aten::binary_cross_entropy")(_unreduced_loss(9))  # its weight: the ch
 def binary_cross_entropy_backward(call: OpCall) -> Cost:
     """(grad_output, self, target, weight, reduction): 6 per element; the weight and mean's 1/N are
     applied by child mul_ / div_ ops, counted there."""
-    grad, x, target = call.tensor(0), call.tensor(1), call.tensor(2)
+    grad, x, target = call.required_tensor(0), call.required_tensor(1), call.required_tensor(2)
     read = grad.storage_bytes + x.storage_bytes + target.storage_bytes
     return Cost(6 * x.numel, read + x.numel * x.itemsize, "loss")
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import math
 
-from opscope.costmodel.base import ITEMSIZE, Cost, OpCall, composite, register
+from opscope.costmodel.base import ITEMSIZE, Cost, OpCall, UnreadableCall, composite, register
 
 
 @register("aten::copy_")
 def copy_(call: OpCall) -> Cost:
     """copy_(self=dst, src, non_blocking): src storage read, dst written (dst's dtype)."""
-    dst, src = call.tensor(0), call.tensor(1)
+    dst, src = call.required_tensor(0), call.tensor(1)
     read = src.storage_bytes if src is not None else 0  # copy_.int / copy_.float: a Python number
     return Cost(0, read + dst.storage_bytes, "copy")
 
@@ -21,7 +21,7 @@ def copy_(call: OpCall) -> Cost:
 @register("aten::_copy_from", "aten::_copy_from_and_resize")
 def copy_from(call: OpCall) -> Cost:
     """_copy_from(self=src, dst, non_blocking): the backend copy (e.g. host <-> device)."""
-    src, dst = call.tensor(0), call.tensor(1)
+    src, dst = call.required_tensor(0), call.required_tensor(1)
     return Cost(0, src.storage_bytes + src.numel * ITEMSIZE.get(dst.dtype, src.itemsize), "copy")
 
 
@@ -39,7 +39,7 @@ def cat(call: OpCall) -> Cost:
 
 def _same_shape_copy(call: OpCall) -> Cost:
     """Read the input once, write a same-shaped output (in-place: read and write self)."""
-    x = call.tensor(0)
+    x = call.required_tensor(0)
     return Cost(0, x.storage_bytes + x.numel * x.itemsize, "copy")
 
 
@@ -48,8 +48,10 @@ register("aten::tril", "aten::triu", "aten::tril_", "aten::triu_", "aten::flip",
 
 def _pad(call: OpCall) -> Cost:
     """reflection_pad*/replication_pad*(self, padding [left, right, top, bottom, ...] from the last dim)."""
-    x = call.tensor(0)
-    pad = list(call.arg(1, []))
+    x = call.required_tensor(0)
+    pad = call.ints_arg(1, [])
+    if len(pad) // 2 > len(x.shape):
+        raise UnreadableCall(f"{call.name}: padding {pad} for {len(x.shape)} dims")
     shape = list(x.shape)
     for i in range(len(pad) // 2):
         shape[-1 - i] += pad[2 * i] + pad[2 * i + 1]

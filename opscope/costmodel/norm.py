@@ -27,8 +27,8 @@ def _read(*tensors: TensorArg | None) -> int:
     return sum(t.storage_bytes for t in tensors if t is not None)
 
 
-def _norm_forward(x: TensorArg, weight, bias, n_stat_rows: int, *, stats_out: int = 2, base: float = 6,
-                  extra_read: int = 0) -> Cost:
+def _norm_forward(x: TensorArg, weight: TensorArg | None, bias: TensorArg | None, n_stat_rows: int, *,
+                  stats_out: int = 2, base: float = 6, extra_read: int = 0) -> Cost:
     flops = (base + (weight is not None) + (bias is not None)) * x.numel
     written = x.numel * x.itemsize + stats_out * n_stat_rows * _stat_itemsize(x)
     return Cost(flops, _read(x, weight, bias) + extra_read + written, "norm")
@@ -37,23 +37,22 @@ def _norm_forward(x: TensorArg, weight, bias, n_stat_rows: int, *, stats_out: in
 @register("aten::native_layer_norm")
 def native_layer_norm(call: OpCall) -> Cost:
     """(input, normalized_shape, weight, bias, eps) -> (out, mean, rstd)."""
-    x, w, b = call.tensor(0), call.tensor(2), call.tensor(3)
-    normalized = call.arg(1, [])
-    rows = x.numel // max(math.prod(normalized), 1)
+    x, w, b = call.required_tensor(0), call.tensor(2), call.tensor(3)
+    rows = x.numel // max(math.prod(call.ints_arg(1, [])), 1)
     return _norm_forward(x, w, b, rows)
 
 
 @register("aten::native_group_norm")
 def native_group_norm(call: OpCall) -> Cost:
     """(input, weight, bias, N, C, HxW, group, eps) -> (out, mean, rstd) with N*group statistics."""
-    x, w, b = call.tensor(0), call.tensor(1), call.tensor(2)
-    n, groups = int(call.arg(3)), int(call.arg(6))
+    x, w, b = call.required_tensor(0), call.tensor(1), call.tensor(2)
+    n, groups = call.int_arg(3), call.int_arg(6)
     return _norm_forward(x, w, b, n * groups)
 
 
 def _batch_norm(call: OpCall, training: bool, has_running: bool) -> Cost:
     """Shared by the batch-norm variants laid out (input, weight, bias, running_mean, running_var, ...)."""
-    x, w, b = call.tensor(0), call.tensor(1), call.tensor(2)
+    x, w, b = call.required_tensor(0), call.tensor(1), call.tensor(2)
     rm = call.tensor(3) if has_running else None
     rv = call.tensor(4) if has_running else None
     c = x.shape[1] if len(x.shape) > 1 else 1
@@ -95,16 +94,17 @@ def cudnn_batch_norm(call: OpCall) -> Cost:
 def fused_rms_norm(call: OpCall) -> Cost:
     """(input, normalized_shape, weight, eps) -> (out, rstd). On CPU it runs as pow/mean/rsqrt/mul
     children (whose element-wise/reduction costs are then counted too); on CUDA it is one kernel."""
-    x, w = call.tensor(0), call.tensor(2)
-    rows = x.numel // max(math.prod(call.arg(1, [])), 1)
+    x, w = call.required_tensor(0), call.tensor(2)
+    rows = x.numel // max(math.prod(call.ints_arg(1, [])), 1)
     return _norm_forward(x, w, None, rows, base=3, stats_out=1)
 
 
 # --- backward ----------------------------------------------------------------------------------------------
 
 
-def _norm_backward(grad: TensorArg, x: TensorArg, weight, stats: list, mask, *, dx_flops: float = 10) -> Cost:
-    mask = list(mask) + [False] * (3 - len(mask))
+def _norm_backward(grad: TensorArg, x: TensorArg, weight: TensorArg | None, stats: list[TensorArg | None],
+                   output_mask: list[bool], *, dx_flops: float = 10) -> Cost:
+    mask = output_mask + [False] * (3 - len(output_mask))
     flops = 0.0
     read = grad.storage_bytes + x.storage_bytes + _read(*stats)
     written = 0
@@ -124,15 +124,15 @@ def _norm_backward(grad: TensorArg, x: TensorArg, weight, stats: list, mask, *, 
 @register("aten::native_layer_norm_backward")
 def native_layer_norm_backward(call: OpCall) -> Cost:
     """(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask)."""
-    return _norm_backward(call.tensor(0), call.tensor(1), call.tensor(5), [call.tensor(3), call.tensor(4)],
-                          call.arg(7, [True, True, True]))
+    return _norm_backward(call.required_tensor(0), call.required_tensor(1), call.tensor(5),
+                          [call.tensor(3), call.tensor(4)], call.flags_arg(7, [True, True, True]))
 
 
 @register("aten::native_group_norm_backward")
 def native_group_norm_backward(call: OpCall) -> Cost:
     """(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask)."""
-    return _norm_backward(call.tensor(0), call.tensor(1), call.tensor(4), [call.tensor(2), call.tensor(3)],
-                          call.arg(9, [True, True, True]))
+    return _norm_backward(call.required_tensor(0), call.required_tensor(1), call.tensor(4),
+                          [call.tensor(2), call.tensor(3)], call.flags_arg(9, [True, True, True]))
 
 
 @register("aten::native_batch_norm_backward")
@@ -141,8 +141,8 @@ def native_batch_norm_backward(call: OpCall) -> Cost:
     output_mask)."""
     train = call.arg(7, True) is True
     stats = [call.tensor(5), call.tensor(6)] if train else [call.tensor(3), call.tensor(4)]
-    return _norm_backward(call.tensor(0), call.tensor(1), call.tensor(2), stats,
-                          call.arg(9, [True, True, True]), dx_flops=10 if train else 2)
+    return _norm_backward(call.required_tensor(0), call.required_tensor(1), call.tensor(2), stats,
+                          call.flags_arg(9, [True, True, True]), dx_flops=10 if train else 2)
 
 
 @register("aten::batch_norm_backward")
@@ -151,23 +151,24 @@ def batch_norm_backward(call: OpCall) -> Cost:
     output_mask, reserve)."""
     train = call.arg(7, True) is True
     stats = [call.tensor(5), call.tensor(6)] if train else [call.tensor(3), call.tensor(4)]
-    return _norm_backward(call.tensor(0), call.tensor(1), call.tensor(2), stats,
-                          call.arg(9, [True, True, True]), dx_flops=10 if train else 2)
+    return _norm_backward(call.required_tensor(0), call.required_tensor(1), call.tensor(2), stats,
+                          call.flags_arg(9, [True, True, True]), dx_flops=10 if train else 2)
 
 
 @register("aten::cudnn_batch_norm_backward", "aten::miopen_batch_norm_backward")
 def cudnn_batch_norm_backward(call: OpCall) -> Cost:
     """(input, grad_output, weight, running_mean, running_var, save_mean, save_var, epsilon[,
     reserveSpace]): all three gradients, training statistics."""
-    return _norm_backward(call.tensor(1), call.tensor(0), call.tensor(2), [call.tensor(5), call.tensor(6)],
-                          [True, True, True])
+    return _norm_backward(call.required_tensor(1), call.required_tensor(0), call.tensor(2),
+                          [call.tensor(5), call.tensor(6)], [True, True, True])
 
 
 @register("aten::_fused_rms_norm_backward")
 def fused_rms_norm_backward(call: OpCall) -> Cost:
     """(grad_out, input, normalized_shape, rstd, weight, output_mask[2]): grad_input 7, grad_weight 2."""
-    mask = list(call.arg(5, [True, True])) + [False]
-    return _norm_backward(call.tensor(0), call.tensor(1), call.tensor(4), [call.tensor(3)], mask, dx_flops=7)
+    mask = call.flags_arg(5, [True, True]) + [False]
+    return _norm_backward(call.required_tensor(0), call.required_tensor(1), call.tensor(4), [call.tensor(3)], mask,
+                          dx_flops=7)
 
 
 # Always delegate: layer_norm -> native_layer_norm; group_norm -> native_group_norm; batch_norm ->

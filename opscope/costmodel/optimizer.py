@@ -15,7 +15,9 @@ Bytes: every list read once, updated lists (params and optimizer state) written 
 
 from __future__ import annotations
 
-from opscope.costmodel.base import Cost, OpCall, TensorArg, register
+from functools import partial
+
+from opscope.costmodel.base import Cost, OpCall, TensorArg, UnreadableCall, register
 from opscope.costmodel.elementwise import BINARY, EW, TERNARY, UNARY
 
 
@@ -31,6 +33,8 @@ def foreach_cost(call: OpCall, flops_per: float) -> Cost:
     """Every list (and plain tensor argument) read once; one self-shaped output list written (the self
     list itself for the in-place `_` variants)."""
     lists = _lists(call)
+    if not lists:
+        raise UnreadableCall(f"{call.name}: no TensorList argument")
     selfs = lists[0]
     plain = [call.tensor(i) for i in range(call.nargs)]
     read = sum(t.storage_bytes for t in plain if t is not None)
@@ -62,9 +66,12 @@ FOREACH: dict[str, EW] = {
                                       "floor", "ceil", "round", "trunc", "frac", "log10", "log2")},
 }
 
+def _foreach_op(call: OpCall, spec: EW) -> Cost:
+    return foreach_cost(call, _foreach_flops(spec, call))
+
+
 for _name, _spec in FOREACH.items():
-    register(f"aten::_foreach_{_name}", f"aten::_foreach_{_name}_")(
-        lambda call, spec=_spec: foreach_cost(call, _foreach_flops(spec, call)))
+    register(f"aten::_foreach_{_name}", f"aten::_foreach_{_name}_")(partial(_foreach_op, spec=_spec))
 
 
 @register("aten::_foreach_zero_")

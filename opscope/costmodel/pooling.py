@@ -8,23 +8,15 @@ and writes grad_input. Inputs may be batched ([N, C, *spatial]) or not ([C, *spa
 from __future__ import annotations
 
 import math
+from functools import partial
 
-from opscope.costmodel.base import Cost, OpCall, composite, register
-
-
-def _ints(value, nd: int, default: int | None) -> list[int]:
-    if value is None or value == "" or value == []:
-        if default is None:
-            raise ValueError("missing pooling argument")
-        return [default] * nd
-    if isinstance(value, int):
-        return [value] * nd
-    value = list(value)
-    return value * nd if len(value) == 1 and nd > 1 else value
+from opscope.costmodel.base import Cost, OpCall, TensorArg, UnreadableCall, composite, ints_per_dim, register
 
 
 def pool_out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
-    """torch's pooling_output_shape."""
+    """torch's pooling_output_shape (UnreadableCall for a zero stride)."""
+    if s == 0:
+        raise UnreadableCall("pooling stride 0")
     num = size + 2 * p - d * (k - 1) - 1
     if ceil_mode:
         out = -(-num // s) + 1
@@ -34,12 +26,14 @@ def pool_out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) ->
     return num // s + 1
 
 
-def _window_out_shape(call: OpCall, nd: int, dilation_arg: int | None, ceil_arg: int):
-    x = call.tensor(0)
-    k = _ints(call.arg(1), nd, None)
-    s = _ints(call.arg(2), nd, None) if call.arg(2) not in (None, [], "") else k
-    p = _ints(call.arg(3), nd, 0)
-    d = _ints(call.arg(dilation_arg), nd, 1) if dilation_arg is not None else [1] * nd
+def _window_out_shape(call: OpCall, nd: int, dilation_arg: int | None, ceil_arg: int) -> tuple[TensorArg, int, int]:
+    """(input, output elements, window elements) of a pooling op laid out (self, kernel_size, stride,
+    padding, ...); stride defaults to kernel_size."""
+    x = call.required_tensor(0, min_ndim=nd)
+    k = ints_per_dim(call.arg(1), nd, None, "kernel_size")
+    s = ints_per_dim(call.arg(2), nd, None, "stride") if call.arg(2) not in (None, [], "") else k
+    p = ints_per_dim(call.arg(3), nd, 0, "padding")
+    d = ints_per_dim(call.arg(dilation_arg), nd, 1, "dilation") if dilation_arg is not None else [1] * nd
     ceil_mode = call.arg(ceil_arg, False) is True
     spatial = [pool_out_size(x.shape[-nd + i], k[i], s[i], p[i], d[i], ceil_mode) for i in range(nd)]
     lead = x.shape[:-nd]
@@ -64,10 +58,15 @@ def _adaptive_windows(in_size: int, out_size: int) -> int:
     return sum(-(-((i + 1) * in_size) // out_size) - (i * in_size) // out_size for i in range(out_size))
 
 
-def _adaptive(call: OpCall, nd: int) -> tuple:
-    x = call.tensor(0)
-    out_sizes = _ints(call.arg(1), nd, None)
-    out_sizes = [x.shape[-nd + i] if o is None else o for i, o in enumerate(out_sizes)]
+def _adaptive(call: OpCall, nd: int) -> tuple[TensorArg, int, int]:
+    """(input, output elements, window elements summed over the outputs) of (self, output_size); a None
+    output size keeps the input's."""
+    x = call.required_tensor(0, min_ndim=nd)
+    sizes = call.arg(1)
+    if isinstance(sizes, (list, tuple)):
+        sizes = list(sizes) * nd if len(sizes) == 1 and nd > 1 else list(sizes)
+        sizes = [x.shape[-nd + i] if o is None and i < nd else o for i, o in enumerate(sizes)]
+    out_sizes = ints_per_dim(sizes, nd, None, "output_size")
     lead = math.prod(x.shape[:-nd])
     out = lead * math.prod(out_sizes)
     window_total = lead * math.prod(_adaptive_windows(x.shape[-nd + i], out_sizes[i]) for i in range(nd))
@@ -87,14 +86,14 @@ def _adaptive_max(call: OpCall, nd: int) -> Cost:
 
 
 for _nd in (1, 2, 3):
-    register(f"aten::max_pool{_nd}d_with_indices")(lambda call, nd=_nd: _max_pool(call, nd, True))
+    register(f"aten::max_pool{_nd}d_with_indices")(partial(_max_pool, nd=_nd, indices=True))
 for _nd in (2, 3):
-    register(f"aten::avg_pool{_nd}d")(lambda call, nd=_nd: _avg_pool(call, nd))
-    register(f"aten::_adaptive_avg_pool{_nd}d")(lambda call, nd=_nd: _adaptive_avg(call, nd))
-    register(f"aten::adaptive_max_pool{_nd}d")(lambda call, nd=_nd: _adaptive_max(call, nd))
-    register(f"aten::mkldnn_max_pool{_nd}d")(lambda call, nd=_nd: _max_pool(call, nd, False))
+    register(f"aten::avg_pool{_nd}d")(partial(_avg_pool, nd=_nd))
+    register(f"aten::_adaptive_avg_pool{_nd}d")(partial(_adaptive_avg, nd=_nd))
+    register(f"aten::adaptive_max_pool{_nd}d")(partial(_adaptive_max, nd=_nd))
+    register(f"aten::mkldnn_max_pool{_nd}d")(partial(_max_pool, nd=_nd, indices=False))
 # max_pool1d computes without indices itself (CPU fast path) or calls max_pool1d_with_indices.
-register("aten::max_pool1d")(lambda call: _max_pool(call, 1, False))
+register("aten::max_pool1d")(partial(_max_pool, nd=1, indices=False))
 
 # Always delegate: max_pool2d/3d -> max_pool{2,3}d_with_indices (or mkldnn_max_pool); avg_pool1d ->
 # avg_pool2d; adaptive_avg_pool1d -> adaptive_avg_pool2d; adaptive_avg_pool2d/3d -> _adaptive_avg_pool
@@ -108,7 +107,8 @@ for _name in ("max_pool2d", "max_pool3d", "avg_pool1d", "adaptive_avg_pool1d", "
 
 
 def _grad_pool(call: OpCall, flops: float, indices_arg: int | None = None) -> Cost:
-    grad, x = call.tensor(0), call.tensor(1)
+    """(grad_output, self, ...): grad_output (+ indices) read, grad_input shaped like self written."""
+    grad, x = call.required_tensor(0), call.required_tensor(1)
     read = grad.storage_bytes
     if indices_arg is not None:
         idx = call.tensor(indices_arg)
@@ -120,30 +120,30 @@ def _grad_pool(call: OpCall, flops: float, indices_arg: int | None = None) -> Co
 def max_pool_backward(call: OpCall) -> Cost:
     """(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices): 1 add per
     grad_output element."""
-    return _grad_pool(call, call.tensor(0).numel, 7)
+    return _grad_pool(call, call.required_tensor(0).numel, 7)
 
 
 @register("aten::adaptive_max_pool2d_backward", "aten::adaptive_max_pool3d_backward")
 def adaptive_max_pool_backward(call: OpCall) -> Cost:
     """(grad_output, self, indices)."""
-    return _grad_pool(call, call.tensor(0).numel, 2)
+    return _grad_pool(call, call.required_tensor(0).numel, 2)
 
 
 def _avg_pool_backward(call: OpCall, nd: int) -> Cost:
     """(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor)."""
-    grad = call.tensor(0)
-    window = math.prod(_ints(call.arg(2), nd, None))
+    grad = call.required_tensor(0)
+    window = math.prod(ints_per_dim(call.arg(2), nd, None, "kernel_size"))
     return _grad_pool(call, grad.numel * (window + 1))
 
 
 def _adaptive_avg_backward(call: OpCall, nd: int) -> Cost:
     """(grad_output, self)."""
-    grad, x = call.tensor(0), call.tensor(1)
+    grad, x = call.required_tensor(0, min_ndim=nd), call.required_tensor(1, min_ndim=nd)
     lead = math.prod(x.shape[:-nd])
     windows = lead * math.prod(_adaptive_windows(x.shape[-nd + i], grad.shape[-nd + i]) for i in range(nd))
     return _grad_pool(call, windows + grad.numel)
 
 
 for _nd in (2, 3):
-    register(f"aten::avg_pool{_nd}d_backward")(lambda call, nd=_nd: _avg_pool_backward(call, nd))
-    register(f"aten::_adaptive_avg_pool{_nd}d_backward")(lambda call, nd=_nd: _adaptive_avg_backward(call, nd))
+    register(f"aten::avg_pool{_nd}d_backward")(partial(_avg_pool_backward, nd=_nd))
+    register(f"aten::_adaptive_avg_pool{_nd}d_backward")(partial(_adaptive_avg_backward, nd=_nd))

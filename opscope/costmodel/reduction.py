@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 from opscope.costmodel.base import (
     ITEMSIZE,
@@ -30,7 +31,7 @@ class Red:
     indices: bool = False  # also writes int64 indices
 
 
-def _out_dtype(x: TensorArg, rule: str, dtype_arg) -> str:
+def _out_dtype(x: TensorArg, rule: str, dtype_arg: object) -> str:
     explicit = scalar_type(dtype_arg)
     if explicit:
         return explicit
@@ -43,9 +44,10 @@ def _out_dtype(x: TensorArg, rule: str, dtype_arg) -> str:
     return x.dtype
 
 
-def reduction_cost(call: OpCall, spec: Red, dim, keepdim: bool, dtype_arg=None,
+def reduction_cost(call: OpCall, spec: Red, dim: object, keepdim: bool, dtype_arg: object = None,
                    family: str = "reduction") -> Cost:
-    x = call.tensor(0)
+    """Reduces input 0 over `dim` (the recorded argument: int, list, None or [] for all)."""
+    x = call.required_tensor(0)
     out_shape = reduced_shape(x.shape, dim, keepdim)
     out_numel = math.prod(out_shape)
     dtype = _out_dtype(x, spec.out, dtype_arg)
@@ -74,7 +76,7 @@ def _sum_like(call: OpCall, spec: Red) -> Cost:
 
 
 for _name, _spec in _SUM_LIKE.items():
-    register(f"aten::{_name}")(lambda call, spec=_spec: _sum_like(call, spec))
+    register(f"aten::{_name}")(partial(_sum_like, spec=_spec))
 
 
 @register("aten::prod")
@@ -97,9 +99,12 @@ _DIM_KEEPDIM = {
     "logsumexp": Red(4, 2),  # max, subtract, exp, add per input; log and add-back per output
 }
 
+def _dim_keepdim(call: OpCall, spec: Red) -> Cost:
+    return reduction_cost(call, spec, call.arg(1), _arg_bool(call, 2))
+
+
 for _name, _spec in _DIM_KEEPDIM.items():
-    register(f"aten::{_name}")(
-        lambda call, spec=_spec: reduction_cost(call, spec, call.arg(1), _arg_bool(call, 2)))
+    register(f"aten::{_name}")(partial(_dim_keepdim, spec=_spec))
 
 
 def _max_min(call: OpCall) -> Cost:
@@ -146,13 +151,13 @@ def _var_like(call: OpCall, spec: Red) -> Cost:
 
 
 for _name, _spec in _VAR_LIKE.items():
-    register(f"aten::{_name}")(lambda call, spec=_spec: _var_like(call, spec))
+    register(f"aten::{_name}")(partial(_var_like, spec=_spec))
 
 
 # --- norms ------------------------------------------------------------------------------------------------
 
 
-def norm_spec(p) -> Red:
+def norm_spec(p: object) -> Red:
     """p = 2: square + add per element, sqrt per output; p = 1: abs + add; p = +-inf: abs + max;
     p = 0: compare + add; other p: abs, pow (3), add per element, pow per output."""
     if p is None or p in (2, 2.0):
@@ -196,11 +201,11 @@ _SCANS = {"cumsum": 1, "cumprod": 1, "logcumsumexp": 4}
 
 def _scan(call: OpCall, per_elem: float) -> Cost:
     """(self, dim[, dtype]): per_elem FLOPs per element, input read, same-sized output written."""
-    x = call.tensor(0)
+    x = call.required_tensor(0)
     dtype = _out_dtype(x, "sum" if per_elem == 1 else "same", call.arg(2) if call.nargs > 2 else None)
     return Cost(per_elem * x.numel, x.storage_bytes + x.numel * ITEMSIZE.get(dtype, 4), "reduction")
 
 
 for _name, _flops in _SCANS.items():
-    register(f"aten::{_name}")(lambda call, f=_flops: _scan(call, f))
-register("aten::cumsum_", "aten::cumprod_")(lambda call: _scan(call, 1))
+    register(f"aten::{_name}")(partial(_scan, per_elem=_flops))
+register("aten::cumsum_", "aten::cumprod_")(partial(_scan, per_elem=1))

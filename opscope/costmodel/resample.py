@@ -12,8 +12,9 @@ with contiguous/copy_ children for the channels-last layout), and the analysis l
 from __future__ import annotations
 
 import math
+from functools import partial
 
-from opscope.costmodel.base import Cost, OpCall, register
+from opscope.costmodel.base import Cost, OpCall, TensorArg, UnreadableCall, is_int_list, register
 
 # name -> (spatial dims, taps per output element)
 UPSAMPLE: dict[str, tuple[int, int]] = {
@@ -32,39 +33,47 @@ UPSAMPLE: dict[str, tuple[int, int]] = {
 }
 
 
-def _output_spatial(call: OpCall, nd: int) -> list[int]:
-    x = call.tensor(0)
+def _output_spatial(call: OpCall, x: TensorArg, nd: int) -> list[int]:
+    """The output's spatial size: output_size, else the input's scaled by scale_factors (floored)."""
     size = call.arg(1)
-    if isinstance(size, list) and len(size) == nd and all(isinstance(s, int) for s in size):
+    if is_int_list(size) and len(size) == nd:
         return size
     scales = call.arg(call.nargs - 1)  # .vec: scale_factors is the last argument
-    if not isinstance(scales, list) or len(scales) != nd:
-        raise ValueError("upsample without output_size or scale_factors")
-    return [math.floor(x.shape[-nd + i] * scales[i]) for i in range(nd)]
+    if not isinstance(scales, list) or len(scales) != nd or len(x.shape) < nd:
+        raise UnreadableCall(f"{call.name}: no output_size or scale_factors for an input of shape {list(x.shape)}")
+    spatial = []
+    for i, scale in enumerate(scales):
+        if not isinstance(scale, (int, float)):
+            raise UnreadableCall(f"{call.name}: scale_factors {scales}")
+        scaled = x.shape[-nd + i] * scale
+        if not math.isfinite(scaled):  # an infinite or NaN scale factor
+            raise UnreadableCall(f"{call.name}: scale_factors {scales}")
+        spatial.append(math.floor(scaled))
+    return spatial
 
 
 def _upsample(call: OpCall, nd: int, taps: int) -> Cost:
-    x = call.tensor(0)
-    out = math.prod(x.shape[:-nd]) * math.prod(_output_spatial(call, nd))
+    x = call.required_tensor(0)
+    out = math.prod(x.shape[:-nd]) * math.prod(_output_spatial(call, x, nd))
     flops = 0 if taps == 1 else 2 * taps * out
     return Cost(flops, x.storage_bytes + out * x.itemsize, "gather" if taps == 1 else "elementwise")
 
 
 def _upsample_backward(call: OpCall, taps: int) -> Cost:
     """(grad_output, output_size, input_size, ...): grad_input shaped input_size."""
-    grad = call.tensor(0)
-    in_numel = math.prod(call.arg(2))
+    grad = call.required_tensor(0)
+    in_numel = math.prod(call.ints_arg(2))
     flops = grad.numel if taps == 1 else 2 * taps * grad.numel
     return Cost(flops, grad.storage_bytes + in_numel * grad.itemsize, "gather" if taps == 1 else "elementwise")
 
 
 for _name, (_nd, _taps) in UPSAMPLE.items():
-    register(f"aten::{_name}")(lambda call, nd=_nd, taps=_taps: _upsample(call, nd, taps))
-    register(f"aten::{_name}_backward")(lambda call, taps=_taps: _upsample_backward(call, taps))
+    register(f"aten::{_name}")(partial(_upsample, nd=_nd, taps=_taps))
+    register(f"aten::{_name}_backward")(partial(_upsample_backward, taps=_taps))
 
 
 @register("aten::pixel_shuffle", "aten::pixel_unshuffle", "aten::channel_shuffle", "aten::native_channel_shuffle")
 def shuffle(call: OpCall) -> Cost:
     """A permutation of the input: read once, written once."""
-    x = call.tensor(0)
+    x = call.required_tensor(0)
     return Cost(0, x.storage_bytes + x.numel * x.itemsize, "copy")

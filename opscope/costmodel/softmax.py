@@ -13,14 +13,14 @@ from opscope.costmodel.base import ITEMSIZE, Cost, OpCall, composite, register, 
 
 def _softmax(call: OpCall) -> Cost:
     """_softmax / _log_softmax(self, dim, half_to_float): half_to_float writes float32."""
-    x = call.tensor(0)
+    x = call.required_tensor(0)
     out_dtype = "float" if call.arg(2, False) is True else x.dtype
     return Cost(5 * x.numel, x.storage_bytes + x.numel * ITEMSIZE.get(out_dtype, 4), "softmax")
 
 
 def _softmax_backward(call: OpCall) -> Cost:
     """_softmax_backward_data / _log_softmax_backward_data(grad_output, output, dim, input_dtype)."""
-    grad, out = call.tensor(0), call.tensor(1)
+    grad, out = call.required_tensor(0), call.required_tensor(1)
     dtype = scalar_type(call.arg(3)) or grad.dtype
     return Cost(4 * grad.numel, grad.storage_bytes + out.storage_bytes + grad.numel * ITEMSIZE.get(dtype, 4),
                 "softmax")
