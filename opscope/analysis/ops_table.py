@@ -19,7 +19,7 @@ from opscope.costmodel import Cost, OpCall, estimate, floating_dtype
 from opscope.costmodel.base import BIAS_COPIED_BY_CHILD, DELEGATES_TO_ANY_CHILD, DTYPE_NAMES
 from opscope.machine.peaks import Peaks, ceiling_key
 from opscope.run.schema import GPU_ONLY_NOTE, GRAPH_KERNEL_NOTE, LOOSE_KERNEL_NOTE, UNATTRIBUTED
-from opscope.table import NAN, Table, as_table, concat, group_codes, nrows, pairwise_sum, take
+from opscope.table import NAN, Table, concat, group_codes, nrows, pairwise_sum, take
 
 # A row is one (op, inputs, source line, module): the same call in two modules (every block's c_attn runs
 # the same line of a shared Conv1D) is two rows.
@@ -196,7 +196,7 @@ def first_index(codes: Sequence[int], n_groups: int, valid: Sequence[bool] | Non
     return first
 
 
-def _sum_by_group(codes: Sequence[int], values: Sequence[float], n_groups: int) -> list[float]:
+def sum_by_group(codes: Sequence[int], values: Sequence[float], n_groups: int) -> list[float]:
     """Per group, its rows' values added in row order (as np.bincount adds them)."""
     out = [0.0] * n_groups
     for g, v in zip(codes, values, strict=True):
@@ -204,7 +204,7 @@ def _sum_by_group(codes: Sequence[int], values: Sequence[float], n_groups: int) 
     return out
 
 
-def _count_by_group(codes: Sequence[int], n_groups: int) -> list[int]:
+def count_by_group(codes: Sequence[int], n_groups: int) -> list[int]:
     out = [0] * n_groups
     for g in codes:
         out[g] += 1
@@ -225,9 +225,9 @@ def _aggregate(rows: Table, codes: list[int]) -> Table:
     g = max(codes) + 1 if codes else 0
     first = first_index(codes, g)
     out: Table = {k: [rows[k][i] for i in first] for k in KEY}
-    out["calls"] = _count_by_group(codes, g)
-    out["time_us_total"] = _sum_by_group(codes, [float(t) for t in rows["time"]], g)
-    out["cpu_time_us_total"] = _sum_by_group(codes, [float(t) for t in rows["self_us"]], g)
+    out["calls"] = count_by_group(codes, g)
+    out["time_us_total"] = sum_by_group(codes, [float(t) for t in rows["time"]], g)
+    out["cpu_time_us_total"] = sum_by_group(codes, [float(t) for t in rows["self_us"]], g)
     for src, dst in (("flops", "flops_per_call"), ("bytes", "bytes_per_call")):
         values = rows[src]
         f = first_index(codes, g, [v == v for v in values])
@@ -300,8 +300,8 @@ def _kernel_rows(kern: Table) -> Table | None:
     out["op"] = names
     out["source_location"] = [kern["launcher_loc"][i] for i in first]
     out["launcher"] = [kern["launcher"][i] for i in first]
-    out["calls"] = _count_by_group(codes, g)
-    out["time_us_total"] = _sum_by_group(codes, [float(d) for d in kern["dur"]], g)
+    out["calls"] = count_by_group(codes, g)
+    out["time_us_total"] = sum_by_group(codes, [float(d) for d in kern["dur"]], g)
     out["cpu_time_us_total"] = [0.0] * g
     out["flops_per_call"] = [NAN] * g
     out["bytes_per_call"] = [NAN] * g
@@ -373,17 +373,10 @@ ROOFLINE_COLUMNS = ["time_us_per_call", "arithmetic_intensity", "achieved_gflops
                     "pct_peak_flops", "pct_peak_bandwidth", "ceiling", "bound"]
 
 
-def add_roofline(table: Any, peaks: Peaks, *, gpu: bool) -> Any:
-    """Arithmetic intensity, achieved rates, % of the applicable peaks and the bound class per row.
-    A table gets a new table; a DataFrame (opscope.analysis.ranks, Nsight imports) a new DataFrame."""
-    if isinstance(table, dict):
-        return {**table, **roofline_columns(table, peaks)}
-    import numpy as np
-
-    out = table.copy()
-    for col, values in roofline_columns(as_table(table), peaks).items():
-        out[col] = values if col in ("ceiling", "bound") else np.asarray(values, dtype=float)
-    return out
+def add_roofline(table: Table, peaks: Peaks, *, gpu: bool) -> Table:
+    """A new table: `table` with the arithmetic intensity, achieved rates, % of the applicable peaks and
+    the bound class per row (roofline_columns)."""
+    return {**table, **roofline_columns(table, peaks)}
 
 
 def roofline_columns(table: Table, peaks: Peaks) -> Table:

@@ -157,7 +157,7 @@ def _ncu_run(path: Path, table: NcuTable, folder: Path, peak_bw: float | None, p
         EXTRA_COLUMNS,
         GPU_COLUMNS,
         GPU_EXTRA_COLUMNS,
-        add_roofline,
+        roofline_columns,
     )
     from opscope.analysis.pipeline import summarize
     from opscope.machine.peaks import apply_overrides
@@ -185,7 +185,8 @@ def _ncu_run(path: Path, table: NcuTable, folder: Path, peak_bw: float | None, p
         "kernel_family": [kernel_family(n) for n in names], "launcher": ""})
     total = float(ops["time_us_total"].sum())
     ops["time_share"] = ops["time_us_total"] / total if total > 0 else 0.0
-    ops = add_roofline(ops, peaks, gpu=True)
+    for col, values in roofline_columns(from_frame(ops), peaks).items():
+        ops[col] = values if col in ("ceiling", "bound") else np.asarray(values, dtype=float)
     ops = ops[CONTRACT_COLUMNS + GPU_COLUMNS + EXTRA_COLUMNS + GPU_EXTRA_COLUMNS]
     order = ops.sort_values("time_us_total", ascending=False, kind="stable").index
     ops = ops.loc[order].reset_index(drop=True)
