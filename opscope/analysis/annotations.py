@@ -12,11 +12,11 @@ use is ignored (with a warning), never an error.
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from opscope import units
 from opscope.analysis.memory import KEY_COLUMNS, MemoryProfile
 from opscope.run.write import json_safe
 from opscope.table import Table
@@ -115,7 +115,9 @@ def _is_int(x: Any) -> bool:
 
 
 def _is_num(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    """A finite JSON number: not text, which units.number would read too (a block with numbers as text
+    is malformed)."""
+    return not isinstance(x, str) and units.number(x) is not None
 
 
 def _memory(block: Any) -> MemoryProfile | None:

@@ -42,10 +42,6 @@ BOUNDS = ("memory", "compute", "overhead", "unknown")
 OVERHEAD_IDEAL_US = 1.0
 
 
-def _float(x: Any) -> float:
-    return NAN if x is None else float(x)
-
-
 def event_costs(ev: Table) -> Table:
     """Per event: flops, bytes, family, note after composite resolution (NaN flops/bytes = unknown)."""
     n = nrows(ev)
@@ -77,7 +73,7 @@ def event_costs(ev: Table) -> Table:
         cost, dt = hit
         dtype[i] = dt
         if cost is not None:
-            flops[i], nbytes[i], family[i], note[i] = _float(cost.flops), _float(cost.bytes), cost.family, cost.note
+            flops[i], nbytes[i], family[i], note[i] = float(cost.flops), float(cost.bytes), cost.family, cost.note
 
     # A row ancestor doing the same family of work as a descendant with real work only dispatches.
     # So does an op that runs its work as child ops of other families on this backend.
@@ -105,7 +101,7 @@ def event_costs(ev: Table) -> Table:
                                          ev["concrete_inputs"][i])
             cost = estimate(call, bias_copied_by_child=True)
             if cost is not None:
-                flops[i], nbytes[i], note[i] = _float(cost.flops), _float(cost.bytes), cost.note
+                flops[i], nbytes[i], note[i] = float(cost.flops), float(cost.bytes), cost.note
     return {"flops": flops, "bytes": nbytes, "family": family, "note": note, "dtype": dtype}
 
 
