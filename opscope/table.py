@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
-Table = dict[str, list]
+Table = dict[str, list[Any]]
 NAN = math.nan
 
 
@@ -78,7 +78,7 @@ def group_codes(columns: Sequence[Sequence[Any]]) -> list[int]:
 
 
 def isnan(x: Any) -> bool:
-    return x != x
+    return bool(x != x)
 
 
 def from_frame(frame: pd.DataFrame) -> Table:
@@ -153,7 +153,7 @@ def median(values: Sequence[float]) -> float:
     return present[n // 2] if n % 2 else pairwise_sum(present[n // 2 - 1:n // 2 + 1]) / 2
 
 
-def filled(values: Iterable[Any], fill: Any = "") -> list:
+def filled(values: Iterable[Any], fill: Any = "") -> list[Any]:
     """The values with each missing one (NaN, None) replaced by `fill` (pandas' fillna)."""
     return [fill if v is None or v != v else v for v in values]
 
