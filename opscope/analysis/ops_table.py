@@ -50,7 +50,7 @@ def event_costs(ev: Table) -> Table:
     family = [""] * n
     note = [""] * n
     dtype = [""] * n
-    cache: dict[tuple, tuple[Cost | None, str]] = {}
+    cache: dict[tuple[str, str, str, str, str], tuple[Cost | None, str]] = {}  # inputs -> cost, dtype
     list_dtype = dominant_float_type(ev)
     names = ev["name"]
     # TensorList element dtypes seen by `profile`'s dispatch pass, where it ran (events.py)
@@ -382,7 +382,7 @@ def roofline_columns(table: Table, peaks: Peaks) -> Table:
     bw_div = bw if bw else NAN
     out: Table = {c: [] for c in ROOFLINE_COLUMNS}
     kernels = table["kernels"] if "kernels" in table else [""] * nrows(table)  # CPU: no kernel names
-    ceilings: dict[tuple, tuple[str, float | None]] = {}  # (family, dtype, kernels) -> ceiling, its peak
+    ceilings: dict[tuple[str, str, str], tuple[str, float | None]] = {}  # (family, dtype, kernels) -> ceiling, its peak
     cols = zip(table["calls"], table["time_us_total"], table["flops_per_call"], table["bytes_per_call"],
                table["family"], table["dtype"], kernels, strict=True)
     for calls, time_total, f, b, fam, dt, kern in cols:

@@ -32,7 +32,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from opscope import units
 from opscope.analysis.gpu_timeline import COMM_FAMILY, TRANSFER_CATS, merge
@@ -169,7 +169,8 @@ def rank_stats(trace: TraceData, summary: dict[str, Any], *, rank: int, world_si
     else:
         busy = compute = 0.0
     info = trace.distributed or {}
-    n_steps = summary.get("steps") if isinstance(summary.get("steps"), int) else steps
+    recorded_steps = summary.get("steps")
+    n_steps = recorded_steps if isinstance(recorded_steps, int) else steps
     total = units.number(summary.get("total_time_us"))
     return {
         "rank": int(rank),
@@ -203,7 +204,8 @@ def _collectives(ops: Table, op_coll: list[bool], ann: Table, ann_coll: list[boo
     return sorted(out, key=lambda c: -c["time_us"])
 
 
-def valid_stats(stats: Any) -> bool:
+def valid_stats(stats: Any) -> TypeGuard[dict[str, Any]]:
+    """Whether `stats` (a rank's summary.json "rank", decoded JSON) has every number rank_stats gives."""
     return isinstance(stats, dict) and all(k in stats for k in STATS_KEYS) and isinstance(stats.get("rank"), int)
 
 
@@ -398,7 +400,7 @@ def distributed_summary(rank_runs: list[RankRun], ranks: Table) -> dict[str, Any
     slowest = _first_max(compute)
     slow = slowest if slowest is not None else 0
     med = median(compute) if slowest is not None else None
-    worlds = [r.stats.get("world_size") for r in rank_runs if isinstance(r.stats.get("world_size"), int)]
+    worlds = [w for r in rank_runs if isinstance(w := r.stats.get("world_size"), int)]
     backends = [r.stats.get("backend") for r in rank_runs if r.stats.get("backend")]
     overlaps = [o for r in rank_runs if (o := units.number(r.stats.get("comm_compute_overlap_share"))) is not None]
     steps_known = [s for s in step if s == s]
@@ -455,17 +457,18 @@ def merge_findings(rank_runs: list[RankRun]) -> list[dict[str, Any]]:
     """The ranks' findings, one per (rule, op, source line): the text of the rank where it saves most,
     prefixed with the ranks it fired on; the saving summed over them (the merged run sums time over
     ranks)."""
-    groups: dict[tuple, list[tuple[int, dict[str, Any]]]] = {}
+    groups: dict[tuple[Any, Any, Any], list[tuple[int, dict[str, Any]]]] = {}
     for r in rank_runs:
         for f in r.run.findings:
             groups.setdefault((f.get("rule"), f.get("op"), f.get("source_location")), []).append((r.rank, f))
     out = []
     for items in groups.values():
         best = max(items, key=lambda x: x[1].get("est_savings_us") or 0.0)[1]
-        savings = [f.get("est_savings_us") for _, f in items]
+        savings = [s for _, f in items if isinstance(s := f.get("est_savings_us"), (int, float))]
         merged = dict(best)
         merged["message"] = f"{rank_list([r for r, _ in items])}: {best.get('message', '')}"
-        merged["est_savings_us"] = float(sum(savings)) if all(isinstance(s, (int, float)) for s in savings) else None
+        # unknown (None) as soon as one rank's saving is
+        merged["est_savings_us"] = float(sum(savings)) if len(savings) == len(items) else None
         out.append(merged)
     return out
 
@@ -573,7 +576,7 @@ def analyze_rank_folder(folder: Path, *, out: Path | None = None, peak_bw: float
                 def finish(run: Run, trace: TraceData, hint: int = fallback if fallback is not None else i,
                            holder: dict[str, Any] = holder) -> None:
                     info = trace.distributed or {}
-                    rank = info.get("rank") if isinstance(info.get("rank"), int) else hint
+                    rank = recorded if isinstance(recorded := info.get("rank"), int) else hint
                     run.summary["rank"] = holder["stats"] = rank_stats(trace, run.summary, rank=rank)
                     run.meta["rank"] = rank
 
@@ -613,6 +616,6 @@ def _read_rank_dir(path: Path, fallback: int, max_trace_gb: float | None) -> Ran
             raise OpscopeError(f"{path} has neither the rank's numbers (summary.json \"rank\") nor its trace.json.gz")
         trace = load_trace(trace_path, with_python=False, max_bytes=max_trace_bytes(max_trace_gb))
         info = trace.distributed or {}
-        rank = info.get("rank") if isinstance(info.get("rank"), int) else fallback
+        rank = recorded if isinstance(recorded := info.get("rank"), int) else fallback
         stats = rank_stats(trace, run.summary, rank=rank)
     return RankRun(int(stats["rank"]), run, stats, "")

@@ -47,11 +47,12 @@ def manifest_module() -> ModuleType:
 
 def manifests() -> list[Any]:
     """Every bundled kernel's KernelManifest, sorted by name. A malformed manifest is one error line."""
-    mod = manifest_module()
+    mod = manifest_module()  # loaded from its file: untyped here
     try:
-        return mod.load_manifests()
+        found: list[Any] = mod.load_manifests()
     except mod.ManifestError as exc:
         raise SwapRequestError(str(exc)) from exc
+    return found
 
 
 def find(name: str) -> Any:
