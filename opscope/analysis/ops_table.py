@@ -159,8 +159,8 @@ def build_ops_table(ev: Table, *, gpu: bool, peaks: Peaks, kernels: Table | None
     total = pairwise_sum(times)
     table["time_share"] = [t / total for t in times] if total > 0 else [0.0] * len(times)
     table = add_roofline(table, peaks, gpu=gpu)
-    order = sorted(range(len(times)), key=lambda i: (_descending(table["time_us_total"][i]),
-                                                     _ascending(table["first_ts"][i])))
+    order = sorted(range(len(times)), key=lambda i: (descending_key(table["time_us_total"][i]),
+                                                     ascending_key(table["first_ts"][i])))
     columns = CONTRACT_COLUMNS + (GPU_COLUMNS if gpu else []) + EXTRA_COLUMNS
     n = nrows(table)
     if gpu:
@@ -174,12 +174,13 @@ def build_ops_table(ev: Table, *, gpu: bool, peaks: Peaks, kernels: Table | None
     return take({c: table[c] for c in columns}, order)
 
 
-def _descending(x: float) -> tuple[bool, float]:
+def descending_key(x: float) -> tuple[bool, float]:
     """Sort key of a number sorted largest first, NaN last (pandas' sort_values)."""
     return (True, 0.0) if x != x else (False, -x)
 
 
-def _ascending(x: float) -> tuple[bool, float]:
+def ascending_key(x: float) -> tuple[bool, float]:
+    """Sort key of a number sorted smallest first, NaN last (numpy's and pandas' sorts)."""
     return (True, 0.0) if x != x else (False, x)
 
 

@@ -42,7 +42,9 @@ from opscope.analysis.ops_table import (
     CONTRACT_COLUMNS,
     KEY,
     add_roofline,
+    ascending_key,
     count_by_group,
+    descending_key,
     first_index,
     sum_by_group,
 )
@@ -269,7 +271,7 @@ def merge_ops(tables: Sequence[tuple[int, Table]], peaks: Peaks, *, gpu: bool) -
     `time_us_max_rank` (its time there)."""
     names = list(dict.fromkeys(c for _, t in tables for c in t))
     columns = list(dict.fromkeys([*names, *CONTRACT_COLUMNS]))
-    rows = concat_as_pandas([t for _, t in tables], names)
+    rows = _concat_as_pandas([t for _, t in tables], names)
     rank_of_row = [rank for rank, t in tables for _ in range(nrows(t))]
     # module (and launcher) only where the ranks' tables have them: runs written before module paths lack it
     key = [k for k in KEY if k in CONTRACT_COLUMNS or k in rows]
@@ -289,7 +291,7 @@ def merge_ops(tables: Sequence[tuple[int, Table]], peaks: Peaks, *, gpu: bool) -
     slowest = [-1] * g
     for i, (c, t) in enumerate(zip(codes, time, strict=True)):
         j = slowest[c]
-        if j < 0 or (t != t, t if t == t else 0.0) >= (time[j] != time[j], time[j] if time[j] == time[j] else 0.0):
+        if j < 0 or ascending_key(t) >= ascending_key(time[j]):
             slowest[c] = i
     table["ranks"] = count_by_group(codes, g)
     table["slowest_rank"] = [rank_of_row[i] for i in slowest]
@@ -304,11 +306,11 @@ def merge_ops(tables: Sequence[tuple[int, Table]], peaks: Peaks, *, gpu: bool) -
     if not had_kernels:
         del table["kernels"]
     # largest time first, NaN last; equal times keep their order (pandas' stable sort_values)
-    order = sorted(range(g), key=lambda i: (times[i] != times[i], -times[i] if times[i] == times[i] else 0.0))
+    order = sorted(range(g), key=lambda i: descending_key(times[i]))
     return take({c: table[c] for c in [c for c in columns if c in table] + MERGED_OP_COLUMNS}, order)
 
 
-def concat_as_pandas(tables: Sequence[Table], columns: Sequence[str]) -> Table:
+def _concat_as_pandas(tables: Sequence[Table], columns: Sequence[str]) -> Table:
     """The tables' rows one after another, each value as pandas' concat of their DataFrames (to_frame)
     held it: a column a table lacks is NaN there, and a column of numbers is a float column (whole
     numbers become floats) when any table's part of it holds a float or a missing value, or no rows.
