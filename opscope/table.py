@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
-Table = dict[str, list]
+Table = dict[str, list[Any]]
 NAN = math.nan
 
 
@@ -78,7 +78,7 @@ def group_codes(columns: Sequence[Sequence[Any]]) -> list[int]:
 
 
 def isnan(x: Any) -> bool:
-    return x != x
+    return bool(x != x)
 
 
 def from_frame(frame: pd.DataFrame) -> Table:
@@ -136,7 +136,24 @@ def _pairwise(a: list[float], lo: int, n: int) -> float:
     return _pairwise(a, lo, n2) + _pairwise(a, lo + n2, n - n2)
 
 
-def filled(values: Iterable[Any], fill: Any = "") -> list:
+def mean(values: Sequence[float]) -> float:
+    """pandas' Series.mean() of floats (NaN for missing): their pairwise sum (missing values as 0) over
+    how many are not missing; NaN when none is."""
+    n = sum(1 for v in values if v == v)
+    return pairwise_sum(values) / n if n else NAN
+
+
+def median(values: Sequence[float]) -> float:
+    """pandas' Series.median() of floats (NaN for missing): the middle one of those not missing, or of
+    two middle ones their numpy mean (their sum halved); NaN when none is."""
+    present = sorted(v for v in values if v == v)
+    n = len(present)
+    if not n:
+        return NAN
+    return present[n // 2] if n % 2 else pairwise_sum(present[n // 2 - 1:n // 2 + 1]) / 2
+
+
+def filled(values: Iterable[Any], fill: Any = "") -> list[Any]:
     """The values with each missing one (NaN, None) replaced by `fill` (pandas' fillna)."""
     return [fill if v is None or v != v else v for v in values]
 

@@ -12,20 +12,23 @@ use is ignored (with a warning), never an error.
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from opscope import units
 from opscope.analysis.memory import KEY_COLUMNS, MemoryProfile
 from opscope.run.write import json_safe
 from opscope.table import Table
 
 ANNOTATION_KEY = "opscope"
 BLOCK_VERSION = 1
+# read_block's result: External id -> (source line, module, module class, input types), module classes
+# (qualified name -> class), memory
+Block = tuple[dict[int, tuple[str, str, str, str]], dict[str, str], MemoryProfile | None]
 
 
-class EmbeddedLines(dict):
+class EmbeddedLines(dict[int, str]):
     """The block's per-op data for one event table, shaped like capture.lines.LineJoin: event index ->
     source line; `modules` and `input_types` by event index."""
 
@@ -86,7 +89,7 @@ class BlockError(ValueError):
     """A block opscope cannot use; its message is the warning's."""
 
 
-def read_block(block: Any) -> tuple[dict[int, tuple[str, str, str, str]], dict[str, str], MemoryProfile | None]:
+def read_block(block: Any) -> Block:
     """(External id -> (source line, module, module class, input types), module classes, memory) from a
     trace's block; BlockError when it is not one opscope wrote."""
     if not isinstance(block, dict) or block.get("format_version") != BLOCK_VERSION:
@@ -96,9 +99,13 @@ def read_block(block: Any) -> tuple[dict[int, tuple[str, str, str, str]], dict[s
     if not isinstance(strings, list) or not all(isinstance(s, str) for s in strings) or not isinstance(ops, dict):
         raise BlockError("'strings' or 'ops' is malformed")
     names = ("external_id", "source_location", "module", "module_class", "input_types")
-    columns = [ops.get(n) for n in names]
-    if not all(isinstance(c, list) and all(_is_int(x) for x in c) for c in columns) or \
-            len({len(c) for c in columns}) != 1:
+    columns: list[list[int]] = []
+    for name in names:
+        column = ops.get(name)
+        if not isinstance(column, list) or not all(_is_int(x) for x in column):
+            raise BlockError("'ops' columns are malformed")
+        columns.append(column)
+    if len({len(c) for c in columns}) != 1:
         raise BlockError("'ops' columns are malformed")
     n = len(strings)
     if any(not 0 <= x < n for c in columns[1:] for x in c):
@@ -115,7 +122,9 @@ def _is_int(x: Any) -> bool:
 
 
 def _is_num(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    """A finite JSON number: not text, which units.number would read too (a block with numbers as text
+    is malformed)."""
+    return not isinstance(x, str) and units.number(x) is not None
 
 
 def _memory(block: Any) -> MemoryProfile | None:

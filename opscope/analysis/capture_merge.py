@@ -39,6 +39,7 @@ import math
 import re
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from opscope.analysis.events import GRAPH_LAUNCH_RE
 from opscope.errors import TraceError
@@ -65,7 +66,7 @@ class CaptureMerge:
     by_name: bool = True
     warnings: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"graph_launches": self.graph_launches, "merged_launches": self.merged_launches,
                 "kernels": self.kernels, "captured_graphs": self.captured_graphs,
                 "matched_by": "kernel name and order" if self.by_name else "order"}
@@ -172,7 +173,7 @@ def merge_capture(replay: TraceData, capture: TraceData) -> tuple[TraceData, Cap
     new_ops: list[Table] = []
     new_py: list[Table] = []
     new_mods: list[Table] = []
-    new_launches: list[dict] = []
+    new_launches: list[dict[str, Any]] = []
     new_corr = list(k_corr)
     captured = [False] * len(k_corr)
     replay_launch = [-1] * len(k_corr)
@@ -241,7 +242,7 @@ def _replay_keys(keys: list[str], named: bool) -> list[str]:
     return keys if named else [k if k in COPY_KEYS else "kernel" for k in keys]
 
 
-def _fits(replayed: list[str], captured: Counter) -> bool:
+def _fits(replayed: list[str], captured: Counter[str]) -> bool:
     """Same kernels as the captured graph; no more copies/fills of a kind than it launched."""
     want = Counter(replayed)
     for key in set(want) | set(captured):
@@ -298,7 +299,7 @@ def _concat(tables: list[Table]) -> Table:
 
 
 def _with_copies(replay: TraceData, ops: list[Table], py: list[Table], mods: list[Table],
-                 launches: list[dict]) -> TraceData:
+                 launches: list[dict[str, Any]]) -> TraceData:
     n = nrows(replay.ops)
     base = {**replay.ops, "captured": [False] * n, "replay_ts": [math.nan] * n}
     all_ops = _concat([base, *ops])

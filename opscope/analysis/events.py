@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from opscope.sources import location_from_call_stack
 from opscope.table import Table, group_codes, nrows
@@ -29,6 +29,8 @@ ROW_RE = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_][\w.]*$")
 NON_ROW_PREFIXES = ("autograd::", "profiler::", "ProfilerStep")
 BACKWARD_WRAPPER = "autograd::engine::evaluate_function: "
 _EPS = 1e-3  # µs; trace timestamps are float µs with about 1 ns resolution
+Label = TypeVar("Label")  # a per-event label that _inherit fills in: a source line, a (module, class)
+ModulePath = tuple[tuple[str, int], ...]  # (class, index among its siblings of that class) from the root
 
 # torch.compile's ranges: dynamo's frame, AOTAutograd's autograd.Function (training) and inductor's
 # graph call (with config.profiler_mark_wrapper_call / cpp_wrapper: its wrapper_call range).
@@ -54,31 +56,31 @@ def compiled_kind(name: str) -> str:
     return ""
 
 
-def _values(column: Sequence) -> list:
+def _values(column: Sequence[Any]) -> list[Any]:
     """A column as a list of Python objects (a numpy array from a caller still on pandas, too)."""
     tolist = getattr(column, "tolist", None)
     return tolist() if tolist is not None else list(column)
 
 
-def thread_keys(pid: Sequence, tid: Sequence) -> list[int]:
+def thread_keys(pid: Sequence[Any], tid: Sequence[Any]) -> list[int]:
     """A code per (pid, tid) pair, numbered in order of first appearance (as pandas' factorize)."""
     return group_codes([_values(pid), _values(tid)])
 
 
-def _start_order(keys: Sequence, starts: Sequence[float], ends: Sequence[float]) -> list[int]:
+def _start_order(keys: Sequence[Any], starts: Sequence[float], ends: Sequence[float]) -> list[int]:
     """Interval indices by key, then start, then longest first (then index): a parent before its
     children, siblings in time order."""
     sort_key = list(zip(keys, starts, [-e for e in ends], strict=True))
     return sorted(range(len(sort_key)), key=sort_key.__getitem__)
 
 
-def nest(keys: Sequence, starts: Sequence[float], ends: Sequence[float]) -> list[int]:
+def nest(keys: Sequence[Any], starts: Sequence[float], ends: Sequence[float]) -> list[int]:
     """Parent (innermost enclosing interval on the same key) of each interval, -1 for roots."""
     keys, starts, ends = _values(keys), _values(starts), _values(ends)
     return _nest(keys, starts, ends, _start_order(keys, starts, ends))
 
 
-def _nest(keys: list, starts: list[float], ends: list[float], order: list[int]) -> list[int]:
+def _nest(keys: list[Any], starts: list[float], ends: list[float], order: list[int]) -> list[int]:
     parent = [-1] * len(starts)
     # One sequential pass in start order with a stack of open intervals per thread.
     stack_end: list[float] = []
@@ -102,8 +104,8 @@ def _nest(keys: list, starts: list[float], ends: list[float], order: list[int]) 
     return parent
 
 
-def innermost(c_keys: Sequence, c_starts: Sequence[float], c_ends: Sequence[float],
-              p_keys: Sequence, p_times: Sequence[float]) -> list[int]:
+def innermost(c_keys: Sequence[Any], c_starts: Sequence[float], c_ends: Sequence[float],
+              p_keys: Sequence[Any], p_times: Sequence[float]) -> list[int]:
     """For each point, the innermost container interval on the same key containing it (-1 if none)."""
     n_c, n_p = len(c_starts), len(p_times)
     result = [-1] * n_p
@@ -376,8 +378,8 @@ def _attribute_kernels(trace: TraceData, ev: Table) -> None:
                      "family": family}
 
 
-def _enclosing(c_pid: Sequence, c_tid: Sequence, c_start: Sequence[float], c_end: Sequence[float],
-               p_pid: Sequence, p_tid: Sequence, p_time: Sequence[float]) -> list[int]:
+def _enclosing(c_pid: Sequence[Any], c_tid: Sequence[Any], c_start: Sequence[float], c_end: Sequence[float],
+               p_pid: Sequence[Any], p_tid: Sequence[Any], p_time: Sequence[float]) -> list[int]:
     """For each point (pid, tid, time), the innermost container interval on the same thread holding it
     (-1 if none)."""
     if not len(c_start) or not len(p_time):
@@ -426,7 +428,7 @@ def _sources(trace: TraceData, ev: Table, order: list[int], source_override: Sou
     return _inherit(loc, ev, order, bool)
 
 
-def _inherit(values: list, ev: Table, order: list[int], known: Callable[[Any], bool]) -> list:
+def _inherit(values: list[Label], ev: Table, order: list[int], known: Callable[[Label], bool]) -> list[Label]:
     """Fills in per-event labels (source lines, modules) the capture did not give: an op without one
     takes its parent's (it ran inside it); a composite parent without one its first labelled child's
     (the same statement issued both), and what is still missing then its parent's again. Backward ops
@@ -448,7 +450,7 @@ def _inherit(values: list, ev: Table, order: list[int], known: Callable[[Any], b
 
     seqs = ev["seq"]
     bwd_root = ev["bwd_root"]
-    fwd: dict[int, Any] = {}
+    fwd: dict[int, Label] = {}
     for i in order:
         if bwd_root[i] < 0 and seqs[i] >= 0 and seqs[i] not in fwd and known(values[i]):
             fwd[seqs[i]] = values[i]
@@ -504,13 +506,13 @@ def _trace_modules(trace: TraceData, ev: Table) -> list[tuple[str, str]]:
     names = mods["name"]
     classes = [m.group("cls") if (m := _INSTANCE_RE.match(x)) else x for x in names]
     # (parent's path, class) -> {trace name: local index}; paths are tuples of (class, local index)
-    index: dict[tuple[tuple, str], dict[str, int]] = {}
-    raw: list[tuple] = [()] * n_mods
+    index: dict[tuple[ModulePath, str], dict[str, int]] = {}
+    raw: list[ModulePath] = [()] * n_mods
     for j in parents_first:
         up = raw[parent[j]] if parent[j] >= 0 else ()
         instances = index.setdefault((up, classes[j]), {})
         raw[j] = (*up, (classes[j], instances.setdefault(names[j], len(instances))))
-    shown: dict[tuple, str] = {}
+    shown: dict[ModulePath, str] = {}
     for path in set(raw):
         shown[path] = ".".join(c if len(index[(path[:d], c)]) == 1 else f"{c}_{k}"
                                for d, (c, k) in enumerate(path))

@@ -29,16 +29,15 @@ def merge(starts: Sequence[float], ends: Sequence[float]) -> tuple[list[float], 
     if not len(starts):
         return [], []
     order = sorted(range(len(starts)), key=starts.__getitem__)
-    out_s: list[float] = []
+    out_s: list[float] = [float(starts[order[0]])]
     out_e: list[float] = []
-    reach = None  # the latest end so far
-    for i in order:
+    reach = float(ends[order[0]])  # the latest end so far
+    for i in order[1:]:
         s, e = float(starts[i]), float(ends[i])
-        if reach is None or s > reach:  # starts after everything before it: a new interval
-            if reach is not None:
-                out_e.append(reach)
+        if s > reach:  # starts after everything before it: a new interval
+            out_e.append(reach)
             out_s.append(s)
-        reach = e if reach is None else max(reach, e)
+        reach = max(reach, e)
     out_e.append(reach)
     return out_s, out_e
 
@@ -112,10 +111,10 @@ def gpu_summary(trace: TraceData, ev: Table, *, steps: int, step_time_us: float)
 
 
 def _streams(k: Table, start: list[float], end: list[float], window: float) -> list[dict[str, Any]]:
-    members: dict[tuple, list[int]] = {}
+    members: dict[tuple[Any, Any], list[int]] = {}  # (device, stream) -> its kernels
     for i, pair in enumerate(zip(k["device"], k["stream"], strict=True)):
         members.setdefault(pair, []).append(i)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for (device, stream), sel in sorted(members.items()):
         s, e = merge([start[i] for i in sel], [end[i] for i in sel])
         busy = _length(s, e)

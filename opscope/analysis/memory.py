@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ TOP_ALIVE = 10  # groups of tensors listed as alive at the run's peak (per step:
 TOP_ALIVE_STEP = 5
 MEMORY_COLUMNS = ("alloc_bytes_per_call", "freed_bytes_per_call")  # ops.csv, after the module columns
 KEY_COLUMNS = ("name", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location", "module")
+RowKey = tuple[str, ...]  # an ops.csv row's KEY_COLUMNS values
 CPU_NOTE = ("CPU: torch counts only memory allocated while the profiler records; tensors alive from before "
             "(parameters, inputs, what an earlier step kept) are not in these numbers")
 
@@ -44,7 +45,7 @@ class MemoryProfile:
 
     # ops.csv row key (op, input dims, dtypes, strides, concrete inputs, source line, module) ->
     # (bytes allocated, bytes freed, calls) summed over the recorded calls of that row
-    per_key: dict[tuple, tuple[float, float, int]]
+    per_key: dict[RowKey, tuple[float, float, int]]
     summary: dict[str, Any]  # summary.json "memory"
     # allocations of each step still alive when the recording ended, grouped by the row that made them:
     # {"step", "op", "source_location", "module", "bytes", "tensors"}
@@ -69,7 +70,7 @@ def memory_profile(trace: TraceData, ev: Table, source: str) -> MemoryProfile | 
     ts = mem["ts"]
     nbytes = [float(b) for b in mem["bytes"]]
     addr = mem["addr"]
-    level = []  # allocated bytes after each event: the trace's count, else the running sum of the events
+    level: list[float] = []  # allocated bytes after each event: the trace's count, else the running sum of the events
     running = 0.0
     for b, t in zip(nbytes, mem["total_allocated"], strict=True):
         running = b if not level else running + b
@@ -191,24 +192,25 @@ def _device(mem: Table, gpu: bool) -> tuple[int, int]:
     return (preferred or pairs)[0]
 
 
-def _row_keys(ev: Table) -> list[tuple | None]:
+def _row_keys(ev: Table) -> list[RowKey | None]:
     cols = [ev[c] if c in ev else [""] * nrows(ev) for c in KEY_COLUMNS]
     is_row = ev["is_row"]
     return [k if r else None for k, r in zip(zip(*cols, strict=True), is_row, strict=True)]
 
 
-def _per_key(ev: Table, keys: list[tuple | None], row: list[int],
-             nbytes: list[float]) -> dict[tuple, tuple[float, float, int]]:
-    alloc: dict[tuple, float] = {}
-    freed: dict[tuple, float] = {}
+def _per_key(ev: Table, keys: list[RowKey | None], row: list[int],
+             nbytes: list[float]) -> dict[RowKey, tuple[float, float, int]]:
+    alloc: dict[RowKey, float] = {}
+    freed: dict[RowKey, float] = {}
     for r, b in zip(row, nbytes, strict=True):
-        if r < 0 or keys[r] is None:
+        key = keys[r] if r >= 0 else None
+        if key is None:
             continue
         if b > 0:
-            alloc[keys[r]] = alloc.get(keys[r], 0.0) + b
+            alloc[key] = alloc.get(key, 0.0) + b
         else:
-            freed[keys[r]] = freed.get(keys[r], 0.0) - b
-    calls: dict[tuple, int] = {}
+            freed[key] = freed.get(key, 0.0) - b
+    calls: dict[RowKey, int] = {}
     steps = ev["step"] if "step" in ev else [0] * len(keys)
     for k, step in zip(keys, steps, strict=True):
         if k is not None and step >= 0:
@@ -216,7 +218,7 @@ def _per_key(ev: Table, keys: list[tuple | None], row: list[int],
     return {k: (alloc.get(k, 0.0), freed.get(k, 0.0), n) for k, n in calls.items()}
 
 
-def _by_row(alive: Any) -> dict[int, tuple[float, int]]:
+def _by_row(alive: Iterable[tuple[float, int, int]]) -> dict[int, tuple[float, int]]:
     out: dict[int, tuple[float, int]] = {}
     for b, r, _ in alive:
         got = out.get(r, (0.0, 0))
@@ -224,10 +226,11 @@ def _by_row(alive: Any) -> dict[int, tuple[float, int]]:
     return out
 
 
-def _groups(by_row: dict[int, tuple[float, int]], keys: list[tuple | None], who: Any) -> list[dict[str, Any]]:
+def _groups(by_row: dict[int, tuple[float, int]], keys: list[RowKey | None],
+            who: Callable[[int], dict[str, Any]]) -> list[dict[str, Any]]:
     """Alive tensors grouped by (op, source line, module) of the row that allocated them, largest first;
     tensors allocated outside any row are left out (they are in the '_other_bytes' remainder)."""
-    groups: dict[tuple, dict[str, Any]] = {}
+    groups: dict[tuple[Any, Any, Any], dict[str, Any]] = {}  # (op, source line, module) -> alive tensors
     for r, (b, n) in by_row.items():
         if r < 0:
             continue

@@ -100,10 +100,10 @@ def module_table(ops: Table, findings: list[dict[str, Any]],
         if cls:
             node_class.setdefault(module, cls)
         node_self[own] = node_self.get(own, 0.0) + time[k]
-        up = chains.get(own)
-        if up is None:
-            up = chains[own] = parents(module) if cls else [OUTSIDE]
-        for node in up:
+        chain = chains.get(own)
+        if chain is None:
+            chain = chains[own] = parents(module) if cls else [OUTSIDE]
+        for node in chain:
             node_time[node] = node_time.get(node, 0.0) + time[k]
             if not math.isnan(flops[k]):
                 node_flops[node] = node_flops.get(node, 0.0) + flops[k]
@@ -152,6 +152,6 @@ def module_table(ops: Table, findings: list[dict[str, Any]],
     return {c: [r[c] for r in rows] for c in COLUMNS}
 
 
-def _natural(name: str) -> list:
+def _natural(name: str) -> list[int | str]:
     """'h.10' after 'h.9': digit runs compare as numbers."""
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]

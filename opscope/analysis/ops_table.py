@@ -19,7 +19,7 @@ from opscope.costmodel import Cost, OpCall, estimate, floating_dtype
 from opscope.costmodel.base import BIAS_COPIED_BY_CHILD, DELEGATES_TO_ANY_CHILD, DTYPE_NAMES
 from opscope.machine.peaks import Peaks, ceiling_key
 from opscope.run.schema import GPU_ONLY_NOTE, GRAPH_KERNEL_NOTE, LOOSE_KERNEL_NOTE, UNATTRIBUTED
-from opscope.table import NAN, Table, as_table, concat, group_codes, nrows, pairwise_sum, take
+from opscope.table import NAN, Table, concat, group_codes, nrows, pairwise_sum, take
 
 # A row is one (op, inputs, source line, module): the same call in two modules (every block's c_attn runs
 # the same line of a shared Conv1D) is two rows.
@@ -42,10 +42,6 @@ BOUNDS = ("memory", "compute", "overhead", "unknown")
 OVERHEAD_IDEAL_US = 1.0
 
 
-def _float(x: Any) -> float:
-    return NAN if x is None else float(x)
-
-
 def event_costs(ev: Table) -> Table:
     """Per event: flops, bytes, family, note after composite resolution (NaN flops/bytes = unknown)."""
     n = nrows(ev)
@@ -54,7 +50,7 @@ def event_costs(ev: Table) -> Table:
     family = [""] * n
     note = [""] * n
     dtype = [""] * n
-    cache: dict[tuple, tuple[Cost | None, str]] = {}
+    cache: dict[tuple[str, str, str, str, str], tuple[Cost | None, str]] = {}  # inputs -> cost, dtype
     list_dtype = dominant_float_type(ev)
     names = ev["name"]
     # TensorList element dtypes seen by `profile`'s dispatch pass, where it ran (events.py)
@@ -77,7 +73,7 @@ def event_costs(ev: Table) -> Table:
         cost, dt = hit
         dtype[i] = dt
         if cost is not None:
-            flops[i], nbytes[i], family[i], note[i] = _float(cost.flops), _float(cost.bytes), cost.family, cost.note
+            flops[i], nbytes[i], family[i], note[i] = float(cost.flops), float(cost.bytes), cost.family, cost.note
 
     # A row ancestor doing the same family of work as a descendant with real work only dispatches.
     # So does an op that runs its work as child ops of other families on this backend.
@@ -105,7 +101,7 @@ def event_costs(ev: Table) -> Table:
                                          ev["concrete_inputs"][i])
             cost = estimate(call, bias_copied_by_child=True)
             if cost is not None:
-                flops[i], nbytes[i], note[i] = _float(cost.flops), _float(cost.bytes), cost.note
+                flops[i], nbytes[i], note[i] = float(cost.flops), float(cost.bytes), cost.note
     return {"flops": flops, "bytes": nbytes, "family": family, "note": note, "dtype": dtype}
 
 
@@ -163,8 +159,8 @@ def build_ops_table(ev: Table, *, gpu: bool, peaks: Peaks, kernels: Table | None
     total = pairwise_sum(times)
     table["time_share"] = [t / total for t in times] if total > 0 else [0.0] * len(times)
     table = add_roofline(table, peaks, gpu=gpu)
-    order = sorted(range(len(times)), key=lambda i: (_descending(table["time_us_total"][i]),
-                                                     _ascending(table["first_ts"][i])))
+    order = sorted(range(len(times)), key=lambda i: (descending_key(table["time_us_total"][i]),
+                                                     ascending_key(table["first_ts"][i])))
     columns = CONTRACT_COLUMNS + (GPU_COLUMNS if gpu else []) + EXTRA_COLUMNS
     n = nrows(table)
     if gpu:
@@ -178,12 +174,13 @@ def build_ops_table(ev: Table, *, gpu: bool, peaks: Peaks, kernels: Table | None
     return take({c: table[c] for c in columns}, order)
 
 
-def _descending(x: float) -> tuple[bool, float]:
+def descending_key(x: float) -> tuple[bool, float]:
     """Sort key of a number sorted largest first, NaN last (pandas' sort_values)."""
     return (True, 0.0) if x != x else (False, -x)
 
 
-def _ascending(x: float) -> tuple[bool, float]:
+def ascending_key(x: float) -> tuple[bool, float]:
+    """Sort key of a number sorted smallest first, NaN last (numpy's and pandas' sorts)."""
     return (True, 0.0) if x != x else (False, x)
 
 
@@ -196,7 +193,7 @@ def first_index(codes: Sequence[int], n_groups: int, valid: Sequence[bool] | Non
     return first
 
 
-def _sum_by_group(codes: Sequence[int], values: Sequence[float], n_groups: int) -> list[float]:
+def sum_by_group(codes: Sequence[int], values: Sequence[float], n_groups: int) -> list[float]:
     """Per group, its rows' values added in row order (as np.bincount adds them)."""
     out = [0.0] * n_groups
     for g, v in zip(codes, values, strict=True):
@@ -204,7 +201,7 @@ def _sum_by_group(codes: Sequence[int], values: Sequence[float], n_groups: int) 
     return out
 
 
-def _count_by_group(codes: Sequence[int], n_groups: int) -> list[int]:
+def count_by_group(codes: Sequence[int], n_groups: int) -> list[int]:
     out = [0] * n_groups
     for g in codes:
         out[g] += 1
@@ -225,9 +222,9 @@ def _aggregate(rows: Table, codes: list[int]) -> Table:
     g = max(codes) + 1 if codes else 0
     first = first_index(codes, g)
     out: Table = {k: [rows[k][i] for i in first] for k in KEY}
-    out["calls"] = _count_by_group(codes, g)
-    out["time_us_total"] = _sum_by_group(codes, [float(t) for t in rows["time"]], g)
-    out["cpu_time_us_total"] = _sum_by_group(codes, [float(t) for t in rows["self_us"]], g)
+    out["calls"] = count_by_group(codes, g)
+    out["time_us_total"] = sum_by_group(codes, [float(t) for t in rows["time"]], g)
+    out["cpu_time_us_total"] = sum_by_group(codes, [float(t) for t in rows["self_us"]], g)
     for src, dst in (("flops", "flops_per_call"), ("bytes", "bytes_per_call")):
         values = rows[src]
         f = first_index(codes, g, [v == v for v in values])
@@ -300,8 +297,8 @@ def _kernel_rows(kern: Table) -> Table | None:
     out["op"] = names
     out["source_location"] = [kern["launcher_loc"][i] for i in first]
     out["launcher"] = [kern["launcher"][i] for i in first]
-    out["calls"] = _count_by_group(codes, g)
-    out["time_us_total"] = _sum_by_group(codes, [float(d) for d in kern["dur"]], g)
+    out["calls"] = count_by_group(codes, g)
+    out["time_us_total"] = sum_by_group(codes, [float(d) for d in kern["dur"]], g)
     out["cpu_time_us_total"] = [0.0] * g
     out["flops_per_call"] = [NAN] * g
     out["bytes_per_call"] = [NAN] * g
@@ -373,17 +370,10 @@ ROOFLINE_COLUMNS = ["time_us_per_call", "arithmetic_intensity", "achieved_gflops
                     "pct_peak_flops", "pct_peak_bandwidth", "ceiling", "bound"]
 
 
-def add_roofline(table: Any, peaks: Peaks, *, gpu: bool) -> Any:
-    """Arithmetic intensity, achieved rates, % of the applicable peaks and the bound class per row.
-    A table gets a new table; a DataFrame (opscope.analysis.ranks, Nsight imports) a new DataFrame."""
-    if isinstance(table, dict):
-        return {**table, **roofline_columns(table, peaks)}
-    import numpy as np
-
-    out = table.copy()
-    for col, values in roofline_columns(as_table(table), peaks).items():
-        out[col] = values if col in ("ceiling", "bound") else np.asarray(values, dtype=float)
-    return out
+def add_roofline(table: Table, peaks: Peaks, *, gpu: bool) -> Table:
+    """A new table: `table` with the arithmetic intensity, achieved rates, % of the applicable peaks and
+    the bound class per row (roofline_columns)."""
+    return {**table, **roofline_columns(table, peaks)}
 
 
 def roofline_columns(table: Table, peaks: Peaks) -> Table:
@@ -393,7 +383,7 @@ def roofline_columns(table: Table, peaks: Peaks) -> Table:
     bw_div = bw if bw else NAN
     out: Table = {c: [] for c in ROOFLINE_COLUMNS}
     kernels = table["kernels"] if "kernels" in table else [""] * nrows(table)  # CPU: no kernel names
-    ceilings: dict[tuple, tuple[str, float | None]] = {}  # (family, dtype, kernels) -> ceiling, its peak
+    ceilings: dict[tuple[str, str, str], tuple[str, float | None]] = {}  # (family, dtype, kernels) -> ceiling, its peak
     cols = zip(table["calls"], table["time_us_total"], table["flops_per_call"], table["bytes_per_call"],
                table["family"], table["dtype"], kernels, strict=True)
     for calls, time_total, f, b, fam, dt, kern in cols:

@@ -19,7 +19,7 @@ from opscope.machine.noise import step_spread, unknown
 from opscope.machine.peaks import Peaks
 from opscope.run.model import Run
 from opscope.run.schema import FORMAT_VERSION
-from opscope.table import Table, as_table, group_sums, nrows, pairwise_sum, records, take
+from opscope.table import Table, as_table, group_sums, mean, nrows, pairwise_sum, records, take
 from opscope.trace.reader import TraceData, no_gc
 
 # A trace recorded elsewhere says nothing about what else ran on its machine.
@@ -80,7 +80,7 @@ def step_stats(trace: TraceData, ev: Table) -> tuple[int, float]:
     """(number of ProfilerStep#N annotations, their mean wall time); without annotations one step
     spanning every op and kernel."""
     if nrows(trace.steps):
-        return nrows(trace.steps), _mean(trace.steps["dur"])
+        return nrows(trace.steps), mean(trace.steps["dur"])
     ts, end = ev["ts"], ev["end"]
     if "captured" in ev:  # copies of a graph capture's ops did not run in this trace
         ran = [i for i, c in enumerate(ev["captured"]) if not c]
@@ -92,12 +92,6 @@ def step_stats(trace: TraceData, ev: Table) -> tuple[int, float]:
         starts.append(_nanmin(k["ts"]))
         ends.append(_nanmax([t + d for t, d in zip(k["ts"], k["dur"], strict=True)]))
     return 1, float(max(ends) - min(starts))
-
-
-def _mean(values: Sequence[float]) -> float:
-    """pandas' Series.mean(): its (pairwise) sum over the values that are not NaN."""
-    n = sum(1 for v in values if v == v)
-    return pairwise_sum(values) / n if n else math.nan
 
 
 def _nanmin(values: Sequence[float]) -> float:

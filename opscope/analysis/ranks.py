@@ -29,18 +29,25 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
-import numpy as np
-import pandas as pd
-
+from opscope import units
 from opscope.analysis.gpu_timeline import COMM_FAMILY, TRANSFER_CATS, merge
 from opscope.analysis.gpu_timeline import _overlap_with as overlap_with
 from opscope.analysis.modules import module_table
-from opscope.analysis.ops_table import CONTRACT_COLUMNS, KEY, add_roofline
+from opscope.analysis.ops_table import (
+    CONTRACT_COLUMNS,
+    KEY,
+    add_roofline,
+    ascending_key,
+    count_by_group,
+    descending_key,
+    first_index,
+    sum_by_group,
+)
 from opscope.analysis.pipeline import summarize
 from opscope.errors import OpscopeError, TraceError
 from opscope.findings import Context, run_rules
@@ -49,7 +56,19 @@ from opscope.machine.peaks import Peaks
 from opscope.run.model import DEFAULT_REPORTS_DIR, STAGING_PREFIX, Run
 from opscope.run.read import read_run
 from opscope.run.write import check_out_dir, write_run
-from opscope.table import Table, from_frame, group_codes, to_frame
+from opscope.table import (
+    NAN,
+    Table,
+    filled,
+    from_records,
+    group_codes,
+    group_sums,
+    mean,
+    median,
+    nrows,
+    pairwise_sum,
+    take,
+)
 from opscope.trace.kernel_names import kernel_family
 from opscope.trace.reader import TraceData, load_trace, max_trace_bytes
 
@@ -63,125 +82,132 @@ RANK_COLUMNS = ["rank", "steps", "step_time_us", "op_time_us", "collective_time_
 MERGED_OP_COLUMNS = ["ranks", "slowest_rank", "time_us_max_rank"]
 TOP_COLLECTIVES = 20
 
+Intervals = tuple[list[float], list[float]]  # (starts, ends)
+Thread = tuple[int, int]  # (pid, tid)
+
 
 # --- one rank ---------------------------------------------------------------------------------------
 
 
-def _union_in(starts: np.ndarray, ends: np.ndarray, win_s: np.ndarray, win_e: np.ndarray) -> float:
+def _union_in(starts: Sequence[float], ends: Sequence[float], win_s: Sequence[float], win_e: Sequence[float]) -> float:
     """Length of the union of [starts, ends) inside the union of the windows."""
-    if not len(starts) or not len(win_s):
+    if not starts or not win_s:
         return 0.0
-    u_s, u_e = merge(np.asarray(starts, dtype=float), np.asarray(ends, dtype=float))
-    w_s, w_e = merge(np.asarray(win_s, dtype=float), np.asarray(win_e, dtype=float))
-    # numpy's sum of the per-interval overlaps (as ranks.csv had them before gpu_timeline gave lists)
-    return float(np.asarray(overlap_with(u_s, u_e, w_s, w_e), dtype=float).sum())
+    u_s, u_e = merge(starts, ends)
+    w_s, w_e = merge(win_s, win_e)
+    # numpy's (pairwise) sum of the per-interval overlaps, as ranks.csv had them when computed with numpy
+    return pairwise_sum(overlap_with(u_s, u_e, w_s, w_e))
 
 
-def _intervals(df: pd.DataFrame, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    ts = df["ts"].to_numpy(dtype=float)
-    end = ts + df["dur"].to_numpy(dtype=float)
-    return (ts, end) if mask is None else (ts[mask], end[mask])
+def _intervals(table: Table, rows: Sequence[bool] | None = None) -> Intervals:
+    """[ts, ts + dur) of the table's rows (of those where `rows` is true)."""
+    ts = [float(t) for t in table["ts"]]
+    end = [t + float(d) for t, d in zip(ts, table["dur"], strict=True)]
+    if rows is None:
+        return ts, end
+    return ([t for t, r in zip(ts, rows, strict=True) if r], [e for e, r in zip(end, rows, strict=True) if r])
 
 
-def _collective_mask(names: pd.Series) -> np.ndarray:
-    return names.astype(str).str.match(COLLECTIVE_RE).to_numpy(dtype=bool) if len(names) else np.zeros(0, bool)
+def _collective_rows(names: Sequence[Any]) -> list[bool]:
+    return [COLLECTIVE_RE.match(str(name)) is not None for name in names]
 
 
-def _frame(table: Table | pd.DataFrame) -> pd.DataFrame:
-    """A TraceData table (opscope.table) as a DataFrame; a DataFrame as it is."""
-    return to_frame(table) if isinstance(table, dict) else table
-
-
-def _windows(steps: pd.DataFrame, ops: pd.DataFrame,
-             kernels: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, tuple[int, int] | None]:
+def _windows(steps: Table, ops: Table, kernels: Table) -> tuple[list[float], list[float], Thread | None]:
     """The profiled steps (ProfilerStep#N) as windows and the thread that ran them; without step
     annotations, one window over everything (as the step count of opscope.analysis.pipeline)."""
-    if len(steps):
+    if nrows(steps):
         s, e = _intervals(steps)
-        pairs = list(zip(steps["pid"].tolist(), steps["tid"].tolist(), strict=True))
+        pairs: list[Thread] = list(zip(steps["pid"], steps["tid"], strict=True))
         return s, e, max(set(pairs), key=pairs.count)
     starts, ends = [], []
-    for df in (ops, kernels):
-        if len(df):
-            s, e = _intervals(df)
-            starts.append(s.min())
-            ends.append(e.max())
+    for table in (ops, kernels):
+        if nrows(table):
+            s, e = _intervals(table)
+            starts.append(min(s))
+            ends.append(max(e))
     thread = None
-    if len(ops):
-        busiest = ops.groupby(["pid", "tid"])["dur"].sum().idxmax()
+    if nrows(ops):
+        # the thread with the most op time (pandas' groupby sum and idxmax: the first of equal sums)
+        time = group_sums(list(zip(ops["pid"], ops["tid"], strict=True)), ops["dur"])
+        busiest = max(time, key=time.__getitem__)
         thread = (int(busiest[0]), int(busiest[1]))
     if not starts:
-        return np.zeros(0), np.zeros(0), thread
-    return np.array([min(starts)]), np.array([max(ends)]), thread
+        return [], [], thread
+    return [min(starts)], [max(ends)], thread
 
 
 def rank_stats(trace: TraceData, summary: dict[str, Any], *, rank: int, world_size: int | None = None,
                backend: str | None = None) -> dict[str, Any]:
     """One rank's numbers per profiled step (module docstring), with its collectives by name."""
-    ops, ann, kern = _frame(trace.ops), _frame(trace.annotations), _frame(trace.kernels)
-    win_s, win_e, thread = _windows(_frame(trace.steps), ops, kern)
+    ops, ann, kern = trace.ops, trace.annotations, trace.kernels
+    win_s, win_e, thread = _windows(trace.steps, ops, kern)
     steps = max(len(win_s), 1)
     window = _union_in(win_s, win_e, win_s, win_e)
-    op_coll = _collective_mask(ops["name"]) if len(ops) else np.zeros(0, bool)
-    ann_coll = _collective_mask(ann["name"]) if len(ann) else np.zeros(0, bool)
-    if len(kern):
-        fam = (kern["family"] if "family" in kern.columns else
-               pd.Series([kernel_family(n, c) for n, c in zip(kern["name"], kern["cat"], strict=True)]))
-        comm = fam.to_numpy(dtype=object) == COMM_FAMILY
-    else:
-        comm = np.zeros(0, bool)
+    op_coll = _collective_rows(ops["name"]) if nrows(ops) else []
+    ann_coll = _collective_rows(ann["name"]) if nrows(ann) else []
+    comm: list[bool] = []
+    if nrows(kern):
+        families = kern["family"] if "family" in kern else \
+            [kernel_family(n, c) for n, c in zip(kern["name"], kern["cat"], strict=True)]
+        comm = [f == COMM_FAMILY for f in families]
     gpu = trace.has_gpu
-    if gpu and comm.any():
+    if gpu and any(comm):
         coll_s, coll_e = _intervals(kern, comm)
     else:
-        o_s, o_e = _intervals(ops, op_coll) if len(ops) else (np.zeros(0), np.zeros(0))
-        a_s, a_e = _intervals(ann, ann_coll) if len(ann) else (np.zeros(0), np.zeros(0))
-        coll_s, coll_e = np.concatenate([o_s, a_s]), np.concatenate([o_e, a_e])
+        o_s, o_e = _intervals(ops, op_coll) if nrows(ops) else ([], [])
+        a_s, a_e = _intervals(ann, ann_coll) if nrows(ann) else ([], [])
+        coll_s, coll_e = o_s + a_s, o_e + a_e
     collective = _union_in(coll_s, coll_e, win_s, win_e)
     if gpu:
-        work = ~comm & ~np.isin(kern["cat"].to_numpy(dtype=object), TRANSFER_CATS)
+        work = [not c and cat not in TRANSFER_CATS for c, cat in zip(comm, kern["cat"], strict=True)]
         compute = _union_in(*_intervals(kern, work), win_s, win_e)
         busy = _union_in(*_intervals(kern), win_s, win_e)
-    else:
-        on_thread = np.zeros(len(ops), bool)
-        if thread is not None and len(ops):
-            on_thread = (ops["pid"].to_numpy() == thread[0]) & (ops["tid"].to_numpy() == thread[1])
-        busy = _union_in(*_intervals(ops, on_thread), win_s, win_e) if len(ops) else 0.0
-        coll_here = _union_in(*_intervals(ops, on_thread & op_coll), win_s, win_e) if len(ops) else 0.0
+    elif nrows(ops):
+        on_thread = [thread is not None and (p, t) == thread for p, t in zip(ops["pid"], ops["tid"], strict=True)]
+        busy = _union_in(*_intervals(ops, on_thread), win_s, win_e)
+        coll_here = _union_in(*_intervals(ops, [a and b for a, b in zip(on_thread, op_coll, strict=True)]),
+                              win_s, win_e)
         compute = busy - coll_here
+    else:
+        busy = compute = 0.0
     info = trace.distributed or {}
-    n_steps = summary.get("steps") if isinstance(summary.get("steps"), int) else steps
-    total = summary.get("total_time_us")
-    overlap = summary.get("comm_compute_overlap_share")
+    recorded_steps = summary.get("steps")
+    n_steps = recorded_steps if isinstance(recorded_steps, int) else steps
+    total = units.number(summary.get("total_time_us"))
     return {
         "rank": int(rank),
         "world_size": int(world_size if world_size is not None else info.get("world_size") or 0) or None,
         "backend": backend or (info.get("backend") if isinstance(info.get("backend"), str) else None),
         "steps": int(n_steps),
         "step_time_us": float(summary.get("step_time_us") or window / steps),
-        "op_time_us": float(total) / max(int(n_steps), 1) if isinstance(total, (int, float)) else None,
+        "op_time_us": total / max(int(n_steps), 1) if total is not None else None,
         "collective_time_us": collective / steps,
         "compute_time_us": compute / steps,
         "idle_time_us": max(window - busy, 0.0) / steps,
-        "comm_compute_overlap_share": overlap if isinstance(overlap, (int, float)) else None,
+        "comm_compute_overlap_share": units.number(summary.get("comm_compute_overlap_share")),
         "collectives": _collectives(ops, op_coll, ann, ann_coll, kern, comm),
     }
 
 
-def _collectives(ops: pd.DataFrame, op_coll: np.ndarray, ann: pd.DataFrame, ann_coll: np.ndarray,
-                 kern: pd.DataFrame, comm: np.ndarray) -> list[dict[str, Any]]:
+def _collectives(ops: Table, op_coll: list[bool], ann: Table, ann_coll: list[bool], kern: Table,
+                 comm: list[bool]) -> list[dict[str, Any]]:
     """Calls and summed durations of each collective event name (op, annotation or kernel)."""
     out = []
-    for kind, df, mask in (("op", ops, op_coll), ("annotation", ann, ann_coll), ("kernel", kern, comm)):
-        if not len(df) or not mask.any():
+    for kind, table, rows in (("op", ops, op_coll), ("annotation", ann, ann_coll), ("kernel", kern, comm)):
+        if not any(rows):
             continue
-        sel = df[mask]
-        for name, g in sel.groupby("name", sort=False)["dur"]:
-            out.append({"name": str(name), "kind": kind, "calls": int(len(g)), "time_us": float(g.sum())})
+        durations: dict[Any, list[float]] = {}  # by name, in order of first appearance
+        for name, dur, row in zip(table["name"], table["dur"], rows, strict=True):
+            if row:
+                durations.setdefault(name, []).append(dur)
+        for name, durs in durations.items():
+            # pairwise: the sum pandas' groupby gave each name
+            out.append({"name": str(name), "kind": kind, "calls": len(durs), "time_us": pairwise_sum(durs)})
     return sorted(out, key=lambda c: -c["time_us"])
 
 
-def valid_stats(stats: Any) -> bool:
+def valid_stats(stats: Any) -> TypeGuard[dict[str, Any]]:
+    """Whether `stats` (a rank's summary.json "rank", decoded JSON) has every number rank_stats gives."""
     return isinstance(stats, dict) and all(k in stats for k in STATS_KEYS) and isinstance(stats.get("rank"), int)
 
 
@@ -203,27 +229,27 @@ def merge_ranks(rank_runs: list[RankRun], *, target: str, warn: Callable[[str], 
     first = rank_runs[0].run
     gpu = "kernels" in first.ops
     peaks = Peaks.from_json(first.meta.get("peaks") or {})
-    ops = merge_ops([to_frame(r.run.ops).assign(_rank=r.rank) for r in rank_runs], peaks, gpu=gpu)
+    ops = merge_ops([(r.rank, r.run.ops) for r in rank_runs], peaks, gpu=gpu)
     ranks = ranks_table(rank_runs)
     # A merged run counts rank-steps: its times are sums over ranks, and "per step" (time / steps) is what
     # the mean rank spent in one step, comparable with a one-process run.
-    rank_steps = pd.to_numeric(ranks["steps"], errors="coerce").fillna(1).clip(lower=1)
-    steps = int(rank_steps.sum())
-    step_time = float((pd.to_numeric(ranks["step_time_us"], errors="coerce").fillna(0.0) * rank_steps).sum()) / steps
-    busy_values = [r.run.summary.get("device_busy_share") for r in rank_runs]
-    busy_values = [float(b) for b in busy_values if isinstance(b, (int, float))]
-    busy = float(np.mean(busy_values)) if busy_values else None
+    rank_steps = _rank_steps(ranks)
+    steps = int(pairwise_sum(rank_steps))
+    step_times = [0.0 if t != t else t for t in _numbers(ranks["step_time_us"])]
+    step_time = pairwise_sum([t * n for t, n in zip(step_times, rank_steps, strict=True)]) / steps
+    busy_values = [b for r in rank_runs if (b := units.number(r.run.summary.get("device_busy_share"))) is not None]
+    busy = pairwise_sum(busy_values) / len(busy_values) if busy_values else None  # numpy's mean
     distributed = distributed_summary(rank_runs, ranks)
     expected = distributed.get("world_size")
     if expected and expected > len(rank_runs):
         warn(f"merged {len(rank_runs)} of {expected} ranks (the others' runs or traces are not in this folder: "
              "collect every node's ranks/ into one folder and run `opscope analyze FOLDER`)")
-    ctx = Context(ops=from_frame(ops), events={}, peaks=peaks, gpu=gpu, source=str(first.meta.get("source")),
+    ctx = Context(ops=ops, events={}, peaks=peaks, gpu=gpu, source=str(first.meta.get("source")),
                   steps=steps, step_time_us=step_time, device_busy_share=busy, meta=first.meta, ranks=ranks)
     findings = merge_findings(rank_runs) + run_rules(ctx, only=["straggler"])
     findings.sort(key=lambda f: (f.get("est_savings_us") is None, -(f.get("est_savings_us") or 0.0)))
     gpu_keys = {"comm_compute_overlap_share": distributed["comm_compute_overlap_share"]} if gpu else None
-    summary = summarize(from_frame(ops), steps=steps, step_time_us=step_time, n_findings=len(findings), busy=busy,
+    summary = summarize(ops, steps=steps, step_time_us=step_time, n_findings=len(findings), busy=busy,
                         gpu_keys=gpu_keys)
     summary["distributed"] = distributed
     meta = dict(first.meta)
@@ -234,52 +260,95 @@ def merge_ranks(rank_runs: list[RankRun], *, target: str, warn: Callable[[str], 
     first_modules = first.modules
     classes = (dict(zip(first_modules["module"], first_modules["module_class"], strict=True))
                if first_modules is not None else None)
-    return Run(meta=meta, ops=from_frame(ops), findings=findings, summary=summary, ranks=from_frame(ranks),
-               modules=module_table(from_frame(ops), findings, classes))
+    return Run(meta=meta, ops=ops, findings=findings, summary=summary, ranks=ranks,
+               modules=module_table(ops, findings, classes))
 
 
-def merge_ops(tables: list[pd.DataFrame], peaks: Peaks, *, gpu: bool) -> pd.DataFrame:
-    """One ops table over all ranks: rows with the same key (op, inputs, source line, module; GPU kernel rows
-    also their launcher) summed (calls, time, CPU time), roofline columns recomputed from the sums; plus
-    `ranks` (how many ranks ran the row), `slowest_rank` and `time_us_max_rank` (its time there)."""
-    columns = list(dict.fromkeys([*(c for t in tables for c in t.columns if c != "_rank"), *CONTRACT_COLUMNS]))
-    rows = pd.concat(tables, ignore_index=True, sort=False)
+def merge_ops(tables: Sequence[tuple[int, Table]], peaks: Peaks, *, gpu: bool) -> Table:
+    """One ops table over all ranks ((rank, its ops table) each): rows with the same key (op, inputs,
+    source line, module; GPU kernel rows also their launcher) summed (calls, time, CPU time), roofline
+    columns recomputed from the sums; plus `ranks` (how many ranks ran the row), `slowest_rank` and
+    `time_us_max_rank` (its time there)."""
+    names = list(dict.fromkeys(c for _, t in tables for c in t))
+    columns = list(dict.fromkeys([*names, *CONTRACT_COLUMNS]))
+    rows = _concat_as_pandas([t for _, t in tables], names)
+    rank_of_row = [rank for rank, t in tables for _ in range(nrows(t))]
     # module (and launcher) only where the ranks' tables have them: runs written before module paths lack it
-    key = [k for k in KEY if k in CONTRACT_COLUMNS or k in rows.columns]
-    key += ["launcher"] if "launcher" in rows.columns else []
+    key = [k for k in KEY if k in CONTRACT_COLUMNS or k in rows]
+    key += ["launcher"] if "launcher" in rows else []
     for k in key:
-        rows[k] = rows[k].fillna("").astype(str)
-    codes = np.asarray(group_codes([rows[k].tolist() for k in key]), dtype=np.int64)
-    g = int(codes.max()) + 1 if len(codes) else 0
-    first = np.full(g, len(codes), dtype=np.int64)  # each group's first row (groups are numbered in that order)
-    np.minimum.at(first, codes, np.arange(len(codes)))
-    table = rows.iloc[first].reset_index(drop=True)
-    time = rows["time_us_total"].to_numpy(dtype=float)
+        rows[k] = ["" if v is None or v != v else str(v) for v in rows[k]]
+    codes = group_codes([rows[k] for k in key])
+    g = max(codes) + 1 if codes else 0
+    table = take(rows, first_index(codes, g))  # each group's first row (groups are numbered in that order)
+    time = [NAN if t is None else float(t) for t in rows["time_us_total"]]
     for col in ("calls", "time_us_total", "cpu_time_us_total"):
-        if col in rows.columns:
-            table[col] = np.bincount(codes, weights=rows[col].fillna(0.0).to_numpy(dtype=float), minlength=g)
-    order = np.lexsort((time, codes))  # within each group, ascending time: the group's last is its slowest
-    last = np.zeros(g, dtype=np.int64)
-    last[codes[order]] = order
-    table["ranks"] = np.bincount(codes, minlength=g)
-    table["slowest_rank"] = rows["_rank"].to_numpy()[last] if g else []
-    table["time_us_max_rank"] = time[last] if g else []
-    total = float(table["time_us_total"].sum())
-    table["time_share"] = table["time_us_total"] / total if total > 0 else 0.0
-    had_kernels = "kernels" in table.columns
-    if not had_kernels:
-        table["kernels"] = ""
-    table["kernels"] = table["kernels"].fillna("")
-    for col in ("family", "dtype"):
-        table[col] = table[col].fillna("") if col in table.columns else ""
+        if col in rows:
+            # in row order, as np.bincount added them
+            table[col] = sum_by_group(codes, [0.0 if v is None or v != v else float(v) for v in rows[col]], g)
+    # each group's slowest row: the last in ascending time with NaN last and ties in row order (the
+    # stable np.lexsort this replaces), so the longest time, the latest row of equal times, any NaN first
+    slowest = [-1] * g
+    for i, (c, t) in enumerate(zip(codes, time, strict=True)):
+        j = slowest[c]
+        if j < 0 or ascending_key(t) >= ascending_key(time[j]):
+            slowest[c] = i
+    table["ranks"] = count_by_group(codes, g)
+    table["slowest_rank"] = [rank_of_row[i] for i in slowest]
+    table["time_us_max_rank"] = [time[i] for i in slowest]
+    times = table["time_us_total"]
+    total = pairwise_sum(times)
+    table["time_share"] = [t / total for t in times] if total > 0 else [0.0] * g
+    had_kernels = "kernels" in table
+    for col in ("kernels", "family", "dtype"):
+        table[col] = filled(table[col]) if col in table else [""] * g
     table = add_roofline(table, peaks, gpu=gpu)
     if not had_kernels:
-        table = table.drop(columns=["kernels"])
-    table = table.sort_values("time_us_total", ascending=False, kind="stable").reset_index(drop=True)
-    return table[[c for c in columns if c in table.columns] + MERGED_OP_COLUMNS]
+        del table["kernels"]
+    # largest time first, NaN last; equal times keep their order (pandas' stable sort_values)
+    order = sorted(range(g), key=lambda i: descending_key(times[i]))
+    return take({c: table[c] for c in [c for c in columns if c in table] + MERGED_OP_COLUMNS}, order)
 
 
-def ranks_table(rank_runs: list[RankRun]) -> pd.DataFrame:
+def _concat_as_pandas(tables: Sequence[Table], columns: Sequence[str]) -> Table:
+    """The tables' rows one after another, each value as pandas' concat of their DataFrames (to_frame)
+    held it: a column a table lacks is NaN there, and a column of numbers is a float column (whole
+    numbers become floats) when any table's part of it holds a float or a missing value, or no rows.
+    Text, bools and mixed columns keep their values (no column of an ops table holds bools or None, the
+    cases where pandas converts those too)."""
+    out: Table = {}
+    for c in columns:
+        parts = [t.get(c) for t in tables]
+        kinds = [_number_kind(p) if p is not None else "float" for p in parts]
+        values: list[Any] = []
+        for t, part, kind in zip(tables, parts, kinds, strict=True):
+            values += [NAN] * nrows(t) if part is None else _floats(part) if kind == "float" else part
+        out[c] = _floats(values) if set(kinds) <= {"int", "float"} and "float" in kinds else values
+    return out
+
+
+def _number_kind(values: Sequence[Any]) -> str:
+    """The numpy type pandas gives a column of these values: "int" (whole numbers only), "float"
+    (numbers with a float or NaN among them, whole numbers with None, or no values), "none" (None only),
+    or "other" (text, bools, mixed: kept as they are)."""
+    kinds = set()
+    for v in values:
+        if v is None:
+            kinds.add("none")
+        elif isinstance(v, bool) or not isinstance(v, (int, float)):
+            return "other"
+        else:
+            kinds.add("int" if isinstance(v, int) else "float")
+    if not kinds or "float" in kinds or kinds == {"int", "none"}:
+        return "float"
+    return "int" if kinds == {"int"} else "none"
+
+
+def _floats(values: Sequence[Any]) -> list[float]:
+    return [NAN if v is None else float(v) for v in values]
+
+
+def ranks_table(rank_runs: list[RankRun]) -> Table:
     """ranks.csv: one row per rank (module docstring), the straggler marked."""
     rows = []
     for r in rank_runs:
@@ -289,32 +358,56 @@ def ranks_table(rank_runs: list[RankRun]) -> pd.DataFrame:
                      "compute_time_us": s.get("compute_time_us"), "idle_time_us": s.get("idle_time_us"),
                      "comm_compute_overlap_share": s.get("comm_compute_overlap_share"), "straggler": 0,
                      "device": str((r.run.meta.get("device") or {}).get("name") or ""), "run": r.folder})
-    df = pd.DataFrame(rows, columns=RANK_COLUMNS)
-    compute = pd.to_numeric(df["compute_time_us"], errors="coerce")
-    if compute.notna().any():
-        df.loc[compute.idxmax(), "straggler"] = 1
-    return df
+    table = from_records(rows, RANK_COLUMNS)
+    for col, values in table.items():  # typed as a DataFrame of these rows typed them
+        if _number_kind(values) == "float":
+            table[col] = _floats(values)
+    slow = _first_max(_numbers(table["compute_time_us"]))
+    if slow is not None:
+        table["straggler"][slow] = 1
+    return table
 
 
-def _spread(values: pd.Series) -> float | None:
-    values = pd.to_numeric(values, errors="coerce").dropna()
-    med = float(values.median()) if len(values) else 0.0
-    return float(values.max() - values.min()) / med if med > 0 else None
+def _numbers(values: Sequence[Any]) -> list[float]:
+    """The values as numbers (units.number), NaN where not one: pandas' to_numeric(errors="coerce")."""
+    return [NAN if (x := units.number(v)) is None else x for v in values]
 
 
-def distributed_summary(rank_runs: list[RankRun], ranks: pd.DataFrame) -> dict[str, Any]:
+def _first_max(values: Sequence[float]) -> int | None:
+    """Index of the largest value (the first of equal ones), NaN skipped; None if all are NaN (idxmax)."""
+    best = None
+    for i, v in enumerate(values):
+        if v == v and (best is None or v > values[best]):
+            best = i
+    return best
+
+
+def _rank_steps(ranks: Table) -> list[float]:
+    """Each rank's profiled steps, at least 1 (a rank without the number counts 1)."""
+    return [1.0 if s != s else max(s, 1.0) for s in _numbers(ranks["steps"])]
+
+
+def _spread(values: Sequence[float]) -> float | None:
+    present = [v for v in values if v == v]
+    med = median(present) if present else 0.0
+    return (max(present) - min(present)) / med if med > 0 else None
+
+
+def distributed_summary(rank_runs: list[RankRun], ranks: Table) -> dict[str, Any]:
     """summary.json "distributed" (README, "Run directory format")."""
-    rank_steps = int(pd.to_numeric(ranks["steps"], errors="coerce").fillna(1).clip(lower=1).sum())
-    compute = pd.to_numeric(ranks["compute_time_us"], errors="coerce")
-    step = pd.to_numeric(ranks["step_time_us"], errors="coerce")
-    slow = int(compute.idxmax()) if compute.notna().any() else 0
-    median = float(compute.median()) if compute.notna().any() else None
-    worlds = [r.stats.get("world_size") for r in rank_runs if isinstance(r.stats.get("world_size"), int)]
+    rank_steps = int(pairwise_sum(_rank_steps(ranks)))
+    compute = _numbers(ranks["compute_time_us"])
+    step = _numbers(ranks["step_time_us"])
+    coll = _numbers(ranks["collective_time_us"])
+    slowest = _first_max(compute)
+    slow = slowest if slowest is not None else 0
+    med = median(compute) if slowest is not None else None
+    worlds = [w for r in rank_runs if isinstance(w := r.stats.get("world_size"), int)]
     backends = [r.stats.get("backend") for r in rank_runs if r.stats.get("backend")]
-    overlaps = [r.stats.get("comm_compute_overlap_share") for r in rank_runs]
-    overlaps = [float(o) for o in overlaps if isinstance(o, (int, float))]
-    mean_step = float(step.mean()) if step.notna().any() else 0.0
-    coll = pd.to_numeric(ranks["collective_time_us"], errors="coerce")
+    overlaps = [o for r in rank_runs if (o := units.number(r.stats.get("comm_compute_overlap_share"))) is not None]
+    steps_known = [s for s in step if s == s]
+    coll_known = any(c == c for c in coll)
+    mean_step = mean(step) if steps_known else 0.0
     merged: dict[tuple[str, str], dict[str, Any]] = {}
     for r in rank_runs:
         for c in r.stats.get("collectives") or []:
@@ -327,26 +420,27 @@ def distributed_summary(rank_runs: list[RankRun], ranks: pd.DataFrame) -> dict[s
     for c in collectives:
         c["time_us_per_step"] = c["time_us"] / rank_steps
         c["share"] = c["time_us_per_step"] / mean_step if mean_step > 0 else None
-    straggler = int(ranks["rank"].iloc[slow])
+    straggler = int(ranks["rank"][slow])
+    excess = (compute[slow] - med) / med if med else None
     return {
         "world_size": max(worlds) if worlds else len(rank_runs),
         "ranks": len(rank_runs),
-        "steps_per_rank": int(pd.to_numeric(ranks["steps"], errors="coerce").median()),
+        "steps_per_rank": int(median(_numbers(ranks["steps"]))),
         "backend": backends[0] if backends else None,
         "straggler_rank": straggler,
-        "straggler_compute_time_us": float(compute.iloc[slow]) if median is not None else None,
-        "compute_time_us_median": median,
-        "straggler_excess_share": (float(compute.iloc[slow]) - median) / median if median else None,
+        "straggler_compute_time_us": compute[slow] if med is not None else None,
+        "compute_time_us_median": med,
+        "straggler_excess_share": excess,
         # beyond run-to-run noise: what the straggler finding fires on (opscope.findings.straggler)
-        "straggler_beyond_noise": bool(median and (float(compute.iloc[slow]) - median) / median >= MIN_EXCESS),
+        "straggler_beyond_noise": bool(excess is not None and excess >= MIN_EXCESS),
         "compute_spread_share": _spread(compute),
-        "step_time_us_min": float(step.min()) if step.notna().any() else None,
-        "step_time_us_max": float(step.max()) if step.notna().any() else None,
+        "step_time_us_min": min(steps_known) if steps_known else None,
+        "step_time_us_max": max(steps_known) if steps_known else None,
         "step_time_spread_share": _spread(step),
-        "collective_time_us": float(coll.mean()) if coll.notna().any() else None,
-        "collective_time_share": float(coll.mean()) / mean_step if coll.notna().any() and mean_step > 0 else None,
-        "idle_time_us": float(pd.to_numeric(ranks["idle_time_us"], errors="coerce").mean()),
-        "comm_compute_overlap_share": float(np.mean(overlaps)) if overlaps else None,
+        "collective_time_us": mean(coll) if coll_known else None,
+        "collective_time_share": mean(coll) / mean_step if coll_known and mean_step > 0 else None,
+        "idle_time_us": mean(_numbers(ranks["idle_time_us"])),
+        "comm_compute_overlap_share": pairwise_sum(overlaps) / len(overlaps) if overlaps else None,  # numpy's mean
         "collectives": collectives,
     }
 
@@ -365,17 +459,18 @@ def merge_findings(rank_runs: list[RankRun]) -> list[dict[str, Any]]:
     """The ranks' findings, one per (rule, op, source line): the text of the rank where it saves most,
     prefixed with the ranks it fired on; the saving summed over them (the merged run sums time over
     ranks)."""
-    groups: dict[tuple, list[tuple[int, dict[str, Any]]]] = {}
+    groups: dict[tuple[Any, Any, Any], list[tuple[int, dict[str, Any]]]] = {}
     for r in rank_runs:
         for f in r.run.findings:
             groups.setdefault((f.get("rule"), f.get("op"), f.get("source_location")), []).append((r.rank, f))
     out = []
     for items in groups.values():
         best = max(items, key=lambda x: x[1].get("est_savings_us") or 0.0)[1]
-        savings = [f.get("est_savings_us") for _, f in items]
+        savings = [s for _, f in items if isinstance(s := f.get("est_savings_us"), (int, float))]
         merged = dict(best)
         merged["message"] = f"{rank_list([r for r, _ in items])}: {best.get('message', '')}"
-        merged["est_savings_us"] = float(sum(savings)) if all(isinstance(s, (int, float)) for s in savings) else None
+        # unknown (None) as soon as one rank's saving is
+        merged["est_savings_us"] = float(sum(savings)) if len(savings) == len(items) else None
         out.append(merged)
     return out
 
@@ -401,7 +496,7 @@ def write_merged(run: Run, ranks_dir: Path, *, out: Path | None, stem: str, base
 
 
 @contextlib.contextmanager
-def staging_folder(parent: Path):  # noqa: ANN201
+def staging_folder(parent: Path) -> Iterator[Path]:
     """A hidden folder beside the final run (same file system, so ranks/ moves in by rename), named like
     a run being written so that a killed process's leftovers are removed (opscope.run.discard_staging)."""
     made = not parent.exists()
@@ -483,7 +578,7 @@ def analyze_rank_folder(folder: Path, *, out: Path | None = None, peak_bw: float
                 def finish(run: Run, trace: TraceData, hint: int = fallback if fallback is not None else i,
                            holder: dict[str, Any] = holder) -> None:
                     info = trace.distributed or {}
-                    rank = info.get("rank") if isinstance(info.get("rank"), int) else hint
+                    rank = recorded if isinstance(recorded := info.get("rank"), int) else hint
                     run.summary["rank"] = holder["stats"] = rank_stats(trace, run.summary, rank=rank)
                     run.meta["rank"] = rank
 
@@ -523,6 +618,6 @@ def _read_rank_dir(path: Path, fallback: int, max_trace_gb: float | None) -> Ran
             raise OpscopeError(f"{path} has neither the rank's numbers (summary.json \"rank\") nor its trace.json.gz")
         trace = load_trace(trace_path, with_python=False, max_bytes=max_trace_bytes(max_trace_gb))
         info = trace.distributed or {}
-        rank = info.get("rank") if isinstance(info.get("rank"), int) else fallback
+        rank = recorded if isinstance(recorded := info.get("rank"), int) else fallback
         stats = rank_stats(trace, run.summary, rank=rank)
     return RankRun(int(stats["rank"]), run, stats, "")

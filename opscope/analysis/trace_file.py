@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from opscope import __version__, units
-from opscope.analysis.annotations import ANNOTATION_KEY, BlockError, embedded_lines, read_block
+from opscope.analysis.annotations import ANNOTATION_KEY, Block, BlockError, embedded_lines, read_block
 from opscope.analysis.capture_merge import merge_capture
 from opscope.analysis.pipeline import analyze
 from opscope.machine.peaks import Peaks, apply_overrides, gpu_from_properties, gpu_peaks, unknown_gpu_warning
@@ -48,7 +48,7 @@ def gpu_name(trace: TraceData, runtime: str) -> tuple[str, str]:
     return UNKNOWN_GPU, "none"
 
 
-def _device_props(trace: TraceData) -> dict:
+def _device_props(trace: TraceData) -> dict[str, Any]:
     """The deviceProperties entry of the device most kernels ran on (by "id"), else the first."""
     props = trace.device_properties
     if not props:
@@ -89,7 +89,7 @@ def trace_peaks(trace: TraceData, device: dict[str, str], peak_bw: float | None,
     return apply_overrides(peaks, peak_bw, peak_flops)
 
 
-def _embedded(trace: TraceData, warn: Callable[[str], None]) -> tuple | None:
+def _embedded(trace: TraceData, warn: Callable[[str], None]) -> Block | None:
     """The lines, modules and memory `opscope profile` embedded in its saved trace, if any (read_block)."""
     if trace.opscope_block is None:
         return None

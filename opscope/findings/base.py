@@ -6,14 +6,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from opscope.machine.peaks import Peaks
 from opscope.sources import HARNESS
 from opscope.table import Table, as_table, pairwise_sum
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 
 @dataclass
@@ -68,8 +65,7 @@ class Context:
     noise: dict[str, Any] | None = None
     memory: Any = None  # analysis.memory.MemoryProfile when the run recorded memory events
     # A merged run of a multi-process job: ranks.csv (opscope.analysis.ranks); None for one process.
-    # A DataFrame: merging ranks reads runs back with pandas anyway.
-    ranks: pd.DataFrame | None = None
+    ranks: Table | None = None
     # Derived tables shared between rules (call tree, subtree times, copy classification, ...), filled
     # lazily by opscope.findings.common; never written anywhere.
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -77,6 +73,8 @@ class Context:
     def __post_init__(self) -> None:
         self.ops = as_table(self.ops)
         self.events = as_table(self.events)
+        if self.ranks is not None:
+            self.ranks = as_table(self.ranks)
 
     @property
     def total_time_us(self) -> float:

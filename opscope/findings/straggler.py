@@ -2,7 +2,8 @@
 synchronous job (DDP, FSDP, tensor parallelism) every other rank then waits for it inside collectives
 each step, so the whole job runs at the slowest rank's pace.
 
-Reads the merged run's ranks.csv (Context.ranks; None for a one-process run, where this never fires).
+Reads the merged run's ranks.csv (Context.ranks; None for a one-process run, where this never fires); a
+value that is not a finite number (opscope.units.number) counts as missing.
 Fires when the slowest rank's compute time per step (compute_time_us, opscope.analysis.ranks) is at
 least MIN_EXCESS above the median rank's. Saving, an upper bound: the excess over the median, in every
 step of every rank (each waits that long for the straggler); a merged run counts rank-steps, so that is
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
 from opscope.findings.common import severity
+from opscope.table import median, nrows
 
 MIN_EXCESS = 0.10  # below this, two ranks' compute times differ by run-to-run noise
 
@@ -29,28 +31,26 @@ SUGGESTION = ("Find what differs on that rank: compare its ops with another rank
 @rule("straggler")
 def straggler(ctx: Context) -> Iterator[Finding]:
     ranks = ctx.ranks
-    if ranks is None or len(ranks) < 2 or "compute_time_us" not in ranks.columns:
+    if ranks is None or nrows(ranks) < 2 or "compute_time_us" not in ranks:
         return
-    import pandas as pd  # only a merged run has ranks, and merging ranks reads runs with pandas anyway
-
-    compute = pd.to_numeric(ranks["compute_time_us"], errors="coerce")
-    if compute.notna().sum() < 2:
+    compute = [units.number(v) for v in ranks["compute_time_us"]]
+    known = [c for c in compute if c is not None]
+    if len(known) < 2:
         return
-    median = float(compute.median())
-    i = compute.idxmax()
-    slowest = float(compute[i])
-    if median <= 0 or (slowest - median) / median < MIN_EXCESS:
+    mid = median(known)
+    slowest = max(known)
+    i = compute.index(slowest)  # the first rank with the most compute
+    if mid <= 0 or (slowest - mid) / mid < MIN_EXCESS:
         return
-    rank = int(ranks.loc[i, "rank"])
-    excess = slowest - median
-    others = ranks.drop(index=i)
-    waits = pd.to_numeric(others.get("collective_time_us", pd.Series(dtype=float)), errors="coerce")
-    wait_text = (f"; the others spend {units.duration(float(waits.min()))} to {units.duration(float(waits.max()))} per step in "
-                 "collectives" if waits.notna().any() and waits.max() > 0 else "")
+    rank = int(ranks["rank"][i])
+    excess = slowest - mid
+    waits = [w for j, v in enumerate(ranks.get("collective_time_us", [])) if j != i and (w := units.number(v)) is not None]
+    wait_text = (f"; the others spend {units.duration(min(waits))} to {units.duration(max(waits))} per step in "
+                 "collectives" if waits and max(waits) > 0 else "")
     saving = excess * max(ctx.steps, 1)
-    message = (f"rank {rank} computes {units.duration(slowest)} per step, {excess / median:.0%} more than the median rank "
-               f"({units.duration(median)}; fastest {units.duration(float(compute.min()))}): in a synchronous job the other "
-               f"{len(ranks) - 1} rank(s) wait for it every step{wait_text}. As fast as the median, every rank's "
+    message = (f"rank {rank} computes {units.duration(slowest)} per step, {excess / mid:.0%} more than the median rank "
+               f"({units.duration(mid)}; fastest {units.duration(min(known))}): in a synchronous job the other "
+               f"{nrows(ranks) - 1} rank(s) wait for it every step{wait_text}. As fast as the median, every rank's "
                f"step would be up to {units.duration(excess)} shorter (an upper bound).")
     yield Finding(rule="straggler", severity=severity(saving, ctx), op="", source_location="", message=message,
                   suggestion=SUGGESTION, est_savings_us=saving)

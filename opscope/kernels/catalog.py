@@ -13,13 +13,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opscope.errors import OpscopeError
-from opscope.table import Table, as_table, nrows
-
-if TYPE_CHECKING:
-    import pandas as pd
+from opscope.table import Table, nrows
 
 COMPILE = "compile"  # --kernel compile: torch.compile of the whole model, the built-in baseline
 HARNESS = "opscope:harness"
@@ -50,11 +47,12 @@ def manifest_module() -> ModuleType:
 
 def manifests() -> list[Any]:
     """Every bundled kernel's KernelManifest, sorted by name. A malformed manifest is one error line."""
-    mod = manifest_module()
+    mod = manifest_module()  # loaded from its file: untyped here
     try:
-        return mod.load_manifests()
+        found: list[Any] = mod.load_manifests()
     except mod.ManifestError as exc:
         raise SwapRequestError(str(exc)) from exc
+    return found
 
 
 def find(name: str) -> Any:
@@ -145,9 +143,9 @@ def check_op_name(op: str) -> None:
 # --- swap candidates of a run ------------------------------------------------------------------------
 
 
-def candidates(ops: Table | pd.DataFrame, manifest_list: list[Any] | None = None) -> list[dict[str, Any]]:
+def candidates(ops: Table, manifest_list: list[Any] | None = None) -> list[dict[str, Any]]:
     """The bundled kernels that could replace ops of a run (summary.json `swap_candidates`): `ops` is the
-    run's ops table (or its DataFrame).
+    run's ops table.
 
     A manifest `[[replaces]]` entry matches at a source location when every op it lists (`ops`) ran
     there (forward or backward rows with that `source_location`; the harness's own ops never match);
@@ -156,7 +154,6 @@ def candidates(ops: Table | pd.DataFrame, manifest_list: list[Any] | None = None
     matched rows' total time), largest time first."""
     if manifest_list is None:
         manifest_list = manifests()
-    ops = as_table(ops)
     if "op" not in ops or "source_location" not in ops or not nrows(ops):
         return []
     by_location: dict[str, dict[str, list[int]]] = {}

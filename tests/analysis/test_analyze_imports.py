@@ -57,3 +57,21 @@ def test_reading_the_run_back_as_dataframes_still_works(tmp_path: Path) -> None:
     assert list(frame.columns) == list(table)
     assert frame["op"].tolist() == table["op"]
     assert frame["time_us_total"].tolist() == table["time_us_total"]
+
+
+def test_merging_ranks_imports_no_pandas_numpy_or_torch(tmp_path: Path) -> None:
+    """`opscope analyze FOLDER` of rank traces (tests/fixtures/distributed), console report included, then
+    the same merge again from the merged run's ranks/ (run directories, as `profile --nproc-per-node`
+    merges them)."""
+    folder = FIXTURES / "distributed"
+    code = ("import contextlib, io, sys\nfrom opscope.cli.app import main\n"
+            "def analyze(*args):\n"
+            "    sys.argv = ['opscope', 'analyze', *args]\n"
+            "    out = io.StringIO()\n"
+            "    with contextlib.redirect_stdout(out):\n"
+            "        try:\n            main()\n        except SystemExit as exc:\n            assert not exc.code, exc.code\n"
+            "    assert 'straggler: rank 1' in out.getvalue(), out.getvalue()\n"
+            f"analyze({str(folder)!r}, '--out', {str(tmp_path / 'run')!r})\n"
+            f"analyze({str(tmp_path / 'run' / 'ranks')!r}, '--out', {str(tmp_path / 'again')!r})\n" + HEAVY)
+    assert _imported(code) == []
+    assert (tmp_path / "again" / "ranks.csv").read_text() == (tmp_path / "run" / "ranks.csv").read_text()

@@ -82,14 +82,6 @@ def test_roofline_columns_by_hand():
     assert list(out)[:7] == list(table)  # the input's columns first, in order
 
 
-def test_roofline_of_a_dataframe_is_a_dataframe():
-    frame = pd.DataFrame({"calls": [1], "time_us_total": [5.0], "flops_per_call": [5e6], "bytes_per_call": [1e3],
-                          "family": ["matmul"], "dtype": ["float32"], "kernels": [""]})
-    out = add_roofline(frame, PEAKS, gpu=False)
-    assert isinstance(out, pd.DataFrame) and out["achieved_gflops"].dtype == float
-    assert out["achieved_gflops"].tolist() == [1000.0] and out["bound"].tolist() == ["compute"]
-
-
 def test_classify_bound_edges():
     assert classify_bound(NAN, 1.0, "matmul", 1.0, 1.0) == "unknown"
     assert classify_bound(0.0, 0.0, "view", None, None) == "overhead"

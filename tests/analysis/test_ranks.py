@@ -19,6 +19,7 @@ from opscope.errors import OpscopeError
 from opscope.machine.peaks import Peaks
 from opscope.render.html import render_html
 from opscope.run.read import read_run
+from opscope.table import NAN, records
 from opscope.trace.reader import load_trace
 
 DDP_TRACES = REPO / "tests" / "fixtures" / "distributed"
@@ -84,21 +85,40 @@ def test_rank_stats_gpu_hand_computed(tmp_path):
 
 
 def test_merge_ops_sums_ranks_and_names_the_slowest():
-    def table(time_mm: float, time_add: float) -> pd.DataFrame:
-        return pd.DataFrame({
+    def table(time_mm: float, time_add: float) -> dict[str, list]:
+        return {
             "op": ["aten::mm", "aten::add"], "input_dims": ["[[8, 8], [8, 8]]", "[[8], [8]]"],
             "input_dtypes": ['["float", "float"]'] * 2, "input_strides": ["", ""], "concrete_inputs": ["", ""],
             "source_location": ["m.py:3", "m.py:4"], "calls": [2.0, 2.0], "time_us_total": [time_mm, time_add],
             "time_share": [0.5, 0.5], "flops_per_call": [1024.0, 8.0], "bytes_per_call": [768.0, 96.0],
-            "bound": ["compute", "memory"], "family": ["matmul", "elementwise"], "dtype": ["float32", "float32"]})
+            "bound": ["compute", "memory"], "family": ["matmul", "elementwise"], "dtype": ["float32", "float32"]}
 
     peaks = Peaks(10.0, {"float32": 100.0}, {"memory_bandwidth": "user", "flops": "user"})
-    merged = merge_ops([table(10.0, 4.0).assign(_rank=0), table(30.0, 2.0).assign(_rank=1)], peaks, gpu=False)
-    mm = merged[merged["op"] == "aten::mm"].iloc[0]
+    merged = merge_ops([(0, table(10.0, 4.0)), (1, table(30.0, 2.0))], peaks, gpu=False)
+    [mm] = [r for r in records(merged) if r["op"] == "aten::mm"]
     assert (mm["calls"], mm["time_us_total"], mm["ranks"], mm["slowest_rank"], mm["time_us_max_rank"]) == (4, 40, 2, 1, 30)
     assert mm["achieved_gflops"] == pytest.approx(1024 * 4 / 40.0 / 1e3)  # recomputed from the sums
-    assert merged["op"].tolist() == ["aten::mm", "aten::add"]
-    assert merged["time_share"].sum() == pytest.approx(1.0)
+    assert merged["op"] == ["aten::mm", "aten::add"]
+    assert sum(merged["time_share"]) == pytest.approx(1.0)
+
+
+def test_merge_ops_keeps_pandas_types_and_orders():
+    """What the merge did with pandas, kept: a key column a rank lacks (module) is "" there, a number
+    column one rank lacks holds floats, equal times keep the rows' order, and of a row's equal times on
+    two ranks the later rank is the slowest."""
+    a = {"op": ["x", "y"], "input_dims": ["", ""], "input_dtypes": ["", ""], "input_strides": ["", ""],
+         "concrete_inputs": ["", ""], "source_location": ["", ""], "module": ["m", "m"], "calls": [1, 1],
+         "time_us_total": [5.0, 5.0], "flops_per_call": [NAN, NAN], "bytes_per_call": [NAN, NAN],
+         "family": ["", ""], "dtype": ["", ""], "extra": [7, 8]}
+    b = {k: v for k, v in a.items() if k not in ("module", "extra")}
+    merged = merge_ops([(0, a), (1, b)], Peaks(None), gpu=False)
+    assert merged["op"] == ["x", "y", "x", "y"]  # four rows: a's have module "m", b's module ""
+    assert merged["module"] == ["m", "m", "", ""]
+    assert [type(v) for v in merged["extra"]] == [float] * 4 and merged["extra"][:2] == [7.0, 8.0]
+    assert merged["calls"] == [1.0] * 4 and merged["ranks"] == [1] * 4
+    same = merge_ops([(0, b), (1, b)], Peaks(None), gpu=False)
+    assert same["slowest_rank"] == [1, 1] and same["time_us_total"] == [10.0, 10.0]
+    assert same["time_share"] == [0.5, 0.5]
 
 
 def test_rank_names_and_lists():
