@@ -79,9 +79,7 @@ class Context:
     @property
     def total_time_us(self) -> float:
         # Read by every rule's severity and share: summed once (the ops table does not change).
-        if "total_time_us" not in self.cache:
-            self.cache["total_time_us"] = pairwise_sum(self.ops["time_us_total"])
-        return self.cache["total_time_us"]
+        return cached(self, "total_time_us", lambda: pairwise_sum(self.ops["time_us_total"]))
 
 
 T = TypeVar("T")
@@ -91,7 +89,8 @@ def cached(ctx: Context, key: str, build: Callable[[], T]) -> T:
     """`build()`, computed once per Context (tables derived from the event table, shared between rules)."""
     if key not in ctx.cache:
         ctx.cache[key] = build()
-    return ctx.cache[key]
+    value: T = ctx.cache[key]  # what build() returned: each key has one builder
+    return value
 
 
 Rule = Callable[[Context], Iterable[Finding]]

@@ -21,7 +21,7 @@ PINGPONG_MIN_PER_STEP (2) per step. One finding per (line, direction); saving = 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
@@ -60,6 +60,16 @@ def _conv_spec(ctx: Context, i: int) -> dict[str, Any] | None:
     return spec
 
 
+class _ConvGroup(TypedDict):
+    """The NCHW convolutions of one line and spec."""
+
+    spec: dict[str, Any]  # _conv_spec(): what the layout probe times
+    loc: str
+    calls: int
+    time: float  # µs, with what runs beneath
+    kernels: set[str]
+
+
 def _conv_findings(ctx: Context) -> Iterator[Finding]:
     nm = names(ctx)
     mask = user_mask(ctx)
@@ -67,7 +77,7 @@ def _conv_findings(ctx: Context) -> Iterator[Finding]:
     locs = col(ctx, "source_location")
     times = subtree_sum(ctx, "time_us")
     kern = col(ctx, "kernels")
-    groups: dict[tuple, dict[str, Any]] = {}
+    groups: dict[tuple[str, str], _ConvGroup] = {}  # (line, spec) -> its convolutions
     for i, name in enumerate(nm):
         if name != CONV_OP or not mask[i] or bwd[i] >= 0 or not is_nchw(tensor(ctx, i, 0)):
             continue

@@ -6,14 +6,11 @@ No rule lives here.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any
 
 from opscope.findings.base import Context
 from opscope.findings.layout import Tensor
 from opscope.findings.tree import ops_rows_for_events, records  # noqa: F401  (read outside the findings)
-
-T = TypeVar("T")
 
 # Severity from the estimated saving's share of the run's total op time (ops.csv time_us_total summed):
 # >= 10 % high, >= 2 % medium, else low. A finding without an estimate is low unless a rule says more.
@@ -55,13 +52,6 @@ def base_name(op: str) -> str:
     """'aten::add_' -> 'add'; 'aten::_softmax' -> '_softmax'."""
     name = short(op)
     return name[:-1] if name.endswith("_") and not name.endswith("__") else name
-
-
-def first_match(table: Iterable[tuple[Any, T]], pred: Callable[[Any], bool], default: T) -> T:
-    for key, value in table:
-        if pred(key):
-            return value
-    return default
 
 
 def per_step(x: float, ctx: Context) -> float:

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from opscope.findings.base import Context, cached
 from opscope.findings.common import base_name
@@ -262,9 +264,12 @@ def _classify(ctx: Context) -> list[Copy]:
     return out
 
 
-def group(copies: list[Copy], key) -> dict:
+K = TypeVar("K", bound=Hashable)
+
+
+def group(copies: list[Copy], key: Callable[[Copy], K]) -> dict[K, list[Copy]]:
     """Copies grouped by key(copy) -> list, insertion-ordered."""
-    groups: dict = defaultdict(list)
+    groups: dict[K, list[Copy]] = defaultdict(list)
     for c in copies:
         groups[key(c)].append(c)
     return groups

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from opscope import units
 from opscope.findings.base import Context, Finding, cached, rule
@@ -142,7 +143,7 @@ def _runs(ctx: Context) -> list[tuple[list[int], set[str], tuple[int, ...]]]:
 
     inside = inside_worker_flags(ctx)
     dims_col, types_col, strides_col = col(ctx, "input_dims"), col(ctx, "input_dtypes"), col(ctx, "input_strides")
-    largest_by_key: dict[tuple, Tensor | None] = {}  # a million events share a few thousand input texts
+    largest_by_key: dict[tuple[str, str, str], Tensor | None] = {}  # a million events share a few thousand input texts
     base_by_name: dict[str, str] = {}
     for i in workers:
         here = (step[i], thread[i])
@@ -185,7 +186,24 @@ def _runs(ctx: Context) -> list[tuple[list[int], set[str], tuple[int, ...]]]:
     return runs
 
 
-def fusion_groups(ctx: Context) -> dict[tuple, dict]:
+# a run's ops as (op, source line), in order
+_Chain = tuple[tuple[str, str], ...]
+
+
+class FusionGroup(TypedDict):
+    """The runs of one op chain: how often, what fusing them would save, their events."""
+
+    count: int
+    saving: float  # µs
+    saved_b: float  # intermediate bytes a fused kernel would not move
+    time: float  # µs
+    bytes: float
+    names: set[str]  # base names of the ops, views and composites in the runs
+    ref: tuple[int, ...]  # the shape the runs work on
+    events: list[int]
+
+
+def fusion_groups(ctx: Context) -> dict[_Chain, FusionGroup]:
     """Runs worth reporting, grouped by their (op, line) sequence; each group keeps its events."""
     return cached(ctx, "fusion_groups", lambda: _groups(ctx))
 
@@ -195,13 +213,13 @@ def fused_events(ctx: Context) -> set[int]:
     return cached(ctx, "fused_events", lambda: {i for g in fusion_groups(ctx).values() for i in g["events"]})
 
 
-def _groups(ctx: Context) -> dict[tuple, dict]:
+def _groups(ctx: Context) -> dict[_Chain, FusionGroup]:
     nm = names(ctx)
     fam = col(ctx, "family")
     locs = col(ctx, "source_location")
     times = col(ctx, "time_us")
     nbytes = [0.0 if b != b else float(b) for b in col(ctx, "bytes")]
-    groups: dict[tuple, dict] = {}
+    groups: dict[_Chain, FusionGroup] = {}
     for ops, run_names, ref in _runs(ctx):
         total_b = float(sum(nbytes[i] for i in ops))
         total_t = float(sum(times[i] for i in ops))

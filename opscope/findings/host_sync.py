@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
@@ -42,6 +43,16 @@ def _kind(names_in_chain: list[str]) -> str:
     return "copy"
 
 
+@dataclass
+class _Sync:
+    """The syncs of one (source line, outermost op)."""
+
+    count: int = 0
+    cpu: float = 0.0
+    names: set[str] = field(default_factory=set)
+    dtoh: bool = False
+
+
 @rule("host-sync")
 def host_sync(ctx: Context) -> Iterator[Finding]:
     if not ctx.gpu:
@@ -59,20 +70,19 @@ def host_sync(ctx: Context) -> Iterator[Finding]:
         inner, dtoh = tops.setdefault(chain[-1] if chain else i, ([], []))
         inner.append(name)
         dtoh.append(DTOH in kern[i])
-    groups: dict[tuple[str, str], dict] = defaultdict(lambda: {"count": 0, "cpu": 0.0, "names": set(), "dtoh": False})
+    groups: dict[tuple[str, str], _Sync] = defaultdict(_Sync)
     for top, (inner, dtoh) in tops.items():
         g = groups[(locs[top], nm[top])]
-        g["count"] += 1
-        g["cpu"] += float(dur[top])
-        g["names"].update(inner)
-        g["names"].add(nm[top])
-        g["dtoh"] = g["dtoh"] or any(dtoh)
+        g.count += 1
+        g.cpu += float(dur[top])
+        g.names.update(inner)
+        g.names.add(nm[top])
+        g.dtoh = g.dtoh or any(dtoh)
     for (loc, op), g in groups.items():
-        chain = sorted(g["names"])
-        dtoh = g["dtoh"]
-        kind = _kind(chain)
-        message = (f"{short(op)} synchronizes the CPU with the GPU ({', '.join(short(n) for n in chain)}"
-                   f"{'; a Memcpy DtoH' if dtoh else ''}): {per_step(g['count'], ctx):g} per step, the CPU blocked "
-                   f"{units.duration(g['cpu'])} in all, and the GPU runs dry until new work is launched.")
-        yield Finding(rule="host-sync", severity=severity(g["cpu"], ctx), op=op, source_location=loc,
-                      message=message, suggestion=SUGGESTIONS[kind], est_savings_us=g["cpu"])
+        synced = sorted(g.names)
+        kind = _kind(synced)
+        message = (f"{short(op)} synchronizes the CPU with the GPU ({', '.join(short(n) for n in synced)}"
+                   f"{'; a Memcpy DtoH' if g.dtoh else ''}): {per_step(g.count, ctx):g} per step, the CPU blocked "
+                   f"{units.duration(g.cpu)} in all, and the GPU runs dry until new work is launched.")
+        yield Finding(rule="host-sync", severity=severity(g.cpu, ctx), op=op, source_location=loc,
+                      message=message, suggestion=SUGGESTIONS[kind], est_savings_us=g.cpu)

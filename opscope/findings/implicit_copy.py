@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import base_name, first_match, fmt_shape, per_step, severity, share
+from opscope.findings.common import base_name, fmt_shape, per_step, severity, share
 from opscope.findings.copies import RESHAPE_LIKE, copies_of_kind, group
 
 MIN_SHARE = 0.001  # of the run's total op time
@@ -42,7 +42,7 @@ def suggestion_for(*ops: str) -> str:
     """The suggestion for the first of `ops` (outermost first) that the table knows."""
     for op in ops:
         base = base_name(op) if "::" in op else op
-        hit = first_match(SUGGESTIONS, lambda names, base=base: base in names, None)
+        hit = next((text for names, text in SUGGESTIONS if base in names), None)
         if hit is not None:
             return hit
     return DEFAULT_SUGGESTION

@@ -64,7 +64,7 @@ def _layout_ambiguous(t: Tensor) -> bool:
     return c == 1 or h * w == 1
 
 
-def _loads(text: str) -> list:
+def _loads(text: str) -> list[Any]:
     if not text:
         return []
     try:
@@ -74,7 +74,7 @@ def _loads(text: str) -> list:
     return v if isinstance(v, list) else []
 
 
-def _tensor_at(dims: list, types: list, strides: list, k: int) -> Tensor | None:
+def _tensor_at(dims: list[Any], types: list[Any], strides: list[Any], k: int) -> Tensor | None:
     if k >= len(dims):
         return None
     shape = dims[k]
@@ -94,7 +94,7 @@ def _tensor_at(dims: list, types: list, strides: list, k: int) -> Tensor | None:
 def tensors(ctx: Context, i: int) -> list[Tensor | None]:
     """Event i's inputs by position: a Tensor for each plain tensor argument, None otherwise."""
     # Keyed by the recorded text, not the event: a million events hold a few thousand distinct inputs.
-    memo = ctx.cache.setdefault("tensors", {})
+    memo: dict[tuple[str, str, str], list[Tensor | None]] = ctx.cache.setdefault("tensors", {})
     key = (col(ctx, "input_dims")[i], col(ctx, "input_dtypes")[i], col(ctx, "input_strides")[i])
     hit = memo.get(key)
     if hit is None:

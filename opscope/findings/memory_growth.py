@@ -18,6 +18,8 @@ from opscope import units
 from opscope.findings.base import Context, Finding, rule
 from opscope.findings.common import short
 
+_Row = tuple[str, str | None, str | None]  # a retained allocation's op row: (op, source line, module)
+
 MIN_STEPS = 3
 MIN_GROWTH_BYTES = 1024
 HIGH_SHARE_OF_PEAK = 0.01  # growth per step >= 1 % of the peak: high (it doubles the peak in 100 steps)
@@ -40,8 +42,8 @@ def memory_growth(ctx: Context) -> Iterator[Finding]:
     if growth is None or growth < MIN_GROWTH_BYTES:
         return
     required = set(steps[1:-1]) if len(steps) > MIN_STEPS else set(steps[:-1])
-    leaks: dict[tuple, dict[str, float]] = {}  # (op, line, module) -> step -> bytes left allocated
-    counts: dict[tuple, dict[int, int]] = {}
+    leaks: dict[_Row, dict[int, float]] = {}  # (op, line, module) -> step -> bytes left allocated
+    counts: dict[_Row, dict[int, int]] = {}
     for r in memory.retained:
         if r["op"] is None or r["step"] == steps[-1]:
             continue

@@ -73,9 +73,9 @@ def overhead(ctx: Context) -> Iterator[Finding]:
     where = ", ".join(f"{loc} ({units.duration(t)})" for loc, t in lines[:TOP])
     what = ", ".join(f"{short(op)} ({units.duration(t)})" for op, t in top_ops)
     big = rows[_argmax(times)]
-    ideal = ideal_row_us(big, ctx)
+    big_ideal = ideal_row_us(big, ctx)
     example = (f"{short(big['op'])} at {big['source_location'] or NO_LINE} takes {units.duration(big['time_us_per_call'])} per "
-               "call" + (f" against {units.duration(ideal)} at the peaks" if ideal is not None else ""))
+               "call" + (f" against {units.duration(big_ideal)} at the peaks" if big_ideal is not None else ""))
     if ctx.gpu:
         kernels = _kernels(ctx, picked)
         mean = f"{units.duration(time / kernels)} per kernel on average against {units.duration(ideal_total / kernels)} at the peaks" \

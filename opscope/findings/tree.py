@@ -135,6 +135,7 @@ def _inside_worker_all(ctx: Context) -> list[bool]:
             chain.append(i)
             i = a
         value = memo[i]
+        assert value is not None  # the walk stops at a resolved event
         for k in chain:
             memo[k] = value
         return value

@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from opscope.errors import OpscopeError
 from opscope.machine.noise import CpuSampler, window_noise
@@ -66,8 +66,14 @@ MIB = 1 << 20
 # the quick run's arrays are max(512 MiB, 1x LLC): the copy working set is still >= 2x and the triad's
 # >= 3x the LLC. The note in the result says so; the full run (`opscope calibrate`) always uses >= 4x LLC
 # per array. On the VM, 256 MiB and 1.9 GiB arrays measured the same bandwidth (within 3%).
-_QUICK = {"bw_repeats": 3, "gemm_repeats": 3, "max_array_bytes": 512 * (1 << 20)}
-_FULL = {"bw_repeats": 7, "gemm_repeats": 7, "max_array_bytes": None}
+class _Settings(TypedDict):
+    bw_repeats: int
+    gemm_repeats: int
+    max_array_bytes: int | None
+
+
+_QUICK: _Settings = {"bw_repeats": 3, "gemm_repeats": 3, "max_array_bytes": 512 * (1 << 20)}
+_FULL: _Settings = {"bw_repeats": 7, "gemm_repeats": 7, "max_array_bytes": None}
 _GEMM_DTYPES = ("float32", "bfloat16", "float16", "float64")
 _REDUCED = ("bfloat16", "float16")
 _REDUCED_MIN_RATIO = 0.5  # a reduced-precision GEMM slower than this x float32 is treated as emulated
@@ -139,9 +145,9 @@ class CalibrationResult:
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> CalibrationResult:
-        """The result in `d` (a to_json() document), checked by check_result(): raises CacheRejected
-        (a ValueError) naming what is wrong."""
+    def from_json(cls, d: Any) -> CalibrationResult:
+        """The result in `d` (a to_json() document, as read: any JSON value), checked by check_result():
+        raises CacheRejected (a ValueError) naming what is wrong."""
         check_result(d)
         names = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in d.items() if k in names})

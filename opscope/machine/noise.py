@@ -183,8 +183,8 @@ def unknown(reason: str) -> dict[str, Any]:
 
 def remedy(noise: dict[str, Any]) -> str:
     """What to do about a noisy measurement: fewer threads than cores, more steps, an idle machine."""
-    cores, share = noise.get("cores"), noise.get("other_cpu_share")
-    if not (number(cores) is not None and number(share) is not None and 1 <= cores <= 1 << 20 and 0 <= share <= 1):
+    cores, share = number(noise.get("cores")), number(noise.get("other_cpu_share"))
+    if cores is None or share is None or not (1 <= cores <= 1 << 20 and 0 <= share <= 1):
         return "rerun on an idle machine, with fewer --threads than cores, or with more --steps"
     free = max(int(cores) - math.ceil(share * cores - 1e-9), 1)
     return f"rerun on an idle machine, with --threads {free}, or with more --steps"
@@ -222,6 +222,7 @@ def busy_loops(n: int) -> Iterator[None]:
                               stdout=subprocess.PIPE, text=True) for _ in range(n)]
     try:
         for p in procs:
+            assert p.stdout is not None  # stdout=PIPE
             p.stdout.readline()
         yield
     finally:

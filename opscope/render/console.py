@@ -7,7 +7,7 @@ import statistics
 from typing import Any
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console, Group, JustifyMethod, RenderableType
 from rich.measure import Measurement
 from rich.panel import Panel
 from rich.table import Table
@@ -147,6 +147,10 @@ def gpu_lines(s: dict[str, Any]) -> Text:
     return out
 
 
+_GAP_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
+    ("idle", "right"), ("at", "right"), ("CPU in", "left"), ("source", "left"), ("after kernel", "left"))
+
+
 def gaps_table(run: Run, width: int = 160) -> Table | None:
     """The longest idle stretches of the GPU timeline and what the CPU was doing meanwhile."""
     gaps = run.summary.get("idle_gaps") or []
@@ -154,8 +158,7 @@ def gaps_table(run: Run, width: int = 160) -> Table | None:
         return None
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left",
                   title="GPU idle gaps (no kernel on any stream)")
-    for header, justify in (("idle", "right"), ("at", "right"), ("CPU in", "left"), ("source", "left"),
-                            ("after kernel", "left")):
+    for header, justify in _GAP_COLUMNS:
         table.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis")
     for g in gaps:
         where = str(g.get("cpu_source_location") or "")
@@ -166,7 +169,7 @@ def gaps_table(run: Run, width: int = 160) -> Table | None:
 
 
 # (header, justify, minimum console width to show it). Narrow terminals keep the essentials.
-_COLUMNS = [
+_COLUMNS: list[tuple[str, JustifyMethod, int]] = [
     ("#", "right", 0), ("op", "left", 0), ("calls", "right", 125), ("time", "right", 0), ("per call", "right", 100),
     ("share", "right", 90), ("FLOP/call", "right", 160), ("bytes/call", "right", 160), ("FLOP/B", "right", 140),
     ("FLOP/s", "right", 115), ("B/s", "right", 115), ("% peak", "right", 0), ("bound", "left", 0),
@@ -201,7 +204,7 @@ def ops_table(run: Run, top: int = 15, width: int = 160) -> Table:
         if mods is not None:
             headers.insert(headers.index("source"), "module")
         for header in headers:
-            justify = "left" if header in ("module", "source") else dict(shown)[header]
+            justify: JustifyMethod = "left" if header in ("module", "source") else dict(shown)[header]
             table.add_column("where" if where and header == "source" else header, justify=justify,
                              no_wrap=True, overflow="ellipsis")
         for i, (row_cells, op, source) in enumerate(zip(cells, ops, sources, strict=True), 1):
@@ -237,8 +240,8 @@ def ops_table(run: Run, top: int = 15, width: int = 160) -> Table:
     if width < SHAPES_MIN_WIDTH:
         return build(names, sources, mods, where)
     op_width = min(max((len(n) for n in names), default=0) + spare, MAX_OP_WIDTH)
-    ops = [fit_op(name, op_shapes(row), op_width) for name, row in zip(names, rows, strict=True)]
-    return build(ops, sources, mods, where)
+    fitted = [fit_op(name, op_shapes(row), op_width) for name, row in zip(names, rows, strict=True)]
+    return build(fitted, sources, mods, where)
 
 
 def _cells(row: dict[str, Any]) -> dict[str, Any]:
@@ -325,8 +328,8 @@ def swap_candidates(run: Run, top: int = 15) -> Group | None:
     grid = Table.grid(padding=(0, 2))
     for i in sorted(by_row):
         row = rows[i]
-        where = row.get("source_location") if isinstance(row.get("source_location"), str) else ""
-        grid.add_row(Text(f"{i + 1:>3}  {op_name(row)}"), Text(where, style="cyan"),
+        where = row.get("source_location")
+        grid.add_row(Text(f"{i + 1:>3}  {op_name(row)}"), Text(where if isinstance(where, str) else "", style="cyan"),
                      Text("→ " + ", ".join(clean(k) for k in by_row[i]), style="green"))
     title = Text("Swap candidates ", style="bold") + Text(
         "(bundled kernels that could replace these top ops; try them: opscope swap TARGET --kernel NAME, or "
@@ -438,7 +441,7 @@ def ranks_group(run: Run) -> Group | None:
     for cells, slow in rows:
         style = "bold red" if slow else ""
         table.add_row(*(Text(c, style=style) for c in cells), Text(STRAGGLER_MARK if slow else "", style=style))
-    parts: list = [table]
+    parts: list[RenderableType] = [table]
     line = straggler_line(run)
     if line:
         parts.append(Text(line, style="bold"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console, Group, JustifyMethod, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -22,6 +22,7 @@ from opscope.render.console import (
 )
 from opscope.render.report_data import (
     ROOT_MODULE,
+    Share,
     breakdown,
     kernels_by_op,
     memory_items,
@@ -45,7 +46,8 @@ from opscope.run.model import Run, shown_path
 VERDICT_STYLE = {FASTER: "green", VANISHED: "green", SLOWER: "red", APPEARED: "red"}
 
 
-def _shares_table(title: str, shares, steps: int, limit: int = 12, styles: dict | None = None) -> Table:  # noqa: ANN001
+def _shares_table(title: str, shares: list[Share], steps: int, limit: int = 12,
+                  styles: dict[str, str] | None = None) -> Table:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title=title, title_justify="left")
     table.add_column("", no_wrap=True, overflow="ellipsis", max_width=70)
     table.add_column("per step", justify="right", no_wrap=True)
@@ -64,7 +66,7 @@ def breakdown_group(run: Run) -> Group:
     side_by_side = Table.grid(padding=(0, 4))
     side_by_side.add_row(_shares_table("Time by bound class", breakdown(run, "bound"), steps, styles=BOUND_STYLE),
                          _shares_table("Time by op family", breakdown(run, "family"), steps))
-    parts: list = [side_by_side]
+    parts: list[RenderableType] = [side_by_side]
     tree = module_tree(run)
     if tree:
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Time by module (inclusive; `opscope report --tree` "
@@ -91,10 +93,11 @@ def tree_table(run: Run, fold: bool = True, width: int = 160) -> Table | Text:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left",
                   title="Modules by inclusive op time" + (" (repeated blocks folded)" if fold else ""))
     # narrow terminals drop the class (under 130 columns), then FLOPs and bytes (under 110)
-    columns = [("module", "left", 0, 0, 3), ("class", "left", 130, 0, 1), ("per step", "right", 0, 9, None),
-               ("share", "right", 0, 6, None), ("FLOP", "right", 110, 6, None), ("bytes", "right", 110, 9, None),
-               ("bound", "left", 0, 8, None), ("findings", "right", 0, 8, None),
-               ("min / median / max", "left", 0, 0, 2)]
+    columns: list[tuple[str, JustifyMethod, int, int, int | None]] = [
+        ("module", "left", 0, 0, 3), ("class", "left", 130, 0, 1), ("per step", "right", 0, 9, None),
+        ("share", "right", 0, 6, None), ("FLOP", "right", 110, 6, None), ("bytes", "right", 110, 9, None),
+        ("bound", "left", 0, 8, None), ("findings", "right", 0, 8, None),
+        ("min / median / max", "left", 0, 0, 2)]
     shown = [c for c in columns if width >= c[2]]
     for header, justify, _, least, ratio in shown:
         table.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis", min_width=least or None,
@@ -175,7 +178,7 @@ def swap_group(run: Run) -> Group | None:
     swap = swap_table(run)
     if swap is None:
         return None
-    parts: list = [_text_table("Swap results (swap.json)", *swap, narrow=_TIMING_WIDTHS)]
+    parts: list[RenderableType] = [_text_table("Swap results (swap.json)", *swap, narrow=_TIMING_WIDTHS)]
     for label, note in swap_notes(run):
         parts.append(Text(f"  {label}: ", style="bold") + Text(note))
     ops = swap_op_table(run)
@@ -205,7 +208,7 @@ def comparison_group(c: Comparison, top: int = 15, width: int = 160) -> Group:
     head.append(f"op time    {units.time_cell(c.op_time_a_us)} → {units.time_cell(c.op_time_b_us)} per step  {ratio}")
     head.append(c.op_time_verdict, style=VERDICT_STYLE.get(c.op_time_verdict, "bold"))
     head.append(f"\nnoise band ±{c.band:.0%} ({c.band_reason})", style="dim")
-    parts: list = [head]
+    parts: list[RenderableType] = [head]
     for note in c.notes:
         parts.append(Text("note: ", style="bold yellow") + Text(clean(note)))
     changed = [x for x in c.ops if x.verdict != SAME][:top]

@@ -31,6 +31,7 @@ from opscope.render.ranks import STRAGGLER_MARK, collectives_line, header_line, 
 from opscope.render.report_data import (
     BOUNDS,
     ROOT_MODULE,
+    Share,
     binding_pct,
     breakdown,
     ceilings_line,
@@ -41,7 +42,6 @@ from opscope.render.report_data import (
     memory_items,
     module_label,
     module_tree,
-    num,
     op_name,
     op_shapes,
     short_location,
@@ -59,6 +59,7 @@ from opscope.run.compare import APPEARED, FASTER, SAME, SLOWER, VANISHED, Compar
 from opscope.run.model import Run, shown_path
 from opscope.table import nrows, records
 from opscope.units import UNKNOWN
+from opscope.units import number as num
 
 PAGE_ROWS = 200  # table rows put in the DOM at a time; more as the reader scrolls
 HOVER_TEXT_MAX = 160  # characters of one shape/stride/path line in a point's hover label
@@ -90,7 +91,7 @@ def plot_text(value: Any, limit: int = HOVER_TEXT_MAX) -> str:
 
 
 def _asset(name: str) -> str:
-    return resources.files("opscope.render").joinpath("assets", name).read_text(encoding="utf-8")
+    return resources.files("opscope.render").joinpath("assets").joinpath(name).read_text(encoding="utf-8")
 
 
 def plotly_js() -> str:
@@ -117,7 +118,11 @@ _CLOSES_SCRIPT = re.compile("</script", re.IGNORECASE)
 # --- the roofline ------------------------------------------------------------------------------
 
 
-def _point_rows(run: Run) -> list[tuple[int, dict[str, Any], float, float]]:
+# (row index, row, arithmetic intensity, achieved FLOP/s): an op row's place on the roofline
+_Point = tuple[int, dict[str, Any], float, float]
+
+
+def _point_rows(run: Run) -> list[_Point]:
     """(row index, row, arithmetic intensity, achieved FLOP/s) of every op row with a place on a log-log
     roofline: FLOPs and bytes both known and positive, time positive."""
     out = []
@@ -229,7 +234,7 @@ def _measured_traces(run: Run, modeled: dict[str, list[float]], steps: int) -> l
     ]
 
 
-def _ceiling_traces(run: Run, run_points: list) -> list[dict[str, Any]]:  # noqa: ANN001
+def _ceiling_traces(run: Run, run_points: list[_Point]) -> list[dict[str, Any]]:
     peaks = run.meta.get("peaks") or {}
     origin = peaks.get("origin") or {}
     bw_gbps = num(peaks.get("memory_bandwidth_gbps"))
@@ -241,7 +246,7 @@ def _ceiling_traces(run: Run, run_points: list) -> list[dict[str, Any]]:  # noqa
     x1 = max(xs, default=100.0) * 4
     used = {text(p[1].get("ceiling")) for p in run_points}
     shown = {d for d in flops if d in used} or set(flops)  # dtypes whose roof starts visible
-    traces = []
+    traces: list[dict[str, Any]] = []
     # The memory roof runs to the highest ridge of the visible dtypes; a hidden dtype whose ridge lies
     # further carries the rest of the slope in its own trace.
     bw_end = max((flops[d] / bw for d in shown), default=x1) if bw else x0
@@ -280,9 +285,9 @@ def module_figure(run: Run) -> dict[str, Any] | None:
             up = n.path.rpartition(".")[0]
             children[up] = children.get(up, 0.0) + n.time_us
     for n in nodes:
-        up = n.path.rpartition(".")[0] if n.depth > 0 else None
+        parent = n.path.rpartition(".")[0] if n.depth > 0 else None
         ids.append(n.path or ROOT_MODULE)
-        parents.append("" if up is None else (up or ROOT_MODULE))
+        parents.append("" if parent is None else (parent or ROOT_MODULE))
         values.append(max(inclusive[n.path] - children.get(n.path, 0.0), 0.0))  # self time: "remainder"
         labels.append(plot_text(n.path.rpartition(".")[2] if n.depth > 0 else (n.path or ROOT_MODULE), 60))
         what = f" ({plot_text(n.module_class)})" if n.module_class else ""
@@ -338,9 +343,10 @@ def _table_row(i: int, row: dict[str, Any], columns: list[dict[str, Any]]) -> di
         "ai": (UNKNOWN if ai is None else f"{ai:.3g}", ai), "peak": (units.percent(peak), peak), "bound": (bound, bound),
         "cpu": (units.time_cell(row.get("cpu_time_us_total")), num(row.get("cpu_time_us_total"))),
     }
-    detail = {key: text(row.get(key)) for key in ("op", "input_dims", "input_dtypes", "input_strides",
-                                                    "concrete_inputs", "source_location", "module", "family",
-                                                    "dtype", "ceiling", "note", "compiled_graph")}
+    detail: dict[str, str | list[str]] = {
+        key: text(row.get(key)) for key in ("op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs",
+                                            "source_location", "module", "family", "dtype", "ceiling", "note",
+                                            "compiled_graph")}
     detail.update(kernels=kernels, bound=bound, cpu_time=units.time_cell(row.get("cpu_time_us_total")) if gpu_row else "",
                   time=f"{units.time_cell(total)} ({units.percent(row.get('time_share'), 100)}), {calls or 0:.0f} calls, "
                        f"{units.time_cell(per_call)} per call",
@@ -366,7 +372,9 @@ DETAIL_FIELDS = [("op", "op"), ("module", "module"), ("source_location", "source
 def _header(run: Run) -> str:
     m, s = run.meta, run.summary
     device = m.get("device") or {}
-    shares = s.get("bound_time_share") if isinstance(s.get("bound_time_share"), dict) else {}
+    shares = s.get("bound_time_share")
+    if not isinstance(shares, dict):
+        shares = {}
     bounds = " ".join(f'<span class="b-{b}">{b} {esc(units.percent(shares.get(b), 100))}</span>' for b in BOUNDS)
     facts = [
         ("run", f"{esc(m.get('source'))}, {esc(m.get('mode'))}, {esc(m.get('dtype') or 'mixed')}"),
@@ -386,7 +394,7 @@ def _header(run: Run) -> str:
             f'<p id="verdict" class="verdict">{esc(verdict_line(run))}</p><dl class="facts">{dl}</dl></header>')
 
 
-def _bars(title: str, shares, steps: int, colored: bool = False, limit: int = 12) -> str:  # noqa: ANN001
+def _bars(title: str, shares: list[Share], steps: int, colored: bool = False, limit: int = 12) -> str:
     items = []
     for s in shares[:limit]:
         style = f"width:{s.share * 100:.1f}%" + (f";background:var(--{s.name})" if colored and s.name in BOUNDS else "")
@@ -487,7 +495,7 @@ def _comparison(c: Comparison | None, limit: int = 40) -> str:
     facts = [("A (baseline)", esc(c.run_a or c.target_a)), ("B (this run)", esc(c.run_b or c.target_b))]
     if c.step_ratio is not None:
         facts.append(("step time", f"{esc(units.time_cell(c.step_time_a_us))} → {esc(units.time_cell(c.step_time_b_us))}, "
-                                   f"{c.step_ratio:.2f}x <span class=\"{VERDICT_CLASS.get(c.step_verdict, '')}\">"
+                                   f"{c.step_ratio:.2f}x <span class=\"{VERDICT_CLASS.get(c.step_verdict or '', '')}\">"
                                    f"{esc(c.step_verdict)}</span>"))
     ratio = f"{c.op_time_ratio:.2f}x " if c.op_time_ratio is not None else ""
     facts.append(("op time per step", f"{esc(units.time_cell(c.op_time_a_us))} → {esc(units.time_cell(c.op_time_b_us))}, {ratio}"

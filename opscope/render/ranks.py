@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from opscope import units
-from opscope.render.report_data import num, text
+from opscope.render.report_data import text
 from opscope.render.text import clean
 from opscope.run.model import Run
 from opscope.table import nrows, records
+from opscope.units import number as num
 
 # (header, ranks.csv column, format)
 COLUMNS: tuple[tuple[str, str, str], ...] = (

@@ -44,7 +44,7 @@ def verdict_line(run: Run) -> str:
     shares = run.summary.get("bound_time_share")
     parts = []
     if isinstance(shares, dict):
-        known = [(num(shares.get(b)), b) for b in BOUNDS if num(shares.get(b)) is not None]
+        known = [(v, b) for v, b in ((num(shares.get(b)), b) for b in BOUNDS) if v is not None]
         if known:
             share, bound = max(known)
             parts.append(f"{share * 100:.0f}% of op time is {bound}-bound")
@@ -193,7 +193,7 @@ def tree_lines(run: Run, fold: bool = True) -> list[TreeLine]:
         out.append(TreeLine(label=label, path=shown_path, depth=depth, module_class=group[0].module_class,
                             time_us=sum(g.time_us for g in group), share=sum(g.share for g in group),
                             flops=sum(flops) if flops else None, nbytes=sum(nbytes) if nbytes else None,
-                            bound=max(bound_time, key=bound_time.get) if bound_time else "",
+                            bound=max(bound_time, key=bound_time.__getitem__) if bound_time else "",
                             findings=sum(g.findings for g in group), instances=[g.time_us for g in group]))
         # the children of every member, grouped by their last name part
         kids: dict[str, list[str]] = {}
@@ -204,14 +204,16 @@ def tree_lines(run: Run, fold: bool = True) -> list[TreeLine]:
         groups: list[tuple[str, list[str]]] = []
         if fold:
             numbered: dict[tuple[str, str], list[str]] = {}
+            index: dict[str, int] = {}  # a numbered name's number
             for name in names:
-                m = _NUMBERED.match(name)
+                match = _NUMBERED.match(name)
                 cls = by_path[kids[name][0]].module_class
                 # ModuleList / Sequential indices (h.3), or a trace's instances of a block (BertLayer_3);
                 # not numbered names of distinct layers (ln_1, ln_2) nor a trace's q/k/v Linear_0..2
-                if m and (name.isdigit() or (m.group("prefix") == f"{cls}_" and
-                                             any(c in children for c in kids[name]))):
-                    numbered.setdefault((m.group("prefix"), cls), []).append(name)
+                if match and (name.isdigit() or (match.group("prefix") == f"{cls}_" and
+                                                 any(c in children for c in kids[name]))):
+                    numbered.setdefault((match.group("prefix"), cls), []).append(name)
+                    index[name] = int(match.group("n"))
             folded = {n for names_ in numbered.values() if len(names_) > 1 for n in names_}
             done: set[tuple[str, str]] = set()
             for name in names:
@@ -222,7 +224,7 @@ def tree_lines(run: Run, fold: bool = True) -> list[TreeLine]:
                 if key in done:
                     continue
                 done.add(key)
-                numbers = sorted(int(_NUMBERED.match(x).group("n")) for x in numbered[key])
+                numbers = sorted(index[x] for x in numbered[key])
                 span = f"{numbers[0]}-{numbers[-1]}" if numbers == list(range(numbers[0], numbers[-1] + 1)) \
                     else ",".join(map(str, numbers))
                 groups.append((f"{key[0]}[{span}]", [c for x in numbered[key] for c in kids[x]]))
@@ -350,7 +352,8 @@ def _speedup(ratio: Any, original: Any, swapped: Any, suspicious: Any) -> str:
     ranges = [(num(t.get("p20_ms")), num(t.get("p80_ms"))) if isinstance(t, dict) else (None, None)
               for t in (original, swapped)]
     (a_lo, a_hi), (b_lo, b_hi) = ranges
-    if None not in (a_lo, a_hi, b_lo, b_hi) and not (a_lo > b_hi or b_lo > a_hi):
+    if a_lo is not None and a_hi is not None and b_lo is not None and b_hi is not None \
+            and not (a_lo > b_hi or b_lo > a_hi):
         out += " (noise)"
     return out
 
@@ -371,19 +374,21 @@ def op_time_speedup(result: dict[str, Any]) -> float | None:
     for row in _records(result.get("op_level")):
         calls = num(row.get("calls_per_step")) or 0.0
         o, k = (row.get("original") or {}), (row.get("swapped") or {})
-        if not isinstance(o, dict) or not isinstance(k, dict) or num(o.get("median_ms")) is None \
-                or num(k.get("median_ms")) is None:
+        if not isinstance(o, dict) or not isinstance(k, dict):
             continue
-        before += num(o["median_ms"]) * calls
-        after += num(k["median_ms"]) * calls
+        ms_o, ms_k = num(o.get("median_ms")), num(k.get("median_ms"))
+        if ms_o is None or ms_k is None:
+            continue
+        before += ms_o * calls
+        after += ms_k * calls
     return before / after if after > 0 else None
 
 
 def _ways(result: dict[str, Any]) -> str:
     parts = []
     for m in _records(result.get("mechanisms")):
-        sites = m.get("sites") if isinstance(m.get("sites"), list) else []
-        parts.append(f"{text(m.get('description'))} ×{len(sites)}")
+        sites = m.get("sites")
+        parts.append(f"{text(m.get('description'))} ×{len(sites) if isinstance(sites, list) else 0}")
     return "; ".join(parts) or "—"
 
 
@@ -415,7 +420,7 @@ def swap_table(run: Run) -> tuple[list[str], list[list[str]]] | None:
 def swap_notes(run: Run) -> list[tuple[str, str]]:
     """(swap, text) for each swap's message (why it failed or does not apply) and notes."""
     doc = swap_results(run)
-    out = []
+    out: list[tuple[str, str]] = []
     for r in (doc or {}).get("results", []):
         e2e = r.get("end_to_end") if isinstance(r.get("end_to_end"), dict) else {}
         notes = [text(r.get("message"))] + [text(n) for n in (r.get("notes") if isinstance(r.get("notes"), list) else [])]
@@ -476,6 +481,7 @@ def measured_point(row: dict[str, Any]) -> tuple[float, float, bool] | None:
     if not nbytes or not us or nbytes <= 0 or us <= 0:
         return None
     measured, tensor = num(row.get("measured_flops_per_call")), num(row.get("measured_tensor_inst_per_call"))
+    flops: float | None
     if measured and measured > 0 and not (tensor and tensor > 0):
         flops, from_counts = measured, True
     else:

@@ -16,6 +16,7 @@ DEFAULT_BAND when neither run measured it, at least NOISY_BAND when either run's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -195,7 +196,7 @@ def _line_key(row: dict[str, Any]) -> tuple[str, ...]:
     return _text(row.get("op")), _text(row.get("source_location"))
 
 
-def _group(rows: list[dict[str, Any]], key) -> dict[tuple[str, ...], _Group]:  # noqa: ANN001
+def _group(rows: list[dict[str, Any]], key: Callable[[dict[str, Any]], tuple[str, ...]]) -> dict[tuple[str, ...], _Group]:
     groups: dict[tuple[str, ...], _Group] = {}
     for row in rows:
         groups.setdefault(key(row), _Group([])).rows.append(row)
@@ -209,7 +210,9 @@ def match_ops(a: Run, b: Run, band: float) -> list[OpChange]:
     changes: list[OpChange] = []
 
     def change(ga: _Group | None, gb: _Group | None, matched_by: str) -> OpChange:
-        row = (gb or ga).rows[0]
+        group = gb or ga
+        assert group is not None  # a change has a group in A, in B or in both
+        row = group.rows[0]
         ta, tb = (ga.time(sa) if ga else 0.0), (gb.time(sb) if gb else 0.0)
         v = verdict(ta, tb, band) if ga and gb else (APPEARED if gb else VANISHED)
         return OpChange(op=_text(row.get("op")), input_dims=_text(row.get("input_dims")),
@@ -248,11 +251,13 @@ def match_findings(a: Run, b: Run) -> tuple[list[FindingChange], list[FindingCha
     line agree; leftovers are paired by rule, op and file (the line moved with an edit)."""
     fa, fb = [_finding(f) for f in a.findings], [_finding(f) for f in b.findings]
 
-    def pair(left_a: list[FindingChange], left_b: list[FindingChange], key) -> tuple[list, list, int]:  # noqa: ANN001
-        pool: dict[tuple, list[FindingChange]] = {}
+    def pair(left_a: list[FindingChange], left_b: list[FindingChange], key: Callable[[FindingChange], tuple[str, ...]]
+             ) -> tuple[list[FindingChange], list[FindingChange], int]:
+        pool: dict[tuple[str, ...], list[FindingChange]] = {}
         for f in left_b:
             pool.setdefault(key(f), []).append(f)
-        kept, rest_a = 0, []
+        kept = 0
+        rest_a: list[FindingChange] = []
         for f in left_a:
             same = pool.get(key(f))
             if same:

@@ -65,9 +65,13 @@ def _reason(exc: BaseException) -> str:
     return text.splitlines()[0][:200]
 
 
+def _damaged(path: Path, what: str) -> OpscopeError:
+    return OpscopeError(f"{path} is damaged: {what}")
+
+
 def _check(path: Path, ok: bool, what: str) -> None:
     if not ok:
-        raise OpscopeError(f"{path} is damaged: {what}")
+        raise _damaged(path, what)
 
 
 TEXT_COLUMNS = schema.names(schema.OPS_COLUMNS, "text")
@@ -168,10 +172,11 @@ def _float(cell: str) -> float | None:
 
 
 def _numbers(path: Path, name: str, cells: list[str]) -> list[float]:
-    out = []
+    out: list[float] = []
     for row, cell in enumerate(cells, 1):
         value = NAN if cell == "" else _float(cell)
-        _check(path, value is not None, f"column {name!r} holds non-numbers (row {row})")
+        if value is None:
+            raise _damaged(path, f"column {name!r} holds non-numbers (row {row})")
         out.append(value)
     return out
 

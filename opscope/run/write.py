@@ -17,7 +17,7 @@ import shutil
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,7 +80,7 @@ def default_run_dir(stem: str, base: Path = DEFAULT_REPORTS_DIR, now: datetime |
     return next(_run_dir_candidates(stem, base, now))
 
 
-def _run_dir_candidates(stem: str, base: Path, now: datetime | None = None):
+def _run_dir_candidates(stem: str, base: Path, now: datetime | None = None) -> Iterator[Path]:
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem).lstrip(".") or "run"
     candidate = base / f"{stamp}-{safe}"
@@ -146,34 +146,35 @@ class TraceCompressor:
             self._made_folder = folder  # removed again by discard() if the run never lands there
         folder.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=".trace-", suffix=".json.gz", dir=folder)
-        self.path = Path(name)
+        self.path = path = Path(name)
         try:
             os.close(fd)
-            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread = threading.Thread(target=self._run, args=(path,), daemon=True)
             self._thread.start()
         except BaseException:  # e.g. a signal right here: leave no temporary file
             self.discard()
             raise
 
-    def _run(self) -> None:
+    def _run(self, dst: Path) -> None:
         if self._discarded:  # discard() came while start() was still waiting for this thread
             return
         try:
             if self.data is not None:
-                _gzip_bytes(self.data, self.path)
+                _gzip_bytes(self.data, dst)
             else:
-                _gzip_file(self.src, self.path)
+                _gzip_file(self.src, dst)
         except BaseException as exc:  # re-raised in result()
             self._error = exc
 
     def result(self) -> tuple[Path, bool]:
         """(file to put in the run directory, whether it may be moved rather than copied)."""
-        if self._thread is None:
+        path = self.path
+        if self._thread is None or path is None:  # no thread (the source is gzipped): path is None too
             return self.src, False
         self._thread.join()
         if self._error is not None:
             raise self._error
-        return self.path, True
+        return path, True
 
     def discard(self) -> None:
         """Removes the temporary file (and the folder this created, if still empty). Safe to interrupt:

@@ -85,6 +85,8 @@ def demangle(name: str) -> str:
     pos = 0
     while pos < len(rest) and rest[pos].isdigit():
         m = _MANGLED_PART.match(rest, pos)
+        if m is None:  # cannot happen: rest[pos] is a digit
+            break
         n = int(m.group(1))
         start = m.end()
         if n <= 0 or start + n > len(rest):

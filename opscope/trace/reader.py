@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -108,6 +108,7 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 # is not a finite number.
 MAX_DURATION_US = 30 * 86_400 * 1e6
 _INTERVAL_COLUMNS = ("name", "pid", "tid", "ts", "dur")  # annotations, modules, python frames
+_MEMORY_COLUMNS = ("pid", "tid", "ts", "bytes", "addr", "total_allocated", "device_type", "device_id")
 # A tensor of more elements than this (2**50, a petabyte of bytes) is not a real recorded shape.
 MAX_NUMEL = 1 << 50
 
@@ -161,7 +162,6 @@ MODULE_PREFIX = "nn.Module: "
 MEMORY_EVENT = "[memory]"
 _OP_COLUMNS = ("name", "pid", "tid", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "call_stack",
                "ts", "dur", "ext_id", "seq", "fwd_tid")  # then kernel_backend, kernel_flop, kernel_num_gb
-_MEMORY_COLUMNS = ("pid", "tid", "ts", "bytes", "addr", "total_allocated", "device_type", "device_id")
 
 
 class _Rejects:
@@ -184,7 +184,7 @@ class _Rejects:
         return out
 
 
-class _TextCache(dict):
+class _TextCache(dict[bytes, str]):
     """Raw JSON bytes -> one shared str. Shapes repeat across steps and layers, so a million ops hold a
     few thousand distinct strings. Each distinct text is checked once: anything that is not the JSON
     list the profiler writes becomes "" (unknown), counted in `rejects`."""
@@ -220,7 +220,7 @@ class _TextCache(dict):
 _BAD = "\0bad"  # sentinel: a text that failed its check
 
 
-def _plausible_dims(dims: list) -> bool:
+def _plausible_dims(dims: list[Any]) -> bool:
     """"Input Dims": one entry per input, a shape (list of ints >= 0), [] or a list of shapes."""
     for entry in dims:
         if not isinstance(entry, list):
@@ -329,15 +329,24 @@ def _read_plain(p: Path, head: bytes, f: Any, limit: int) -> bytearray:
             raise TraceError(_too_big(p, limit))
 
 
-def _read_gzip(p: Path, head: bytes, f: Any, limit: int) -> bytearray:
-    try:  # ISA-L's inflate is ~3x faster than zlib's on large traces; optional
-        from isal import igzip as gz
-        from isal.isal_zlib import error as inflate_error
+def _gzip_stream(fileobj: io.BufferedReader) -> tuple[io.BufferedIOBase, tuple[type[Exception], ...]]:
+    """A gunzipping reader of `fileobj`, and the exceptions that mean a damaged file. ISA-L's inflate is
+    ~3x faster than zlib's on large traces; optional."""
+    import gzip
+    damaged: tuple[type[Exception], ...] = (EOFError, gzip.BadGzipFile, zlib.error)
+    try:
+        from isal import igzip, isal_zlib
     except ImportError:
-        import gzip as gz
-        from zlib import error as inflate_error
+        return gzip.GzipFile(fileobj=fileobj, mode="rb"), damaged
+    # isal_zlib.pyi declares `error: Exception` (an instance); at run time it is the class of inflate errors
+    inflate_error = cast("type[Exception]", isal_zlib.error)
+    opener: type[gzip.GzipFile] = igzip.IGzipFile  # a GzipFile, whose __init__ (unlike IGzipFile's) is typed
+    return opener(fileobj=fileobj, mode="rb"), (*damaged, inflate_error)
+
+
+def _read_gzip(p: Path, head: bytes, f: Any, limit: int) -> bytearray:
     raw = _Prepend(head, f)
-    stream = gz.GzipFile(fileobj=io.BufferedReader(raw, _READ_CHUNK), mode="rb")
+    stream, damaged = _gzip_stream(io.BufferedReader(raw, _READ_CHUNK))
     buf = bytearray()
     try:
         while True:
@@ -352,7 +361,7 @@ def _read_gzip(p: Path, head: bytes, f: Any, limit: int) -> bytearray:
             if len(buf) > _RATIO_CHECK_AFTER and len(buf) > MAX_GZIP_RATIO * raw.consumed:
                 raise TraceError(f"{p} expands more than {MAX_GZIP_RATIO}x when decompressed: not a profiler "
                                  "trace (torch's compress about 10-30x); refused before it fills memory")
-    except (EOFError, gz.BadGzipFile, inflate_error, zlib.error) as exc:
+    except damaged as exc:
         raise TraceError(f"{p} is a damaged gzip file ({exc or type(exc).__name__})") from exc
 
 
@@ -429,7 +438,7 @@ def _load(path: str, data: bytes | bytearray, with_python: bool) -> TraceData:
     return trace
 
 
-def _batches(raws: list[msgspec.Raw], rejects: _Rejects):
+def _batches(raws: list[msgspec.Raw], rejects: _Rejects) -> Iterator[list[_Event]]:
     """Decoded events, BATCH at a time; a batch holding a malformed event is decoded event by event,
     the malformed ones skipped and counted."""
     for i in range(0, len(raws), BATCH):
@@ -509,7 +518,7 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
         for e in batch:
             if e.ph != "X":
                 if e.ph == "i" and e.name == MEMORY_EVENT and e.args is not None:
-                    _memory_event(e, mem, rejects)
+                    _memory_event(e, e.args, mem, rejects)
                 continue
             if not 0.0 <= e.dur <= MAX_DURATION_US:
                 rejects.add("events with a negative or absurd duration (excluded)", f"{e.name[:40]!r} dur {e.dur:g} µs")
@@ -639,9 +648,8 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
     )
 
 
-def _memory_event(e: _Event, mem: dict[str, list], rejects: _Rejects) -> None:
-    """One `[memory]` instant event: an allocation (Bytes > 0) or a free (Bytes < 0) at Addr."""
-    a = e.args
+def _memory_event(e: _Event, a: _Args, mem: Table, rejects: _Rejects) -> None:
+    """One `[memory]` instant event (its args `a`): an allocation (Bytes > 0) or a free (Bytes < 0) at Addr."""
     if a.mem_bytes is None or not math.isfinite(a.mem_bytes) or not math.isfinite(e.ts):
         rejects.add("malformed [memory] events", f"Bytes {a.mem_bytes!r}")
         return
@@ -669,7 +677,7 @@ def _add_inductor_columns(ops: Table, inductor: dict[int, tuple[str, float, floa
     ops["kernel_num_gb"] = num_gb
 
 
-def _ids(values: list) -> list[int]:
+def _ids(values: list[Any]) -> list[int]:
     """pids/tids are ints in torch traces but strings in some synthetic rows: one type, int (a string, or
     an int out of the 64-bit range, becomes its hash)."""
     lo, hi = _INT64
