@@ -15,11 +15,12 @@ import importlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from reference_kernels import _build, tuning
+
+if TYPE_CHECKING:  # torch is imported when a kernel runs, not when the package is imported
+    import torch
 
 _forced: list[str] = []
 
@@ -59,6 +60,8 @@ def backend_for(device: torch.device) -> str:
 
 def call(kernel: str, fn: str, device: torch.device, *args: Any) -> Any:
     """Run `fn` (e.g. "rms_norm_forward") of `kernel` on the backend for `device`."""
+    import torch
+
     backend = backend_for(device)
     if backend == "cpu":
         _build.load_cpu_extension()

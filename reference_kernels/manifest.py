@@ -50,7 +50,8 @@ DTYPES = ("float32", "float64", "bfloat16", "float16")
 BACKENDS = ("cpu", "triton", "cuda")
 CATEGORIES = ("memory-bound", "compute-bound")
 REPLACE_KINDS = ("module", "functional", "method", "aten", "pattern")
-BACKEND_FILES = {"cpu": "cpu.cpp", "triton": "triton_kernels.py", "cuda": "cuda.cu"}
+# The files a backend needs in the kernel's folder (the CUDA backend: launchers and their torch binding).
+BACKEND_FILES = {"cpu": ("cpu.cpp",), "triton": ("triton_kernels.py",), "cuda": ("cuda.cu", "cuda_binding.cpp")}
 
 
 class ManifestError(ValueError):
@@ -197,7 +198,7 @@ def parse_manifest(doc: dict[str, Any], where: str, folder: Path = PACKAGE_DIR) 
 
 def load_manifest(folder: Path) -> KernelManifest:
     """Read and validate `folder/manifest.toml`; the name must match the folder and every listed
-    backend's implementation file must exist."""
+    backend's files (BACKEND_FILES) must exist."""
     path = folder / "manifest.toml"
     try:
         doc = tomllib.loads(path.read_text())
@@ -209,8 +210,9 @@ def load_manifest(folder: Path) -> KernelManifest:
     if manifest.name != folder.name:
         raise ManifestError(f"{path}: name {manifest.name!r} must match its folder {folder.name!r}")
     for backend in manifest.backends:
-        if not (folder / BACKEND_FILES[backend]).is_file():
-            raise ManifestError(f"{path}: lists backend {backend!r} but {BACKEND_FILES[backend]} is missing")
+        for file in BACKEND_FILES[backend]:
+            if not (folder / file).is_file():
+                raise ManifestError(f"{path}: lists backend {backend!r} but {file} is missing")
     return manifest
 
 

@@ -19,11 +19,13 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 
 
 def module(name: str) -> ModuleType:
+    """The kernel's op module (samples, composite); importing it registers nothing."""
     return importlib.import_module(f"reference_kernels.{name}.op")
 
 
 def op(name: str) -> Any:
-    return getattr(torch.ops.opscope, name)
+    """torch.ops.opscope.<name>, registered on first use."""
+    return reference_kernels.load(name)
 
 
 def with_grad(args: tuple) -> tuple:

@@ -130,6 +130,8 @@ def interleaved(candidates: dict[str, Callable[[], Any]], repeats: int,
 
 
 def _module(name: str) -> Any:
+    """The kernel's op module (its composite, native op and bench arguments); importing it registers
+    nothing."""
     return importlib.import_module(f"reference_kernels.{name}.op")
 
 
@@ -175,13 +177,14 @@ def bench_case(manifest: Any, case: Any, repeats: int, peak_gbps: float | None, 
                scale: float = 1.0, do_tune: bool = False, device: str = "cpu") -> CaseResult:
     import torch
 
+    import reference_kernels
     from reference_kernels import tuning
 
     mod = _module(manifest.name)
     args = make_args(manifest, case, scale, device)
     if do_tune and device == "cpu":
         tune(manifest, args)
-    kernel = getattr(torch.ops.opscope, manifest.name)
+    kernel = reference_kernels.load(manifest.name)  # torch.ops.opscope.<name>, registered on first use
     candidates: dict[str, Callable[[], Any]] = {"kernel": lambda: kernel(*args)}
     if mod.native is not None and mod.native is not mod.composite:
         candidates["native"] = lambda: mod.native(*args)

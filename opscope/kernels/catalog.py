@@ -1,15 +1,13 @@
 """The bundled kernels as `opscope swap` sees them, without importing torch: their manifests, what a
 `--kernel` argument asks for, and which kernels could replace the ops of a run (its swap candidates).
 
-`import reference_kernels` registers the custom ops and so imports torch; `opscope analyze` and the CLI's
-argument checks must not. The manifest schema module (reference_kernels/manifest.py) imports only the
-standard library, so it is loaded here on its own, from its file, when the package is not imported yet.
+`opscope analyze` and the CLI's argument checks must not import torch; `import reference_kernels` does
+not (it registers no op and builds nothing until a kernel is used), and its manifest module reads only
+the TOML files.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -20,7 +18,6 @@ from opscope.table import Table, nrows
 
 COMPILE = "compile"  # --kernel compile: torch.compile of the whole model, the built-in baseline
 HARNESS = "opscope:harness"
-_MODULE_NAME = "opscope_reference_kernels_manifest"
 
 
 class SwapRequestError(OpscopeError):
@@ -28,21 +25,12 @@ class SwapRequestError(OpscopeError):
 
 
 def manifest_module() -> ModuleType:
-    """reference_kernels.manifest, imported without the package's __init__ (which imports torch)."""
-    loaded = sys.modules.get("reference_kernels.manifest") or sys.modules.get(_MODULE_NAME)
-    if loaded is not None:
-        return loaded
-    spec = importlib.util.find_spec("reference_kernels")
-    if spec is None or not spec.submodule_search_locations:
-        raise SwapRequestError("the reference_kernels package (bundled with opscope) is not installed")
-    path = Path(list(spec.submodule_search_locations)[0]) / "manifest.py"
-    mod_spec = importlib.util.spec_from_file_location(_MODULE_NAME, path)
-    if mod_spec is None or mod_spec.loader is None:
-        raise SwapRequestError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(mod_spec)
-    sys.modules[_MODULE_NAME] = module  # dataclasses look their module up while the class is built
-    mod_spec.loader.exec_module(module)
-    return module
+    """reference_kernels.manifest (the schema and loader; importing it imports no torch)."""
+    try:
+        from reference_kernels import manifest
+    except ImportError as exc:
+        raise SwapRequestError("the reference_kernels package (bundled with opscope) is not installed") from exc
+    return manifest
 
 
 def manifests() -> list[Any]:

@@ -17,11 +17,12 @@ class KernelError(OpscopeError):
 
 
 def _manifests() -> list[Any]:
+    import reference_kernels
+
     try:
-        import reference_kernels
-    except ValueError as exc:  # ManifestError
+        return reference_kernels.manifests()
+    except reference_kernels.ManifestError as exc:
         raise KernelError(str(exc)) from exc
-    return reference_kernels.manifests()
 
 
 def machine() -> dict[str, Any]:

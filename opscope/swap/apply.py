@@ -158,11 +158,11 @@ class BundledKernel:
     """A reference kernel: its manifest and its op, torch.ops.opscope.<name>."""
 
     def __init__(self, manifest: Any) -> None:
-        import reference_kernels  # noqa: F401  (registers torch.ops.opscope.*)
+        import reference_kernels
 
         self.manifest = manifest
         self.name = manifest.name
-        self.op = getattr(torch.ops.opscope, manifest.name)
+        self.op = reference_kernels.load(manifest.name)  # registers the kernel's ops on first use
         self.dtypes = {getattr(torch, d) for d in manifest.dtypes}
         self.cuda = any(b in manifest.backends for b in ("triton", "cuda"))
 

@@ -2,7 +2,7 @@
 // form as x * sigmoid(2u)). Backward: dx elementwise; dbias from per-chunk partial column sums
 // (kRowChunk rows per chunk) combined in chunk order, no atomics.
 #include "../csrc/cuda_common.cuh"
-#include "../csrc/cuda_launchers.h"
+#include "cuda_launchers.h"
 
 namespace opscope_cuda {
 

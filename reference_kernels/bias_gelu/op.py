@@ -6,12 +6,12 @@ from __future__ import annotations
 import torch
 
 from reference_kernels import _checks, _dispatch
+from reference_kernels._registry import CustomOp
 from reference_kernels._samples import randn_factory
 
 OP = "opscope::bias_gelu"
 
 
-@torch.library.custom_op(OP, mutates_args=())
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     return _dispatch.call("bias_gelu", "bias_gelu_forward", x.device, x, bias, approximate)
 
@@ -26,20 +26,17 @@ def _check(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> None:
         raise ValueError(f"{OP}: bias must be 1-D with x's last dim, got {list(bias.shape)} for x {list(x.shape)}")
 
 
-@bias_gelu.register_fake
-def _(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+def _fake(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     _check(x, bias, approximate)
     return x.new_empty(x.shape)
 
 
-@torch.library.custom_op("opscope::bias_gelu_backward", mutates_args=())
 def bias_gelu_backward(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor,
                        approximate: str) -> tuple[torch.Tensor, torch.Tensor]:
     return _dispatch.call("bias_gelu", "bias_gelu_backward", x.device, grad, x, bias, approximate)
 
 
-@bias_gelu_backward.register_fake
-def _(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, approximate: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _backward_fake(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, approximate: str) -> tuple[torch.Tensor, torch.Tensor]:
     _check(x, bias, approximate)
     return x.new_empty(x.shape), bias.new_empty(bias.shape)
 
@@ -56,7 +53,9 @@ def _backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202
     return dx, dbias, None
 
 
-bias_gelu.register_autograd(_backward, setup_context=_setup)
+# Registered by reference_kernels.load("bias_gelu") on first use, not at import.
+OPS = (CustomOp(OP, bias_gelu, fake=_fake, backward=_backward, setup_context=_setup),
+       CustomOp("opscope::bias_gelu_backward", bias_gelu_backward, fake=_backward_fake))
 
 
 def composite(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:

@@ -2,7 +2,7 @@
 // strides (0 along stretched dims) over up to 4 coalesced dims; when both operands are contiguous and
 // the same shape as the output, 16-byte vector loads and stores.
 #include "../csrc/cuda_common.cuh"
-#include "../csrc/cuda_launchers.h"
+#include "cuda_launchers.h"
 
 namespace opscope_cuda {
 

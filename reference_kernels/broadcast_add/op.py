@@ -8,18 +8,17 @@ from __future__ import annotations
 import torch
 
 from reference_kernels import _checks, _dispatch
+from reference_kernels._registry import CustomOp
 from reference_kernels._samples import randn_factory
 
 OP = "opscope::broadcast_add"
 
 
-@torch.library.custom_op(OP, mutates_args=())
 def broadcast_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _dispatch.call("broadcast_add", "broadcast_add_forward", a.device, a, b)
 
 
-@broadcast_add.register_fake
-def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _fake(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     _checks.same_device(OP, a=a, b=b)
     _checks.floating(a, OP, "a")
     _checks.same_dtype(OP, a, b, "a", "b")
@@ -38,7 +37,18 @@ def _backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202
     return ga, gb
 
 
-broadcast_add.register_autograd(_backward, setup_context=_setup)
+# Registered by reference_kernels.load("broadcast_add") on first use, not at import.
+OPS = (CustomOp(OP, broadcast_add, fake=_fake, backward=_backward, setup_context=_setup),)
+
+
+def entry_point(a: torch.Tensor | float, b: torch.Tensor | float) -> torch.Tensor:
+    """`reference_kernels.broadcast_add`: the op, also taking a Python number on either side (as a 0-d
+    tensor of the other operand's dtype and device), as `a + b` does."""
+    if not isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        a = torch.tensor(a, dtype=b.dtype, device=b.device)
+    if not isinstance(b, torch.Tensor) and isinstance(a, torch.Tensor):
+        b = torch.tensor(b, dtype=a.dtype, device=a.device)
+    return torch.ops.opscope.broadcast_add(a, b)
 
 
 def composite(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
 // Shared device helpers for the CUDA kernels (pure CUDA C++: no torch headers, so every .cu compiles
-// with nvcc alone; csrc/cuda_binding.cpp checks the tensors and calls the launchers below).
+// with nvcc alone; each kernel's cuda_binding.cpp checks the tensors and calls its launchers).
 //
 // Conventions: dtype codes DT_F32/DT_F64/DT_BF16/DT_F16; arithmetic in float (double for float64);
 // elementwise kernels use grid-stride loops with 16-byte vector loads when every pointer is aligned;
@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "cuda_launchers.h"
+#include "cuda_interface.h"
 
 namespace opscope_cuda {
 

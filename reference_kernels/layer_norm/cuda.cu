@@ -3,7 +3,7 @@
 // with Chan's formula through warp shuffles; then the affine write. Backward: per row the statistics and
 // the two means (of g*w and g*w*xhat), dx in the same block, dw/db from per-chunk partials.
 #include "../csrc/cuda_common.cuh"
-#include "../csrc/cuda_launchers.h"
+#include "cuda_launchers.h"
 
 namespace opscope_cuda {
 

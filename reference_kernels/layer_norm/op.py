@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from reference_kernels import _checks, _dispatch
+from reference_kernels._registry import CustomOp
 from reference_kernels._samples import randn_factory
 
 OP = "opscope::layer_norm"
@@ -28,19 +29,16 @@ def _check(x: torch.Tensor, shape: Sequence[int], weight: torch.Tensor | None, b
                 raise ValueError(f"{OP}: {name} must have shape normalized_shape {list(shape)}, got {list(t.shape)}")
 
 
-@torch.library.custom_op(OP, mutates_args=())
 def layer_norm(x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor | None = None,
                bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
     return _dispatch.call("layer_norm", "layer_norm_forward", x.device, x, list(normalized_shape), weight, bias, eps)
 
 
-@layer_norm.register_fake
-def _(x, normalized_shape, weight=None, bias=None, eps=1e-5):  # noqa: ANN001, ANN202
+def _fake(x, normalized_shape, weight=None, bias=None, eps=1e-5):  # noqa: ANN001, ANN202
     _check(x, normalized_shape, weight, bias)
     return x.new_empty(x.shape)
 
 
-@torch.library.custom_op("opscope::layer_norm_backward", mutates_args=())
 def layer_norm_backward(grad: torch.Tensor, x: torch.Tensor, normalized_shape: Sequence[int],
                         weight: torch.Tensor | None, bias: torch.Tensor | None,
                         eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -48,8 +46,7 @@ def layer_norm_backward(grad: torch.Tensor, x: torch.Tensor, normalized_shape: S
                           bias, eps)
 
 
-@layer_norm_backward.register_fake
-def _(grad, x, normalized_shape, weight, bias, eps):  # noqa: ANN001, ANN202
+def _backward_fake(grad, x, normalized_shape, weight, bias, eps):  # noqa: ANN001, ANN202
     _check(x, normalized_shape, weight, bias)
     return (x.new_empty(x.shape), weight.new_empty(weight.shape) if weight is not None else x.new_empty(0),
             bias.new_empty(bias.shape) if bias is not None else x.new_empty(0))
@@ -67,7 +64,9 @@ def _backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202
     return dx, None, dw if weight is not None else None, db if bias is not None else None, None
 
 
-layer_norm.register_autograd(_backward, setup_context=_setup)
+# Registered by reference_kernels.load("layer_norm") on first use, not at import.
+OPS = (CustomOp(OP, layer_norm, fake=_fake, backward=_backward, setup_context=_setup),
+       CustomOp("opscope::layer_norm_backward", layer_norm_backward, fake=_backward_fake))
 
 
 def composite(x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor | None = None,

@@ -1,5 +1,5 @@
-// mean over one dim: the sum kernel's reduction (../sum/reduce.h) scaled by 1/R before the store.
-#include "../sum/reduce.h"
+// mean over one dim: the shared reduction (../csrc/reduce.h, as sum) scaled by 1/R before the store.
+#include "../csrc/reduce.h"
 
 namespace opscope::reduce {
 

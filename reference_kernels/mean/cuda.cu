@@ -1,5 +1,12 @@
-// mean over one dim on CUDA: the sum kernels (../sum/cuda.cu, reduce_dim with mean = true) scale by 1/R
-// before the store; this file only holds that entry point's documentation and is compiled with the rest
-// so each manifest backend has its source.
-#include "../csrc/cuda_common.cuh"
-#include "../csrc/cuda_launchers.h"
+// mean over one dim on CUDA: the shared reduction kernels (../csrc/cuda_reduce.cuh, as sum) scale the sum
+// by 1/R before the store.
+#include "../csrc/cuda_reduce.cuh"
+#include "cuda_launchers.h"
+
+namespace opscope_cuda {
+
+void mean_dim(const void* x, void* out, int64_t k1, int64_t r, int64_t k0, int dtype, cudaStream_t stream) {
+  reduce_dim(x, out, k1, r, k0, 1.0 / static_cast<double>(r), dtype, stream);
+}
+
+}  // namespace opscope_cuda

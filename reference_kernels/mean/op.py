@@ -6,18 +6,17 @@ from __future__ import annotations
 import torch
 
 from reference_kernels import _checks, _dispatch
+from reference_kernels._registry import CustomOp
 from reference_kernels.sum.op import expand_back, out_shape, samples  # noqa: F401 - samples shared
 
 OP = "opscope::mean"
 
 
-@torch.library.custom_op(OP, mutates_args=())
 def mean(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
     return _dispatch.call("mean", "mean_forward", x.device, x, dim, keepdim)
 
 
-@mean.register_fake
-def _(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
+def _fake(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
     _checks.floating(x, OP, "x")
     return x.new_empty(out_shape(x, dim, keepdim, OP))
 
@@ -32,7 +31,8 @@ def _backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202
     return expand_back(grad / ctx.count, ctx.shape, ctx.dim, ctx.keepdim), None, None
 
 
-mean.register_autograd(_backward, setup_context=_setup)
+# Registered by reference_kernels.load("mean") on first use, not at import.
+OPS = (CustomOp(OP, mean, fake=_fake, backward=_backward, setup_context=_setup),)
 
 
 def composite(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:

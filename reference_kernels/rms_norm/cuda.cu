@@ -3,7 +3,7 @@
 // dx written in the same block; dw from per-chunk partials (rows of one chunk are handled by one block
 // in order) combined in chunk order.
 #include "../csrc/cuda_common.cuh"
-#include "../csrc/cuda_launchers.h"
+#include "cuda_launchers.h"
 
 namespace opscope_cuda {
 

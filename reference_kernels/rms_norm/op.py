@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from reference_kernels import _checks, _dispatch
+from reference_kernels._registry import CustomOp
 from reference_kernels._samples import randn_factory
 
 OP = "opscope::rms_norm"
@@ -22,25 +23,21 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
                          f"{list(x.shape)}")
 
 
-@torch.library.custom_op(OP, mutates_args=())
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return _dispatch.call("rms_norm", "rms_norm_forward", x.device, x, weight, eps)
 
 
-@rms_norm.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def _fake(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     _check(x, weight)
     return x.new_empty(x.shape)
 
 
-@torch.library.custom_op("opscope::rms_norm_backward", mutates_args=())
 def rms_norm_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     return _dispatch.call("rms_norm", "rms_norm_backward", x.device, grad, x, weight, eps)
 
 
-@rms_norm_backward.register_fake
-def _(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _backward_fake(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     _check(x, weight)
     return x.new_empty(x.shape), weight.new_empty(weight.shape)
 
@@ -57,7 +54,9 @@ def _backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202
     return dx, dw, None
 
 
-rms_norm.register_autograd(_backward, setup_context=_setup)
+# Registered by reference_kernels.load("rms_norm") on first use, not at import.
+OPS = (CustomOp(OP, rms_norm, fake=_fake, backward=_backward, setup_context=_setup),
+       CustomOp("opscope::rms_norm_backward", rms_norm_backward, fake=_backward_fake))
 
 
 def composite(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

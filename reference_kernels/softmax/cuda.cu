@@ -3,7 +3,7 @@
 // (max, sum) pairs, then a second pass writes exp(z - max) / sum. The mask is read through broadcast
 // strides over up to 3 leading dims (the binding coalesces them), never materialized.
 #include "../csrc/cuda_common.cuh"
-#include "../csrc/cuda_launchers.h"
+#include "cuda_launchers.h"
 
 namespace opscope_cuda {
 

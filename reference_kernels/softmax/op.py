@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from reference_kernels import _checks, _dispatch
+from reference_kernels._registry import CustomOp
 from reference_kernels._samples import randn_factory
 
 OP = "opscope::softmax"
@@ -26,24 +27,20 @@ def _check(x: torch.Tensor, mask: torch.Tensor | None) -> None:
                              "without growing it")
 
 
-@torch.library.custom_op(OP, mutates_args=())
 def softmax(x: torch.Tensor, scale: float = 1.0, mask: torch.Tensor | None = None) -> torch.Tensor:
     return _dispatch.call("softmax", "softmax_forward", x.device, x, scale, mask)
 
 
-@softmax.register_fake
-def _(x: torch.Tensor, scale: float = 1.0, mask: torch.Tensor | None = None) -> torch.Tensor:
+def _fake(x: torch.Tensor, scale: float = 1.0, mask: torch.Tensor | None = None) -> torch.Tensor:
     _check(x, mask)
     return x.new_empty(x.shape)
 
 
-@torch.library.custom_op("opscope::softmax_backward", mutates_args=())
 def softmax_backward(grad: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
     return _dispatch.call("softmax", "softmax_backward", y.device, grad, y, scale)
 
 
-@softmax_backward.register_fake
-def _(grad: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
+def _backward_fake(grad: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
     return y.new_empty(y.shape)
 
 
@@ -63,7 +60,9 @@ def _backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202
     return torch.ops.opscope.softmax_backward(grad, y, ctx.scale), None, None
 
 
-softmax.register_autograd(_backward, setup_context=_setup)
+# Registered by reference_kernels.load("softmax") on first use, not at import.
+OPS = (CustomOp(OP, softmax, fake=_fake, backward=_backward, setup_context=_setup),
+       CustomOp("opscope::softmax_backward", softmax_backward, fake=_backward_fake))
 
 
 def composite(x: torch.Tensor, scale: float = 1.0, mask: torch.Tensor | None = None) -> torch.Tensor:

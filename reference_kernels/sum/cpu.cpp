@@ -1,5 +1,5 @@
-// sum over one dim: the shared reduction in reduce.h (strategy by shape and layout, see there).
-#include "reduce.h"
+// sum over one dim: the shared reduction in ../csrc/reduce.h (strategy by shape and layout, see there).
+#include "../csrc/reduce.h"
 
 namespace opscope::reduce {
 

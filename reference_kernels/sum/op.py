@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from reference_kernels import _checks, _dispatch
+from reference_kernels._registry import CustomOp
 from reference_kernels._samples import randn_factory
 
 OP = "opscope::sum"
@@ -29,13 +30,11 @@ def strategy(x: torch.Tensor, dim: int) -> str:
     return torch.ops.opscope_cpu.reduce_strategy(x, dim)
 
 
-@torch.library.custom_op(OP, mutates_args=())
 def sum_(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
     return _dispatch.call("sum", "sum_forward", x.device, x, dim, keepdim)
 
 
-@sum_.register_fake
-def _(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
+def _fake(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
     _checks.floating(x, OP, "x")
     return x.new_empty(out_shape(x, dim, keepdim, OP))
 
@@ -55,7 +54,8 @@ def _backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202
     return expand_back(grad, ctx.shape, ctx.dim, ctx.keepdim), None, None
 
 
-sum_.register_autograd(_backward, setup_context=_setup)
+# Registered by reference_kernels.load("sum") on first use, not at import.
+OPS = (CustomOp(OP, sum_, fake=_fake, backward=_backward, setup_context=_setup),)
 
 
 def composite(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:

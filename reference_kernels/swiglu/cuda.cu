@@ -1,7 +1,7 @@
 // swiglu on CUDA: elementwise silu(a) * b and its gradients, grid-stride loops with 16-byte vector
 // loads when the pointers are aligned (scalar tail).
 #include "../csrc/cuda_common.cuh"
-#include "../csrc/cuda_launchers.h"
+#include "cuda_launchers.h"
 
 namespace opscope_cuda {
 

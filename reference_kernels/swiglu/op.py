@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from reference_kernels import _checks, _dispatch
+from reference_kernels._registry import CustomOp
 from reference_kernels._samples import randn_factory
 
 OP = "opscope::swiglu"
@@ -19,24 +20,20 @@ def _check(a: torch.Tensor, b: torch.Tensor) -> None:
         raise ValueError(f"{OP}: a and b must have the same shape, got {list(a.shape)} and {list(b.shape)}")
 
 
-@torch.library.custom_op(OP, mutates_args=())
 def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _dispatch.call("swiglu", "swiglu_forward", a.device, a, b)
 
 
-@swiglu.register_fake
-def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _fake(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     _check(a, b)
     return a.new_empty(a.shape)
 
 
-@torch.library.custom_op("opscope::swiglu_backward", mutates_args=())
 def swiglu_backward(grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _dispatch.call("swiglu", "swiglu_backward", a.device, grad, a, b)
 
 
-@swiglu_backward.register_fake
-def _(grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _backward_fake(grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _check(a, b)
     return a.new_empty(a.shape), a.new_empty(a.shape)
 
@@ -50,7 +47,9 @@ def _backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202
     return torch.ops.opscope.swiglu_backward(grad, a, b)
 
 
-swiglu.register_autograd(_backward, setup_context=_setup)
+# Registered by reference_kernels.load("swiglu") on first use, not at import.
+OPS = (CustomOp(OP, swiglu, fake=_fake, backward=_backward, setup_context=_setup),
+       CustomOp("opscope::swiglu_backward", swiglu_backward, fake=_backward_fake))
 
 
 def composite(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

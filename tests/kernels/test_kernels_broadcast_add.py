@@ -9,7 +9,7 @@ import torch
 import reference_kernels as rk
 from reference_kernels._build import load_cpu_extension
 
-ADD = torch.ops.opscope.broadcast_add
+ADD = rk.load("broadcast_add")  # torch.ops.opscope.broadcast_add
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -84,6 +84,15 @@ def test_malformed_manifests_name_the_file_and_field(tmp_path: Path, edit, messa
     assert "manifest.toml" in str(info.value)
 
 
+
+def test_a_cuda_backend_needs_its_binding_in_the_folder(tmp_path: Path) -> None:
+    folder = _folder(tmp_path, GOOD.replace('backends = ["cpu"]', 'backends = ["cpu", "cuda"]'),
+                     files=("cpu.cpp", "cuda.cu"))
+    with pytest.raises(ManifestError, match="lists backend 'cuda' but cuda_binding.cpp is missing"):
+        load_manifest(folder)
+    (folder / "cuda_binding.cpp").write_text("")
+    assert load_manifest(folder).backends == ("cpu", "cuda")
+
 def test_cli_lists_kernels_and_says_gpu_kernels_are_not_run_here() -> None:
     proc = run_cli("kernels", "--json")
     assert proc.returncode == 0, proc.stderr

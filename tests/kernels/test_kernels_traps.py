@@ -12,8 +12,8 @@ import gc
 import pytest
 import torch
 
-import reference_kernels  # noqa: F401
 from kernels_helpers import NAMES, keep_layout_grad, module, op, tensors
+from reference_kernels import _build
 
 
 def _rss_bytes() -> int:
@@ -114,7 +114,7 @@ def test_one_and_two_threads_give_identical_results(name: str) -> None:
 
 def test_extension_runs_on_torchs_thread_pool() -> None:
     """at::parallel_for in the extension uses torch's intra-op pool: set_num_threads governs it."""
-    reference_kernels._build.load_cpu_extension()
+    _build.load_cpu_extension()
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)

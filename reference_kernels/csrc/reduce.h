@@ -1,5 +1,6 @@
 #pragma once
-// sum / mean over one dim, the strategy chosen by the tensor's shape and layout:
+// sum / mean over one dim (shared by sum/cpu.cpp and mean/cpu.cpp), the strategy chosen by the
+// tensor's shape and layout:
 //   view the input as [K1, K0] kept positions x R reduced elements (kept dims merged where memory
 //   allows; otherwise one contiguous copy, reported as "copy+...");
 //   - "rows"    (inner-contiguous: the reduced dim has stride 1): each output is a contiguous row sum
@@ -10,7 +11,7 @@
 //               chunks, each chunk's partial sums kept apart, then added in chunk order.
 // Every threshold is a constant, never the thread count, so results are bitwise identical for any
 // number of threads. Accumulation in float (double for float64); mean = sum * (1 / R).
-#include "../csrc/common.h"
+#include "common.h"
 
 namespace opscope::reduce {
 
