@@ -1,9 +1,9 @@
-"""Column tables without pandas: the analysis' working format.
+"""Column tables without pandas: opscope's one table type, from trace decoding to the renderers.
 
 A table is a plain dict of column name -> Python list, every list the same length. Values are Python
 objects only (never numpy scalars): floats with NaN for "missing", ints, bools, and str ("" for none).
-`opscope analyze` imports neither pandas nor numpy (their import costs more than analyzing a few
-thousand events); pandas is imported lazily, by `to_frame`, for the commands that read runs back.
+No command imports pandas or numpy (their import costs more than analyzing a few thousand events);
+`to_frame` imports pandas for users who want a DataFrame (Run.to_pandas).
 """
 
 from __future__ import annotations
@@ -77,10 +77,6 @@ def group_codes(columns: Sequence[Sequence[Any]]) -> list[int]:
     return factorize(zip(*columns, strict=True))[0]
 
 
-def isnan(x: Any) -> bool:
-    return bool(x != x)
-
-
 def from_frame(frame: pd.DataFrame) -> Table:
     """A pandas DataFrame as a table (numpy scalars become Python objects)."""
     return {str(c): frame[c].tolist() for c in frame.columns}
@@ -100,11 +96,6 @@ def to_frame(table: Table, columns: Sequence[str] | None = None) -> pd.DataFrame
         else:
             data[c] = values
     return pd.DataFrame(data, columns=cols)
-
-
-def as_table(data: Any) -> Table:
-    """A table as is; a pandas DataFrame (from a caller that still has one) converted by from_frame."""
-    return data if isinstance(data, dict) else from_frame(data)
 
 
 def pairwise_sum(values: Sequence[float]) -> float:

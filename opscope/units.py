@@ -2,7 +2,7 @@
 formatter per kind of quantity, so a rate reads "1.57 TB/s" in a table and in a sentence alike, never
 "1.57e+03 GB/s". Torch-free and renderer-free: findings use it too.
 
-A value that is not known (no cost formula, no ceiling, no time) is written UNKNOWN; the README says
+A value that is not known (no cost formula, no ceiling, no time) is written UNKNOWN; docs/reference/reading.md says
 why a value can be unknown.
 """
 

@@ -3,7 +3,7 @@
 cpu tensors -> the C++ extension (torch.ops.opscope_cpu.*), built on first use.
 cuda tensors -> Triton when it is importable, else the CUDA C++ extension; OPSCOPE_KERNELS_GPU_BACKEND=
     triton|cuda picks one. (No timing has chosen between them: no GPU was available when they were
-    written; see the README.)
+    written; see docs/guide/kernels.md.)
 `use_backend("triton")` forces a backend for cpu tensors too: with TRITON_INTERPRET=1 set before triton
 is imported, that runs the Triton kernels on the CPU through the interpreter, which is how the tests
 check them on machines without a GPU.

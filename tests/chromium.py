@@ -1,6 +1,7 @@
 """A small driver for headless Chromium (Debian's `chromium` package) over the DevTools protocol, for the
-browser tests and the README screenshot. It talks to Chromium over `--remote-debugging-pipe` (file
-descriptors 3 and 4, messages ending in NUL): no port, no websocket, standard library only.
+browser tests and the report guide's screenshot (docs/report.png). It talks to Chromium over
+`--remote-debugging-pipe` (file descriptors 3 and 4, messages ending in NUL): no port, no websocket,
+standard library only.
 
     with Chromium.launch() as browser:
         page = browser.open(Path("report.html"))

@@ -3,8 +3,8 @@ CUDA/HIP graph replayed, how busy each stream was, how much communication overla
 longest idle gaps on the GPU timeline with the CPU op running during each.
 
 All of it is read from trace.kernels after opscope.analysis.events attributed them (columns op,
-kernel_row, graph_launch, family). The keys it returns go into summary.json as they are (README, "Run
-directory format").
+kernel_row, graph_launch, family). The keys it returns go into summary.json as they are
+(opscope.run.schema.Summary).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from opscope.analysis.events import is_row_name
-from opscope.costmodel import Cost, OpCall, estimate, floating_dtype
+from opscope.costmodel import Cost, OpCall, UnreadableCall, estimate, floating_dtype
 from opscope.costmodel.base import BIAS_COPIED_BY_CHILD, DELEGATES_TO_ANY_CHILD, DTYPE_NAMES
 from opscope.machine.peaks import Peaks, ceiling_key
 from opscope.run.schema import GPU_ONLY_NOTE, GRAPH_KERNEL_NOTE, LOOSE_KERNEL_NOTE, UNATTRIBUTED
@@ -38,7 +38,7 @@ JSON_TEXT_COLUMNS = ["input_dims", "input_dtypes", "input_strides", "concrete_in
 BOUNDS = ("memory", "compute", "overhead", "unknown")
 
 # An op whose work would take under this long at the machine's peaks cannot be limited by that work:
-# per-op dispatch (CPU, a few µs) or kernel launch latency (GPU) dominates. See README, "bound".
+# per-op dispatch (CPU, a few µs) or kernel launch latency (GPU) dominates. See docs/reference/reading.md.
 OVERHEAD_IDEAL_US = 1.0
 
 
@@ -66,9 +66,10 @@ def event_costs(ev: Table) -> Table:
         if hit is None:
             try:
                 call = OpCall.from_json_text(name, dims, types, strides, concrete, list_dtype)
-                hit = (estimate(call), floating_dtype(call) or "")
-            except (ValueError, TypeError):  # inputs recorded in a shape no cost function can read
+            except UnreadableCall:  # an input column that is not a JSON list: no cost, no dtype
                 hit = (None, "")
+            else:  # estimate() itself gives None for inputs no cost function can read; a bug raises
+                hit = (estimate(call), floating_dtype(call) or "")
             cache[key] = hit
         cost, dt = hit
         dtype[i] = dt
@@ -340,7 +341,7 @@ KERNEL_NOTE = "inductor kernel: the trace records no cost for it"
 
 
 def _compiled_costs(rows: Table) -> None:
-    """torch.compile rows (README, ops.csv `op`): regions and graphs have no cost; an inductor kernel
+    """torch.compile rows (docs/reference/run-format.md, ops.csv `op`): regions and graphs have no cost; an inductor kernel
     has the cost inductor estimated when the trace records it (kernel_flop, kernel_num_gb), else none."""
     kinds = rows["row_kind"]
     compiled = [i for i, kind in enumerate(kinds) if kind in ("graph", "kernel")]
@@ -410,7 +411,7 @@ def roofline_columns(table: Table, peaks: Peaks) -> Table:
 
 def classify_bound(flops: float, nbytes: float, family: str, peak_gflops: float | None,
                    peak_gbps: float | None) -> str:
-    """memory / compute / overhead / unknown for one op (see README "How to read the numbers")."""
+    """memory / compute / overhead / unknown for one op (see docs/reference/reading.md)."""
     if family == "" or flops is None or nbytes is None or math.isnan(flops) or math.isnan(nbytes):
         return "unknown"
     if flops == 0 and nbytes == 0:

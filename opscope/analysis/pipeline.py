@@ -19,7 +19,7 @@ from opscope.machine.noise import step_spread, unknown
 from opscope.machine.peaks import Peaks
 from opscope.run.model import Run
 from opscope.run.schema import FORMAT_VERSION
-from opscope.table import Table, as_table, group_sums, mean, nrows, pairwise_sum, records, take
+from opscope.table import Table, group_sums, mean, nrows, pairwise_sum, records, take
 from opscope.trace.reader import TraceData, no_gc
 
 # A trace recorded elsewhere says nothing about what else ran on its machine.
@@ -128,13 +128,11 @@ def union_length(start: Sequence[float], end: Sequence[float]) -> float:
     return float(busy + cur_e - cur_s)
 
 
-def summarize(ops: Any, *, steps: int, step_time_us: float, n_findings: int,
+def summarize(ops: Table, *, steps: int, step_time_us: float, n_findings: int,
               busy: float | None, step_us: list[float] | None = None, noise: dict[str, Any] | None = None,
               gpu_keys: dict[str, Any] | None = None) -> dict[str, Any]:
-    """summary.json from the ops table (a DataFrame from a caller that still has one is read too).
-    `step_us`: each step's wall time (default: one step of `step_time_us`); `noise`:
+    """summary.json from the ops table. `step_us`: each step's wall time (default: one step of `step_time_us`); `noise`:
     opscope.machine.noise.assess() of the timed pass (default: unknown, as for a file recorded elsewhere)."""
-    ops = as_table(ops)
     times = [float(t) for t in ops["time_us_total"]]
     # pandas' sums, so that the shares stay the same to the last bit
     total = pairwise_sum(times)
@@ -180,10 +178,9 @@ def swap_candidates(ops: Table) -> list[dict[str, Any]]:
         return []
 
 
-def top_ops(ops: Any, n: int) -> list[dict[str, Any]]:
-    """First n rows (of a table, or a DataFrame) as objects: numbers as numbers, empty as null, JSON-text
-    columns kept as text."""
-    ops = as_table(ops)
+def top_ops(ops: Table, n: int) -> list[dict[str, Any]]:
+    """First n rows of the ops table as objects: numbers as numbers, empty as null, JSON-text columns kept
+    as text."""
     out = []
     for rec in records(take(ops, range(min(n, nrows(ops))))):
         row = {}

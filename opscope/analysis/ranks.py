@@ -394,7 +394,7 @@ def _spread(values: Sequence[float]) -> float | None:
 
 
 def distributed_summary(rank_runs: list[RankRun], ranks: Table) -> dict[str, Any]:
-    """summary.json "distributed" (README, "Run directory format")."""
+    """summary.json "distributed" (opscope.run.schema.Distributed)."""
     rank_steps = int(pairwise_sum(_rank_steps(ranks)))
     compute = _numbers(ranks["compute_time_us"])
     step = _numbers(ranks["step_time_us"])

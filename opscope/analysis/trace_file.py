@@ -14,6 +14,7 @@ from opscope.analysis.capture_merge import merge_capture
 from opscope.analysis.pipeline import analyze
 from opscope.machine.peaks import Peaks, apply_overrides, gpu_from_properties, gpu_peaks, unknown_gpu_warning
 from opscope.run.model import DEFAULT_REPORTS_DIR, Run
+from opscope.run.schema import FORMAT_VERSION
 from opscope.run.write import TraceCompressor, check_out_dir, write_run
 from opscope.table import nrows
 from opscope.trace.kernel_names import architecture_from_kernels, short_kernel_name
@@ -175,7 +176,7 @@ def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, st
 def trace_meta(path: Path, trace: TraceData, device: dict[str, str], peaks: Peaks) -> dict[str, Any]:
     """meta.json of an analyzed trace ("dtype", "mode" and "steps" are filled in by the analysis)."""
     return {
-        "format_version": 1,
+        "format_version": FORMAT_VERSION,
         "opscope_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "source": "trace",

@@ -32,6 +32,7 @@ from opscope.errors import OpscopeError
 from opscope.machine.noise import CpuSampler, window_noise
 from opscope.machine.peaks import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
 from opscope.run.model import DEFAULT_REPORTS_DIR, Run
+from opscope.run.schema import FORMAT_VERSION
 from opscope.run.write import check_out_dir, write_run
 from opscope.target.model_file import load_target
 from opscope.target.specs import ProfileOptions
@@ -280,7 +281,7 @@ def profile_meta(opts: ProfileOptions, device: torch.device, dtype: str | None, 
     else:
         dev = {"type": "cpu", "name": cpu_name()}
     return {
-        "format_version": 1,
+        "format_version": FORMAT_VERSION,
         "opscope_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "source": "profile",

@@ -489,7 +489,9 @@ def kernels(
         if json_out:
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
             return
-        ks.render_listing(doc, Console(highlight=False))
+        from opscope.render.kernels import listing
+
+        listing(doc, Console(highlight=False))
         return
     import datetime as dt
 
@@ -503,7 +505,9 @@ def kernels(
     if json_out:
         sys.stdout.write(json.dumps(result, indent=1) + "\n")
     else:
-        kb.render(result, Console(highlight=False))
+        from opscope.render.kernels import benchmark
+
+        benchmark(result, Console(highlight=False))
     stderr.print(f"results: {jpath} (and .csv)")
 
 

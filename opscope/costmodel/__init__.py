@@ -3,7 +3,7 @@
 registered with `@register("aten::...")` in a module per op family. Outputs are not recorded, so
 output shapes are derived from input shapes, op semantics and concrete arguments.
 
-The counting conventions and the per-op FLOP tables are in README.md, "How opscope counts"; each
+The counting conventions and the per-op FLOP tables are in docs/reference/counting.md; each
 family module documents the evidence for its composites and argument layouts.
 """
 

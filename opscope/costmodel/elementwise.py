@@ -4,7 +4,7 @@ the element-wise `*_backward` ops autograd produces.
 One table row per op: FLOPs per output element, which argument positions are input tensors (any other
 tensor argument is an `out=` destination: written, never read), and the output dtype rule. An op
 listed with `inplace=True` also registers its `name_` variant (self read and written once each).
-FLOP numbers per element (the README's "How opscope counts" table) are in the package docstring.
+FLOP numbers per element (docs/reference/counting.md) are in the package docstring.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from opscope.machine.peaks import Peaks
 from opscope.sources import HARNESS
-from opscope.table import Table, as_table, pairwise_sum
+from opscope.table import Table, pairwise_sum
 
 
 @dataclass
@@ -69,12 +69,6 @@ class Context:
     # Derived tables shared between rules (call tree, subtree times, copy classification, ...), filled
     # lazily by opscope.findings.common; never written anywhere.
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        self.ops = as_table(self.ops)
-        self.events = as_table(self.events)
-        if self.ranks is not None:
-            self.ranks = as_table(self.ranks)
 
     @property
     def total_time_us(self) -> float:

@@ -10,7 +10,6 @@ from typing import Any
 
 from opscope.findings.base import Context
 from opscope.findings.layout import Tensor
-from opscope.findings.tree import ops_rows_for_events, records  # noqa: F401  (read outside the findings)
 
 # Severity from the estimated saving's share of the run's total op time (ops.csv time_us_total summed):
 # >= 10 % high, >= 2 % medium, else low. A finding without an estimate is low unless a rule says more.

@@ -4,15 +4,11 @@ of each event. Everything derived from the table is computed once per run and ke
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opscope.findings.base import Context, cached
 from opscope.sources import HARNESS
-from opscope.table import Table, as_table
-from opscope.table import records as table_records
-
-if TYPE_CHECKING:
-    import pandas as pd
+from opscope.table import Table, records
 
 # Views and wrappers that never move data (skipped when looking for "the next op").
 VIEW_FAMILIES = frozenset({"view", "composite"})
@@ -39,12 +35,6 @@ def col(ctx: Context, column: str) -> list[Any]:
 def ops_rows(ctx: Context) -> list[dict[str, Any]]:
     """ops.csv rows as dicts, built once: rules read rows one by one."""
     return cached(ctx, "ops_rows", lambda: records(ctx.ops))
-
-
-def records(table: Table | pd.DataFrame) -> list[dict[str, Any]]:
-    """One dict per row of a table (opscope.table.records); a DataFrame (the commands that read runs
-    back) is read one `tolist()` per column, native Python values, at a fraction of to_dict's cost."""
-    return table_records(as_table(table))
 
 
 def subtree_sum(ctx: Context, column: str) -> list[float]:
@@ -162,10 +152,8 @@ def ops_row_of_events(ctx: Context) -> list[int]:
 ROW_KEY = ("op", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "source_location", "module")
 
 
-def ops_rows_for_events(ops: Table | pd.DataFrame, ev: Table | pd.DataFrame) -> list[int]:
-    """Per event of the event table `ev`: index of its row in the ops table `ops` (-1 for non-row events).
-    Tables or DataFrames (the Nsight commands read runs back as DataFrames)."""
-    ops, ev = as_table(ops), as_table(ev)
+def ops_rows_for_events(ops: Table, ev: Table) -> list[int]:
+    """Per event of the event table `ev`: index of its row in the ops table `ops` (-1 for non-row events)."""
     lookup = {key: k for k, key in enumerate(zip(*(ops[c] for c in ROW_KEY), strict=True))}
     keys = zip(ev["name"], *(ev[c] for c in ROW_KEY[1:]), strict=True)
     get = lookup.get

@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import ctypes
 import datetime as _dt
+import functools
 import importlib
 import json
 import math
@@ -165,7 +166,7 @@ def tune(manifest: Any, args: tuple, repeats: int = 7) -> dict[str, Any]:
     fn = f"{manifest.name}_forward"
     raw = getattr(torch.ops.opscope_cpu, fn)
     grains = ELEMENTWISE_GRAINS if manifest.name in ELEMENTWISE else ROW_GRAINS
-    timings = interleaved({str(g): (lambda g=g: raw(*args, g)) for g in grains}, repeats)
+    timings = interleaved({str(g): functools.partial(raw, *args, g) for g in grains}, repeats)
     best = min(grains, key=lambda g: timings[str(g)].median_ms)
     values = {"grain_size": best, "candidates_ms": {k: round(v.median_ms, 4) for k, v in timings.items()},
               "measured": _dt.datetime.now().isoformat(timespec="seconds")}
@@ -302,31 +303,3 @@ def save(doc: dict[str, Any], out: Path) -> tuple[Path, Path]:
     return jpath, cpath
 
 
-def render(doc: dict[str, Any], console: Any) -> None:
-    from rich.table import Table
-
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("kernel", "case", "kernel ms (p20-p80)", "GB/s", "% BW", "vs native", "vs eager", "vs compile"):
-        table.add_column(col, justify="left" if col in ("kernel", "case") else "right")
-
-    def ratio(r: dict[str, Any], key: str) -> str:
-        return f"{r['ratios'][key]:.2f}x" if key in r["ratios"] else "-"
-
-    for r in doc["results"]:
-        t = r["timings"]["kernel"]
-        pct = f"{r['pct_bandwidth']:.0f}%" if r["pct_bandwidth"] is not None else "-"
-        table.add_row(r["kernel"], r["case"], f"{t['median_ms']:.2f} ({t['p20_ms']:.2f}-{t['p80_ms']:.2f})",
-                      f"{r['gbps']:.1f}", pct, ratio(r, "vs_native"), ratio(r, "vs_eager"), ratio(r, "vs_compiled"))
-    console.print(table)
-    met = sum(g["met"] for g in doc["goals"])
-    console.print(f"goals met: {met} of {len(doc['goals'])}", markup=False)
-    for g in doc["goals"]:
-        if not g["met"]:
-            console.print(f"  not met: {g['kernel']} {g['case']}: {g['goal']} (measured {g['value']})", markup=False)
-    mach = doc["machine"]
-    console.print(f"machine: {mach['cpu']}, {mach['threads']} threads, {mach['isa']}; torch {mach['torch']}; "
-                  f"bandwidth ceiling {mach['peak_bandwidth_gbps']:.1f} GB/s ({mach['peak_origin']})"
-                  if mach["peak_bandwidth_gbps"] else "", markup=False, soft_wrap=True)
-    if mach["gpu"] is None:
-        console.print("no GPU here: the Triton and CUDA kernels are compiled and interpreter-checked, not timed",
-                      markup=False)

@@ -82,22 +82,3 @@ def find(name: str) -> Any:
     raise KernelError(f"no bundled kernel named {name!r}; the kernels are: {names}")
 
 
-def render_listing(doc: dict[str, Any], console: Any) -> None:
-    from rich.table import Table
-
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("kernel", "replaces", "dtypes", "backends", "usable here"):
-        table.add_column(col)
-    short = {"float32": "f32", "float64": "f64", "bfloat16": "bf16", "float16": "f16"}
-    for k in doc["kernels"]:
-        targets = ", ".join(dict.fromkeys(r["target"].rsplit(".", 1)[-1] if r["kind"] != "aten" else r["target"]
-                                          for r in k["replaces"]))
-        table.add_row(k["name"], targets, " ".join(short[d] for d in k["dtypes"]), " ".join(k["backends"]),
-                      " ".join(k["usable_here"]) or "-")
-    console.print(table)
-    mach = doc["machine"]
-    console.print()
-    for backend, status in mach["backends"].items():
-        console.print(f"{backend:<7} {status}", markup=False, soft_wrap=True)
-    if mach["note"]:
-        console.print(f"note: {mach['note']}", markup=False, soft_wrap=True)

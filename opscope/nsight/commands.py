@@ -56,7 +56,7 @@ _INSTALL_GLOBS = {
     "ncu": ("{cuda}/bin/ncu", "/usr/local/cuda*/bin/ncu", "/opt/nvidia/nsight-compute/*/ncu"),
 }
 
-# The registered-string rule of nsys' NVTX capture range (see README, "Nsight"): with
+# The registered-string rule of nsys' NVTX capture range (see docs/guide/nsight.md): with
 # --capture-range=nvtx, nsys only matches registered NVTX strings unless this is 0.
 NSYS_REGISTER_ONLY = "NSYS_NVTX_PROFILER_REGISTER_ONLY"
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from opscope.errors import NsightError
 from opscope.nsight.commands import last_error_line, ncu_import_command, tool_for_file
 from opscope.run.model import DEFAULT_REPORTS_DIR, Run
+from opscope.run.schema import FORMAT_VERSION
 from opscope.run.write import check_out_dir, write_csv, write_run
 from opscope.table import Table, largest_first, nrows
 
@@ -194,7 +195,7 @@ def _ncu_run(path: Path, table: NcuTable, folder: Path, peak_bw: float | None, p
     plan: Table = {"step": [0] * count, "kind": ["kernel"] * count, "name": list(meas["kernel"]),
                    "base": list(meas["base"]), "row": [row_of[k] for k in meas["kernel"]],
                    "main_thread": [True] * count}
-    meta = {"format_version": 1, "opscope_version": __version__,
+    meta = {"format_version": FORMAT_VERSION, "opscope_version": __version__,
             "created": datetime.now().strftime("%Y-%m-%dT%H:%M:%S"), "source": "trace", "target": str(path),
             "torch_version": None,
             "device": {"type": "cuda", "name": "unknown GPU (the Nsight Compute table does not name it)"},

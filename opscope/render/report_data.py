@@ -254,7 +254,7 @@ def kernels_by_op(run: Run, top: int) -> list[tuple[int, dict[str, Any], list[st
 
 
 def memory_items(run: Run) -> list[tuple[str, str]]:
-    """summary.json's `memory` object (README, "Run directory format") as (label, value) lines: the peak,
+    """summary.json's `memory` object (docs/reference/run-format.md) as (label, value) lines: the peak,
     the op during which it was reached, what was alive then, the growth per step and each step's peak."""
     m = run.summary.get("memory")
     if not isinstance(m, dict):

@@ -25,7 +25,7 @@ from opscope.table import pairwise_sum, records
 from opscope.units import number
 
 # Step-time spread assumed when neither run measured it: timings of the same run on a shared machine
-# move by about +-10 % (README, Benchmarks).
+# move by about +-10 % (docs/benchmarks.md).
 DEFAULT_BAND = 0.10
 NOISY_BAND = 0.25  # a run whose own noise verdict is "noisy": other processes took CPU time during it
 MIN_BAND = 0.02  # even on a quiet machine, per-op times move by a percent or two run to run

@@ -93,7 +93,7 @@ def read_ops_csv(path: Path) -> Table:
     return table
 
 
-# ranks.csv: text columns, and the columns the renderers read as numbers (README, "Run directory format").
+# ranks.csv: text columns, and the columns the renderers read as numbers (opscope.run.schema, docs/reference/run-format.md).
 RANKS_TEXT_COLUMNS = schema.names(schema.RANKS_COLUMNS, "text")
 RANKS_NUMBER_COLUMNS = schema.names(schema.RANKS_COLUMNS, "number")
 

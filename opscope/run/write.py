@@ -1,5 +1,5 @@
 """Writing the run directory (CONTRACT.md): meta.json, ops.csv, findings.json, summary.json, trace.json.gz, and
-modules.csv when the run has module paths (README, "Run directory format").
+modules.csv when the run has module paths (opscope.run.schema, docs/reference/run-format.md).
 
 Written atomically: everything goes into a hidden temporary sibling which is renamed into place at the
 end, so an interrupted run never leaves a directory that looks complete, and an existing run is never
@@ -14,7 +14,6 @@ import json
 import math
 import os
 import shutil
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -24,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from opscope.errors import OutputError
 from opscope.run.model import DEFAULT_REPORTS_DIR, RANKS_FILE, STAGING_PREFIX, Run
-from opscope.table import Table, from_frame
+from opscope.table import Table
 
 if TYPE_CHECKING:
-    import pandas as pd
+    pass
 
 
 def check_out_dir(out: Path | None, base: Path | None = None) -> None:
@@ -214,12 +213,10 @@ def _gzip_bytes(data: bytes | bytearray, dst: Path) -> None:
             fo.write(view[i:i + (8 << 20)])
 
 
-def write_csv(table: Table | pd.DataFrame, path: Path) -> None:
+def write_csv(table: Table, path: Path) -> None:
     """The table as CSV, byte for byte what `DataFrame.to_csv(path, index=False)` wrote (opscope's format
     before tables), without pandas: floats by repr, NaN and None empty, bools True/False, minimal
-    quoting. A DataFrame is written through opscope.table.from_frame."""
-    if not isinstance(table, dict):
-        table = from_frame(table)
+    quoting."""
     columns = [[v if type(v) is str else _csv_cell(v) for v in values] for values in table.values()]
     with open(path, "w", encoding="utf-8", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
@@ -232,9 +229,6 @@ def _csv_cell(v: Any) -> Any:
         return ""
     if isinstance(v, float):  # np.float64 too; float.__repr__ keeps numpy's scalar repr out
         return "" if v != v else float.__repr__(v)
-    pandas = sys.modules.get("pandas")  # pd.NA can only come from a DataFrame, so pandas is loaded then
-    if pandas is not None and v is pandas.NA:
-        return ""
     return v  # int, bool: csv writes str(v), as pandas did
 
 

@@ -24,8 +24,8 @@ from opscope.analysis.ops_table import (
 from opscope.analysis.pipeline import step_stats, summarize, top_ops, trace_mode, union_length
 from opscope.analysis.trace_file import _mode
 from opscope.machine.peaks import Peaks, gpu_peaks
-from opscope.table import as_table, pairwise_sum
 from opscope.table import group_sums as _group_sums
+from opscope.table import pairwise_sum
 from opscope.trace.reader import load_trace
 
 NAN = math.nan
@@ -92,8 +92,7 @@ def test_classify_bound_edges():
 @pytest.fixture(scope="module")
 def bert():
     trace = load_trace(TRACES / "h100_bert-small_bf16.json.gz")
-    ev = as_table(build_events(trace))
-    return ev, as_table(trace.kernels)
+    return build_events(trace), trace.kernels
 
 
 def test_ops_table_groups_the_events_as_pandas_would(bert):
@@ -147,7 +146,7 @@ def test_summary_shares_and_top_ops_by_hand():
     assert s["bound_time_share"] == {"memory": 0.0, "compute": 0.6, "overhead": 0.1, "unknown": 0.3}
     assert s["top_ops"][1] == {"op": "aten::add", "input_dims": "[[2]]", "source_location": "", "time_us_total": 3.0,
                                "flops_per_call": None, "bytes_per_call": 1.0, "bound": "unknown", "calls": 2}
-    assert top_ops(pd.DataFrame(ops), 1) == s["top_ops"][:1]
+    assert top_ops(ops, 1) == s["top_ops"][:1]
 
 
 def test_trace_mode_and_busiest_device():

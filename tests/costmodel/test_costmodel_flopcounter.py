@@ -4,12 +4,12 @@ opscope.costmodel.estimate, against torch.utils.flop_counter.FlopCounterMode on 
 Our per-event costs are resolved like the analysis layer does: an op whose descendant (same thread,
 nested in time) does the same family of work with a non-zero cost counts as a composite. Then the
 totals per FlopCounterMode op (mm, addmm, bmm, convolution, convolution_backward) must match exactly,
-except where the README documents a difference: a grouped convolution_backward is compared with the same
+except where docs/reference/counting.md documents a difference: a grouped convolution_backward is compared with the same
 conv run as `groups` ungrouped convs (FlopCounterMode's grad_weight term ignores `groups`).
 FlopCounterMode misses the CPU SDPA kernel (_scaled_dot_product_flash_attention_for_cpu), so that one
 is compared with torch.utils.flop_counter's own sdpa formulas, and with FlopCounterMode on the math
 backend (whose bmm ops it does count); for causal calls, scaled to the (query, key) pairs the causal mask
-keeps (README: FlopCounterMode counts the full square)."""
+keeps (docs/reference/counting.md: FlopCounterMode counts the full square)."""
 
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def test_convolution_forward_and_backward(tmp_path, xs, ws, kwargs, transposed):
         assert ours["aten::convolution_backward"] == ref["aten.convolution_backward"] > 0
         assert ours["conv"] == ref["aten.convolution"] + ref["aten.convolution_backward"]
         return
-    # Grouped: FlopCounterMode's grad_weight term ignores `groups` (README, "How opscope counts"). The
+    # Grouped: FlopCounterMode's grad_weight term ignores `groups` (docs/reference/counting.md). The
     # same conv run as `groups` separate ungrouped convs does the same work, and FlopCounterMode counts
     # ungrouped convs right: that total is what opscope must report for the grouped one.
     split = counter_flops(lambda: _split_conv(x, w, kwargs, transposed).sum().backward())

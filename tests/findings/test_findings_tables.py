@@ -13,14 +13,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from opscope.findings import Context, run_rules
+from opscope.findings import Context
 from opscope.findings.overhead import _argmax
 from opscope.findings.tree import ops_rows_for_events, subtree_sum, user_mask
 from opscope.machine.peaks import Peaks
 from opscope.sources import HARNESS
-from opscope.table import from_frame, pairwise_sum
 from opscope.table import group_sums as _group_sums
 from opscope.table import largest_first as _largest_first
+from opscope.table import pairwise_sum
 
 
 def _floats(rng: random.Random, n: int) -> list[float]:
@@ -97,23 +97,6 @@ def test_ops_rows_for_events_reads_tables_and_dataframes_alike():
     ev = {"name": ["y", "x", "x", "z"], "is_row": [True, True, False, True],
           **{c: [""] * 4 for c in key[1:]}}
     assert ops_rows_for_events(ops, ev) == [1, 0, -1, -1]
-    assert ops_rows_for_events(pd.DataFrame(ops), pd.DataFrame(ev)) == [1, 0, -1, -1]
-
-
-def test_a_context_given_dataframes_reads_them_as_tables():
-    # Merging ranks and attaching Nsight measurements read runs back as DataFrames and pass them in.
-    base = {"op": "aten::copy_", "input_dims": "[[1024, 1024]]", "source_location": "m.py:3", "calls": 10,
-            "time_us_total": 1000.0, "bytes_per_call": float(8 << 20), "measured_kernels": "k1",
-            "measured_dram_bytes_per_call": float(64 << 20), "measured_dram_pct_peak": 90.0}
-    frame = pd.DataFrame([base])
-    ctx = Context(ops=frame, events=pd.DataFrame(), peaks=Peaks(3350.0), gpu=True, source="trace", steps=10,
-                  step_time_us=100.0)
-    assert ctx.ops == from_frame(frame) and ctx.events == {}
-    found = run_rules(ctx, only=["excess-traffic"])
-    table_ctx = Context(ops=from_frame(frame), events={}, peaks=Peaks(3350.0), gpu=True, source="trace",
-                        steps=10, step_time_us=100.0)
-    assert found == run_rules(table_ctx, only=["excess-traffic"])
-    assert len(found) == 1 and found[0]["est_savings_us"] == pytest.approx(1000.0 * (1 - 8 / 64))
 
 
 def test_importing_the_rules_loads_neither_pandas_nor_numpy():

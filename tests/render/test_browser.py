@@ -6,7 +6,7 @@ nothing, and a 2,000-row report renders its table a page at a time.
 
 Skipped, with the reason, when Chromium is not installed (`apt-get install chromium`, or set
 OPSCOPE_CHROMIUM); CI sets OPSCOPE_REQUIRE_BROWSER=1 so that there it fails instead.
-`OPSCOPE_UPDATE_SCREENSHOT=1` also writes the README's screenshot (docs/report.png)."""
+`OPSCOPE_UPDATE_SCREENSHOT=1` also writes the report guide's screenshot (docs/report.png)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ READY = "window.opscopeReport && window.opscopeReport.ready"
 def reports(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("browser")
     runs = {"hostile": hostile_run(folder)}
-    runs["vit"] = folder / "vit"  # analyzed from the repository root: the report names the trace as in the README
+    runs["vit"] = folder / "vit"  # analyzed from the repository root: the report names the trace as in the docs
     proc = run_cli("analyze", str((TRACES / "h100_vit-image-classifier_bf16.json.gz").relative_to(REPO)), "--out",
                    str(runs["vit"]), cwd=REPO)
     assert proc.returncode == 0, proc.stderr

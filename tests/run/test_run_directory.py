@@ -208,11 +208,13 @@ def test_an_interrupted_write_leaves_nothing_that_looks_complete(tmp_path, monke
 
 
 def test_write_csv_matches_pandas_to_csv(tmp_path):
-    """run.write_csv replaces DataFrame.to_csv for speed: the same bytes for every kind of cell."""
+    """run.write_csv replaces DataFrame.to_csv for speed: the same bytes for every kind of cell (the
+    DataFrame given to write_csv as the Table opscope.table.from_frame makes of it)."""
     import numpy as np
     import pandas as pd
 
     from opscope.run.write import write_csv
+    from opscope.table import from_frame
 
     rng = np.random.default_rng(0)
     floats = np.concatenate([rng.standard_normal(500) * 10.0 ** rng.integers(-30, 30, 500),
@@ -229,7 +231,7 @@ def test_write_csv_matches_pandas_to_csv(tmp_path):
         "b": floats > 0,
     })
     frame.loc[3, "s"] = np.nan
-    write_csv(frame, tmp_path / "a.csv")
+    write_csv(from_frame(frame), tmp_path / "a.csv")
     frame.to_csv(tmp_path / "b.csv", index=False)
     assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()
 

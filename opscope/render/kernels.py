@@ -1,0 +1,58 @@
+"""The console view of `opscope kernels`: the listing of the bundled kernels and the benchmark's results, from the
+documents opscope.kernels builds (plain dicts; nothing here imports torch or the kernels)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def listing(doc: dict[str, Any], console: Console) -> None:
+    """`opscope kernels`: one row per kernel, then what each backend can do on this machine."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("kernel", "replaces", "dtypes", "backends", "usable here"):
+        table.add_column(col)
+    short = {"float32": "f32", "float64": "f64", "bfloat16": "bf16", "float16": "f16"}
+    for k in doc["kernels"]:
+        targets = ", ".join(dict.fromkeys(r["target"].rsplit(".", 1)[-1] if r["kind"] != "aten" else r["target"]
+                                          for r in k["replaces"]))
+        table.add_row(k["name"], targets, " ".join(short[d] for d in k["dtypes"]), " ".join(k["backends"]),
+                      " ".join(k["usable_here"]) or "-")
+    console.print(table)
+    mach = doc["machine"]
+    console.print()
+    for backend, status in mach["backends"].items():
+        console.print(f"{backend:<7} {status}", markup=False, soft_wrap=True)
+    if mach["note"]:
+        console.print(f"note: {mach['note']}", markup=False, soft_wrap=True)
+
+
+def benchmark(doc: dict[str, Any], console: Console) -> None:
+    """`opscope kernels --bench`: one row per (kernel, case), the goals, and the machine."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("kernel", "case", "kernel ms (p20-p80)", "GB/s", "% BW", "vs native", "vs eager", "vs compile"):
+        table.add_column(col, justify="left" if col in ("kernel", "case") else "right")
+
+    def ratio(r: dict[str, Any], key: str) -> str:
+        return f"{r['ratios'][key]:.2f}x" if key in r["ratios"] else "-"
+
+    for r in doc["results"]:
+        t = r["timings"]["kernel"]
+        pct = f"{r['pct_bandwidth']:.0f}%" if r["pct_bandwidth"] is not None else "-"
+        table.add_row(r["kernel"], r["case"], f"{t['median_ms']:.2f} ({t['p20_ms']:.2f}-{t['p80_ms']:.2f})",
+                      f"{r['gbps']:.1f}", pct, ratio(r, "vs_native"), ratio(r, "vs_eager"), ratio(r, "vs_compiled"))
+    console.print(table)
+    met = sum(g["met"] for g in doc["goals"])
+    console.print(f"goals met: {met} of {len(doc['goals'])}", markup=False)
+    for g in doc["goals"]:
+        if not g["met"]:
+            console.print(f"  not met: {g['kernel']} {g['case']}: {g['goal']} (measured {g['value']})", markup=False)
+    mach = doc["machine"]
+    console.print(f"machine: {mach['cpu']}, {mach['threads']} threads, {mach['isa']}; torch {mach['torch']}; "
+                  f"bandwidth ceiling {mach['peak_bandwidth_gbps']:.1f} GB/s ({mach['peak_origin']})"
+                  if mach["peak_bandwidth_gbps"] else "", markup=False, soft_wrap=True)
+    if mach["gpu"] is None:
+        console.print("no GPU here: the Triton and CUDA kernels are compiled and interpreter-checked, not timed",
+                      markup=False)
