@@ -28,11 +28,10 @@ browser:
 		echo "opscope: chromium is not installed (installing needs root and apt-get); the browser tests will be skipped"; \
 	fi
 
-# The whole gate (what CI runs): lint, then the suite in two phases: everything else 2-wide, then the
+# The whole gate (what CI runs): lint, the docs build, then the suite in two phases: everything else 2-wide, then the
 # `serial` tests (CPU hogs, quiet-machine checks) alone, so they neither slow the others down nor read
 # the other worker as noise.
-test: install browser
-	$(BIN)/ruff check opscope reference_kernels tests benchmarks examples
+test: lint docs browser
 	$(BIN)/python -m pytest -n 2 -q -m "not serial"
 	$(BIN)/python -m pytest -q -m serial
 

@@ -10,7 +10,6 @@ import json
 import shutil
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from conftest import PEAKS, REPO, TRACES, assert_clean_error, run_cli
@@ -224,8 +223,8 @@ def test_straggler_rule_fires_from_ten_percent_and_the_line_says_so():
     from opscope.run.model import Run
 
     def findings(compute: list[float]) -> list[dict]:
-        ranks = pd.DataFrame({"rank": range(len(compute)), "compute_time_us": compute,
-                              "collective_time_us": [5.0] * len(compute)})
+        ranks = {"rank": list(range(len(compute))), "compute_time_us": compute,
+                 "collective_time_us": [5.0] * len(compute)}
         ops = {"op": ["aten::mm"], "time_us_total": [1000.0]}
         ctx = Context(ops=ops, events={}, peaks=Peaks(None), gpu=False, source="trace", steps=8,
                       step_time_us=100.0, ranks=ranks)
