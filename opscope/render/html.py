@@ -95,24 +95,31 @@ def _asset(name: str) -> str:
 
 
 def plotly_js() -> str:
-    """The plotly.js bundle of the installed plotly package, unchanged. Read from the file
+    """The plotly.js bundle of the installed plotly package, unchanged (as text)."""
+    return plotly_bundle().decode("utf-8")
+
+
+def plotly_bundle() -> bytes:
+    """The plotly.js bundle of the installed plotly package, unchanged, as UTF-8 bytes. Read from the file
     plotly.offline.get_plotlyjs reads (package_data/plotly.min.js) without importing plotly, whose import
-    costs more than rendering a report; through plotly itself if the file is not where it used to be."""
+    costs more than rendering a report; through plotly itself if the file is not where it used to be. It
+    stays bytes into the written file: 4.8 MB decoded, hashed and encoded again cost as much as a report."""
     spec = importlib.util.find_spec("plotly")
     locations = spec.submodule_search_locations if spec is not None else None
-    bundle = Path(locations[0], "package_data", "plotly.min.js") if locations else None
-    if bundle is not None and bundle.is_file():
-        js = bundle.read_text(encoding="utf-8")
+    path = Path(locations[0], "package_data", "plotly.min.js") if locations else None
+    if path is not None and path.is_file():
+        js = path.read_bytes()
     else:
         from plotly.offline import get_plotlyjs
 
-        js = get_plotlyjs()
-    if _CLOSES_SCRIPT.search(js) or "<!--" in js:  # cannot happen with plotly's own bundle; never embed it if so
+        js = get_plotlyjs().encode("utf-8")
+    if _CLOSES_SCRIPT_BYTES.search(js) or b"<!--" in js:  # cannot happen with plotly's own; never embed it if so
         raise OpscopeError("the installed plotly.js cannot be embedded in a <script> element")
     return js
 
 
 _CLOSES_SCRIPT = re.compile("</script", re.IGNORECASE)
+_CLOSES_SCRIPT_BYTES = re.compile(b"</script", re.IGNORECASE)
 
 
 # --- the roofline ------------------------------------------------------------------------------
@@ -546,15 +553,20 @@ def _ranks(run: Run) -> str:
             f'<p class="muted">{esc(SUMS_NOTE)}</p></section>')
 
 
-def _csp(scripts: list[str]) -> str:
-    hashes = " ".join("'sha256-" + base64.b64encode(hashlib.sha256(s.encode("utf-8")).digest()).decode() + "'"
-                      for s in scripts)
+def _csp(scripts: list[bytes]) -> str:
+    hashes = " ".join("'sha256-" + base64.b64encode(hashlib.sha256(s).digest()).decode() + "'" for s in scripts)
     return (f"default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; img-src data: blob:; "
             "font-src data:; connect-src 'none'; form-action 'none'; base-uri 'none'")
 
 
 def render_html(run: Run, comparison: Comparison | None = None) -> str:
     """The whole report as one HTML document (text)."""
+    head, plotly, tail = _document(run, comparison)
+    return head + plotly.decode("utf-8") + tail
+
+
+def _document(run: Run, comparison: Comparison | None) -> tuple[str, bytes, str]:
+    """The report as (the text before plotly.js, the plotly.js bundle, the text after it)."""
     run = cleaned_run(run)
     columns = _columns(run)
     rows = records(run.ops)
@@ -566,7 +578,7 @@ def render_html(run: Run, comparison: Comparison | None = None) -> str:
         "roofline": figure, "roofline_points": points, "modules": modules,
     }
     app_js = _asset("report.js")
-    plotly = plotly_js()
+    plotly = plotly_bundle()
     if _CLOSES_SCRIPT.search(app_js) or "<!--" in app_js:
         raise AssertionError("report.js must not contain </script or <!--")
     target = clean(run.meta.get("target"))
@@ -577,9 +589,9 @@ def render_html(run: Run, comparison: Comparison | None = None) -> str:
     bound_options = "".join(f'<option value="{b}">{b}</option>' for b in BOUNDS)
     footer = esc(f"opscope {run.meta.get('opscope_version') or ''} · run created {run.meta.get('created') or '?'}"
                  f" · run directory {shown_path(run.path) if run.path else '?'} · report by opscope {__version__}")
-    return f"""<!DOCTYPE html>
+    head = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{_csp([app_js, plotly])}">
+<meta http-equiv="Content-Security-Policy" content="{_csp([app_js.encode("utf-8"), plotly])}">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta name="generator" content="opscope {esc(__version__)}">
 <title>opscope: {esc(target)}</title>
@@ -611,9 +623,8 @@ def render_html(run: Run, comparison: Comparison | None = None) -> str:
 </main>
 <script type="application/json" id="opscope-data">{script_json(data)}</script>
 <script>{app_js}</script>
-<script>{plotly}</script>
-</body></html>
-"""
+<script>"""
+    return head, plotly, "</script>\n</body></html>\n"
 
 
 def default_html_path(run_dir: Path) -> Path:
@@ -624,10 +635,13 @@ def write_html(run: Run, out: Path, comparison: Comparison | None = None) -> Pat
     """Renders the report and writes it to `out` (replacing a previous report there)."""
     if out.is_dir():
         raise OutputError(f"-o {out} is a directory; give a file name such as {out / DEFAULT_NAME}")
-    document = render_html(run, comparison)
+    head, plotly, tail = _document(run, comparison)
     tmp = out.with_name(f".{out.name}.tmp")
     try:
-        tmp.write_text(document, encoding="utf-8", errors="replace")
+        with open(tmp, "wb") as f:
+            f.write(head.encode("utf-8", errors="replace"))
+            f.write(plotly)
+            f.write(tail.encode("utf-8"))
         tmp.replace(out)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
