@@ -3,7 +3,6 @@ it, analyzes and writes the run directory, and reports progress and the outcome 
 
 from __future__ import annotations
 
-import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 from opscope.capture.options import Progress
 from opscope.errors import OpscopeError
 from opscope.target.specs import JobT, ProfileJob
-from opscope.target.supervise import Control, Stopped, child_setup, read_job, target_error_message
+from opscope.target.supervise import Control, Stopped, child_setup, finish, read_job, target_error_message
 
 
 class _PipeProgress(Progress):
@@ -56,8 +55,7 @@ def serve(job_type: type[JobT], task: Callable[[JobT, Progress], dict[str, Any]]
             control.send(type="error", exit_code=1,
                          message=f"internal error in opscope's {what} process ({type(exc).__name__}: "
                                  f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); the traceback is above")
-    sys.stdout.flush()
-    sys.stderr.flush()
+    finish()
 
 
 def _profile(job: ProfileJob, progress: Progress) -> dict[str, Any]:

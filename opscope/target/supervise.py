@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -55,6 +56,7 @@ from opscope.target.specs import Job, JobT, decode_job, encode_job
 CONTROL_FD_ENV = "OPSCOPE_CONTROL_FD"
 CONTROL_FILE_ENV = "OPSCOPE_CONTROL_FILE"  # the channel when a tool (nsys, ncu) starts the child
 _GRACE_S = 3.0  # how long an ended child may take to exit on SIGTERM before SIGKILL
+_DONE_GRACE_S = 30.0  # how long a child that sent its result may take to exit
 _OPSCOPE_ROOT = str(Path(opscope.__file__).resolve().parent.parent)
 _BOOT = ("import sys; sys.path[0] = {root!r}; "
          "from {module} import main; main()")
@@ -123,11 +125,8 @@ def run_worker(module: str, job: Job, listener: Listener | None = None, *,
                                     stderr=sys.stderr.fileno(), pass_fds=(write_fd,), env=env, start_new_session=True)
             os.close(write_fd)
             write_fd = -1
-            with os.fdopen(read_fd, "r", encoding="utf-8", errors="replace") as control:
-                read_fd = -1
-                for line in control:
-                    relay.handle(line)
-            code = proc.wait()
+            _relay_pipe(read_fd, proc, relay)
+            code = _ended(proc, relay)
         else:
             with open(tool_log or private / "tool.log", "wb") as log:
                 proc = subprocess.Popen([*wrapper, *command], stdin=subprocess.DEVNULL, stdout=log,
@@ -185,6 +184,11 @@ class _Relay:
         self.result: dict[str, Any] | None = None
         self.error: dict[str, Any] | None = None
 
+    @property
+    def ended(self) -> bool:
+        """The child sent its last message (its result or its error)."""
+        return self.result is not None or self.error is not None
+
     def handle(self, line: str) -> None:
         msg = _parse(line)
         kind = msg.get("type")
@@ -218,6 +222,42 @@ def _follow(proc: subprocess.Popen[bytes], control_file: Path, relay: _Relay, in
             if done:
                 return proc.wait()
             time.sleep(interval)
+
+
+def _relay_pipe(fd: int, proc: subprocess.Popen[bytes], relay: _Relay, interval: float = 0.2) -> None:
+    """Relays the control pipe's lines until the child's last message, the pipe's end, or the child's
+    exit with nothing left to read: not until EOF alone, since a process the user's code forked keeps the
+    pipe's write end open as long as it lives."""
+    pending = b""
+    while not relay.ended:
+        ready, _, _ = select.select([fd], [], [], interval)
+        if not ready:
+            if proc.poll() is not None:
+                return
+            continue
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            relay.handle(line.decode("utf-8", errors="replace"))
+            if relay.ended:
+                return
+
+
+def _ended(proc: subprocess.Popen[bytes], relay: _Relay) -> int:
+    """The child's exit status once it ended. After its last message the child ends what the user's code
+    started and exits at once (finish()); should it not within _DONE_GRACE_S, the work is done anyway: its
+    process group is ended and the result stands. Whatever of the group is left is ended too."""
+    try:
+        code = proc.wait(timeout=_DONE_GRACE_S if relay.ended else None)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        code = 0 if relay.result is not None else proc.wait()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # processes the user's code forked and left behind
+    return code
 
 
 def _parse(line: str) -> dict[str, Any]:
@@ -308,9 +348,67 @@ def read_job(job_type: type[JobT]) -> JobT:
 
 
 def child_setup() -> None:
-    """What every supervised child does first: leave SIGINT to the parent, die with the parent."""
+    """What every supervised child does first: leave SIGINT to the parent, die with the parent, and adopt
+    the processes the user's code starts and abandons (so that finish() can end them)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
+    _adopt_orphans()
+
+
+def finish() -> None:
+    """What every supervised child does after its last message: end every process the user's code
+    started (forked, or in a session of its own), then exit at once, without waiting for threads the
+    user's code left running or running its atexit handlers: the work is done and reported. A child that
+    a tool started (nsys, ncu: control through a file) returns instead, so that the tool's own exit
+    handlers run."""
+    end_descendants()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.environ.get(CONTROL_FD_ENV) is not None:
+        os._exit(0)
+
+
+def end_descendants() -> list[int]:
+    """SIGKILLs every descendant of this process (found through /proc; the orphans among them were
+    adopted by _adopt_orphans) and reaps them; returns their pids. Linux only; elsewhere nothing."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()  # the name may hold spaces and parentheses
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], list(children.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    for pid in found:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in found:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, 0)  # ours or adopted: reap it (another parent's child raises ChildProcessError)
+    return found
+
+
+def _adopt_orphans() -> None:
+    """Linux: become the 'child subreaper' of the processes started below this one, so that an orphan
+    (a daemon that double-forked, a grandchild whose parent exited) is reparented here, not to init."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        pr_set_child_subreaper = 36
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
 
 
 def _die_with_parent() -> None:
@@ -345,4 +443,5 @@ def target_error_message(exc: BaseException) -> str | None:
 
 
 __all__ = ["Control", "InternalError", "Listener", "Stopped", "TargetError", "ToolFailed", "WorkerCrashed",
-           "boot_command", "child_setup", "death_by_signal", "read_job", "run_worker", "target_error_message"]
+           "boot_command", "child_setup", "death_by_signal", "end_descendants", "finish", "read_job", "run_worker",
+           "target_error_message"]

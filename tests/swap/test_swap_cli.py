@@ -229,3 +229,33 @@ def test_try_swaps_with_a_script_or_ranks_is_one_line(tmp_path, extra, needle):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "--try-swaps works on a model file in one process" in lines[0], proc.stderr
     assert needle in lines[0] and not (tmp_path / "reports").exists()
+
+
+SPAWNING = '''
+import subprocess
+import torch
+
+def spawning_add(a, b):
+    """Correct, but starts a process in a session of its own on every call (issue 23, item 8)."""
+    subprocess.Popen(["sleep", "3602", "{marker}"], start_new_session=True)
+    return torch.add(a, b)
+'''
+
+
+@pytest.mark.slow
+def test_processes_a_kernel_starts_are_ended_when_swap_is_done(tmp_path):
+    marker = f"opscope-test-{tmp_path.name}"
+    kernel = tmp_path / "spawning.py"
+    kernel.write_text(SPAWNING.format(marker=marker))
+    proc = run_cli("swap", str(MODEL), "--op", "aten::add.Tensor", "--kernel", f"{kernel}:spawning_add", *QUICK,
+                   "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, marker)]
+    assert not left, f"{len(left)} processes the kernel started outlived opscope"
+
+
+def _cmdline_has(proc_dir: Path, marker: str) -> bool:
+    try:
+        return marker.encode() in (proc_dir / "cmdline").read_bytes()
+    except OSError:
+        return False

@@ -5,6 +5,7 @@ change opscope's contract. `opscope profile` runs it in a supervised child proce
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -189,3 +190,81 @@ def test_two_profiles_started_together_get_two_runs(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], [err for _, err in outs]
     runs = sorted((tmp_path / "reports").iterdir())
     assert len(runs) == 2 and all((r / "summary.json").exists() for r in runs)
+
+
+# --- user code that does not let go (issue 23, item 8) ------------------------------------------------
+
+LINGERING_THREAD = """
+    import threading, time
+    import torch
+
+    threading.Thread(target=time.sleep, args=(3600,), name="user-thread").start()  # not a daemon
+
+    def get_model():
+        return torch.nn.Linear(16, 16)
+
+    def get_inputs():
+        return [torch.randn(4, 16)]
+"""
+
+# A fork sleeping in the background, a subprocess in a session of its own, and a daemon that double-forks
+# (its parent exits, so it is nobody's child): each writes its pid to PIDS.
+FORKS = """
+    import os, subprocess, sys, time
+    import torch
+
+    PIDS = {pids!r}
+
+    def _note(pid):
+        with open(PIDS, "a") as f:
+            f.write(f"{{pid}}\\n")
+
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(3600)
+        os._exit(0)
+    _note(pid)
+    _note(subprocess.Popen(["sleep", "3601"], start_new_session=True).pid)
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            _note(os.getpid())
+            time.sleep(3600)
+        os._exit(0)
+
+    def get_model():
+        return torch.nn.Linear(16, 16)
+
+    def get_inputs():
+        return [torch.randn(4, 16)]
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie waiting to be reaped does not count)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != b"Z"
+
+
+def test_a_thread_the_model_leaves_running_does_not_keep_profile_waiting(tmp_path):
+    model = write_model(tmp_path, LINGERING_THREAD)
+    proc = run_cli("profile", str(model), "--steps", "1", "--warmup", "0", *PEAKS, cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert "run directory:" in proc.stdout
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc to find the processes")
+def test_processes_the_models_code_starts_are_ended_when_profile_is_done(tmp_path):
+    pids_file = tmp_path / "pids.txt"
+    model = write_model(tmp_path, FORKS.format(pids=str(pids_file)))
+    proc = run_cli("profile", str(model), "--steps", "1", "--warmup", "0", *PEAKS, cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    pids = [int(line) for line in pids_file.read_text().split()]
+    assert len(pids) == 3
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if _alive(p)], "processes the model started outlived opscope"
