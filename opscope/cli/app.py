@@ -353,7 +353,9 @@ def analyze(
 def report(
     run_dir: Path | None = typer.Argument(None, help="Run directory (default: the newest under reports/)."),
     html: bool = typer.Option(False, "--html", help="Write a self-contained HTML report (default RUN_DIR/report.html)."),
-    output: Path | None = typer.Option(None, "-o", "--output", metavar="FILE", help="Where --html writes the report."),
+    output: Path | None = typer.Option(None, "-o", "--output", metavar="FILE",
+                                       help="Where --html writes the report: a new file (see --force)."),
+    force: bool = typer.Option(False, "--force", help="With -o: replace FILE if it is an existing regular file."),
     baseline: Path | None = typer.Option(None, "--baseline", metavar="RUN0",
                                          help="Add the comparison with this earlier run directory."),
     top: int = typer.Option(15, "--top", min=1, help="Rows of the op table to print."),
@@ -371,6 +373,8 @@ def report(
 
     if output is not None and not html:
         raise OpscopeError("-o/--output names the HTML file: use it with --html")
+    if force and output is None:
+        raise OpscopeError("--force lets -o replace an existing file: use it with --html -o FILE")
     run_path = run_dir if run_dir is not None else find_latest_run()
     run = read_run(run_path)
     comparison = None
@@ -385,7 +389,9 @@ def report(
         from opscope.render.text import clean
         from opscope.run.model import shown_path
 
-        path = write_html(run, output if output is not None else default_html_path(run_path), comparison)
+        # the run's own report.html is rewritten by each call; any other file only with --force
+        path = write_html(run, output if output is not None else default_html_path(run_path), comparison,
+                          replace=force or output is None)
         Console(highlight=False).print(Text(f"report: {clean(shown_path(path))}"), soft_wrap=True)
         return
     if json_out:

@@ -14,12 +14,16 @@ is cleaned of control characters (render.text) and then
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import html
 import importlib.util
 import json
 import math
+import os
 import re
+import stat
+import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -631,19 +635,58 @@ def default_html_path(run_dir: Path) -> Path:
     return run_dir / DEFAULT_NAME
 
 
-def write_html(run: Run, out: Path, comparison: Comparison | None = None) -> Path:
-    """Renders the report and writes it to `out` (replacing a previous report there)."""
-    if out.is_dir():
-        raise OutputError(f"-o {out} is a directory; give a file name such as {out / DEFAULT_NAME}")
+def write_html(run: Run, out: Path, comparison: Comparison | None = None, *, replace: bool = False) -> Path:
+    """Renders the report and writes it to `out`, a new file; an existing regular file only with `replace`
+    (a run's own report.html, or --force). Whatever else is there stays as it is: a non-regular file
+    (symlink, FIFO, device, directory) or one of a run directory's own files is refused in one
+    OutputError line, before anything is rendered. The report is written beside `out` and linked (new
+    file) or renamed (replace) into place, so `out` is never half-written."""
+    _check_report_path(out, replace)
     head, plotly, tail = _document(run, comparison)
-    tmp = out.with_name(f".{out.name}.tmp")
+    tmp: str | None = None
     try:
-        with open(tmp, "wb") as f:
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name[:100]}.", suffix=".tmp", dir=out.parent)
+        with os.fdopen(fd, "wb") as f:
             f.write(head.encode("utf-8", errors="replace"))
             f.write(plotly)
             f.write(tail.encode("utf-8"))
-        tmp.replace(out)
+        os.chmod(tmp, 0o644)
+        if replace:
+            os.replace(tmp, out)
+        else:
+            os.link(tmp, out)  # fails if something appeared at `out` meanwhile: never clobber it
+    except FileExistsError as exc:
+        raise OutputError(f"{out} exists: opscope does not overwrite files (--force replaces a regular file)") \
+            from exc
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise OutputError(f"cannot write {out}: {exc.strerror or exc}") from exc
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
     return out
+
+
+_RUN_MARKERS = ("meta.json", "summary.json")
+
+
+def _check_report_path(out: Path, replace: bool) -> None:
+    """Refuses (OutputError) every `out` write_html must not write: see write_html."""
+    try:
+        st = os.lstat(out)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:  # a name too long, a component that is a file, no permission
+        raise OutputError(f"cannot write {out}: {exc.strerror or exc}") from exc
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise OutputError(f"{out} is a directory; give a file name such as {out / DEFAULT_NAME}")
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            raise OutputError(f"{out} is {kind}: opscope writes a report only to a new file or over a regular one")
+    if out.name != DEFAULT_NAME and not out.name.endswith(".html") and \
+            all((out.parent / name).is_file() for name in _RUN_MARKERS):
+        raise OutputError(f"{out} is in the run directory {out.parent}: a report there must be an .html file, "
+                          "never one of the run's own files")
+    if st is not None and not replace:
+        raise OutputError(f"{out} exists: opscope does not overwrite files (--force replaces a regular file)")

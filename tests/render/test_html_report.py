@@ -9,14 +9,16 @@ import hashlib
 import html
 import io
 import json
+import os
 import re
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-from conftest import EXAMPLES, PEAKS, TRACES, run_cli
+from conftest import EXAMPLES, PEAKS, TRACES, assert_clean_error, run_cli
 from opscope.analysis.trace_file import analyze_trace_file
 from opscope.errors import OpscopeError
 from opscope.render.console_report import render_report
@@ -129,6 +131,55 @@ def test_cli_writes_the_report(runs, tmp_path):
     assert proc.returncode == 2 and "is a directory" in proc.stderr
     proc = run_cli("report", str(run_dir), "-o", str(out))
     assert proc.returncode == 2 and "--html" in proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["text file", "model file", "run's ops.csv", "run's meta.json", "symlink",
+                                  "fifo", "afile/x.html", "name too long", "without --html"])
+def test_report_never_overwrites_what_the_user_has(runs, tmp_path, kind):
+    """issue 23, items 6 and 7: -o never replaces an existing file without --force, never replaces a
+    non-regular file or a run's own file even with it, and an impossible path is one line."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(runs["cpu"], run_dir)
+    user_file = tmp_path / "notes.txt"
+    user_file.write_text("mine")
+    model = tmp_path / "model.py"
+    model.write_text("import torch\n")
+    targets = {"text file": user_file, "model file": model, "run's ops.csv": run_dir / "ops.csv",
+               "run's meta.json": run_dir / "meta.json", "symlink": tmp_path / "link.html",
+               "fifo": tmp_path / "fifo.html", "afile/x.html": user_file / "x.html",
+               "name too long": tmp_path / ("x" * 300 + ".html"), "without --html": user_file}
+    target = targets[kind]
+    if kind == "symlink":
+        target.symlink_to(user_file)
+    if kind == "fifo":
+        os.mkfifo(target)
+    before = {p: p.read_bytes() for p in (user_file, model, run_dir / "ops.csv", run_dir / "meta.json")}
+    html_args = [] if kind == "without --html" else ["--html"]
+    for force in ([], ["--force"]):
+        proc = run_cli("report", str(run_dir), *html_args, "-o", str(target), *force, timeout=60)
+        if kind in ("text file", "model file") and force:
+            assert proc.returncode == 0, proc.stderr  # --force replaces a regular file the user names
+            assert_self_contained(target.read_text())
+            target.write_text("mine" if kind == "text file" else "import torch\n")
+            continue
+        assert_clean_error(proc)
+    assert {p: p.read_bytes() for p in before} == before  # nothing the user had changed
+    if kind == "symlink":
+        assert target.is_symlink()
+    if kind == "fifo":
+        assert stat.S_ISFIFO(os.lstat(target).st_mode)
+    assert not [p for p in tmp_path.rglob(".*.tmp")]  # no temporary file left
+
+
+def test_the_runs_own_report_is_rewritten_and_force_needs_o(runs, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(runs["cpu"], run_dir)
+    for _ in range(2):  # the default RUN/report.html is opscope's own: rewritten by each call
+        assert run_cli("report", str(run_dir), "--html").returncode == 0
+    assert_clean_error(run_cli("report", str(run_dir), "--html", "--force"), "--force")
+    other = tmp_path / "r.html"
+    assert run_cli("report", str(run_dir), "--html", "-o", str(other)).returncode == 0
+    assert_clean_error(run_cli("report", str(run_dir), "--html", "-o", str(other)), "exists", "--force")
 
 
 def test_hostile_names_are_text(runs):
