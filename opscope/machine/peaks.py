@@ -435,8 +435,14 @@ def dtype_names() -> str:
     return ", ".join(parts)
 
 
+# Ceilings a user may give (--peak-bw, --peak-flops): beyond any device, but far from the float limits, so
+# that every rate and percentage derived from them stays finite (1e308 GB/s made inf columns and a report
+# that could not be written; 5e-324 the same the other way).
+USER_BANDWIDTH_GBPS = (0.001, 1e7)  # 1 MB/s to 10 PB/s
+USER_GFLOPS = (0.001, 1e10)  # 1 MFLOP/s to 10 EFLOP/s
 _PEAK_FLOPS_HELP = ("expected [DTYPE=]GFLOPS with DTYPE one of " + dtype_names()
-                    + " and GFLOPS a positive number, e.g. --peak-flops bfloat16=989000 float32=67000")
+                    + f" and GFLOPS a number between {USER_GFLOPS[0]:g} and {USER_GFLOPS[1]:g}, e.g. "
+                    "--peak-flops bfloat16=989000 float32=67000")
 
 
 def parse_peak_flops(values: list[str]) -> dict[str, float]:
@@ -457,7 +463,7 @@ def parse_peak_flops(values: list[str]) -> dict[str, float]:
             else:
                 key, text = "*", item
             value = _positive(text.strip())
-            if value is None:
+            if value is None or not USER_GFLOPS[0] <= value <= USER_GFLOPS[1]:
                 raise OpscopeError(f"--peak-flops: bad value in {item!r}: {_PEAK_FLOPS_HELP}")
             out[key] = value
     return out
@@ -479,8 +485,9 @@ def apply_overrides(peaks: Peaks | None, peak_bw: float | None, peak_flops: list
         origin["flops"] = "unknown"
     if peak_bw is not None:
         value = _positive(peak_bw)
-        if value is None:
-            raise OpscopeError(f"--peak-bw: expected a positive number of GB/s, got {peak_bw!r}")
+        if value is None or not USER_BANDWIDTH_GBPS[0] <= value <= USER_BANDWIDTH_GBPS[1]:
+            raise OpscopeError(f"--peak-bw: expected a number of GB/s between {USER_BANDWIDTH_GBPS[0]:g} and "
+                               f"{USER_BANDWIDTH_GBPS[1]:g}, got {peak_bw!r}")
         bw = value
         origin["memory_bandwidth"] = "user"
     parsed = parse_peak_flops(peak_flops or [])

@@ -61,6 +61,7 @@ from opscope.render.report_data import (
 from opscope.render.text import clean, cleaned_run
 from opscope.run.compare import APPEARED, FASTER, SAME, SLOWER, VANISHED, Comparison
 from opscope.run.model import Run, shown_path
+from opscope.run.write import json_safe
 from opscope.table import nrows, records
 from opscope.units import UNKNOWN
 from opscope.units import number as num
@@ -80,8 +81,9 @@ def esc(value: Any) -> str:
 
 def script_json(obj: Any) -> str:
     """JSON that is safe inside a <script> element: no `<`, `>` or `&` (so no `</script>` or `<!--`),
-    no U+2028/U+2029, ASCII only (a lone surrogate from a trace cannot break the file's UTF-8)."""
-    doc = json.dumps(obj, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    no U+2028/U+2029, ASCII only (a lone surrogate from a trace cannot break the file's UTF-8), and a
+    number that is not finite (an edited run, an absurd trace value) written as null."""
+    doc = json.dumps(json_safe(obj), ensure_ascii=True, allow_nan=False, separators=(",", ":"))  # NaN/inf: null
     return (doc.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 

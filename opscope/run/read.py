@@ -136,9 +136,9 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
     header = rows[0]
     _check(path, len(set(header)) == len(header), "a column name appears twice")
     width = len(header)
-    for line, row in enumerate(rows[1:], 2):
-        _check(path, len(row) <= width, f"expected {width} fields in line {line}, saw {len(row)}")
-    columns = [[row[i] if i < len(row) else "" for row in rows[1:]] for i in range(width)]
+    for line, row in enumerate(rows[1:], 2):  # a short row is a file cut short (or edited): not padded
+        _check(path, len(row) == width, f"expected {width} fields in line {line}, saw {len(row)}")
+    columns = [[row[i] for row in rows[1:]] for i in range(width)]
     return header, columns
 
 

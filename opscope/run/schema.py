@@ -22,6 +22,9 @@ Number = Annotated[float, Meta(ge=-_MAX, le=_MAX)]
 Share = Annotated[float, Meta(ge=0.0, le=1.0)]
 Count = Annotated[int, Meta(ge=0)]
 Positive = Annotated[float, Meta(gt=0.0, le=_MAX)]
+# Times in µs: not negative, up to about 31 years (a step of 0, one instantaneous event, compares as unknown).
+Duration = Annotated[float, Meta(ge=0.0, le=1e15)]
+Steps = Annotated[int, Meta(ge=0, le=1_000_000_000)]
 
 
 def _doc(text: str) -> Meta:
@@ -343,12 +346,12 @@ class Summary(Struct, kw_only=True):
     """summary.json: the run in numbers."""
 
     format_version: int = FORMAT_VERSION
-    total_time_us: Annotated[Number | None, _doc("op time over all profiled steps")] = None
-    steps: Count = 1
-    step_time_us: Annotated[Number | None, _doc("wall time per step")] = None
-    step_time_us_p50: Number | None = None
-    step_time_us_max: Number | None = None
-    step_time_cv: Annotated[Number | None, _doc(
+    total_time_us: Annotated[Duration | None, _doc("op time over all profiled steps")] = None
+    steps: Steps = 1
+    step_time_us: Annotated[Duration | None, _doc("wall time per step")] = None
+    step_time_us_p50: Duration | None = None
+    step_time_us_max: Duration | None = None
+    step_time_cv: Annotated[Annotated[float, Meta(ge=0.0, le=1000.0)] | None, _doc(
         "sample standard deviation / mean of the steps' wall times; null for a single step")] = None
     step_source: Annotated[str | None, _doc("annotations (ProfilerStep#N ranges) or whole trace")] = None
     noise: Noise | None = None
@@ -650,9 +653,32 @@ def check(name: str, doc: Any) -> None:
         raise FormatError(f"written in run format {version} by a newer opscope; this one reads format "
                           f"{FORMAT_VERSION} (upgrade opscope)")
     try:
+        where = _non_finite(doc, "$")
+    except RecursionError:
+        raise FormatError("nested too deep") from None
+    if where is not None:  # before the types: NaN fails whichever bound comes first, a misleading message
+        raise FormatError(f"Expected a finite number - at `{where}`")
+    try:
         msgspec.convert(doc, FILE_TYPES[name], strict=True)
     except msgspec.ValidationError as exc:
         raise FormatError(_FINITE.sub("Expected a finite number", str(exc))) from None
+
+
+def _non_finite(value: Any, path: str) -> str | None:
+    """The path (msgspec's notation) of the first NaN or infinity in a decoded JSON value, else None."""
+    if isinstance(value, float):
+        return None if value - value == 0.0 else path
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _non_finite(item, f"{path}.{key}")
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _non_finite(item, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
 
 
 def valid_swap_result(result: Any) -> bool:

@@ -170,3 +170,13 @@ def test_bad_traces(tmp_path, case):
 def test_report_on_a_missing_run(tmp_path):
     proc = run_cli("report", str(tmp_path / "nothing"), cwd=tmp_path)
     assert_clean_error(proc, "no such run directory")
+
+
+@pytest.mark.parametrize("args", [["--peak-bw", "1e308"], ["--peak-bw", "5e-324"], ["--peak-flops", "1e308"],
+                                  ["--peak-flops", "bfloat16=1e-300"]])
+def test_absurd_ceilings_are_refused_in_one_line(tmp_path, args):
+    """issue 23, item 3: a ceiling beyond any device made inf columns and an HTML report that could not be
+    written; it is refused before anything runs."""
+    trace = TRACES / "h100_bert-small_bf16.json.gz"
+    assert_clean_error(run_cli("analyze", str(trace), "--out", str(tmp_path / "run"), *args), args[0])
+    assert not (tmp_path / "run").exists()

@@ -5,6 +5,7 @@ labels and in the embedded JSON), optional sections when the run has them; and t
 from __future__ import annotations
 
 import base64
+import csv
 import hashlib
 import html
 import io
@@ -316,3 +317,19 @@ def test_unexpected_optional_keys_never_break_rendering(runs, tmp_path):
             run = read_run(run_dir)
         render_html(run)
         render_report(run, Console(file=io.StringIO(), width=100))
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_a_non_finite_number_in_a_run_is_written_as_null(runs, tmp_path, value):
+    """issue 23, item 3: an edited run (or an absurd trace value) with inf in ops.csv still gives a report."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(runs["cpu"], run_dir)
+    lines = (run_dir / "ops.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    cells = next(csv.reader([lines[1]]))
+    cells[header.index("achieved_gbps")] = value
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="").writerow(cells)
+    (run_dir / "ops.csv").write_text("\n".join([lines[0], buf.getvalue(), *lines[2:]]) + "\n")
+    proc = run_cli("report", str(run_dir), "--html", "-o", str(tmp_path / "r.html"))
+    assert proc.returncode == 0, proc.stderr

@@ -125,3 +125,25 @@ def test_the_published_schema_and_columns_are_the_modules(tmp_path):
     doc = json.loads((tmp_path / "run-format.schema.json").read_text())
     assert set(doc["properties"]) == {"meta.json", "summary.json", "findings.json", "swap.json"}
     assert doc["$defs"]["Finding"]["required"] == ["rule", "severity", "message", "suggestion"]
+
+
+@pytest.mark.parametrize(("change", "where"), [
+    (lambda d: d.update(step_time_us=-5.0), "$.step_time_us"),
+    (lambda d: d.update(step_time_us_p50=-1.0), "$.step_time_us_p50"),
+    (lambda d: d.update(steps=2 ** 80), "$.steps"),
+    (lambda d: d.update(step_time_cv=1e300), "$.step_time_cv"),
+    (lambda d: d.update(total_time_us=-1.0), "$.total_time_us"),
+])
+def test_compare_refuses_edited_runs_in_one_line(runs, tmp_path, change, where):
+    """issue 23, item 12: compare (and report) validate both runs against the format before using them."""
+    run = _copy(runs[0], tmp_path)
+    _edit(run / "summary.json", change)
+    assert_clean_error(run_cli("compare", str(runs[0]), str(run)), "summary.json", where)
+    assert_clean_error(run_cli("compare", str(run), str(runs[0])), "summary.json", where)
+
+
+def test_a_half_written_ops_csv_is_refused(runs, tmp_path):
+    run = _copy(runs[0], tmp_path)
+    text = (run / "ops.csv").read_text()
+    (run / "ops.csv").write_text(text[: len(text) // 2])  # cut inside a row
+    assert_clean_error(run_cli("compare", str(runs[0]), str(run)), "ops.csv")
