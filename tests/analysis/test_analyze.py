@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TRACES, run_cli
+from conftest import TRACES, assert_clean_error, run_cli
 from opscope.analysis.trace_file import analyze_trace_file
 from opscope.machine.peaks import match_gpu
 
@@ -223,3 +223,15 @@ def test_call_stack_args_give_locations(tmp_path):
     run = analyze_trace_file(path, out=tmp_path / "run", peak_bw=20, peak_flops=["100"])
     loc = run.to_pandas().loc[run.to_pandas()["op"] == "aten::addmm", "source_location"].iloc[0]
     assert "test_analyze.py:" in loc
+
+
+def test_trace_without_op_rows_is_refused_in_one_line(tmp_path):
+    """CPU events that are all labels (no `ns::op`) and no kernels: nothing for ops.csv, so no run."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": "my_label", "pid": 1, "tid": 1, "ts": 10.0 * i, "dur": 5.0,
+               "args": {}} for i in range(5)]
+    path = tmp_path / "labels.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    out = tmp_path / "run"
+    proc = run_cli("analyze", str(path), "--out", str(out), "--peak-bw", "20", "--peak-flops", "100")
+    assert_clean_error(proc, "has no operator rows", "'my_label'", "registered op")
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["labels.json"]
