@@ -80,6 +80,17 @@ def clip(starts: Sequence[float], ends: Sequence[float], windows: Windows | None
     return out_s, out_e
 
 
+def time_inside(starts: Sequence[float], durations: Sequence[float], windows: Windows | None) -> list[float]:
+    """Per interval [start, start + duration), its time inside the windows: its duration, exactly, when it
+    lies inside one (start + duration - start loses digits at trace timestamps of ~1e12 µs)."""
+    out = []
+    for s, d in zip(starts, durations, strict=True):
+        piece_s, piece_e = clip([s], [float(s) + float(d)], windows)
+        whole = len(piece_s) == 1 and piece_s[0] == float(s) and piece_e[0] == float(s) + float(d)
+        out.append(float(d) if whole else _length(piece_s, piece_e))
+    return out
+
+
 def _length(starts: Sequence[float], ends: Sequence[float]) -> float:
     return pairwise_sum([e - s for s, e in zip(starts, ends, strict=True)])
 
@@ -131,11 +142,10 @@ def gpu_summary(trace: TraceData, ev: Table, *, steps: int, step_time_us: float)
     }
     late = [i for i, b in enumerate(backlog) if b]
     if late:
-        inside = clip([start[i] for i in late], [end[i] for i in late], windows)
         out["backlog_kernels"] = {
             "kernels": len(late),
             "kernel_time_us": pairwise_sum([dur[i] for i in late]),
-            "in_steps_us": _length(*inside),
+            "in_steps_us": pairwise_sum(time_inside([start[i] for i in late], [dur[i] for i in late], windows)),
             "kernel_time_share": pairwise_sum([dur[i] for i in late]) / total if total > 0 else 0.0,
         }
     graph = [i for i, g in enumerate(k["graph_launch"]) if g >= 0]

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from opscope.analysis.events import is_row_name
-from opscope.analysis.gpu_timeline import Windows, clip
+from opscope.analysis.gpu_timeline import Windows, time_inside
 from opscope.costmodel import Cost, OpCall, UnreadableCall, estimate, floating_dtype
 from opscope.costmodel.base import BIAS_COPIED_BY_CHILD, DELEGATES_TO_ANY_CHILD, DTYPE_NAMES
 from opscope.machine.peaks import Peaks, ceiling_key
@@ -351,14 +351,13 @@ def _backlog_row(kern: Table, windows: Windows | None) -> Table | None:
     if not late:
         return None
     start = [float(kern["ts"][i]) for i in late]
-    inside = clip(start, [s + float(kern["dur"][i]) for s, i in zip(start, late, strict=True)], windows)
     times: dict[str, float] = {}
     for i in late:
         fam = kern["family"][i]
         times[fam] = times.get(fam, 0.0) + kern["dur"][i]
     extra: dict[str, Any] = {k: "" for k in KEY}
     extra.update(op=BACKLOG, calls=len(late),
-                 time_us_total=pairwise_sum([e - s for s, e in zip(*inside, strict=True)]),
+                 time_us_total=pairwise_sum(time_inside(start, [kern["dur"][i] for i in late], windows)),
                  cpu_time_us_total=0.0, flops_per_call=NAN, bytes_per_call=NAN, family="",
                  dtype="", note=BACKLOG_NOTE, compiled_graph="", launcher="", kernel_family=_dominant(times),
                  kernels=";".join(dict.fromkeys(kern["name"][i] for i in late)), first_ts=_nanmin(start))

@@ -129,3 +129,14 @@ def test_kernels_launched_before_the_trace_are_clipped_to_the_steps(tmp_path):
                                     "kernel_time_share": pytest.approx(85 / 155)}
     assert s["unattributed_time_share"] == pytest.approx(10 / 155)
     assert read_run(tmp_path / "run").summary["backlog_kernels"]["kernels"] == 2
+
+
+def test_clip_to_step_windows():
+    from opscope.analysis.gpu_timeline import clip, time_inside
+
+    windows = ([10.0, 30.0], [20.0, 40.0])
+    # inside (kept as is), across both edges of the first window, between windows, across the second's start
+    assert clip([12.0, 5.0, 21.0, 25.0], [13.5, 25.0, 29.0, 35.0], windows) == ([12.0, 10.0, 30.0], [13.5, 20.0, 35.0])
+    assert clip([1.0], [2.0], None) == ([1.0], [2.0])
+    assert time_inside([1e12 + 0.1], [0.3], ([1e12], [1e12 + 1])) == [0.3]  # the duration, not end - start
+    assert time_inside([5.0, 21.0], [20.0, 8.0], windows) == [10.0, 0.0]
