@@ -284,9 +284,12 @@ def _attribute_kernels(trace: TraceData, ev: Table) -> None:
     annotation (record_function range) around it, else the enclosing non-row event, else the launch
     call itself; a kernel launched outside any op row, to the innermost annotation or non-row event
     around its launch; and in a GPU-only trace every kernel (no launcher). What is left is
-    unattributed. Adds to trace.kernels: op (row event index or -1), kernel_row, launcher_op /
-    launcher_ann (event / annotation index naming the launcher, or -1), launcher (its name),
-    graph_launch (index of the graph launch that ran it, or -1) and family (opscope.trace.kernel_names)."""
+    unattributed, except the backlog: kernels without a launch event whose correlation id precedes every
+    launch the trace recorded were launched before the trace started (the GPU ran behind the CPU, e.g.
+    the profiler's warmup steps' work), and get a row of their own. Adds to trace.kernels: op (row event
+    index or -1), kernel_row, launcher_op / launcher_ann (event / annotation index naming the launcher,
+    or -1), launcher (its name), graph_launch (index of the graph launch that ran it, or -1), backlog
+    and family (opscope.trace.kernel_names)."""
     n = nrows(ev)
     kern = trace.kernels
     ev["device_us"] = [0.0] * n
@@ -299,10 +302,11 @@ def _attribute_kernels(trace: TraceData, ev: Table) -> None:
     launcher_ann = [-1] * nk
     graph_launch = [-1] * nk
     launcher = [""] * nk
+    backlog = [False] * nk
     if nk == 0:
         trace.kernels = {**kern, "op": kern_op, "kernel_row": kernel_row, "launcher_op": launcher_op,
                          "launcher_ann": launcher_ann, "launcher": launcher, "graph_launch": graph_launch,
-                         "family": []}
+                         "backlog": backlog, "family": []}
         return
     launches = trace.launches
     names = ev["name"]
@@ -323,6 +327,7 @@ def _attribute_kernels(trace: TraceData, ev: Table) -> None:
         launch_names = launches["name"]
         is_graph = [bool(GRAPH_LAUNCH_RE.search(x)) for x in launch_names]
         corr_to_launch = {c: j for j, c in enumerate(launches["correlation"])}
+    first_corr = min(corr_to_launch, default=-1)  # correlation ids grow with each launch
     ext_to_op: dict[int, int] = {}
     for i, x in enumerate(ev["ext_id"]):
         if x >= 0 and x not in ext_to_op:
@@ -364,6 +369,8 @@ def _attribute_kernels(trace: TraceData, ev: Table) -> None:
             launcher_op[j], launcher[j] = op, names[op]
         elif gpu_only:
             kernel_row[j] = True
+        elif li < 0 and 0 <= corr < first_corr:
+            backlog[j] = True
     if "replay_launch" in kern:  # captured kernels: attributed to their ops, still replayed by a graph launch
         graph_launch = [r if r >= 0 else g for r, g in zip(kern["replay_launch"], graph_launch, strict=True)]
     ev["device_us"] = dev_us
@@ -375,7 +382,7 @@ def _attribute_kernels(trace: TraceData, ev: Table) -> None:
     family = [kernel_family(k, c) for k, c in zip(kern["name"], kern["cat"], strict=True)]
     trace.kernels = {**kern, "op": kern_op, "kernel_row": kernel_row, "launcher_op": launcher_op,
                      "launcher_ann": launcher_ann, "launcher": launcher, "graph_launch": graph_launch,
-                     "family": family}
+                     "backlog": backlog, "family": family}
 
 
 def _enclosing(c_pid: Sequence[Any], c_tid: Sequence[Any], c_start: Sequence[float], c_end: Sequence[float],

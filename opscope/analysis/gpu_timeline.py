@@ -42,6 +42,55 @@ def merge(starts: Sequence[float], ends: Sequence[float]) -> tuple[list[float], 
     return out_s, out_e
 
 
+Windows = tuple[list[float], list[float]]  # sorted, disjoint (starts, ends)
+
+
+def step_windows(trace: TraceData) -> Windows | None:
+    """The profiled steps (ProfilerStep#N ranges) as sorted, disjoint windows; None without step
+    annotations (then the whole trace is the one step, and nothing lies outside it)."""
+    if not nrows(trace.steps):
+        return None
+    starts = [float(x) for x in trace.steps["ts"]]
+    return merge(starts, [a + float(d) for a, d in zip(starts, trace.steps["dur"], strict=True)])
+
+
+def clip(starts: Sequence[float], ends: Sequence[float], windows: Windows | None) -> tuple[list[float], list[float]]:
+    """The parts of the intervals inside the windows, in order. An interval inside one window is kept as
+    it is (the same numbers, so sums over a trace whose kernels all lie in its steps do not change); one
+    across a window's edge is cut there; one outside every window is dropped. No windows: all kept."""
+    if windows is None:
+        return [float(s) for s in starts], [float(e) for e in ends]
+    w_s, w_e = windows
+    out_s: list[float] = []
+    out_e: list[float] = []
+    for s, e in zip(starts, ends, strict=True):
+        s, e = float(s), float(e)
+        i = bisect_right(w_s, s) - 1  # the last window starting at or before s
+        if i >= 0 and e <= w_e[i]:
+            out_s.append(s)
+            out_e.append(e)
+            continue
+        j = max(i, 0)
+        while j < len(w_s) and w_s[j] < e:
+            a, b = max(s, w_s[j]), min(e, w_e[j])
+            if b > a:
+                out_s.append(a)
+                out_e.append(b)
+            j += 1
+    return out_s, out_e
+
+
+def time_inside(starts: Sequence[float], durations: Sequence[float], windows: Windows | None) -> list[float]:
+    """Per interval [start, start + duration), its time inside the windows: its duration, exactly, when it
+    lies inside one (start + duration - start loses digits at trace timestamps of ~1e12 µs)."""
+    out = []
+    for s, d in zip(starts, durations, strict=True):
+        piece_s, piece_e = clip([s], [float(s) + float(d)], windows)
+        whole = len(piece_s) == 1 and piece_s[0] == float(s) and piece_e[0] == float(s) + float(d)
+        out.append(float(d) if whole else _length(piece_s, piece_e))
+    return out
+
+
 def _length(starts: Sequence[float], ends: Sequence[float]) -> float:
     return pairwise_sum([e - s for s, e in zip(starts, ends, strict=True)])
 
@@ -67,8 +116,9 @@ def _overlap_with(k_start: Sequence[float], k_end: Sequence[float], u_start: Seq
 
 def gpu_summary(trace: TraceData, ev: Table, *, steps: int, step_time_us: float) -> dict[str, Any]:
     """summary.json keys for a GPU run (empty for a CPU run): kernel_family_time_share,
-    kernel_families_cover_share, unattributed_time_share, graph_replay (when a graph replayed kernels),
-    streams, comm_compute_overlap_share, idle_gaps, gpu_only (when the trace has no CPU ops)."""
+    kernel_families_cover_share, unattributed_time_share, backlog_kernels (when kernels launched before
+    the trace ran in it), graph_replay (when a graph replayed kernels), streams (busy inside the steps),
+    comm_compute_overlap_share, idle_gaps, gpu_only (when the trace has no CPU ops)."""
     k = trace.kernels
     if not nrows(k) or "family" not in k:
         return {}
@@ -79,12 +129,25 @@ def gpu_summary(trace: TraceData, ev: Table, *, steps: int, step_time_us: float)
     for f, d in zip(fam, dur, strict=True):
         by_family[f] += d
     shares = {f: by_family[f] / total if total > 0 else 0.0 for f in FAMILY_NAMES}
-    lost = [d for d, op, row in zip(dur, k["op"], k["kernel_row"], strict=True) if op < 0 and not row]
+    backlog = k.get("backlog") or [False] * len(dur)
+    lost = [d for d, op, row, b in zip(dur, k["op"], k["kernel_row"], backlog, strict=True)
+            if op < 0 and not row and not b]
+    windows = step_windows(trace)
+    start = [float(x) for x in k["ts"]]
+    end = [s + d for s, d in zip(start, dur, strict=True)]
     out: dict[str, Any] = {
         "kernel_family_time_share": shares,
         "kernel_families_cover_share": 1.0 - shares[OTHER] if total > 0 else 0.0,
         "unattributed_time_share": pairwise_sum(lost) / total if total > 0 else 0.0,
     }
+    late = [i for i, b in enumerate(backlog) if b]
+    if late:
+        out["backlog_kernels"] = {
+            "kernels": len(late),
+            "kernel_time_us": pairwise_sum([dur[i] for i in late]),
+            "in_steps_us": pairwise_sum(time_inside([start[i] for i in late], [dur[i] for i in late], windows)),
+            "kernel_time_share": pairwise_sum([dur[i] for i in late]) / total if total > 0 else 0.0,
+        }
     graph = [i for i, g in enumerate(k["graph_launch"]) if g >= 0]
     if graph:
         launch, launcher = k["graph_launch"], k["launcher"]
@@ -99,10 +162,8 @@ def gpu_summary(trace: TraceData, ev: Table, *, steps: int, step_time_us: float)
         out.setdefault("graph_replay", {}).update(
             captured_kernels=len(cap),
             captured_time_share=pairwise_sum([dur[i] for i in cap]) / total if total > 0 else 0.0)
-    start = [float(x) for x in k["ts"]]
-    end = [s + d for s, d in zip(start, dur, strict=True)]
     window = steps * step_time_us
-    out["streams"] = _streams(k, start, end, window)
+    out["streams"] = _streams(k, start, end, window, windows)
     out["comm_compute_overlap_share"] = _comm_overlap(k, fam, start, end)
     out["idle_gaps"] = _idle_gaps(trace, ev, k, start, end)
     if trace.gpu_only:
@@ -110,13 +171,16 @@ def gpu_summary(trace: TraceData, ev: Table, *, steps: int, step_time_us: float)
     return out
 
 
-def _streams(k: Table, start: list[float], end: list[float], window: float) -> list[dict[str, Any]]:
+def _streams(k: Table, start: list[float], end: list[float], window: float,
+             windows: Windows | None) -> list[dict[str, Any]]:
+    """Per (device, stream): its kernels, their summed time, and busy time (the union of its kernels
+    inside the profiled steps: a kernel before or after them is not the steps' work)."""
     members: dict[tuple[Any, Any], list[int]] = {}  # (device, stream) -> its kernels
     for i, pair in enumerate(zip(k["device"], k["stream"], strict=True)):
         members.setdefault(pair, []).append(i)
     rows: list[dict[str, Any]] = []
     for (device, stream), sel in sorted(members.items()):
-        s, e = merge([start[i] for i in sel], [end[i] for i in sel])
+        s, e = merge(*clip([start[i] for i in sel], [end[i] for i in sel], windows))
         busy = _length(s, e)
         rows.append({"device": int(device), "stream": int(stream), "kernels": len(sel),
                      "kernel_time_us": pairwise_sum([end[i] - start[i] for i in sel]), "busy_us": busy,

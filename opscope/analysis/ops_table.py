@@ -15,10 +15,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from opscope.analysis.events import is_row_name
+from opscope.analysis.gpu_timeline import Windows, time_inside
 from opscope.costmodel import Cost, OpCall, UnreadableCall, estimate, floating_dtype
 from opscope.costmodel.base import BIAS_COPIED_BY_CHILD, DELEGATES_TO_ANY_CHILD, DTYPE_NAMES
 from opscope.machine.peaks import Peaks, ceiling_key
-from opscope.run.schema import GPU_ONLY_NOTE, GRAPH_KERNEL_NOTE, LOOSE_KERNEL_NOTE, UNATTRIBUTED
+from opscope.run.schema import (
+    BACKLOG,
+    BACKLOG_NOTE,
+    GPU_ONLY_NOTE,
+    GRAPH_KERNEL_NOTE,
+    LOOSE_KERNEL_NOTE,
+    UNATTRIBUTED,
+)
 from opscope.table import NAN, Table, concat, group_codes, nrows, pairwise_sum, take
 
 # A row is one (op, inputs, source line, module): the same call in two modules (every block's c_attn runs
@@ -131,8 +139,11 @@ _ROW_COLUMNS = ["name", *KEY[1:], "module_class", "row_kind", "kernel_num_gb", "
                 "family", "note", "dtype", "self_us", "device_us", "ts", "kernels", "compiled_graph"]
 
 
-def build_ops_table(ev: Table, *, gpu: bool, peaks: Peaks, kernels: Table | None = None) -> Table:
-    """Groups row events into ops.csv rows and adds the cost and roofline columns."""
+def build_ops_table(ev: Table, *, gpu: bool, peaks: Peaks, kernels: Table | None = None,
+                    windows: Windows | None = None) -> Table:
+    """Groups row events into ops.csv rows and adds the cost and roofline columns. `windows`: the profiled
+    steps (opscope.analysis.gpu_timeline.step_windows), to which kernels launched before the trace are
+    clipped."""
     if "flops" not in ev:
         ev = {**ev, **event_costs(ev)}
     row_events = [i for i, r in enumerate(ev["is_row"]) if r]
@@ -152,7 +163,7 @@ def build_ops_table(ev: Table, *, gpu: bool, peaks: Peaks, kernels: Table | None
         table["launcher"] = [""] * n
         _custom_op_families(table)
         kernel_rows = [i for i, k in enumerate(kern["kernel_row"]) if k]
-        extra = [_kernel_rows(take(kern, kernel_rows)), _unattributed_row(kern)]
+        extra = [_kernel_rows(take(kern, kernel_rows)), _unattributed_row(kern), _backlog_row(kern, windows)]
         parts = [table] + [x for x in extra if x is not None and nrows(x)]
         # a column the kernel rows lack (module_class) is missing there, as pandas' concat left it
         table = concat(parts, list(dict.fromkeys(c for t in parts for c in t)), fill=lambda c: NAN)
@@ -315,7 +326,9 @@ def _kernel_rows(kern: Table) -> Table | None:
 
 
 def _unattributed_row(kern: Table) -> Table | None:
-    lost = [i for i, (op, row) in enumerate(zip(kern["op"], kern["kernel_row"], strict=True)) if op < 0 and not row]
+    backlog = kern.get("backlog") or [False] * nrows(kern)
+    lost = [i for i, (op, row, b) in enumerate(zip(kern["op"], kern["kernel_row"], backlog, strict=True))
+            if op < 0 and not row and not b]
     if not lost:
         return None
     times: dict[str, float] = {}
@@ -328,6 +341,26 @@ def _unattributed_row(kern: Table) -> Table | None:
                  dtype="", note="", compiled_graph="", launcher="", kernel_family=_dominant(times),
                  kernels=";".join(dict.fromkeys(kern["name"][i] for i in lost)),
                  first_ts=_nanmin(float(kern["ts"][i]) for i in lost))
+    return {k: [v] for k, v in extra.items()}
+
+
+def _backlog_row(kern: Table, windows: Windows | None) -> Table | None:
+    """One row for the kernels launched before the trace started (opscope.analysis.events): their calls,
+    and only their time inside the profiled steps (the rest ran before the steps began)."""
+    late = [i for i, b in enumerate(kern.get("backlog") or []) if b]
+    if not late:
+        return None
+    start = [float(kern["ts"][i]) for i in late]
+    times: dict[str, float] = {}
+    for i in late:
+        fam = kern["family"][i]
+        times[fam] = times.get(fam, 0.0) + kern["dur"][i]
+    extra: dict[str, Any] = {k: "" for k in KEY}
+    extra.update(op=BACKLOG, calls=len(late),
+                 time_us_total=pairwise_sum(time_inside(start, [kern["dur"][i] for i in late], windows)),
+                 cpu_time_us_total=0.0, flops_per_call=NAN, bytes_per_call=NAN, family="",
+                 dtype="", note=BACKLOG_NOTE, compiled_graph="", launcher="", kernel_family=_dominant(times),
+                 kernels=";".join(dict.fromkeys(kern["name"][i] for i in late)), first_ts=_nanmin(start))
     return {k: [v] for k, v in extra.items()}
 
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from opscope.analysis.events import SourceOverride, build_events
-from opscope.analysis.gpu_timeline import gpu_summary
+from opscope.analysis.gpu_timeline import clip, gpu_summary, step_windows
 from opscope.analysis.memory import MemoryProfile, add_memory_columns, memory_profile
 from opscope.analysis.modules import finding_modules, module_table
 from opscope.analysis.ops_table import BOUNDS, JSON_TEXT_COLUMNS, build_ops_table, event_costs
@@ -53,7 +53,7 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
         meta["dtype"] = dominant_dtype(ev)
         meta["mode"] = trace_mode(ev)
     ev["time_us"] = list(ev["device_us"] if gpu else ev["self_us"])
-    ops = build_ops_table(ev, gpu=gpu, peaks=peaks, kernels=trace.kernels)
+    ops = build_ops_table(ev, gpu=gpu, peaks=peaks, kernels=trace.kernels, windows=step_windows(trace))
     if memory is None:
         memory = memory_profile(trace, ev, "trace")
     ops = add_memory_columns(ops, memory)
@@ -103,12 +103,13 @@ def _nanmax(values: Sequence[float]) -> float:
 
 
 def device_busy_share(trace: TraceData, steps: int, step_time_us: float) -> float | None:
-    """Union of kernel intervals over the profiled steps' wall time (capped at 1)."""
+    """Union of kernel intervals inside the profiled steps over their wall time (capped at 1): kernel
+    time before the first step or after the last (a GPU running behind the CPU) is not the steps'."""
     k = trace.kernels
     if not nrows(k) or step_time_us <= 0:
         return None
     start = k["ts"]
-    busy = union_length(start, [s + d for s, d in zip(start, k["dur"], strict=True)])
+    busy = union_length(*clip(start, [s + d for s, d in zip(start, k["dur"], strict=True)], step_windows(trace)))
     return float(min(busy / (steps * step_time_us), 1.0))
 
 

@@ -515,9 +515,11 @@ def is_run_dir(path: Path) -> bool:
     return path.is_dir() and all((path / f).is_file() for f in ("meta.json", "ops.csv", "summary.json"))
 
 
-def rank_entries(folder: Path) -> list[Path]:
-    """The per-rank inputs of a folder: run directories (a run's ranks/<r>/) and trace files
-    (*.json, *.json.gz, e.g. torch's *.pt.trace.json); a merged run's folder stands for its ranks/."""
+def rank_entries(folder: Path) -> list[tuple[Path, int | None]]:
+    """The per-rank inputs of a folder, each with the rank its folder's name gives (or None): run
+    directories (a run's ranks/<r>/), trace files (*.json, *.json.gz, e.g. torch's *.pt.trace.json), and
+    the one trace inside a sub-folder that is not a run directory (tensorboard_trace_handler's per-rank
+    folders `0/`, `1/`); a merged run's folder stands for its ranks/."""
     if not folder.is_dir():
         raise TraceError(f"{folder} is not a folder")
     if is_run_dir(folder):
@@ -525,14 +527,35 @@ def rank_entries(folder: Path) -> list[Path]:
             raise TraceError(f"{folder} is the run directory of one process: analyze its trace.json.gz, or give a "
                              "folder of several ranks' traces or runs")
         folder = folder / "ranks"
+    children = _listing(folder)
+    entries: list[tuple[Path, int | None]] = []
+    for p in children:
+        if is_run_dir(p) or _is_trace(p):
+            entries.append((p, rank_hint(p)))
+        elif p.is_dir():
+            traces = [c for c in _listing(p) if _is_trace(c)]
+            if len(traces) > 1:
+                shown = ", ".join(c.name for c in traces[:3]) + (", ..." if len(traces) > 3 else "")
+                raise TraceError(f"{p} holds {len(traces)} traces ({shown}): a rank's folder must hold one trace "
+                                 "(move the others out, or give one folder per job)")
+            if traces:
+                own = rank_hint(traces[0])
+                entries.append((traces[0], own if own is not None else rank_hint(p)))
+    if not entries:
+        raise TraceError(f"{folder} holds no per-rank traces (*.json, *.json.gz), folders of one trace each, or run "
+                         "directories to merge")
+    return entries
+
+
+def _listing(folder: Path) -> list[Path]:
     try:
-        children = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+        return sorted(p for p in folder.iterdir() if not p.name.startswith("."))
     except OSError as exc:
         raise TraceError(f"cannot read {folder}: {exc.strerror or exc}") from exc
-    entries = [p for p in children if is_run_dir(p) or (p.is_file() and p.name.endswith(TRACE_SUFFIXES))]
-    if not entries:
-        raise TraceError(f"{folder} holds no per-rank traces (*.json, *.json.gz) or run directories to merge")
-    return entries
+
+
+def _is_trace(path: Path) -> bool:
+    return path.name.endswith(TRACE_SUFFIXES) and path.is_file()
 
 
 def rank_hint(path: Path) -> int | None:
@@ -566,8 +589,7 @@ def analyze_rank_folder(folder: Path, *, out: Path | None = None, peak_bw: float
         ranks_dir.mkdir()
         rank_runs: list[RankRun] = []
         sources: dict[int, Path] = {}
-        for i, entry in enumerate(entries):
-            fallback = rank_hint(entry)
+        for i, (entry, fallback) in enumerate(entries):
             if is_run_dir(entry):
                 rr = _read_rank_dir(entry, fallback if fallback is not None else i, max_trace_gb)
                 _claim(sources, rr.rank, entry)
@@ -591,9 +613,67 @@ def analyze_rank_folder(folder: Path, *, out: Path | None = None, peak_bw: float
                 rr = RankRun(stats["rank"], run, stats, "")
             rr.folder = f"ranks/{rr.rank}"
             rank_runs.append(rr)
+            check_ranks_agree(rank_runs, sources, folder, None)  # a mixed folder stops at its first odd rank
+        check_ranks_agree(rank_runs, sources, folder, warn_once)
         merged = merge_ranks(rank_runs, target=str(folder), warn=warn_once)
         write_merged(merged, ranks_dir, out=out, stem=_stem(folder), base=base)
     return merged
+
+
+def check_ranks_agree(rank_runs: list[RankRun], sources: dict[int, Path], folder: Path,
+                      warn: Callable[[str], None] | None) -> None:
+    """Refuses a folder whose ranks cannot be one job: different device types, world sizes or backends
+    recorded, or more ranks (or a higher rank) than the world size; with `warn`, warns when the GPU
+    models or the step counts differ (one line each)."""
+    def who(rs: list[RankRun]) -> str:
+        names = ", ".join(sources[r.rank].name if r.rank in sources else r.folder for r in rs[:3])
+        return f"{rank_list([r.rank for r in rs])} ({names}{', ...' if len(rs) > 3 else ''})"
+
+    def by(value: Callable[[RankRun], Any]) -> dict[Any, list[RankRun]]:
+        groups: dict[Any, list[RankRun]] = {}
+        for r in sorted(rank_runs, key=lambda r: r.rank):
+            v = value(r)
+            if v is not None:
+                groups.setdefault(v, []).append(r)
+        return groups
+
+    def device(r: RankRun) -> dict[str, Any]:
+        d = r.run.meta.get("device")
+        return d if isinstance(d, dict) else {}
+
+    not_one_job = f"{folder}: one folder must hold the ranks of one job"
+    types = by(lambda r: str(device(r).get("type") or "") or None)
+    if len(types) > 1:
+        parts = [f"{who(rs)} on {t}" + ("" if t == "cpu" else f" ({str(device(rs[0]).get('name') or '?')[:60]})")
+                 for t, rs in types.items()]
+        raise TraceError(f"ranks ran on different device types: {'; '.join(parts)}; {not_one_job}")
+    worlds = by(lambda r: w if isinstance(w := r.stats.get("world_size"), int) and w > 0 else None)
+    if len(worlds) > 1:
+        parts = [f"{who(rs)} world size {w}" for w, rs in worlds.items()]
+        raise TraceError(f"ranks record different world sizes: {'; '.join(parts)}; {not_one_job}")
+    backends = by(lambda r: b if isinstance(b := r.stats.get("backend"), str) and b else None)
+    if len(backends) > 1:
+        parts = [f"{who(rs)} {b}" for b, rs in backends.items()]
+        raise TraceError(f"ranks record different backends: {'; '.join(parts)}; {not_one_job}")
+    if worlds:
+        world = next(iter(worlds))
+        beyond = [r for r in rank_runs if r.rank >= world]
+        if len(rank_runs) > world or beyond:
+            extra = f"; {who(beyond)} beyond it" if beyond else ""
+            raise TraceError(f"{len(rank_runs)} ranks, but the traces record a world size of {world}{extra}; "
+                             f"{not_one_job}")
+    if warn is None:
+        return
+    names = by(lambda r: str(device(r).get("name") or "") or None)
+    if len(names) > 1 and next(iter(types), "cpu") != "cpu":  # a CPU trace does not record its CPU
+        parts = [f"{who(rs)} {str(n)[:60]}" for n, rs in names.items()]
+        warn(f"ranks ran on different GPU models ({'; '.join(parts)}): the straggler may be the slower GPU, "
+             "not slower work")
+    steps = by(lambda r: s if isinstance(s := r.stats.get("steps"), int) else None)
+    if len(steps) > 1:
+        parts = [f"{who(rs)} {n}" for n, rs in sorted(steps.items())]
+        warn(f"ranks profiled different numbers of steps ({'; '.join(parts)}): per-step numbers are each "
+             "rank's own mean; check that the traces come from the same profiling window")
 
 
 def _stem(folder: Path) -> str:

@@ -12,6 +12,7 @@ from opscope import __version__, units
 from opscope.analysis.annotations import ANNOTATION_KEY, Block, BlockError, embedded_lines, read_block
 from opscope.analysis.capture_merge import merge_capture
 from opscope.analysis.pipeline import analyze
+from opscope.errors import TraceError
 from opscope.machine.peaks import Peaks, apply_overrides, gpu_from_properties, gpu_peaks, unknown_gpu_warning
 from opscope.run.model import DEFAULT_REPORTS_DIR, Run
 from opscope.run.schema import FORMAT_VERSION
@@ -161,6 +162,8 @@ def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, st
         by_ext, classes, memory = embedded
         run = analyze(trace, peaks=peaks, meta=meta, source="trace", module_classes=classes, memory=memory,
                       source_override=lambda ev: embedded_lines(by_ext, ev))
+    if not nrows(run.ops):
+        raise TraceError(no_rows_message(trace))
     meta["steps"] = run.summary["steps"]
     if run.summary.get("step_source") == "whole trace":
         warn(f"{trace.path} has no ProfilerStep#N annotations (torch.profiler's schedule, or record_function"
@@ -171,6 +174,15 @@ def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, st
         finish(run, trace)
     write_run(run, out, stem, path, compressor=compressor, base=base, extra_files=extra)
     return run
+
+
+def no_rows_message(trace: TraceData) -> str:
+    """Why a trace gives no ops.csv row: its CPU events are all labels, none a registered op."""
+    names = list(dict.fromkeys(trace.ops["name"]))
+    shown = ", ".join(repr(str(n)[:40]) for n in names[:3]) + (", ..." if len(names) > 3 else "")
+    return (f"{trace.path} has no operator rows: none of its {nrows(trace.ops)} CPU events ({shown}) is a "
+            "registered op (`ns::op`, such as aten::mm) and it has no GPU kernels; nothing to analyze (record "
+            "the model's ops with torch.profiler's CPU activity)")
 
 
 def trace_meta(path: Path, trace: TraceData, device: dict[str, str], peaks: Peaks) -> dict[str, Any]:

@@ -137,6 +137,11 @@ def gpu_lines(s: dict[str, Any]) -> Text:
         lost = s.get("unattributed_time_share")
         if lost:
             out.append(f"   unattributed {units.percent(lost, 100)}", style="yellow")
+        late = s.get("backlog_kernels")
+        if isinstance(late, dict) and late.get("kernels"):
+            out.append(f"\n{late['kernels']} kernels ({units.percent(late.get('kernel_time_share'), 100)} of kernel "
+                       f"time) were launched before the trace started: only their "
+                       f"{units.time_cell(late.get('in_steps_us'))} inside the steps count", style="yellow")
     streams = s.get("streams") or []
     overlap = s.get("comm_compute_overlap_share")
     if len(streams) > 1 or overlap is not None:

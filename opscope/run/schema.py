@@ -38,6 +38,9 @@ GRAPH_KERNEL_NOTE = ("replayed from a CUDA/HIP graph: the trace records no shape
                      "to map it to the op that launched it during capture)")
 LOOSE_KERNEL_NOTE = "launched outside any op: the trace records no shapes for it"
 GPU_ONLY_NOTE = "GPU-only trace: no op or shapes recorded"
+BACKLOG = "(kernels launched before the trace)"
+BACKLOG_NOTE = ("launched before the trace started (the GPU ran behind the CPU; no op of the trace launched "
+                "them): only their time inside the profiled steps counts")
 
 
 # --- meta.json ------------------------------------------------------------------------------------
@@ -176,7 +179,7 @@ class Stream(Struct, kw_only=True):
     stream: Number | None = None
     kernels: Number | None = None
     kernel_time_us: Number | None = None
-    busy_us: Annotated[Number | None, _doc("the union of its kernels")] = None
+    busy_us: Annotated[Number | None, _doc("the union of its kernels inside the profiled steps")] = None
     busy_share: Annotated[Number | None, _doc("of the profiled steps' wall time")] = None
 
 
@@ -342,6 +345,16 @@ class Ncu(Struct, kw_only=True):
     kernels_requested: Number | None = None
 
 
+class BacklogKernels(Struct, kw_only=True):
+    """Kernels launched before the trace started that ran in it (no launch event recorded)."""
+
+    kernels: Count = 0
+    kernel_time_us: Annotated[Duration | None, _doc("their summed time")] = None
+    in_steps_us: Annotated[Duration | None, _doc(
+        "their time inside the profiled steps: what their ops.csv row and the busy shares count")] = None
+    kernel_time_share: Annotated[Share | None, _doc("kernel_time_us over all kernel time")] = None
+
+
 class Summary(Struct, kw_only=True):
     """summary.json: the run in numbers."""
 
@@ -366,6 +379,7 @@ class Summary(Struct, kw_only=True):
     kernel_family_time_share: dict[str, Number | None] | None = None
     kernel_families_cover_share: Number | None = None
     unattributed_time_share: Number | None = None
+    backlog_kernels: BacklogKernels | None = None
     comm_compute_overlap_share: Number | None = None
     streams: list[Stream] | None = None
     idle_gaps: list[IdleGap] | None = None

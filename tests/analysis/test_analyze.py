@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TRACES, run_cli
+from conftest import TRACES, assert_clean_error, run_cli
 from opscope.analysis.trace_file import analyze_trace_file
 from opscope.machine.peaks import match_gpu
 
@@ -223,3 +223,52 @@ def test_call_stack_args_give_locations(tmp_path):
     run = analyze_trace_file(path, out=tmp_path / "run", peak_bw=20, peak_flops=["100"])
     loc = run.to_pandas().loc[run.to_pandas()["op"] == "aten::addmm", "source_location"].iloc[0]
     assert "test_analyze.py:" in loc
+
+
+def test_trace_without_op_rows_is_refused_in_one_line(tmp_path):
+    """CPU events that are all labels (no `ns::op`) and no kernels: nothing for ops.csv, so no run."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": "my_label", "pid": 1, "tid": 1, "ts": 10.0 * i, "dur": 5.0,
+               "args": {}} for i in range(5)]
+    path = tmp_path / "labels.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    out = tmp_path / "run"
+    proc = run_cli("analyze", str(path), "--out", str(out), "--peak-bw", "20", "--peak-flops", "100")
+    assert_clean_error(proc, "has no operator rows", "'my_label'", "registered op")
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["labels.json"]
+
+
+def test_kernels_launched_before_the_trace_get_their_own_row(tmp_path):
+    """The shared H100 trace as if its first 10 kernels had been launched before the profiler started (the
+    runtime calls up to their launches and their External ids gone, the first one run before the step): a
+    row of their own with a note, counting only their time inside the step."""
+    from opscope.run.schema import BACKLOG, BACKLOG_NOTE, UNATTRIBUTED
+
+    doc = json.loads(gzip.decompress(BERT_H100.read_bytes()))
+    device = ("kernel", "gpu_memcpy", "gpu_memset")
+    kernels = sorted((e for e in doc["traceEvents"] if e.get("cat") in device), key=lambda e: e["args"]["correlation"])
+    early = {e["args"]["correlation"] for e in kernels[:10]}
+    step = next(e for e in doc["traceEvents"] if e.get("name", "").startswith("ProfilerStep#") and e.get("cat") == "user_annotation")
+    events = []
+    for e in doc["traceEvents"]:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("args", {}).get("correlation", 1e18) <= max(early):
+            continue  # every runtime call up to the last early launch happened before the trace
+        if e.get("cat") in device and e["args"]["correlation"] in early:
+            e["args"].pop("External id", None)
+            if e is kernels[0]:
+                e["ts"] = step["ts"] - e["dur"] - 100.0  # ran before the step began
+        events.append(e)
+    doc["traceEvents"] = events
+    path = tmp_path / "behind.json"
+    path.write_text(json.dumps(doc))
+    run = analyze_trace_file(path, out=tmp_path / "run")
+    ops = run.ops
+    rows = [i for i, op in enumerate(ops["op"]) if op == BACKLOG]
+    assert len(rows) == 1 and UNATTRIBUTED not in ops["op"]
+    row = rows[0]
+    assert ops["calls"][row] == 10 and ops["note"][row] == BACKLOG_NOTE
+    assert ops["time_us_total"][row] == pytest.approx(sum(e["dur"] for e in kernels[1:10]))
+    s = run.summary
+    assert s["backlog_kernels"]["kernels"] == 10 and s["unattributed_time_share"] == 0.0
+    assert s["backlog_kernels"]["kernel_time_us"] == pytest.approx(sum(e["dur"] for e in kernels[:10]))
+    assert all(r["busy_us"] <= step["dur"] for r in s["streams"]) and 0 < s["device_busy_share"] <= 1
+    assert sum(ops["time_share"]) == pytest.approx(1.0)

@@ -87,5 +87,6 @@ def test_build_events_by_hand():
     assert k["kernel_row"] == [False, False, True, False]
     assert k["launcher_op"] == [-1, -1, 0, -1] and k["launcher"] == ["", "", "aten::linear", ""]
     assert k["graph_launch"] == [-1, -1, 2, -1]
-    assert list(k)[-8:] == ["op", "kernel_row", "launcher_op", "launcher_ann", "launcher", "graph_launch", "family",
-                            "launcher_loc"]
+    assert k["backlog"] == [False] * 4  # lost_k's correlation is newer than the trace's launches: not a backlog
+    assert list(k)[-9:] == ["op", "kernel_row", "launcher_op", "launcher_ann", "launcher", "graph_launch", "backlog",
+                            "family", "launcher_loc"]

@@ -82,3 +82,61 @@ def test_overlap_with_union():
     # union [0, 4] and [6, 10]: [3, 7] shares 1 + 1, [4, 6] nothing, [-5, 20] all 8, [8, 9] 1
     assert _overlap_with([3.0, 4.0, -5.0, 8.0], [7.0, 6.0, 20.0, 9.0], [0.0, 6.0], [4.0, 10.0]) == [2.0, 0.0, 8.0, 1.0]
     assert _overlap_with([1.0], [2.0], [], []) == [0.0]
+
+
+def _backlog_trace(path) -> None:
+    """One step [100, 200] µs. The GPU runs behind: kernels 3 and 4 were launched before the trace (no
+    launch event, correlation ids below every recorded launch) and run 50..120 and 120..135; add's kernel
+    ends at 230, after the step; correlation 20 has no launch event but is not older than the trace."""
+    def x(cat, name, ts, dur, tid=1, **args):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1 if cat != "kernel" else 0, "tid": tid, "ts": ts,
+                "dur": dur, "args": args}
+
+    def kernel(name, corr, stream, ts, dur):
+        return x("kernel", name, ts, dur, tid=stream, correlation=corr, stream=stream, device=0)
+
+    dims = {"Input Dims": [[64, 64], [64, 64]], "Input type": ["c10::BFloat16", "c10::BFloat16"]}
+    events = [x("user_annotation", "ProfilerStep#1", 100, 100),
+              x("cpu_op", "aten::mm", 110, 20, **dims), x("cuda_runtime", "cudaLaunchKernel", 115, 1, correlation=10),
+              x("cpu_op", "aten::add", 180, 10, **dims), x("cuda_runtime", "cudaLaunchKernel", 185, 1, correlation=11),
+              kernel(GEMM, 10, 7, 140, 20), kernel(ADD, 11, 7, 190, 40),
+              kernel(GEMM, 3, 7, 50, 70), kernel(ADD, 4, 7, 120, 15), kernel(ADD, 20, 8, 160, 10)]
+    path.write_text(json.dumps({"deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}],
+                                "traceEvents": events}))
+
+
+def test_kernels_launched_before_the_trace_are_clipped_to_the_steps(tmp_path):
+    """Issue 23, item 23: a row of their own with a note, their time and every busy number inside the step."""
+    from opscope.run.read import read_run
+    from opscope.run.schema import BACKLOG, BACKLOG_NOTE, UNATTRIBUTED
+
+    _backlog_trace(tmp_path / "t.json")
+    run = analyze_trace_file(tmp_path / "t.json", out=tmp_path / "run")
+    rows = {op: i for i, op in enumerate(run.ops["op"])}
+    late = rows[BACKLOG]
+    assert run.ops["calls"][late] == 2 and run.ops["note"][late] == BACKLOG_NOTE
+    assert run.ops["time_us_total"][late] == pytest.approx(20 + 15)  # 120 of 50..120 before the step
+    assert run.ops["time_us_total"][rows[UNATTRIBUTED]] == pytest.approx(10)
+    assert run.ops["time_us_total"][rows["aten::add"]] == pytest.approx(40)  # an op's own kernel counts whole
+    s = run.summary
+    assert s["total_time_us"] == pytest.approx(20 + 40 + 35 + 10)
+    # inside [100, 200]: 100..135, 140..170, 190..200 (unclipped: 155 µs of kernels, "100%")
+    assert s["device_busy_share"] == pytest.approx(75 / 100)
+    streams = {r["stream"]: r for r in s["streams"]}
+    assert streams[7]["busy_us"] == pytest.approx(35 + 20 + 10) and streams[7]["busy_share"] == pytest.approx(0.65)
+    assert streams[7]["kernel_time_us"] == pytest.approx(70 + 15 + 20 + 40)
+    assert s["backlog_kernels"] == {"kernels": 2, "kernel_time_us": pytest.approx(85), "in_steps_us": pytest.approx(35),
+                                    "kernel_time_share": pytest.approx(85 / 155)}
+    assert s["unattributed_time_share"] == pytest.approx(10 / 155)
+    assert read_run(tmp_path / "run").summary["backlog_kernels"]["kernels"] == 2
+
+
+def test_clip_to_step_windows():
+    from opscope.analysis.gpu_timeline import clip, time_inside
+
+    windows = ([10.0, 30.0], [20.0, 40.0])
+    # inside (kept as is), across both edges of the first window, between windows, across the second's start
+    assert clip([12.0, 5.0, 21.0, 25.0], [13.5, 25.0, 29.0, 35.0], windows) == ([12.0, 10.0, 30.0], [13.5, 20.0, 35.0])
+    assert clip([1.0], [2.0], None) == ([1.0], [2.0])
+    assert time_inside([1e12 + 0.1], [0.3], ([1e12], [1e12 + 1])) == [0.3]  # the duration, not end - start
+    assert time_inside([5.0, 21.0], [20.0, 8.0], windows) == [10.0, 0.0]

@@ -239,3 +239,66 @@ def test_straggler_rule_fires_from_ten_percent_and_the_line_says_so():
         "straggler_excess_share": 0.005, "straggler_beyond_noise": False}})
     assert straggler_line(quiet) == ("straggler: rank 1, compute 101.0 µs per step, +0% over the median rank "
                                      "(100.5 µs): the slowest, but within noise (no straggler finding)")
+
+
+def test_ranks_of_different_jobs_are_refused_in_one_line(tmp_path):
+    """Device types, world sizes and backends must agree, and no more ranks than the world size (issue 23,
+    item 11); nothing is written when they do not."""
+    cases = {}
+    mixed = cases["cpu and cuda"] = tmp_path / "mixed"
+    mixed.mkdir()
+    for name in ("ddp_gloo_rank0.json.gz", "ddp_gloo_rank1.json.gz"):
+        shutil.copy(DDP_TRACES / name, mixed / name)
+    shutil.copy(TRACES / "h100_bert-small_bf16.json.gz", mixed / "h100.json.gz")
+    vendors = cases["cuda and rocm"] = tmp_path / "vendors"
+    vendors.mkdir()
+    shutil.copy(TRACES / "h100_bert-small_bf16.json.gz", vendors / "rank0.json.gz")
+    shutil.copy(TRACES / "mi300x_bert-small_bf16.json.gz", vendors / "rank1.json.gz")
+    for key, worlds in (("world sizes", (2, 4)), ("beyond the world", (2, 2, 2))):
+        folder = cases[key] = tmp_path / key.replace(" ", "_")
+        folder.mkdir()
+        for r, w in enumerate(worlds):
+            _write(folder / f"rank{r}.json.gz", cpu_rank_events(),
+                   distributedInfo={"backend": "gloo", "rank": r, "world_size": w})
+    needles = {"cpu and cuda": ("different device types", "ranks 0-1 (ddp_gloo_rank0.json.gz", "on cpu",
+                                "rank 2 (h100.json.gz) on cuda (NVIDIA H100"),
+               "cuda and rocm": ("different device types", "on cuda", "on rocm (AMD Instinct MI300X"),
+               "world sizes": ("different world sizes", "rank 0 (rank0.json.gz) world size 2", "world size 4"),
+               "beyond the world": ("3 ranks, but the traces record a world size of 2", "rank 2 (rank2.json.gz) beyond")}
+    for key, folder in cases.items():
+        out = tmp_path / f"out-{folder.name}"
+        proc = run_cli("analyze", str(folder), "--out", str(out), *PEAKS)
+        assert_clean_error(proc, *needles[key], "one folder must hold the ranks of one job")
+        assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".opscope")]
+
+
+def test_ranks_with_different_step_counts_merge_with_a_warning(tmp_path):
+    folder = tmp_path / "job"
+    folder.mkdir()
+    _write(folder / "rank0.json.gz", cpu_rank_events())
+    _write(folder / "rank1.json.gz", [e for e in cpu_rank_events() if e["name"] != "ProfilerStep#1"])
+    proc = run_cli("analyze", str(folder), "--out", str(tmp_path / "run"), *PEAKS, "--json")
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if "different numbers of steps" in ln]
+    assert lines == ["opscope: ranks profiled different numbers of steps (rank 1 (rank1.json.gz) 1; rank 0 "
+                     "(rank0.json.gz) 2): per-step numbers are each rank's own mean; check that the traces come "
+                     "from the same profiling window"]
+
+
+def test_rank_subfolders_holding_a_trace_are_ranks(tmp_path):
+    """tensorboard_trace_handler's layout: `0/`, `1/` each holding one trace, beside a rank's run directory."""
+    folder = tmp_path / "job"
+    for r in (0, 1):
+        (folder / str(r)).mkdir(parents=True)
+        _write(folder / str(r) / "host_123.1700000000.pt.trace.json.gz", cpu_rank_events(1.25 if r == 1 else 1.0))
+    _write(tmp_path / "rank2.json.gz", cpu_rank_events())
+    assert run_cli("analyze", str(tmp_path / "rank2.json.gz"), "--out", str(folder / "rank2"), *PEAKS).returncode == 0
+    (folder / "notes").mkdir()  # a folder without traces is not a rank
+    proc = run_cli("analyze", str(folder), "--out", str(tmp_path / "run"), *PEAKS, "--json")
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(proc.stdout)["distributed"]
+    assert d["ranks"] == 3 and d["straggler_rank"] == 1
+    _write(folder / "1" / "again.json.gz", cpu_rank_events())
+    assert_clean_error(run_cli("analyze", str(folder), "--out", str(tmp_path / "run2"), *PEAKS),
+                       f"{folder / '1'} holds 2 traces (again.json.gz, host_123", "must hold one trace")

@@ -122,3 +122,27 @@ def test_fuzzed_run_directories_never_give_a_traceback(good_run, tmp_path):
         except Exception as exc:  # noqa: BLE001
             pytest.fail(f"seed {seed} ({name}, {kind}): {type(exc).__name__}: {exc}")
     assert outcomes["ok"] > 10 and outcomes["error"] > 10, outcomes
+
+
+def _without_rows(good_run: Path, dst: Path) -> Path:
+    """A copy of the run whose ops.csv is its header only (a run with zero op rows), summary to match."""
+    shutil.copytree(good_run, dst)
+    (dst / "report.html").unlink(missing_ok=True)
+    header = (dst / "ops.csv").read_text().splitlines()[0]
+    (dst / "ops.csv").write_text(header + "\n")
+    _edit_json(dst / "summary.json", lambda d: d.update(top_ops=[], total_time_us=0.0, swap_candidates=[]))
+    return dst
+
+
+def test_every_reader_takes_a_run_with_zero_op_rows(good_run, tmp_path):
+    """report, --html, --tree, --json, --baseline and compare, either side: no traceback (issue 23, item 4)."""
+    empty = _without_rows(good_run, tmp_path / "empty")
+    other = _copy(good_run, tmp_path)
+    for args in (["report", str(empty)], ["report", str(empty), "--html"], ["report", str(empty), "--tree"],
+                 ["report", str(empty), "--json"], ["report", str(empty), "--baseline", str(other)],
+                 ["report", str(other), "--html", "-o", str(tmp_path / "b.html"), "--baseline", str(empty)],
+                 ["compare", str(empty), str(other)], ["compare", str(other), str(empty)],
+                 ["compare", str(empty), str(empty), "--json"]):
+        proc = run_cli(*args)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (args, proc.stderr)
+    assert (empty / "report.html").stat().st_size > 0 and (tmp_path / "b.html").stat().st_size > 0
