@@ -37,6 +37,7 @@ from typing import Any
 
 from opscope import __version__
 from opscope.errors import OpscopeError
+from opscope.run.cells import spreadsheet_safe
 
 WARMUP = 3
 GOALS = {  # kernel -> [(ratio key, minimum)], from the issue that introduced the kernels
@@ -296,10 +297,12 @@ def save(doc: dict[str, Any], out: Path) -> tuple[Path, Path]:
             for cand, t in r["timings"].items():
                 gbps = r["bytes"] / (t["median_ms"] * 1e-3) / 1e9
                 pct = 100 * gbps / mach["peak_bandwidth_gbps"] if mach["peak_bandwidth_gbps"] else ""
-                w.writerow([r["kernel"], r["case"], r["dtype"], cand, f"{t['median_ms']:.4f}", f"{t['p20_ms']:.4f}",
-                            f"{t['p80_ms']:.4f}", f"{gbps:.2f}", f"{pct:.1f}" if pct != "" else "",
-                            f"{t['median_ms'] / k:.3f}", r["grain"], mach["torch"], mach["opscope"], mach["cpu"],
-                            mach["threads"]])
+                row = [r["kernel"], r["case"], r["dtype"], cand, f"{t['median_ms']:.4f}", f"{t['p20_ms']:.4f}",
+                       f"{t['p80_ms']:.4f}", f"{gbps:.2f}", f"{pct:.1f}" if pct != "" else "",
+                       f"{t['median_ms'] / k:.3f}", r["grain"], mach["torch"], mach["opscope"], mach["cpu"],
+                       mach["threads"]]
+                text = (0, 1, 2, 3, 11, 12, 13)  # names and versions, never formulas (opscope.run.cells)
+                w.writerow([spreadsheet_safe(str(v)) if i in text else v for i, v in enumerate(row)])
     return jpath, cpath
 
 

@@ -44,6 +44,7 @@ import math
 import os
 import platform
 import re
+import stat
 import statistics
 import subprocess
 import tempfile
@@ -59,6 +60,11 @@ from opscope.machine.peaks import Peaks
 
 CACHE_FORMAT = 2  # 2: best-of figures, GEMMs sized by work, only stable results cached
 LOCK_NAME = "calibration.lock"
+# A cache file is a few KiB; anything bigger is not one of ours and is not read.
+MAX_CACHE_BYTES = 1 << 20
+# How long a process waits for another's calibration (a full `opscope calibrate` takes about a minute)
+# before it measures without the lock: a process that holds the lock forever must not hang every run.
+LOCK_TIMEOUT_S = 300.0
 MIB = 1 << 20
 
 # Bandwidth repeats, GEMM repeats, and (quick only) a cap on each stream array. First-touching three 4x-LLC arrays alone can take seconds
@@ -283,13 +289,30 @@ def check_cached(doc: Any, cpu_model: str, threads: int | None, torch_version: s
     return result
 
 
+def _read_small_regular_file(path: Path, limit: int) -> bytes:
+    """The bytes of `path` if it is a regular file of at most `limit` bytes. The cache dir is not
+    trusted: a FIFO there would block a plain open() forever and a link to /dev/zero would be read until
+    memory runs out, so it is opened without blocking and checked with fstat before anything is read.
+    Raises CacheRejected (not a regular file, too big) or OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CacheRejected("it is not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise CacheRejected(f"it is larger than {limit // 1024} KiB (a calibration is a few KiB)")
+    return data
+
+
 def read_cache_file(path: Path, cpu_model: str, threads: int | None = None,
                     torch_version: str | None = None) -> tuple[CalibrationResult | None, CacheRejected | None]:
     """(result, None) for a usable cache file; (None, None) when there is none; (None, why) otherwise."""
     try:
-        text = path.read_text()
+        text = _read_small_regular_file(path, MAX_CACHE_BYTES).decode()
     except FileNotFoundError:
         return None, None
+    except CacheRejected as exc:
+        return None, exc
     except (OSError, UnicodeDecodeError) as exc:
         return None, CacheRejected(f"it cannot be read ({getattr(exc, 'strerror', None) or type(exc).__name__})")
     try:
@@ -686,10 +709,13 @@ class Calibration:
 
 
 @contextlib.contextmanager
-def calibration_lock(on_wait: Callable[[], None] | None = None) -> Iterator[bool]:
+def calibration_lock(on_wait: Callable[[], None] | None = None, *, timeout_s: float = LOCK_TIMEOUT_S,
+                     note: Callable[[str], None] | None = None) -> Iterator[bool]:
     """Holds an exclusive flock on <cache dir>/calibration.lock and yields whether it had to wait for
-    another process. Without fcntl or a writable cache dir it yields False without locking (the worst
-    case is the old behaviour: two measurements at once)."""
+    another process. Without fcntl, a writable cache dir or a regular lock file (a FIFO or device there
+    is never opened for blocking I/O) it yields False without locking (the worst case is the old
+    behaviour: two measurements at once). After `timeout_s` of waiting it gives up, tells `note`, and
+    yields True without the lock."""
     try:
         import fcntl
     except ImportError:  # Windows
@@ -698,19 +724,29 @@ def calibration_lock(on_wait: Callable[[], None] | None = None) -> Iterator[bool
     try:
         directory = cache_dir()
         directory.mkdir(parents=True, exist_ok=True)
-        handle = open(directory / LOCK_NAME, "a")  # noqa: SIM115  (closed below, after unlocking)
+        # O_NONBLOCK: opening a FIFO for writing fails at once (ENXIO) instead of waiting for a reader.
+        fd = os.open(directory / LOCK_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK
+                     | getattr(os, "O_CLOEXEC", 0), 0o644)
     except OSError:
         yield False
         return
-    with handle:
+    with os.fdopen(fd, "ab") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            yield False
+            return
         waited = False
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             if on_wait:
                 on_wait()
-            fcntl.flock(handle, fcntl.LOCK_EX)
             waited = True
+            if not _flock_within(fcntl, handle, timeout_s):
+                if note:
+                    note(f"opscope: gave up waiting for the other calibration after {timeout_s:g} s "
+                         f"({directory / LOCK_NAME} is still locked); measuring without it")
+                yield True
+                return
         except OSError:  # a filesystem without locks
             yield False
             return
@@ -718,6 +754,19 @@ def calibration_lock(on_wait: Callable[[], None] | None = None) -> Iterator[bool
             yield waited
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _flock_within(fcntl: Any, handle: Any, timeout_s: float) -> bool:
+    """Takes the exclusive flock, polling, within `timeout_s`; False if it could not."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
 
 
 def _mtime_ns(path: Path) -> int | None:
@@ -746,7 +795,7 @@ def obtain(threads: int | None = None, *, quick: bool = True, refresh: bool = Fa
             say(f"opscope: calibration cache ignored: {why}")
     before = _mtime_ns(path)
     with calibration_lock(lambda: say("opscope: another opscope process is calibrating this CPU; waiting "
-                                      "for its result")) as waited:
+                                      "for its result"), note=say) as waited:
         if waited or not refresh:
             meanwhile = load(n)
             if meanwhile is not None and (not refresh or (_mtime_ns(path) != before and not

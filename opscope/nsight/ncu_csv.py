@@ -83,8 +83,19 @@ def unit_factor(unit: str) -> float | None:
     return None
 
 
-def _rows(lines: list[str]) -> list[list[str]]:
-    return list(csv.reader(io.StringIO("\n".join(lines))))
+def _rows(lines: list[str]) -> tuple[list[list[str]], int]:
+    """The CSV rows of `lines` and how many lines could not be parsed (a cell over csv's field limit,
+    128 KiB: no kernel name or value is that long); the reader goes on with the next line."""
+    reader = csv.reader(io.StringIO("\n".join(lines)))
+    rows: list[list[str]] = []
+    bad = 0
+    while True:
+        try:
+            rows.append(next(reader))
+        except StopIteration:
+            return rows, bad
+        except csv.Error:
+            bad += 1
 
 
 def parse_ncu_csv(text: str, source: str = "the ncu output") -> NcuTable:
@@ -111,8 +122,8 @@ def parse_ncu_csv(text: str, source: str = "the ncu output") -> NcuTable:
     body = [ln for ln in lines[header_at + 1:] if ln.strip() and not ln.startswith("==")]
     warnings: list[str] = []
     rows = []
-    skipped = 0
-    for r in _rows(body):
+    parsed, skipped = _rows(body)
+    for r in parsed:
         if len(r) == len(header):
             rows.append(r)
         else:

@@ -51,6 +51,12 @@ COPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 
 MEMORY_KINDS = {1: "Pageable", 2: "Pinned", 3: "Device", 4: "Array", 5: "Managed", 6: "Device Static",
                 7: "Managed Static"}
 SQLITE_MAGIC = b"SQLite format 3\x00"
+# Every query runs under a budget of SQLite VM instructions (checked every _PROGRESS_STEP): reading an
+# export costs a few dozen per row, about one per byte of the file (0.04 per byte on the test exports),
+# so this budget bounds the work without ever interrupting a real export, however large.
+_PROGRESS_STEP = 1_000
+_INSTRUCTIONS_PER_BYTE = 2_000
+_MIN_INSTRUCTIONS = 10 ** 9
 # An emit_nvtx range: "aten::addmm, seq = 12, op_id = 40, sizes = [[4, 5], [5, 6]], input_op_ids = [...]"
 # (torch/csrc/profiler/util.cpp getNvtxStr); plain "ns::op" ranges are ops too.
 _OP_RANGE = re.compile(r"^(?P<name>[A-Za-z_]\w*::[A-Za-z_][\w.]*)(?:, seq = (?P<seq>-?\d+))?(?:, op_id = \d+)?"
@@ -99,9 +105,19 @@ def read_nsys_sqlite(path: Path) -> NsysData:
         con = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)
     except sqlite3.Error as exc:
         raise NsightError(f"cannot open {path}: {exc}") from exc
+    budget = [max(_MIN_INSTRUCTIONS, _INSTRUCTIONS_PER_BYTE * path.stat().st_size) // _PROGRESS_STEP]
+
+    def spend() -> int:  # nonzero interrupts the query
+        budget[0] -= 1
+        return budget[0] < 0
+
+    con.set_progress_handler(spend, _PROGRESS_STEP)
     try:
         return _read(con, path)
     except sqlite3.DatabaseError as exc:
+        if budget[0] < 0:
+            raise NsightError(f"{path}: reading it took far more work than an Nsight Systems export of its size "
+                              "needs; it is not one") from exc
         raise NsightError(f"{path} is a damaged SQLite database ({exc})") from exc
     finally:
         con.close()
@@ -110,7 +126,8 @@ def read_nsys_sqlite(path: Path) -> NsysData:
 class _Schema:
     def __init__(self, con: sqlite3.Connection) -> None:
         self.con = con
-        self.tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+        # Tables only: nsys writes no views, and a view (a recursive one never ends) runs the file's own SQL.
+        self.tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         self._columns: dict[str, list[str]] = {}
 
     def columns(self, table: str) -> list[str]:
@@ -135,7 +152,15 @@ def _read(con: sqlite3.Connection, path: Path) -> NsysData:
                           f"{', '.join(sorted(known))})")
     strings: dict[int, str] = {}
     if {"id", "value"} <= set(schema.columns("StringIds")):
-        strings = {int(i): str(v) for i, v in con.execute('SELECT id, value FROM "StringIds"') if i is not None}
+        bad_ids = 0
+        for i, v in con.execute('SELECT id, value FROM "StringIds"'):
+            key = _whole(i)
+            if key is None:
+                bad_ids += i is not None
+                continue
+            strings[key] = str(v)
+        if bad_ids:
+            warnings.append(f"{path}: left out {bad_ids} StringIds rows whose id is not a whole number")
     elif KERNEL_TABLE in schema.tables or NVTX_TABLE in schema.tables:
         warnings.append(f"{path}: no StringIds table: kernel and range names that refer to it are unknown")
 
@@ -164,10 +189,11 @@ def _has_times(schema: _Schema, table: str, warnings: list[str], path: Path) -> 
 
 
 def _pid(global_id: Any) -> int:
-    """The process id inside an nsys serialized GlobalId (globalPid / globalTid)."""
-    if global_id is None:
+    """The process id inside an nsys serialized GlobalId (globalPid / globalTid); -1 where unknown."""
+    number = _whole(global_id)
+    if number is None:
         return -1
-    return (int(global_id) >> 24) & 0xFFFFFF
+    return (number >> 24) & 0xFFFFFF
 
 
 def _number(value: Any) -> float | int | None:
@@ -190,8 +216,16 @@ def _number(value: Any) -> float | int | None:
 
 def _id(value: Any) -> int:
     """An id column's value as an int, -1 where unknown."""
+    number = _whole(value)
+    return -1 if number is None else number
+
+
+def _whole(value: Any) -> int | None:
+    """A column's value as an int, None where it is not a finite whole number (text, NaN, inf, 1.5)."""
     number = _number(value)
-    return -1 if number is None else int(number)
+    if number is None or isinstance(number, int):
+        return number
+    return int(number) if math.isfinite(number) and number.is_integer() else None
 
 
 def _activities(schema: _Schema, name_of: NameOf, warnings: list[str], path: Path) -> Table:
@@ -229,7 +263,8 @@ def _activities(schema: _Schema, name_of: NameOf, warnings: list[str], path: Pat
     bad = 0
     for kind, name, start, end, dev, stream, corr, pid, nbytes in out:
         begin, finish = _number(start), _number(end)
-        if begin is None or finish is None or finish < begin:
+        if begin is None or finish is None or not math.isfinite(begin) or not math.isfinite(finish) \
+                or finish < begin:
             bad += 1
             continue
         rows.append((kind, name, int(begin), int(finish), _id(dev), _id(stream), _id(corr), _id(pid), nbytes))
@@ -247,11 +282,17 @@ def _launches(schema: _Schema, name_of: NameOf, warnings: list[str], path: Path)
             warnings.append(f"{path}: {RUNTIME_TABLE} has no correlationId: kernels cannot be joined to their "
                             "launches (no op, module or thread for them)")
         else:
+            bad = 0
             for start, end, gtid, corr, name in schema.select(
                     RUNTIME_TABLE, ["start", "end", "globalTid", "correlationId", "nameId"],
                     'WHERE "correlationId" IS NOT NULL AND "correlationId" > 0'):
-                rows.append((name_of(name), int(start), int(end), -1 if gtid is None else int(gtid), int(corr),
-                             _pid(gtid)))
+                begin, finish, correlation = _whole(start), _whole(end), _whole(corr)
+                if begin is None or finish is None or correlation is None:
+                    bad += 1
+                    continue
+                rows.append((name_of(name), begin, finish, _id(gtid), correlation, _pid(gtid)))
+            if bad:
+                warnings.append(f"{path}: left out {bad} runtime calls without a valid start/end/correlationId")
     elif RUNTIME_TABLE not in schema.tables:
         warnings.append(f"{path}: no {RUNTIME_TABLE} table: kernels cannot be joined to the threads that launched "
                         "them")
@@ -265,25 +306,31 @@ def _ranges(schema: _Schema, name_of: NameOf, warnings: list[str], path: Path) -
     push_pop, domain_create = PUSH_POP, DOMAIN_CREATE
     if {"id", "name"} <= set(schema.columns("ENUM_NSYS_EVENT_TYPE")):
         enum = dict(schema.con.execute('SELECT name, id FROM "ENUM_NSYS_EVENT_TYPE"').fetchall())
-        push_pop = int(enum.get("NvtxPushPopRange", PUSH_POP))
-        domain_create = int(enum.get("NvtxDomainCreate", DOMAIN_CREATE))
+        push_pop = _whole(enum.get("NvtxPushPopRange")) or PUSH_POP
+        domain_create = _whole(enum.get("NvtxDomainCreate")) or DOMAIN_CREATE
     domains: dict[int, str] = {}
     if "eventType" in cols and "domainId" in cols:
         for dom, text, tid in schema.select(NVTX_TABLE, ["domainId", "text", "textId"],
                                             f'WHERE "eventType" = {domain_create}'):
-            if dom is not None:
-                domains[int(dom)] = str(text) if text is not None else name_of(tid)
+            if _whole(dom) is not None:
+                domains[_id(dom)] = str(text) if text is not None else name_of(tid)
     where = f'WHERE "eventType" = {push_pop} AND "end" IS NOT NULL' if "eventType" in cols else \
         'WHERE "end" IS NOT NULL AND "end" >= "start"'
     if "eventType" not in cols:
         warnings.append(f"{path}: {NVTX_TABLE} has no eventType column: every closed range is taken as a push/pop "
                         "range")
     rows: list[tuple[str, int, int, int, str]] = []
+    bad = 0
     for text, text_id, start, end, gtid, dom in schema.select(
             NVTX_TABLE, ["text", "textId", "start", "end", "globalTid", "domainId"], where):
+        begin, finish = _whole(start), _whole(end)
+        if begin is None or finish is None:
+            bad += 1
+            continue
         label = str(text) if text is not None else name_of(text_id)
-        rows.append((label, int(start), int(end), -1 if gtid is None else int(gtid),
-                     domains.get(int(dom), "") if dom is not None else ""))
+        rows.append((label, begin, finish, _id(gtid), domains.get(_id(dom), "") if dom is not None else ""))
+    if bad:
+        warnings.append(f"{path}: left out {bad} NVTX ranges without a valid start/end")
     return {c: [r[k] for r in rows] for k, c in enumerate(RANGE_COLUMNS)}
 
 

@@ -570,16 +570,39 @@ def op_name(row: dict[str, Any]) -> str:
     return name
 
 
+# Input dims are a list of shapes (lists of sizes), a tensor list one level deeper. json.loads recurses
+# once per level (a cell of 100,000 '[' raised RecursionError), so deeper text is not parsed at all.
+MAX_DIMS_DEPTH = 8
+
+
+def _nested_at_most(text: str, limit: int) -> bool:
+    """Whether `text` opens at most `limit` brackets at once (brackets in strings count too; a shape
+    list holds no strings). One pass, no recursion."""
+    depth = 0
+    for ch in text:
+        if ch == "[" or ch == "{":
+            depth += 1
+            if depth > limit:
+                return False
+        elif ch == "]" or ch == "}":
+            depth -= 1
+    return True
+
+
 def op_shapes(row: dict[str, Any]) -> list[str]:
-    """The tensor inputs' shapes as '[4,197,768]' (scalars and tensor lists left out)."""
+    """The tensor inputs' shapes as '[4,197,768]' (scalars and tensor lists left out); none for a cell
+    that is not a list of shapes (an edited run's ops.csv can hold anything)."""
     dims = row.get("input_dims") or ""
-    if not dims or dims == "[]":
+    if not isinstance(dims, str) or not dims or dims == "[]" or not _nested_at_most(dims, MAX_DIMS_DEPTH):
         return []
     try:
         parsed = json.loads(dims)
     except ValueError:
         return []
-    return ["[" + ",".join(map(str, d)) + "]" for d in parsed if d and not isinstance(d[0], list)]
+    if not isinstance(parsed, list):
+        return []
+    return ["[" + ",".join(map(str, d)) + "]" for d in parsed if isinstance(d, list) and d
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in d)]
 
 
 def fit_op(name: str, shapes: list[str], width: int) -> str:

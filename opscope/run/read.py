@@ -12,6 +12,7 @@ from typing import Any
 
 from opscope.errors import OpscopeError
 from opscope.run import schema
+from opscope.run.cells import as_written
 from opscope.run.model import DEFAULT_REPORTS_DIR, RANKS_FILE, RUN_FILES, Run
 from opscope.table import NAN, Table
 
@@ -126,7 +127,8 @@ def read_modules_csv(path: Path) -> Table | None:
 
 
 def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
-    """(header, columns of cells) of a CSV file as opscope writes them (opscope.run.write.write_csv)."""
+    """(header, columns of cells) of a CSV file as opscope writes them (opscope.run.write.write_csv), the
+    quote in front of a text cell taken off again (opscope.run.cells)."""
     try:
         with open(path, encoding="utf-8", newline="") as f:
             rows = [row for row in csv.reader(f) if row]  # blank lines are skipped, as pandas did
@@ -138,7 +140,7 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
     width = len(header)
     for line, row in enumerate(rows[1:], 2):  # a short row is a file cut short (or edited): not padded
         _check(path, len(row) == width, f"expected {width} fields in line {line}, saw {len(row)}")
-    columns = [[row[i] for row in rows[1:]] for i in range(width)]
+    columns = [[as_written(row[i]) for row in rows[1:]] for i in range(width)]
     return header, columns
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opscope.errors import OutputError
+from opscope.run.cells import spreadsheet_safe
 from opscope.run.model import DEFAULT_REPORTS_DIR, RANKS_FILE, STAGING_PREFIX, Run
 from opscope.table import Table
 
@@ -216,8 +217,9 @@ def _gzip_bytes(data: bytes | bytearray, dst: Path) -> None:
 def write_csv(table: Table, path: Path) -> None:
     """The table as CSV, byte for byte what `DataFrame.to_csv(path, index=False)` wrote (opscope's format
     before tables), without pandas: floats by repr, NaN and None empty, bools True/False, minimal
-    quoting."""
-    columns = [[v if type(v) is str else _csv_cell(v) for v in values] for values in table.values()]
+    quoting; except text cells a spreadsheet would run as formulas, which get a quote in front
+    (opscope.run.cells, undone on reading)."""
+    columns = [[spreadsheet_safe(v) if type(v) is str else _csv_cell(v) for v in values] for values in table.values()]
     with open(path, "w", encoding="utf-8", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow([str(c) for c in table])

@@ -449,3 +449,64 @@ def test_obtain_says_why_it_ignores_a_cache_and_measures_again(cache_dir: Path,
     other.write_text(json.dumps(_doc(cpu_model="Some Other CPU", stable=False)))
     warned.clear()
     assert calibrate.cached_cpu_peaks(warned.append) == _fake_result(2).peaks() and warned == []
+
+
+# --- the cache dir is not trusted: only small regular files are read, and the lock cannot hang a run ------
+
+# Reads this CPU's cached ceilings the way `analyze` does, then takes and releases the calibration lock
+# the way `profile` does, under a 1 GiB address-space limit; prints what it was told.
+_READ_CACHE_AND_LOCK = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from opscope.machine import calibrate
+print(calibrate.cached_cpu_peaks(print))
+with calibrate.calibration_lock() as waited:
+    print("locked", waited)
+"""
+
+
+@pytest.mark.parametrize("kind", ["fifo cache", "cache linked to /dev/zero", "big cache", "fifo lock",
+                                  "lock linked to /dev/zero"])
+def test_a_cache_or_lock_that_is_not_a_small_regular_file_is_passed_over(kind: str, cache_dir: Path) -> None:
+    """A FIFO blocked open() forever, /dev/zero was read until MemoryError: now the file is opened
+    without blocking, checked to be a regular file, and read up to a bound."""
+    import os
+
+    cache_dir.mkdir()
+    cache = cache_dir / "cpu-calibration-0123456789abcdef.json"
+    lock = cache_dir / calibrate.LOCK_NAME
+    if kind == "fifo cache":
+        os.mkfifo(cache)
+    elif kind == "cache linked to /dev/zero":
+        cache.symlink_to("/dev/zero")
+    elif kind == "big cache":
+        cache.write_bytes(b" " * (calibrate.MAX_CACHE_BYTES + 1))
+    elif kind == "fifo lock":
+        os.mkfifo(lock)
+    else:
+        lock.symlink_to("/dev/zero")
+    proc = subprocess.run([sys.executable, "-c", _READ_CACHE_AND_LOCK], capture_output=True, text=True,
+                          timeout=120)  # a safety net only: before the fix the FIFO cases never returned
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    if "cache" in kind:
+        reason = "it is not a regular file" if kind != "big cache" else "it is larger than 1024 KiB"
+        assert lines == [f"opscope: calibration cache ignored: {reason} (a calibration is a few KiB) ({cache})"
+                         if kind == "big cache" else
+                         f"opscope: calibration cache ignored: {reason} ({cache})", "None", "locked False"]
+    else:
+        assert lines == ["None", "locked False"]  # measured without the lock, as without a writable dir
+
+
+def test_the_lock_wait_has_a_timeout(cache_dir: Path) -> None:
+    """A process that holds the lock forever (here: this test) does not hang the next calibration: after
+    the timeout it says so in one line and goes on without the lock."""
+    notes: list[str] = []
+    with calibrate.calibration_lock() as first:
+        assert not first
+        with calibrate.calibration_lock(timeout_s=0.1, note=notes.append) as waited:
+            assert waited
+    assert len(notes) == 1 and notes[0].startswith("opscope: gave up waiting for the other calibration after 0.1 s")
+    assert notes[0].endswith("; measuring without it")
+    with calibrate.calibration_lock() as again:  # released and usable again
+        assert not again

@@ -5,6 +5,7 @@ excess-traffic rule on it, and nsys kernel time per op row from an nsys export b
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import math
 from collections import Counter
@@ -19,6 +20,7 @@ from opscope.analysis.trace_file import trace_device, trace_meta, trace_peaks
 from opscope.findings import Context, run_rules
 from opscope.findings.excess_traffic import EXCESS_RATIO, MIN_EXCESS_BYTES
 from opscope.machine.peaks import Peaks
+from opscope.nsight.commands import kernel_key
 from opscope.nsight.measured import (
     MEASURED_COLUMNS,
     add_measured_findings,
@@ -26,6 +28,7 @@ from opscope.nsight.measured import (
     attach_ncu,
     attach_nsys,
     kernel_plan,
+    matched_pairs,
     ncu_selection,
 )
 from opscope.nsight.ncu_csv import read_ncu_csv
@@ -238,3 +241,50 @@ def test_analyze_trace_with_ncu_cli(tmp_path):
     report = run_cli("report", str(out), "--html", cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     assert "measured (Nsight Compute)" in (out / "report.html").read_text()
+
+
+def _step_variants(step: list[str], repeats: int) -> dict[str, tuple[list[str], list[str]]]:
+    """(expected, measured) keys: the step repeated, measured as recorded, with every 50th kernel dropped,
+    with one added every 50, and both (the cases of benchmarks/kernel_align.py)."""
+    expected = [kernel_key(n) for n in step * repeats]
+    extra = "at::native::unrolled_elementwise_kernel<at::native::FillFunctor<float>>"
+    dropped = [n for i, n in enumerate(expected) if i % 50 != 7]
+    added = [x for i, n in enumerate(expected) for x in ([n, extra] if i % 50 == 23 else [n])]
+    both = [x for i, n in enumerate(expected) if i % 50 != 7 for x in ([n, extra] if i % 50 == 23 else [n])]
+    return {"as recorded": (expected, list(expected)), "dropped": (expected, dropped), "added": (expected, added),
+            "both": (expected, both)}
+
+
+def difflib_pairs(a: list[str], b: list[str]) -> list[tuple[int, int]]:
+    """What align lined up before: difflib's longest matching blocks."""
+    matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
+    return [(block.a + k, block.b + k) for block in matcher.get_matching_blocks() for k in range(block.size)]
+
+
+def test_the_linear_matcher_agrees_with_difflib_on_a_repeated_real_step(run):
+    """The real BERT step's kernels repeated 10 times: as recorded and with kernels dropped, the linear
+    walk pairs exactly what difflib paired. With kernels added, it matches every planned kernel, where
+    difflib's longest-block-first lined whole stretches up one repeat off."""
+    step = [n for n, k in zip(kernel_plan(run)["name"], kernel_plan(run)["kind"], strict=True) if k == "kernel"]
+    for case, (a, b) in _step_variants(step, 10).items():
+        walked, reference = matched_pairs(a, b), difflib_pairs(a, b)
+        kept = len(a) - (len(a) // 50 if case in ("dropped", "both") else 0)  # the planned kernels measured
+        assert len(walked) == kept and all(a[i] == b[j] for i, j in walked), case
+        if case in ("as recorded", "dropped"):
+            assert walked == reference, case
+        else:
+            assert len(reference) < kept, case
+
+
+def test_a_long_step_is_matched_without_difflib(run, monkeypatch):
+    """34,500 kernels (the step 575 times) took 83 s with difflib (quadratic, and worse on repeated names);
+    align now walks them in O(n log n). Without timing: difflib is not used, and every planned kernel
+    that was measured is matched."""
+    monkeypatch.setattr(difflib, "SequenceMatcher", lambda *a, **k: pytest.fail("difflib on a long step"))
+    step = [n for n, k in zip(kernel_plan(run)["name"], kernel_plan(run)["kind"], strict=True) if k == "kernel"]
+    expected = step * 575
+    for case, (a, b) in _step_variants(step, 575).items():
+        kept = len(a) - (len(a) // 50 if case in ("dropped", "both") else 0)
+        pairs = matched_pairs(a, b)
+        assert len(pairs) == kept and all(a[i] == b[j] for i, j in pairs), case
+    assert align(expected, list(expected)) == list(range(len(expected)))

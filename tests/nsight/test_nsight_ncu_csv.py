@@ -127,3 +127,14 @@ def test_a_table_without_kernels():
     table = parse_ncu_csv(text)
     assert nrows(table.kernels) == 0 and "==WARNING== No kernels were profiled." in table.messages
     assert list(table.kernels)[:2] == ["id", "pid"] and table.metrics == list(UNITS)
+
+
+def test_a_cell_over_the_csv_field_limit_skips_its_row(tmp_path):
+    """A kernel name of 200 KB (over csv's 128 KiB field limit) raised _csv.Error; now that row is skipped
+    and counted and the others are read."""
+    huge = {"name": "k" + "x" * 200_000, "dram__bytes_read.sum": "5"}
+    path = tmp_path / "ncu.csv"
+    path.write_text(ncu_raw_csv([KERNELS[0], huge, KERNELS[1]], UNITS))
+    table = read_ncu_csv(path)
+    assert table.kernels["kernel"] == [KERNELS[0]["name"], KERNELS[1]["name"]]
+    assert table.warnings == [f"{path}: skipped 1 line(s) that are not rows of the table"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -206,3 +208,73 @@ def test_analyze_an_export(tmp_path, export):
     assert (gemm["module"], gemm["nvtx_op"], gemm["op"], gemm["calls"]) == ("fc", "aten::addmm", "aten::addmm", 2)
     assert not (out / "trace.json.gz").exists()
     assert "bytes assume 4-byte elements" in proc.stderr
+
+
+# --- hostile exports: bad ids, views, unbounded queries --------------------------------------------------
+
+
+def test_ids_and_times_that_are_not_whole_numbers_are_left_out_with_a_warning(tmp_path):
+    """A StringIds id of 'x' (and a runtime call whose start is text) raised ValueError; now the row is
+    left out and counted, and everything else reads as before."""
+    data = scenario()
+    path = build_nsys_sqlite(tmp_path / "r.sqlite", data, drop_tables=("StringIds",))
+    con = sqlite3.connect(path)
+    con.execute('CREATE TABLE "StringIds" (id, value)')  # no INTEGER PRIMARY KEY: any value fits
+    con.executemany('INSERT INTO "StringIds" VALUES (?, ?)',
+                    [(r["id"], r["value"]) for r in data["StringIds"]] + [("x", "junk"), (1.5, "half")])
+    con.execute('UPDATE "CUPTI_ACTIVITY_KIND_RUNTIME" SET start = \'x\' WHERE correlationId = 1')
+    con.commit()
+    con.close()
+    got = read_nsys_sqlite(path)
+    assert got.warnings == [f"{path}: left out 2 StringIds rows whose id is not a whole number",
+                            f"{path}: left out 1 runtime calls without a valid start/end/correlationId"]
+    whole = read_nsys_sqlite(build_nsys_sqlite(tmp_path / "whole.sqlite"))
+    assert got.activities == whole.activities and got.ranges == whole.ranges
+    assert nrows(got.launches) == nrows(whole.launches) - 1
+
+
+# Reads an export in a child process (a hang before the fix must not hang the test run) and prints the
+# error line, if any.
+_READ = """
+import sys
+from opscope.errors import NsightError
+from opscope.nsight.nsys_sqlite import read_nsys_sqlite
+try:
+    data = read_nsys_sqlite(sys.argv[1])
+except NsightError as exc:
+    print("error:", exc)
+else:
+    print(len(data.activities["kind"]), "|".join(data.warnings))
+"""
+
+
+def test_a_recursive_view_is_not_run(tmp_path):
+    """A view named like a kernel table that recurses forever hung the reader: an export's tables are
+    tables, so views are not read at all."""
+    path = build_nsys_sqlite(tmp_path / "r.sqlite", drop_tables=("CUPTI_ACTIVITY_KIND_KERNEL",))
+    con = sqlite3.connect(path)
+    con.execute('CREATE VIEW "CUPTI_ACTIVITY_KIND_KERNEL" AS WITH RECURSIVE n(start) AS (SELECT 1 UNION ALL '
+                'SELECT start + 1 FROM n) SELECT start, start AS "end", 1 AS demangledName FROM n')
+    con.commit()
+    con.close()
+    proc = subprocess.run([sys.executable, "-c", _READ, str(path)], capture_output=True, text=True,
+                          timeout=300)  # a safety net only: before the fix this never returned
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("4 ") and "no CUPTI_ACTIVITY_KIND_KERNEL table" in proc.stdout  # memcpy/memset
+
+
+def test_every_query_is_bounded(tmp_path, monkeypatch):
+    """Whatever a file makes SQLite do, the reader stops after a budget of VM instructions (in proportion
+    to the file's size) with one line; a real export is far under it."""
+    from opscope.nsight import nsys_sqlite
+
+    export = build_nsys_sqlite(tmp_path / "r.sqlite")
+    monkeypatch.setattr(nsys_sqlite, "_MIN_INSTRUCTIONS", 0)
+    monkeypatch.setattr(nsys_sqlite, "_PROGRESS_STEP", 1)
+    monkeypatch.setattr(nsys_sqlite, "_INSTRUCTIONS_PER_BYTE", 0)
+    with pytest.raises(NsightError, match="took far more work than an Nsight Systems export of its size needs"):
+        read_nsys_sqlite(export)
+    # reading this 36 KiB export takes about 1,500 instructions: one per byte (2,000 times less than the
+    # real budget) is plenty
+    monkeypatch.setattr(nsys_sqlite, "_INSTRUCTIONS_PER_BYTE", 1)
+    assert read_nsys_sqlite(export).warnings == []

@@ -24,7 +24,7 @@ from opscope.analysis.trace_file import analyze_trace_file
 from opscope.errors import OpscopeError
 from opscope.render.console_report import render_report
 from opscope.render.html import PAGE_ROWS, plotly_js, render_html, script_json
-from opscope.render.report_data import verdict_line
+from opscope.render.report_data import op_shapes, verdict_line
 from opscope.run.compare import compare_runs
 from opscope.run.read import read_run
 from report_helpers import (
@@ -333,3 +333,24 @@ def test_a_non_finite_number_in_a_run_is_written_as_null(runs, tmp_path, value):
     (run_dir / "ops.csv").write_text("\n".join([lines[0], buf.getvalue(), *lines[2:]]) + "\n")
     proc = run_cli("report", str(run_dir), "--html", "-o", str(tmp_path / "r.html"))
     assert proc.returncode == 0, proc.stderr
+
+
+def test_input_dims_of_any_depth_or_shape_render(runs, tmp_path):
+    """issue 23, item 9d: an edited ops.csv whose input_dims cell is 100,000 '[' deep raised RecursionError
+    in report --html; a cell that is JSON but not a list of shapes raised too. Shapes are parsed only
+    from text nested a few levels at most; anything else shows no shapes."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(runs["bert"], run_dir)
+    with (run_dir / "ops.csv").open(newline="") as f:
+        rows = list(csv.reader(f))
+    col = rows[0].index("input_dims")
+    odd = ["[" * 100_000, "[" * 60_000 + "]" * 60_000, '[{"a": 1}]', "5", '"text"', '[["x"], 7, null]', "{}"]
+    for k, cell in enumerate(odd, start=1):
+        rows[k][col] = cell
+    with (run_dir / "ops.csv").open("w", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows(rows)
+    for args in (["--html", "-o", str(tmp_path / "r.html")], []):
+        proc = run_cli("report", str(run_dir), *args)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert op_shapes({"input_dims": "[[4, 5], [[1, 2]], [], 3]"}) == ["[4,5]"]
+    assert [op_shapes({"input_dims": cell}) for cell in odd] == [[]] * len(odd)
