@@ -29,6 +29,13 @@ def test_a_cell_round_trips(text: str) -> None:
     assert written == text or written == "'" + text
 
 
+@pytest.mark.parametrize("cell", ["'x", "'", "''", "'plain text", "'1"])
+def test_a_quote_that_escapes_nothing_is_kept(cell: str) -> None:
+    """A cell written before the rule (or by hand) that starts with a quote but no formula reads unchanged."""
+    assert as_written(cell) == cell
+    assert spreadsheet_safe(cell) == cell
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     """The BERT trace with every kernel and one user frame named like formulas, analyzed; aten::gelu is
