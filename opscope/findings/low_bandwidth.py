@@ -24,6 +24,7 @@ from opscope.findings.common import ideal_memory_us, per_step, severity, share
 from opscope.findings.copies import claimed_events
 from opscope.findings.fusion import fused_events
 from opscope.findings.layout import CAUSE_TEXT, layout_cause, tensors
+from opscope.findings.optimizer_loop import loop_events
 from opscope.findings.strided_reduction import strided_rows
 from opscope.findings.tree import col, events_by_ops_row, inside_worker, ops_rows
 from opscope.machine.noise import noise_caveat
@@ -63,10 +64,11 @@ def low_bandwidth(ctx: Context) -> Iterator[Finding]:
     claimed = claimed_events(ctx)
     fused = fused_events(ctx)
     strided = strided_rows(ctx)
+    in_loop = loop_events(ctx)
     bw = ctx.peaks.memory_bandwidth_gbps
     for r, evs in events_by_ops_row(ctx).items():
         row = ops_rows(ctx)[r]
-        if row["bound"] != "memory" or r in strided or all(i in claimed for i in evs):
+        if row["bound"] != "memory" or r in strided or all(i in claimed or i in in_loop for i in evs):
             continue
         if inside_worker(ctx, evs[0]):
             continue  # part of another op's implementation (e.g. addmm filling its output with the bias)
