@@ -4,11 +4,13 @@ fusion and low-bandwidth rules leave the loop's ops alone. Fusion chains name ea
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from conftest import PEAKS, line_of, run_cli, write_model
 from opscope.findings.fusion import chain_text
-from opscope.findings.optimizer_loop import suggestion_for
+from opscope.findings.optimizer_loop import passes, saving, suggestion_for
 from opscope.run.read import read_run
 
 # Three AdamW optimizers over three 12-layer MLPs: a per-parameter loop, a multi-tensor and a fused one.
@@ -58,7 +60,8 @@ def test_a_per_parameter_adamw_step_is_one_optimizer_finding(adamw_run):
     assert f["message"].startswith("AdamW.step() updates the parameters one tensor at a time")
     # 24 parameters (12 weights, 12 biases), several ops each, in each of the 2 profiled steps
     n = int(f["message"].split("): ")[1].split(" ops per step")[0])
-    assert n >= 24 * 4, f["message"]
+    k = float(f["message"].split("), ")[1].split(" per parameter")[0])
+    assert n >= 24 * 4 and k == n / 24, f["message"]
     assert "fused=True" in f["suggestion"] and "foreach=True" in f["suggestion"]
     assert "torch.compile" not in f["suggestion"] and f["est_savings_us"] > 0
     # the step's line is said once, as the finding's location, not once per op in a message
@@ -71,6 +74,15 @@ def test_multi_tensor_and_fused_steps_are_not_reported(adamw_run):
     for tag in ("# FOREACH", "# FUSED"):  # (on CPU, foreach ops loop per tensor inside: not torch.compile's)
         assert not [f for f in _at(run.findings, script, tag) if f["rule"] in ("optimizer-loop", "fusion")]
     assert [f["rule"] for f in run.findings].count("optimizer-loop") == 1
+
+
+def test_passes_per_parameter_and_the_saving_follow_from_the_op_counts():
+    adamw = {"optimizer": "AdamW", "loc": "t.py:9", "events": [], "time": 900.0,
+             "ops": Counter({"aten::mul_": 48, "aten::lerp_": 24, "aten::addcdiv_": 24, "aten::sqrt": 24})}
+    assert passes(adamw) == 5 and saving(adamw) == pytest.approx(900.0 * 4 / 5)
+    # plain SGD: one p.add_(grad) per parameter, a single pass: fusing it saves no traffic, no finding
+    sgd = {**adamw, "optimizer": "SGD", "ops": Counter({"aten::add_": 8})}
+    assert passes(sgd) == 1 and saving(sgd) == 0.0
 
 
 def test_optimizers_without_fused_get_foreach_only():
