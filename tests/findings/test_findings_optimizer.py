@@ -52,6 +52,7 @@ def _at(findings: list[dict], script, tag: str) -> list[dict]:
     return [f for f in findings if f["source_location"].endswith(where)]
 
 
+@pytest.mark.slow
 def test_a_per_parameter_adamw_step_is_one_optimizer_finding(adamw_run):
     script, run = adamw_run
     hits = _at(run.findings, script, "# LOOP")
@@ -69,6 +70,7 @@ def test_a_per_parameter_adamw_step_is_one_optimizer_finding(adamw_run):
     assert not [g for g in run.findings if line in g["message"]]
 
 
+@pytest.mark.slow
 def test_multi_tensor_and_fused_steps_are_not_reported(adamw_run):
     script, run = adamw_run
     for tag in ("# FOREACH", "# FUSED"):  # (on CPU, foreach ops loop per tensor inside: not torch.compile's)
