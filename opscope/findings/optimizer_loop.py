@@ -54,8 +54,8 @@ def loop_groups(ctx: Context) -> list[LoopGroup]:
 
 
 def loop_events(ctx: Context) -> set[int]:
-    """Events of a reported per-parameter optimizer loop (the fusion and low-bandwidth rules leave them
-    to this finding)."""
+    """Events of a reported per-parameter optimizer loop, with what runs beneath them (low-bandwidth and
+    overhead leave them to this finding; fusion leaves every optimizer step alone)."""
     def build() -> set[int]:
         return {j for g in loop_groups(ctx) for i in g["events"] for j in (i, *descendants(ctx, i))}
     return cached(ctx, "optimizer_loop_events", build)
