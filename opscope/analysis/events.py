@@ -39,6 +39,8 @@ COMPILED_REGION_RE = re.compile(
 # Kernel launches inductor records: Triton kernels (also flagged by the kernel_backend arg) and, with
 # config.cpp.enable_kernel_profile, its C++ kernels.
 INDUCTOR_KERNEL_RE = re.compile(r"^(triton_[a-z]+_\w+|(graph_\d+_)?cpp_\w+)$")
+# torch.optim.Optimizer.step's record_function range: `Optimizer.step#AdamW.step` (the class name).
+OPTIMIZER_STEP_RE = re.compile(r"^Optimizer\.step#(?P<cls>[\w.]+)\.step$")
 
 
 def is_row_name(name: str) -> bool:
@@ -221,6 +223,7 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
     modules = _modules(trace, ev, order, source_override)
     ev["module"] = [m for m, _ in modules]
     ev["module_class"] = [c for _, c in modules]
+    ev["optimizer"] = _optimizer_steps(trace, ev)
     if nrows(trace.kernels):
         trace.kernels["launcher_loc"] = launcher_locations(trace, ev)
     return ev
@@ -393,6 +396,20 @@ def _enclosing(c_pid: Sequence[Any], c_tid: Sequence[Any], c_start: Sequence[flo
         return [-1] * len(p_time)
     threads = thread_keys(_values(c_pid) + _values(p_pid), _values(c_tid) + _values(p_tid))
     return innermost(threads[: len(c_start)], c_start, c_end, threads[len(c_start):], p_time)
+
+
+def _optimizer_steps(trace: TraceData, ev: Table) -> list[str]:
+    """Per event, the optimizer class whose step() ran it (its `Optimizer.step#Class.step` range on the
+    same thread), else ""."""
+    ann = trace.annotations
+    steps = [(j, m.group("cls")) for j, m in enumerate(map(OPTIMIZER_STEP_RE.match, ann["name"])) if m]
+    if not steps:
+        return [""] * nrows(ev)
+    rows = [j for j, _ in steps]
+    inside = _enclosing([ann["pid"][j] for j in rows], [ann["tid"][j] for j in rows],
+                        [ann["ts"][j] for j in rows], [ann["ts"][j] + ann["dur"][j] for j in rows],
+                        ev["pid"], ev["tid"], ev["ts"])
+    return [steps[k][1] if k >= 0 else "" for k in inside]
 
 
 def _intervals_end(table: Table) -> list[float]:

@@ -38,7 +38,7 @@ import torch
 from opscope.analysis.pipeline import analyze, dominant_dtype, trace_mode
 from opscope.capture.dtype_probe import float32_probe
 from opscope.capture.harness import process_state_kept, resolve_device
-from opscope.capture.layout_probe import conv_layout_probe
+from opscope.capture.layout_probe import layout_probe_for
 from opscope.capture.lines import LineRecord, join_lines, line_mode
 from opscope.capture.options import Progress
 from opscope.capture.torch_profiler import machine_peaks, profile_meta, profiler_activities
@@ -321,7 +321,7 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
         records = window.records
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",
                       source_override=(lambda ev: join_lines(records, ev)) if records else None,
-                      layout_probe=conv_layout_probe(device), dtype_probe=float32_probe(device))
+                      layout_probe=layout_probe_for(device), dtype_probe=float32_probe(device))
         meta["dtype"] = dominant_dtype(run.events)
         meta["mode"] = trace_mode(run.events)
         if calibration is not None:

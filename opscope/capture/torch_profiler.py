@@ -24,7 +24,7 @@ from opscope.analysis.memory import MemoryProfile, memory_profile
 from opscope.analysis.pipeline import analyze
 from opscope.capture.dtype_probe import float32_probe
 from opscope.capture.harness import Harness, process_state_kept, resolve_device
-from opscope.capture.layout_probe import conv_layout_probe
+from opscope.capture.layout_probe import layout_probe_for
 from opscope.capture.lines import LineRecord, join_lines, module_classes, module_origins, record_lines
 from opscope.capture.nvtx_ranges import module_ranges, step_range
 from opscope.capture.options import Progress
@@ -239,7 +239,7 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
         meta = profile_meta(opts, device, harness.dtype_name, peaks)
         if calibration is not None:
             meta["calibration"] = calibration
-        probe = conv_layout_probe(device) if opts.mode in ("inference", "train") else None
+        probe = layout_probe_for(device) if opts.mode in ("inference", "train") else None
         classes = module_classes(harness.model)
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",
                       source_override=lambda ev: join_lines(records, ev), layout_probe=probe,

@@ -19,6 +19,7 @@ from opscope.findings import (  # noqa: E402, F401  (importing a rule module reg
     launch_bound,
     low_bandwidth,
     memory_growth,
+    optimizer_loop,
     overhead,
     straggler,
     strided_reduction,

@@ -2,7 +2,8 @@
 rule (no double-counted savings):
 
 - "conversion": a dtype change or a host<->device move (`dtype-conversion`);
-- "format":     an NCHW <-> channels_last conversion between layers (`channels-last`, layout ping-pong),
+- "format":     an NCHW <-> channels_last conversion between layers, not inside a convolution, pooling,
+                batch norm or upsampling op (`channels-last`, layout ping-pong),
                 when there are at least PINGPONG_MIN_PER_STEP of them per step; otherwise the copy falls
                 back to the kind it would have without the format check;
 - "contiguous": an explicit `.contiguous()` in the user's forward code (`contiguous-call`);
@@ -14,7 +15,8 @@ rule (no double-counted savings):
                 (`kernel-copy`, a note); e.g. oneDNN's AVX2 convolution_backward copying the weight
                 gradient of a channels_last net between layouts;
 - "":           anything else (a bias broadcast into addmm's output, cat/pad/repeat filling their
-                output, explicit .clone(), scalar copies, a convolution's own weight-layout handling).
+                output, explicit .clone(), scalar copies, a convolution's own weight-layout handling, CPU
+                upsampling converting its NCHW input to channels_last and back).
 
 A copy is identified by its *root*: the outermost op of a chain of copy ops (aten::to -> _to_copy ->
 copy_, aten::contiguous -> clone -> copy_); its time is the root's subtree time, its bytes the cost
@@ -31,7 +33,7 @@ from typing import TypeVar
 
 from opscope.findings.base import Context, cached
 from opscope.findings.common import base_name
-from opscope.findings.layout import Tensor, is_channels_last, is_dense, is_nchw, tensor, tensors
+from opscope.findings.layout import LAYOUT_OPS, Tensor, is_channels_last, is_dense, is_nchw, tensor, tensors
 from opscope.findings.tree import col, descendants, names, row_ancestors, subtree_sum, user_mask
 
 COPY_OPS = frozenset({
@@ -213,7 +215,10 @@ def _classify(ctx: Context) -> list[Copy]:
         if src is None or src.numel <= 1:
             continue
         anc = row_ancestors(ctx, i)
-        in_conv = any(layout_family(nm[a]) == "conv" for a in anc)
+        # a convolution, pooling, batch norm or upsampling op converting its own input's layout (CPU
+        # upsampling of NCHW runs in channels_last in between) is that op's business: channels-last
+        # times it in both layouts
+        in_layout_op = any(layout_family(nm[a]) == "conv" or nm[a] in LAYOUT_OPS for a in anc)
         owner = copy_owner(ctx, anc)
         kernel_own = owner >= 0 and src.known_strides and kernel_own_copy(ctx, owner, src)
         if p >= 0:
@@ -247,7 +252,7 @@ def _classify(ctx: Context) -> list[Copy]:
         elif direction:
             # A convolution converting its own inputs/weights/grads is the conv's business (channels-last);
             # when it was handed layouts it accepts, the conversion is a kernel-copy note.
-            if in_conv:
+            if in_layout_op:
                 kind = fallback = "internal" if kernel_own else ""
             else:
                 kind = "format"

@@ -220,7 +220,12 @@ def _groups(ctx: Context) -> dict[_Chain, FusionGroup]:
     times = col(ctx, "time_us")
     nbytes = [0.0 if b != b else float(b) for b in col(ctx, "bytes")]
     groups: dict[_Chain, FusionGroup] = {}
+    in_step = col(ctx, "optimizer") if "optimizer" in ctx.events else []
     for ops, run_names, ref in _runs(ctx):
+        if in_step and all(in_step[i] for i in ops):
+            # an optimizer's step: torch.compile(model) does not reach it; fused=True / foreach=True do
+            # (the optimizer-loop finding)
+            continue
         total_b = float(sum(nbytes[i] for i in ops))
         total_t = float(sum(times[i] for i in ops))
         if total_b <= 0 or total_t <= 0:
@@ -244,11 +249,28 @@ def _groups(ctx: Context) -> dict[_Chain, FusionGroup]:
             if share(g["saving"], ctx) >= MIN_SHARE and g["saved_b"] / g["count"] >= MIN_SAVED_BYTES}
 
 
+def chain_text(key: _Chain) -> str:
+    """'a x3 -> b (file:3) -> c (file:4)': each source line once, after the consecutive ops it issued,
+    and an op repeated back to back once with its count."""
+    parts: list[str] = []
+    k = 0
+    while k < len(key):
+        op, loc = key[k]
+        n = 1
+        while k + n < len(key) and key[k + n] == key[k]:
+            n += 1
+        k += n
+        text = short(op) + (f" x{n}" if n > 1 else "")
+        last_of_line = k == len(key) or key[k][1] != loc
+        parts.append(f"{text} ({loc})" if last_of_line and loc else text)
+    return " -> ".join(parts)
+
+
 @rule("fusion")
 def fusion(ctx: Context) -> Iterator[Finding]:
     for key, g in fusion_groups(ctx).items():
         label, suggestion = pattern_for(g["names"])
-        chain = " -> ".join(f"{short(n)} ({loc})" for n, loc in key)
+        chain = chain_text(key)
         size = f" over {list(g['ref'])}-sized tensors"
         what = f"{label}: " if label else ""
         gbps = g["bytes"] / g["time"] / 1e3

@@ -12,6 +12,23 @@ from opscope.costmodel.base import DTYPE_NAMES, TensorArg
 from opscope.findings.base import Context
 from opscope.findings.tree import col
 
+UPSAMPLE_MODES = {"aten::upsample_nearest2d": "nearest", "aten::_upsample_nearest_exact2d": "nearest-exact",
+                  "aten::upsample_bilinear2d": "bilinear", "aten::upsample_bicubic2d": "bicubic"}
+# The ops the probe times in both layouts -> their kind (opscope.capture.layout_probe.CALLS). Where one
+# calls another of them (max_pool2d -> max_pool2d_with_indices, batch_norm -> native_batch_norm), the
+# outermost is the one counted.
+LAYOUT_OPS = {
+    "aten::convolution": "conv2d",
+    "aten::max_pool2d": "max_pool2d", "aten::max_pool2d_with_indices": "max_pool2d",
+    "aten::avg_pool2d": "avg_pool2d",
+    "aten::adaptive_avg_pool2d": "adaptive_avg_pool2d", "aten::_adaptive_avg_pool2d": "adaptive_avg_pool2d",
+    "aten::adaptive_max_pool2d": "adaptive_max_pool2d",
+    "aten::batch_norm": "batch_norm", "aten::_batch_norm_impl_index": "batch_norm",
+    "aten::native_batch_norm": "batch_norm", "aten::_native_batch_norm_legit": "batch_norm",
+    "aten::_native_batch_norm_legit_no_training": "batch_norm", "aten::cudnn_batch_norm": "batch_norm",
+    **{name: "upsample" for name in UPSAMPLE_MODES},
+}
+
 NON_TENSOR = frozenset({"Scalar", "ScalarList", "TensorList", "GenericList", "Device", "Layout", "None",
                         "String", ""})
 

@@ -5,8 +5,11 @@ Per ops.csv row (user code only): bound == memory, pct_peak_bandwidth < BW_FRACT
 call moves enough bytes that latency cannot explain the shortfall: bytes_per_call / peak bandwidth >=
 MIN_IDEAL_US (5 µs; e.g. 100 KB at 20 GB/s, 17 MB on an H100). Copies reported by the copy rules,
 strided reductions, ops of a reported fusion run without a layout cause (the fusion finding covers
-them), and ops running inside another op that does work (e.g. CPU addmm filling its output with the
-bias) are left alone. The likely cause is named from the recorded strides:
+them), ops of a per-parameter optimizer step (optimizer-loop), ops a channels-last finding measured
+faster in the other layout, and ops running inside another op that does work (e.g. CPU addmm filling
+its output with the bias) are left alone. Without a layout probe (`analyze`), a pooling, batch norm or
+upsampling op fed NCHW gets NCHW named as its possible cause (on CPUs their channels_last kernels are
+often several times faster) and the channels_last suggestion instead of the generic one. The likely cause is named from the recorded strides:
 a strided/transposed input, an input broadcast along its innermost dim (stride 0; not used for backward
 ops, whose incoming gradients are often expanded by a sum/mean loss), or a small innermost dim (see
 common.layout_cause; matmul/conv/attention take transposed operands natively and get no cause).
@@ -20,12 +23,14 @@ from collections.abc import Iterator
 
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
+from opscope.findings.channels_last import LAYOUT_OPS, LAYOUT_SUGGESTION, layout_claimed_events
 from opscope.findings.common import ideal_memory_us, per_step, severity, share
 from opscope.findings.copies import claimed_events
 from opscope.findings.fusion import fused_events
-from opscope.findings.layout import CAUSE_TEXT, layout_cause, tensors
+from opscope.findings.layout import CAUSE_TEXT, is_nchw, layout_cause, tensor, tensors
+from opscope.findings.optimizer_loop import loop_events
 from opscope.findings.strided_reduction import strided_rows
-from opscope.findings.tree import col, events_by_ops_row, inside_worker, ops_rows
+from opscope.findings.tree import col, events_by_ops_row, inside_worker, names, ops_rows
 from opscope.machine.noise import noise_caveat
 
 BW_FRACTION = 0.70
@@ -58,15 +63,24 @@ def row_cause(ctx: Context, i: int) -> str | None:
     return layout_cause(tensors(ctx, i), allow_broadcast=col(ctx, "bwd_root")[i] < 0)
 
 
+def _nchw_layout_op(ctx: Context, i: int) -> bool:
+    """A pooling / batch norm / upsampling op fed NCHW, in a run without a layout probe (with one, the
+    channels-last rule measured it and took it if channels_last was faster)."""
+    name = names(ctx)[i]
+    return (ctx.layout_probe is None and LAYOUT_OPS.get(name, "conv2d") != "conv2d"
+            and is_nchw(tensor(ctx, i, 0)))
+
+
 @rule("low-bandwidth")
 def low_bandwidth(ctx: Context) -> Iterator[Finding]:
     claimed = claimed_events(ctx)
     fused = fused_events(ctx)
     strided = strided_rows(ctx)
+    reported = loop_events(ctx) | layout_claimed_events(ctx)  # by optimizer-loop and channels-last
     bw = ctx.peaks.memory_bandwidth_gbps
     for r, evs in events_by_ops_row(ctx).items():
         row = ops_rows(ctx)[r]
-        if row["bound"] != "memory" or r in strided or all(i in claimed for i in evs):
+        if row["bound"] != "memory" or r in strided or all(i in claimed or i in reported for i in evs):
             continue
         if inside_worker(ctx, evs[0]):
             continue  # part of another op's implementation (e.g. addmm filling its output with the bias)
@@ -84,7 +98,11 @@ def low_bandwidth(ctx: Context) -> Iterator[Finding]:
             continue  # the fusion finding covers these ops and their time
         why = f"likely cause: {CAUSE_TEXT[cause]}" if cause else "no layout cause visible in the strides"
         suggestion = MATMUL_SUGGESTION if row["family"] in STRIDE_AGNOSTIC_FAMILIES else SUGGESTIONS[cause]
-        if cause is None and not ctx.gpu and row["family"] not in STRIDE_AGNOSTIC_FAMILIES:
+        if cause is None and _nchw_layout_op(ctx, evs[0]):
+            why = ("possible cause: its input is NCHW, and this op's channels_last kernel is often several "
+                   "times faster (`opscope profile` measures both layouts)")
+            suggestion = LAYOUT_SUGGESTION
+        elif cause is None and not ctx.gpu and row["family"] not in STRIDE_AGNOSTIC_FAMILIES:
             suggestion += CPU_NO_CAUSE
         message = (f"{row['op']} {row['input_dims']} moves {units.nbytes(nbytes)} per call at "
                    f"{units.gbps(row['achieved_gbps'])}, {pct:.0f}% of the peak {units.gbps(bw)} "

@@ -12,7 +12,8 @@ Fires when overhead-bound ops of the user's code take at least MIN_SHARE (25 %) 
 at least MIN_US_PER_STEP (20 µs) per step. One finding for the run, located at the source line with the
 most overhead-bound time; the message gives that share, the ops per step (on GPUs the kernels per step
 and their mean time against their mean roofline time), the largest op's time per call against its
-roofline time, and the lines and ops that contribute most.
+roofline time, and the lines and ops that contribute most. Ops of a per-parameter optimizer step are
+left to the optimizer-loop finding.
 
 Saving: an upper bound, the overhead-bound ops' time minus their roofline time at the peaks. On a CPU,
 what fusion / bigger batches would save of per-op dispatch; on a GPU, what fusing the kernels into fewer
@@ -29,6 +30,7 @@ from collections.abc import Iterator
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
 from opscope.findings.common import ideal_row_us, per_step, severity, share, short
+from opscope.findings.optimizer_loop import loop_events
 from opscope.findings.tree import events_by_ops_row, ops_rows, user_mask
 from opscope.machine.noise import noise_caveat
 from opscope.sources import HARNESS
@@ -52,8 +54,10 @@ NO_LINE = "(no source line)"
 @rule("overhead")
 def overhead(ctx: Context) -> Iterator[Finding]:
     ops = ctx.ops
+    in_loop = loop_events(ctx)
+    loop_rows = {r for r, evs in events_by_ops_row(ctx).items() if all(i in in_loop for i in evs)} if in_loop else set()
     picked = [r for r, (bound, loc) in enumerate(zip(ops["bound"], ops["source_location"], strict=True))
-              if bound == "overhead" and loc != HARNESS]
+              if bound == "overhead" and loc != HARNESS and r not in loop_rows]
     times = [ops["time_us_total"][r] for r in picked]
     time = pairwise_sum(times)
     if share(time, ctx) < MIN_SHARE or per_step(time, ctx) < MIN_US_PER_STEP:

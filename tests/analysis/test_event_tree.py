@@ -64,13 +64,16 @@ def test_build_events_by_hand():
                "ts": [20.0, 21.0, 22.0, 23.0], "dur": [4.0, 2.5, 1.0, 0.5],
                "correlation": [100, 101, 102, 999], "ext_id": [-1] * 4}
     empty = _intervals([])
-    trace = SimpleNamespace(ops=ops, kernels=kernels, launches=launches, python=empty, annotations=empty,
+    # torch.optim's step range around t only: it names the optimizer whose step ran an op
+    optimizer_step = _intervals([("Optimizer.step#AdamW.step", 1, 7, 7.5, 1.7)])
+    trace = SimpleNamespace(ops=ops, kernels=kernels, launches=launches, python=empty, annotations=optimizer_step,
                             modules=empty, steps={"ts": [0.0], "dur": [8.0]}, module_classes={})
     ev = build_events(trace)
 
     assert list(ev) == [*ops, "end", "thread", "parent", "is_row", "folded", "row_kind", "compiled_graph", "depth",
                         "row_anc", "bwd_root", "row_parent", "self_us", "step", "device_us", "kernels", "n_kernels",
-                        "dispatch_input_types", "source_location", "module", "module_class"]
+                        "dispatch_input_types", "source_location", "module", "module_class", "optimizer"]
+    assert ev["optimizer"] == ["", "", "", "", "AdamW"]
     assert ev["thread"] == [0, 1, 0, 1, 0]
     assert ev["parent"] == [-1, -1, 0, 1, 0]
     assert ev["is_row"] == [True, False, True, True, True]

@@ -29,7 +29,7 @@ def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("examples")
     out = {}
     with pytest.MonkeyPatch.context() as mp, share_gates_off():
-        mp.setattr(tp, "conv_layout_probe", _stub_probe)
+        mp.setattr(tp, "layout_probe_for", _stub_probe)
         for path in sorted(PAIRS.glob("*_before.py")) + sorted(PAIRS.glob("*_after.py")):
             opts = ProfileOptions(target=path, out=folder / path.stem, steps=2, warmup=1, peak_bw=20.0,
                                   peak_flops=["1000"], mode="inference")

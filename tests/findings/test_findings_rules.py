@@ -92,11 +92,11 @@ def get_inputs():
 '''
 
 
-REAL_PROBE = tp.conv_layout_probe
+REAL_PROBE = tp.layout_probe_for
 
 
 class StubProbe:
-    """Stands in for opscope.capture.layout_probe.conv_layout_probe: channels_last takes half the time.
+    """Stands in for opscope.capture.layout_probe.layout_probe_for: channels_last takes half the time.
     With real=True it also runs the real probe on every spec and keeps its measurements."""
 
     def __init__(self, real: bool = False) -> None:
@@ -122,7 +122,7 @@ def profile(path: Path, out: Path, mode: str = "inference", probe: StubProbe | N
                           mode=mode)
     with pytest.MonkeyPatch.context() as mp, share_gates_off():
         if probe is not None:
-            mp.setattr(tp, "conv_layout_probe", probe)
+            mp.setattr(tp, "layout_probe_for", probe)
         run, _ = profile_target(opts)
     return run
 
