@@ -24,6 +24,7 @@ Patterns (manifest `[[replaces]]` kind "pattern", by `target`):
 
 from __future__ import annotations
 
+import functools
 import inspect
 import operator
 from collections.abc import Callable
@@ -320,8 +321,14 @@ def _names_pattern(module: torch.nn.Module, hints: tuple[str, ...]) -> bool:
     which modules fx could not trace may have held it, never to decide what is traced."""
     if isinstance(module, torch.nn.Sequential):
         return any(h in type(c).__name__ for c in module.children() for h in hints)
+    return _source_names(type(module).forward, hints)
+
+
+@functools.lru_cache(maxsize=256)
+def _source_names(forward: Callable[..., Any], hints: tuple[str, ...]) -> bool:
+    """Whether a forward's source names one of `hints` (read once per class: a model repeats its layers)."""
     try:
-        source = inspect.getsource(type(module).forward)
+        source = inspect.getsource(forward)
     except (OSError, TypeError):
         return True
     return any(h in source for h in hints)
