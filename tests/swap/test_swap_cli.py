@@ -299,3 +299,45 @@ def test_swiglu_finds_the_mlps_of_a_stock_hugging_face_llama(tmp_path):
     with (out / "ops.csv").open(newline="") as f:
         ops = [row["op"] for row in csv.DictReader(f)]
     assert sorted(ops[i] for i in swiglu["rows"]) == ["aten::mul"] * 2 + ["aten::silu"] * 2
+
+
+ACT_MLP = """\
+import torch
+import torch.nn as nn
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down, self.act = nn.Linear(16, 64), nn.Linear(64, 16), nn.GELU()
+
+    def forward(self, x):
+        return self.down(self.act(self.up(x)))
+
+
+def get_model():
+    torch.manual_seed(0)
+    return MLP()
+
+
+def get_inputs():
+    return [torch.randn(4, 8, 16)]
+"""
+
+
+@pytest.mark.slow
+def test_the_bias_gelu_profile_suggests_is_the_one_swap_applies(tmp_path):
+    # the forward names only self.act: profile lists bias_gelu, and swap must find it there too
+    model = tmp_path / "act_mlp.py"
+    model.write_text(ACT_MLP)
+    out = tmp_path / "run"
+    proc = run_cli("swap", str(model), "--kernel", "bias_gelu", *QUICK, "--out", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(c["kernel"], c["replaces"]) for c in summary["swap_candidates"]] == [
+        ("bias_gelu", [{"kind": "pattern", "target": "linear_bias_gelu"}])]
+    (result,) = swap_doc(out)["results"]
+    assert result["status"] == "passed", result["message"]
+    assert result["mechanisms"] == [{"kind": "pattern", "description": "pattern linear_bias_gelu",
+                                     "sites": ["(the model): act"]}]
+    assert result["calls"] == {"swapped": 1, "fallback": 0}
