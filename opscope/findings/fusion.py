@@ -20,7 +20,7 @@ not counted. Runs under MIN_SHARE of the run's op time are dropped.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypedDict
 
@@ -39,27 +39,40 @@ MIN_SAVED_BYTES = 64 * 1024  # per pass; below this a fused kernel mainly saves 
 
 DEFAULT_SUGGESTION = ("Fuse the chain: torch.compile(model) (or torch.compile on this function) generates one "
                       "kernel for consecutive element-wise and normalization ops.")
-# (name, op base names that must all appear in the run, suggestion). Every matching entry is named; to point
-# users at a bundled or library fused kernel, edit or add one entry.
-PATTERNS: list[tuple[str, frozenset[str], str]] = [
-    ("hand-written softmax", frozenset({"exp", "sum", "div"}),
+def _tanh_gelu(chain: Sequence[str]) -> bool:
+    """0.5 * x * (1 + tanh(c * (x + 0.044715 * x^3))) in execution order: before a tanh the cube (a pow, or
+    the products of x * x * x) and a sum, after it a sum and a product (`tanh(x + b) * 2` is no GELU)."""
+    for t, name in enumerate(chain):
+        if name != "tanh":
+            continue
+        before, after = chain[:t], chain[t + 1:]
+        if ("pow" in before or before.count("mul") >= 2) and "add" in before and {"add", "mul"} <= set(after):
+            return True
+    return False
+
+
+# (name, op base names that must all appear in the run, a test of the run's ops in execution order or None,
+# suggestion). Every matching entry is named; to point users at a bundled or library fused kernel, edit or
+# add one entry.
+PATTERNS: list[tuple[str, frozenset[str], Callable[[Sequence[str]], bool] | None, str]] = [
+    ("hand-written softmax", frozenset({"exp", "sum", "div"}), None,
      "Use torch.softmax(x, dim) (one fused, numerically stable kernel) instead of exp / sum / div."),
-    ("hand-written RMSNorm", frozenset({"rsqrt", "mean", "mul"}),
+    ("hand-written RMSNorm", frozenset({"rsqrt", "mean", "mul"}), None,
      "Use torch.nn.functional.rms_norm / nn.RMSNorm (torch >= 2.4), or torch.compile the block."),
-    ("hand-written LayerNorm", frozenset({"mean", "sub", "sqrt"}),
+    ("hand-written LayerNorm", frozenset({"mean", "sub", "sqrt"}), None,
      "Use torch.nn.functional.layer_norm / nn.LayerNorm (one fused kernel)."),
-    ("hand-written GELU (tanh)", frozenset({"tanh", "pow", "mul"}),
+    ("hand-written GELU (tanh)", frozenset({"tanh", "mul", "add"}), _tanh_gelu,
      "Use torch.nn.functional.gelu(x, approximate='tanh') (one fused kernel)."),
-    ("hand-written GELU (erf)", frozenset({"erf", "mul"}),
+    ("hand-written GELU (erf)", frozenset({"erf", "mul"}), None,
      "Use torch.nn.functional.gelu(x) (one fused kernel)."),
-    ("hand-written SiLU", frozenset({"sigmoid", "mul"}),
+    ("hand-written SiLU", frozenset({"sigmoid", "mul"}), None,
      "Use torch.nn.functional.silu(x) (one fused kernel)."),
-    ("SiLU gate (SwiGLU)", frozenset({"silu", "mul"}),
+    ("SiLU gate (SwiGLU)", frozenset({"silu", "mul"}), None,
      "silu(gate) * up in one pass: torch.compile fuses it."),
-    ("bias + GELU", frozenset({"add", "gelu"}),
+    ("bias + GELU", frozenset({"add", "gelu"}), None,
      "Let the matmul add the bias (nn.Linear / F.linear with bias, fused into addmm), and torch.compile to fuse "
      "the activation into it."),
-    ("residual add + norm", frozenset({"add", "native_layer_norm"}),
+    ("residual add + norm", frozenset({"add", "native_layer_norm"}), None,
      "torch.compile fuses the residual add into the layer norm (one pass instead of two)."),
 ]
 
@@ -68,10 +81,13 @@ PATTERNS: list[tuple[str, frozenset[str], str]] = [
 FUSED_KERNELS = {"hand-written RMSNorm": "rms_norm", "SiLU gate (SwiGLU)": "swiglu", "bias + GELU": "bias_gelu"}
 
 
-def pattern_for(op_names: set[str]) -> tuple[str, str]:
-    """(labels of every pattern the run contains, their suggestions), or ("", DEFAULT_SUGGESTION). A
-    pattern with a bundled fused kernel also names it and the command that tries it in the model."""
-    hits = [(label, suggestion) for label, need, suggestion in PATTERNS if need <= op_names]
+def pattern_for(op_names: set[str], chain: Sequence[str] = ()) -> tuple[str, str]:
+    """(labels of every pattern the run contains, their suggestions), or ("", DEFAULT_SUGGESTION): `op_names`
+    the base names of the run's ops, views and composites, `chain` the base names of its working ops in
+    execution order. A pattern with a bundled fused kernel also names it and the command that tries it in
+    the model."""
+    hits = [(label, suggestion) for label, need, check, suggestion in PATTERNS
+            if need <= op_names and (check is None or check(chain))]
     if not hits:
         return "", DEFAULT_SUGGESTION
     kernels = [FUSED_KERNELS[label] for label, _ in hits if label in FUSED_KERNELS]
@@ -269,7 +285,7 @@ def chain_text(key: _Chain) -> str:
 @rule("fusion")
 def fusion(ctx: Context) -> Iterator[Finding]:
     for key, g in fusion_groups(ctx).items():
-        label, suggestion = pattern_for(g["names"])
+        label, suggestion = pattern_for(g["names"], [base_name(n) for n, _ in key])
         chain = chain_text(key)
         size = f" over {list(g['ref'])}-sized tensors"
         what = f"{label}: " if label else ""

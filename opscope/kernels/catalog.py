@@ -8,6 +8,8 @@ the TOML files.
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -130,25 +132,143 @@ def check_op_name(op: str) -> None:
 
 # --- swap candidates of a run ------------------------------------------------------------------------
 
+MAX_DIMS_TEXT = 4096  # an input_dims cell longer than this is not read (real ones are a few hundred characters)
+# ops whose result is not the broadcast of their inputs: the shape of their output, from their inputs'
+_MATMUL_OUTPUT = {
+    "aten::mm": lambda a: (a[0][0], a[1][1]),
+    "aten::addmm": lambda a: (a[1][0], a[2][1]),
+    "aten::bmm": lambda a: (a[0][0], a[0][1], a[1][2]),
+    "aten::baddbmm": lambda a: (*a[1][:2], a[2][2]),
+    "aten::matmul": lambda a: (*a[0][:-1], a[1][-1]),
+    "aten::linear": lambda a: (*a[0][:-1], a[1][0]),
+}
+
+
+def _input_shapes(dims: Any) -> list[tuple[int, ...]] | None:
+    """The shapes of a row's tensor inputs from its `input_dims` text (scalars and TensorLists left out),
+    None when the row has no readable shapes."""
+    if not isinstance(dims, str) or not dims or len(dims) > MAX_DIMS_TEXT:
+        return None
+    try:
+        parsed = json.loads(dims)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(parsed, list):
+        return None
+    shapes = [tuple(d) for d in parsed if isinstance(d, list) and d
+              and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in d)]
+    return shapes or None
+
+
+def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    n = max(len(a), len(b))
+    out = []
+    for x, y in zip((1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b, strict=True):
+        if x != y and 1 not in (x, y):
+            return None
+        out.append(max(x, y) if 1 in (x, y) else x)
+    return tuple(out)
+
+
+def row_shape(op: str, dims: Any) -> tuple[int, ...] | None:
+    """The shape an op works on: its output's for a matmul, else the broadcast of its tensor inputs (the
+    largest input when they do not broadcast); None when the row records no shapes."""
+    shapes = _input_shapes(dims)
+    if shapes is None:
+        return None
+    if op in _MATMUL_OUTPUT:
+        try:
+            return tuple(_MATMUL_OUTPUT[op](shapes))
+        except IndexError:
+            return None
+    out: tuple[int, ...] | None = shapes[0]
+    for s in shapes[1:]:
+        out = _broadcast(out, s) if out is not None else None
+    return out if out is not None else max(shapes, key=math.prod)
+
+
+def _fits(shape: tuple[int, ...] | None, pattern: tuple[int, ...]) -> bool:
+    """Whether an op over `shape` can be a step of a pattern over `pattern`: it broadcasts to it (a
+    reduced [.., 1] or a [N] weight), or it is the pattern's tensor with its leading dims flattened (a
+    Linear's [B*T, N] matmul before a [B, T, N] GELU)."""
+    if shape is None:
+        return False
+    if _broadcast(shape, pattern) == pattern:
+        return True
+    return bool(shape) and bool(pattern) and shape[-1] == pattern[-1] and math.prod(shape) == math.prod(pattern)
+
+
+@dataclass
+class _Place:
+    """Rows that may hold one pattern, {op: rows}: those of one source line, or one module's own (its
+    children's kept apart, see _entry_rows)."""
+
+    rows: dict[str, list[int]] = field(default_factory=dict)
+    children: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+
+
+def _places(ops: Table) -> list[_Place]:
+    lines: dict[str, _Place] = {}
+    modules: dict[str, _Place] = {}
+    module_col = ops["module"] if "module" in ops else [None] * nrows(ops)
+    for i, (op, loc, module) in enumerate(zip(ops["op"], ops["source_location"], module_col, strict=True)):
+        if loc == HARNESS or not isinstance(op, str):
+            continue
+        if isinstance(loc, str) and loc:
+            lines.setdefault(loc, _Place()).rows.setdefault(op, []).append(i)
+        if isinstance(module, str) and module:
+            modules.setdefault(module, _Place()).rows.setdefault(op, []).append(i)
+            if "." in module:
+                parent = modules.setdefault(module.rsplit(".", 1)[0], _Place())
+                parent.children.setdefault(module, {}).setdefault(op, []).append(i)
+    return [*lines.values(), *modules.values()]
+
+
+def _entry_rows(need: set[str], place: _Place, shapes: list[tuple[int, ...] | None]) -> set[int]:
+    """The rows of `place` where an entry needing the ops `need` matches. In a module, a child module that
+    ran exactly one of those ops is one step of the module's pattern (the MLP's activation module, the
+    Linear before a GELU) and its rows count; a child that ran several holds its own pattern (an RMSNorm
+    inside a decoder layer) and is matched on its own. One op: its rows. Several: the rows of each op that
+    fit one shape the pattern works on, when every op has one (rows without recorded shapes show no
+    pattern)."""
+    group = {op: list(rows) for op, rows in place.rows.items()}
+    for child in place.children.values():
+        steps = need & child.keys()
+        if len(steps) == 1:
+            (op,) = steps
+            group.setdefault(op, []).extend(child[op])
+    if not need <= group.keys():
+        return set()
+    if len(need) == 1:
+        return {i for op in need for i in group[op]}
+    rows: set[int] = set()
+    for pattern in {shapes[i] for op in need for i in group[op] if shapes[i] is not None}:
+        assert pattern is not None
+        fitting = [[i for i in group[op] if _fits(shapes[i], pattern)] for op in need]
+        if all(fitting):
+            rows.update(i for f in fitting for i in f)
+    return rows
+
 
 def candidates(ops: Table, manifest_list: list[Any] | None = None) -> list[dict[str, Any]]:
     """The bundled kernels that could replace ops of a run (summary.json `swap_candidates`): `ops` is the
     run's ops table.
 
-    A manifest `[[replaces]]` entry matches at a source location when every op it lists (`ops`) ran
-    there (forward or backward rows with that `source_location`; the harness's own ops never match);
-    its rows are then the rows at that location whose op it lists. One entry per kernel with any match:
+    A manifest `[[replaces]]` entry lists the ops it replaces (`ops`). It matches where every op it lists
+    ran in one place: at one source location, or in one module (the `module` column; a child module
+    that ran one of them, such as an activation module, counts as a step), the harness's own ops never. A line is not enough for an entry of several ops:
+    torch.profiler's function-level lines put every op of a function on one line, so the ops must also
+    work on one shape (each op's tensors broadcast to it, or are it with the leading dims flattened; a
+    matmul's output counts), and only the rows of that shape are the entry's. One entry per kernel with any match:
     `{"kernel", "replaces": [{"kind", "target"}], "rows": [row indices into ops.csv], "time_us"}` (the
     matched rows' total time), largest time first."""
     if manifest_list is None:
         manifest_list = manifests()
     if "op" not in ops or "source_location" not in ops or not nrows(ops):
         return []
-    by_location: dict[str, dict[str, list[int]]] = {}
-    for i, (op, loc) in enumerate(zip(ops["op"], ops["source_location"], strict=True)):
-        if not isinstance(loc, str) or not loc or loc == HARNESS or not isinstance(op, str):
-            continue
-        by_location.setdefault(loc, {}).setdefault(op, []).append(i)
+    places = _places(ops)
+    dims = ops["input_dims"] if "input_dims" in ops else [None] * nrows(ops)
+    shapes = [row_shape(op, d) if isinstance(op, str) else None for op, d in zip(ops["op"], dims, strict=True)]
     times = [float(t) if t == t else 0.0 for t in ops["time_us_total"]] if "time_us_total" in ops \
         else [0.0] * nrows(ops)
     out = []
@@ -160,16 +280,14 @@ def candidates(ops: Table, manifest_list: list[Any] | None = None) -> list[dict[
             if not need:
                 continue
             hit = False
-            for ops_here in by_location.values():
-                if need <= ops_here.keys():
+            for place in places:
+                found = _entry_rows(need, place, shapes)
+                if found:
                     hit = True
-                    for op in need:
-                        rows.update(ops_here[op])
+                    rows.update(found)
             if hit:
                 entries.append({"kind": entry.kind, "target": entry.target})
         if rows:
             out.append({"kernel": m.name, "replaces": entries, "rows": sorted(rows),
                         "time_us": sum(times[i] for i in sorted(rows))})
     return sorted(out, key=lambda c: -c["time_us"])
-
-

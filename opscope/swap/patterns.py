@@ -3,16 +3,19 @@ torch.fx and replace it by one call of the kernel.
 
 Each module is traced on its own (its submodules stay calls, `call_module` nodes), so a forward fx cannot
 trace (data-dependent control flow, unpacking a tensor's shape) only keeps that module out; its children
-are traced separately. Modules whose forward source (or, for nn.Sequential, whose children) shows none of
-a pattern's tell-tale names are not traced at all. A matched sequence's intermediate results must have no
-other user. The rewritten graph becomes the module's instance `forward` (a torch.fx GraphModule sharing
+are traced separately. Every module is traced (torch's own layers but nn.Sequential excepted): what a
+forward computes is read from its graph, never from its source text, which names `self.act`, not the GELU
+behind it. An activation submodule (nn.SiLU, nn.GELU, Hugging Face's SiLUActivation, GELUTanh, any
+parameter-free module whose whole forward is one F.silu or F.gelu call) counts as that function. A matched
+sequence's intermediate results must have no other user. The rewritten graph becomes the module's instance `forward` (a torch.fx GraphModule sharing
 the module's own submodules and parameters), so the revert deletes one attribute.
 
 Patterns (manifest `[[replaces]]` kind "pattern", by `target`):
 
-- silu_mul:              silu(gate) * up (F.silu or nn.SiLU, either operand order)
-- linear_bias_gelu:      gelu(Linear(x)) for an nn.Linear with a bias (F.gelu or nn.GELU): the Linear runs
-                         without its bias and the kernel adds the bias inside the GELU
+- silu_mul:              silu(gate) * up (F.silu or an activation module, either operand order)
+- linear_bias_gelu:      gelu(Linear(x)) for an nn.Linear with a bias, or gelu(F.linear(x, w, b)) with a bias
+                         (F.gelu or an activation module): the Linear runs without its bias and the kernel
+                         adds the bias inside the GELU
 - add_gelu:              gelu(x + bias)
 - the hand-written RMSNorm `x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight`
                          (pow(2) or x * x, torch.rsqrt or .rsqrt(), operands of each product in either order)
@@ -21,6 +24,7 @@ Patterns (manifest `[[replaces]]` kind "pattern", by `target`):
 
 from __future__ import annotations
 
+import functools
 import inspect
 import operator
 from collections.abc import Callable
@@ -100,13 +104,69 @@ class Match:
     new_attrs: list[str] = field(default_factory=list)  # get_attr targets to create, appended to inputs
 
 
-def _silu_input(node: Any, root: torch.nn.Module) -> Any:
-    if _fn(node, F.silu) and not _arg(node, 1, "inplace", False):
-        return node.args[0] if node.args else node.kwargs.get("input")
-    sub = _module(node, root, torch.nn.SiLU)
-    if sub is not None and not sub.inplace:
-        return node.args[0]
+class _InliningTracer(fx.Tracer):
+    """Traces a module down to functions: no submodule stays a call."""
+
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        return False
+
+
+MAX_ACTIVATION_MODULES = 4  # an activation module and its own children, at most (a wrapper of a wrapper)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One function applied to one tensor: a call_function node, or a call of an activation module."""
+
+    input: Any
+    function: Any
+    args: tuple[Any, ...]     # the function's arguments after the input
+    kwargs: dict[str, Any]
+
+
+def _activation(sub: torch.nn.Module) -> _Call | None:
+    """What an activation module computes, read from its traced graph: a parameter-free module whose whole
+    forward is one function of its one input (nn.SiLU: F.silu(x, inplace=False); Hugging Face's GELUTanh:
+    F.gelu(x, approximate='tanh')); None for anything else."""
+    if next(sub.parameters(), None) is not None or sum(1 for _ in sub.modules()) > MAX_ACTIVATION_MODULES:
+        return None
+    try:
+        graph = _InliningTracer().trace(sub)
+    except Exception:  # noqa: BLE001 (fx raises many kinds; any of them: not a plain activation)
+        return None
+    nodes = list(graph.nodes)
+    if [n.op for n in nodes] != ["placeholder", "call_function", "output"]:
+        return None
+    placeholder, call, output = nodes
+    extra = [*call.args[1:], *call.kwargs.values()]
+    if output.args != (call,) or not call.args or call.args[0] is not placeholder \
+            or any(isinstance(v, fx.Node) for v in extra):
+        return None
+    return _Call(placeholder, call.target, tuple(call.args[1:]), dict(call.kwargs))
+
+
+def _call(node: Any, root: torch.nn.Module) -> _Call | None:
+    """The function a node applies to its one tensor input: its own target, or the activation module's."""
+    if not isinstance(node, fx.Node):
+        return None
+    if node.op == "call_function" and node.args:
+        return _Call(node.args[0], node.target, tuple(node.args[1:]), dict(node.kwargs))
+    if node.op == "call_function" and "input" in node.kwargs:  # F.silu(input=x)
+        return _Call(node.kwargs["input"], node.target, (), {k: v for k, v in node.kwargs.items() if k != "input"})
+    if node.op == "call_module" and isinstance(node.target, str) and len(node.args) == 1 and not node.kwargs:
+        inner = _activation(root.get_submodule(node.target))
+        if inner is not None:
+            return _Call(node.args[0], inner.function, inner.args, inner.kwargs)
     return None
+
+
+def _silu_input(node: Any, root: torch.nn.Module) -> Any:
+    """x of F.silu(x) (not in place), directly or through an activation module."""
+    call = _call(node, root)
+    if call is None or call.function is not F.silu or set(call.kwargs) - {"inplace"} or len(call.args) > 1:
+        return None
+    inplace = call.args[0] if call.args else call.kwargs.get("inplace", False)
+    return None if inplace else call.input
 
 
 def match_silu_mul(node: fx.Node, root: torch.nn.Module) -> Match | None:
@@ -121,15 +181,12 @@ def match_silu_mul(node: fx.Node, root: torch.nn.Module) -> Match | None:
 
 
 def _gelu(node: Any, root: torch.nn.Module) -> tuple[Any, str] | None:
-    """(input, approximate) of a GELU node."""
-    if _fn(node, F.gelu):
-        approximate = node.kwargs.get("approximate", "none")
-        if isinstance(approximate, str) and len(node.args) == 1:
-            return node.args[0], approximate
-    sub = _module(node, root, torch.nn.GELU)
-    if isinstance(sub, torch.nn.GELU):
-        return node.args[0], sub.approximate
-    return None
+    """(input, approximate) of a GELU node: F.gelu, directly or through an activation module."""
+    call = _call(node, root)
+    if call is None or call.function is not F.gelu or call.args or set(call.kwargs) - {"approximate"}:
+        return None
+    approximate = call.kwargs.get("approximate", "none")
+    return (call.input, approximate) if isinstance(approximate, str) else None
 
 
 def match_linear_bias_gelu(node: fx.Node, root: torch.nn.Module) -> Match | None:
@@ -137,10 +194,16 @@ def match_linear_bias_gelu(node: fx.Node, root: torch.nn.Module) -> Match | None
     if gelu is None:
         return None
     linear_node, approximate = gelu
-    linear = _module(linear_node, root, torch.nn.Linear)
-    if linear is None or linear.bias is None or not _only_use(linear_node) or len(linear_node.args) != 1:
+    constants = {"gelu": SimpleNamespace(approximate=approximate)}
+    if not _only_use(linear_node):
         return None
-    return Match([linear_node.args[0]], {"gelu": SimpleNamespace(approximate=approximate)}, [node, linear_node],
+    if _fn(linear_node, F.linear) and not linear_node.kwargs and len(linear_node.args) == 3 \
+            and all(isinstance(a, fx.Node) for a in linear_node.args):
+        return Match(list(linear_node.args), constants, [node, linear_node])  # F.linear(x, w, b), b not None
+    linear = _module(linear_node, root, torch.nn.Linear)
+    if linear is None or linear.bias is None or len(linear_node.args) != 1:
+        return None
+    return Match([linear_node.args[0]], constants, [node, linear_node],
                  new_attrs=[f"{linear_node.target}.weight", f"{linear_node.target}.bias"])
 
 
@@ -224,7 +287,7 @@ class Pattern:
     names: tuple[str, ...]                        # the site's arguments (then the constants)
     match: Callable[[fx.Node, torch.nn.Module], Match | None]
     original: Callable[[dict[str, Any]], Any]     # the computation the pattern stands for
-    hints: tuple[str, ...]                        # a forward without any of these is not traced
+    hints: tuple[str, ...]                        # names in a forward's source that suggest the pattern
 
 
 RMS_TARGET = "x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight"
@@ -245,15 +308,27 @@ PATTERNS: dict[str, Pattern] = {
 }
 
 
-def _worth_tracing(module: torch.nn.Module, hints: tuple[str, ...]) -> bool:
+def _worth_tracing(module: torch.nn.Module) -> bool:
+    """Every module but containers and torch's own layers (their forward is one op, or a pattern a module
+    entry covers); nn.Sequential is traced, its children become a chain of calls."""
     if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):
         return False
+    return isinstance(module, torch.nn.Sequential) or not type(module).__module__.startswith("torch.")
+
+
+def _names_pattern(module: torch.nn.Module, hints: tuple[str, ...]) -> bool:
+    """Whether a module's forward source (or an nn.Sequential's children) names the pattern: only to say
+    which modules fx could not trace may have held it, never to decide what is traced."""
     if isinstance(module, torch.nn.Sequential):
         return any(h in type(c).__name__ for c in module.children() for h in hints)
-    if type(module).__module__.startswith("torch."):
-        return False  # torch's own layers: their forward is one op, or a pattern a module entry covers
+    return _source_names(type(module).forward, hints)
+
+
+@functools.lru_cache(maxsize=256)
+def _source_names(forward: Callable[..., Any], hints: tuple[str, ...]) -> bool:
+    """Whether a forward's source names one of `hints` (read once per class: a model repeats its layers)."""
     try:
-        source = inspect.getsource(type(module).forward)
+        source = inspect.getsource(forward)
     except (OSError, TypeError):
         return True
     return any(h in source for h in hints)
@@ -280,7 +355,7 @@ def pattern_mechanism(model: torch.nn.Module, kernel: Any, entry: Any, glue: Any
     sites: list[Site] = []
     untraceable = []
     for qualname, module in model.named_modules():
-        if id(module) in claimed or "forward" in module.__dict__ or not _worth_tracing(module, pattern.hints):
+        if id(module) in claimed or "forward" in module.__dict__ or not _worth_tracing(module):
             continue
         previous = rewritten.get(id(module))
         if previous is not None:
@@ -289,7 +364,8 @@ def pattern_mechanism(model: torch.nn.Module, kernel: Any, entry: Any, glue: Any
             try:
                 graph = _OwnForwardTracer().trace(module)
             except Exception:  # noqa: BLE001 (fx raises many kinds; any of them: not traceable)
-                untraceable.append(qualname or type(module).__name__)
+                if _names_pattern(module, pattern.hints):
+                    untraceable.append(qualname or type(module).__name__)
                 continue
         found = _rewrite(graph, module, pattern, kernel, entry, glue, qualname)
         if not found:

@@ -272,3 +272,50 @@ def test_kernels_launched_before_the_trace_get_their_own_row(tmp_path):
     assert s["backlog_kernels"]["kernel_time_us"] == pytest.approx(sum(e["dur"] for e in kernels[:10]))
     assert all(r["busy_us"] <= step["dur"] for r in s["streams"]) and 0 < s["device_busy_share"] <= 1
     assert sum(ops["time_share"]) == pytest.approx(1.0)
+
+
+def gelu_then_softmax(x, w, mask):  # noqa: ANN001, ANN201
+    """A hand-written tanh GELU (the cube as h * h * h, no pow) and a scaled masked softmax in one function:
+    a plain torch.profiler trace gives all their ops this function's one line."""
+    import torch
+
+    h = x @ w
+    g = 0.5 * h * (1.0 + torch.tanh(0.7978845608 * (h + 0.044715 * h * h * h)))
+    p = torch.softmax((g @ g.transpose(-1, -2)) * 0.125 + mask, dim=-1)
+    return p @ g
+
+
+@pytest.fixture(scope="module")
+def one_line_run(tmp_path_factory):
+    import torch
+
+    torch.manual_seed(0)
+    x, w, mask = torch.randn(4, 64, 128), torch.randn(128, 128) / 12, torch.zeros(64, 64)  # GELU [4, 64, 128]
+    with torch.profiler.profile(record_shapes=True, with_stack=True) as prof:
+        for i in range(2):
+            with torch.profiler.record_function(f"ProfilerStep#{i}"):
+                gelu_then_softmax(x, w, mask)
+    folder = tmp_path_factory.mktemp("one-line")
+    prof.export_chrome_trace(str(folder / "trace.json"))
+    return analyze_trace_file(folder / "trace.json", out=folder / "run", peak_bw=20, peak_flops=["100"])
+
+
+def test_swap_candidates_match_by_op_and_shape_not_by_line_alone(one_line_run):
+    ops = one_line_run.to_pandas()
+    assert ops.loc[ops["op"] == "aten::tanh", "source_location"].nunique() == 1  # function-level: one line
+    line = ops.loc[ops["op"] == "aten::tanh", "source_location"].iloc[0]
+    assert set(ops.loc[ops["op"].isin(["aten::mul", "aten::add", "aten::_softmax"]), "source_location"]) == {line}
+    found = {c["kernel"]: c["rows"] for c in one_line_run.summary["swap_candidates"]}
+    softmax_rows = ops.iloc[found["softmax"]]
+    # the softmax's own ops, over its [4, 64, 64] scores: never the GELU's mul and add over [4, 64, 128]
+    assert set(softmax_rows["op"]) == {"aten::mul", "aten::add", "aten::softmax", "aten::_softmax"}
+    assert all(dims.startswith("[[4, 64, 64]") for dims in softmax_rows["input_dims"])
+    gelu_adds = [i for i in found["broadcast_add"] if ops["input_dims"].iloc[i].startswith("[[4, 64, 128]")]
+    assert gelu_adds and not set(gelu_adds) & set(found["softmax"])  # add -> broadcast_add only
+
+
+def test_hand_written_tanh_gelu_with_a_cube_of_products_is_named(one_line_run):
+    fusion = [f for f in one_line_run.findings if f["rule"] == "fusion" and "tanh" in f["message"]]
+    assert len(fusion) == 1, one_line_run.findings
+    assert fusion[0]["message"].startswith("hand-written GELU (tanh): ")
+    assert "torch.nn.functional.gelu(x, approximate='tanh')" in fusion[0]["suggestion"]

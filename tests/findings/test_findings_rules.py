@@ -20,6 +20,7 @@ import opscope.capture.torch_profiler as tp
 from conftest import EXAMPLES, SHARE_GATED_RULES, line_of, share_gates_off, write_model
 from opscope.capture.torch_profiler import profile_target
 from opscope.findings import RULES, Context, run_rules
+from opscope.findings.fusion import pattern_for
 from opscope.machine.peaks import Peaks
 from opscope.sources import HARNESS
 from opscope.target.specs import ProfileOptions
@@ -316,3 +317,15 @@ def test_findings_are_ranked_and_well_formed(bad):
         assert set(f) == {"rule", "severity", "op", "source_location", "message", "suggestion", "est_savings_us",
                           "module"}
         assert f["message"] and f["suggestion"]
+
+
+@pytest.mark.parametrize(("chain", "gelu"), [
+    (["mul", "pow", "mul", "add", "mul", "tanh", "add", "mul"], True),               # the cube as pow(h, 3)
+    (["mul", "mul", "mul", "mul", "add", "mul", "tanh", "add", "mul"], True),        # the cube as h * h * h
+    (["add", "tanh", "mul"], False),                                                 # tanh(x + b) * 2
+    (["sigmoid", "sigmoid", "tanh", "sigmoid", "mul", "mul", "add", "tanh", "mul"], False),  # an LSTM cell
+])
+def test_hand_written_tanh_gelu_is_told_by_its_ops_in_order(chain, gelu):
+    label, suggestion = pattern_for(set(chain), chain)
+    assert ("hand-written GELU (tanh)" in label) is gelu
+    assert ("approximate='tanh'" in suggestion) is gelu

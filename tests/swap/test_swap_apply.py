@@ -5,6 +5,8 @@ stack are as before."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn as nn
@@ -230,6 +232,57 @@ class ScaledMaskedSoftmax(nn.Module):
         return torch.softmax(scores / 4.0 + mask, dim=-1)
 
 
+class SiLUActivation(nn.Module):
+    """Hugging Face's transformers.activations.SiLUActivation (ACT2FN["silu"]): F.silu behind a module."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (Hugging Face's name)
+        return nn.functional.silu(input)
+
+
+class LlamaMLP(nn.Module):
+    """Hugging Face's LlamaMLP: the forward names `act_fn`, never silu."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(16, 24, bias=False), nn.Linear(16, 24, bias=False)
+        self.down_proj = nn.Linear(24, 16, bias=False)
+        self.act_fn = SiLUActivation()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class GELUTanh(nn.Module):
+    """Hugging Face's GELUTanh: a module calling functools.partial(F.gelu, approximate="tanh")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = functools.partial(nn.functional.gelu, approximate="tanh")
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (Hugging Face's name)
+        return self.act(input)
+
+
+class UpActDown(nn.Module):
+    """An MLP whose forward names only `self.act` (nn.GELU(), or any activation module)."""
+
+    def __init__(self, act: nn.Module) -> None:
+        super().__init__()
+        self.up, self.down, self.act = nn.Linear(16, 32), nn.Linear(32, 8), act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.up(x)))
+
+
+class FunctionalLinearGelu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w, self.b = nn.Parameter(torch.randn(32, 16) / 4), nn.Parameter(torch.randn(32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(F.linear(x, self.w, self.b))
+
+
 PATTERN_CASES = {
     "silu_mul": ("swiglu", lambda: Probe(SiluMul(), torch.randn(4, 16)), 1e-5),
     "linear_bias_gelu": ("bias_gelu", lambda: Probe(nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)),
@@ -238,6 +291,12 @@ PATTERN_CASES = {
     "rms expression": ("rms_norm", lambda: Probe(InlineRMS(), torch.randn(4, 16)), 1e-5),
     "scaled_masked_softmax": ("softmax", lambda: Probe(ScaledMaskedSoftmax(), torch.randn(2, 8, 8),
                                                        torch.triu(torch.full((8, 8), float("-inf")), 1)), 1e-5),
+    # through activation modules: what a forward computes is read from its graph, not from its text
+    "silu_mul via act_fn (Hugging Face LlamaMLP)": ("swiglu", lambda: Probe(LlamaMLP(), torch.randn(4, 16)), 1e-5),
+    "linear_bias_gelu via self.act = nn.GELU()": ("bias_gelu", lambda: Probe(UpActDown(nn.GELU()), torch.randn(4, 16)),
+                                                  1e-5),
+    "linear_bias_gelu via GELUTanh": ("bias_gelu", lambda: Probe(UpActDown(GELUTanh()), torch.randn(4, 16)), 1e-5),
+    "linear_bias_gelu of F.linear": ("bias_gelu", lambda: Probe(FunctionalLinearGelu(), torch.randn(4, 16)), 1e-5),
 }
 
 
@@ -260,6 +319,15 @@ class UntraceableGate(nn.Module):
         if x.sum() > 0:  # control flow on a tensor's value: torch.fx cannot trace this forward
             x = -x
         return F.silu(self.gate(x)) * x
+
+
+@pytest.mark.parametrize("act", [nn.SiLU(inplace=True), nn.PReLU(), nn.Sigmoid()], ids=type)
+def test_an_activation_module_that_is_not_silu_is_not_a_swiglu_gate(act):
+    model = LlamaMLP()
+    model.act_fn = act  # an in-place SiLU, a module with a parameter, another function
+    probe = Probe(model, torch.randn(4, 16))
+    with pytest.raises(mechanisms.SwapError, match="nothing in the model matches swiglu"):
+        apply.Builder(probe.model, probe).bundled("swiglu", [kernel("swiglu")])
 
 
 def test_a_forward_fx_cannot_trace_is_not_swapped_and_says_so():

@@ -6,6 +6,7 @@ torch.compile; the results land in swap.json and in both reports. No timing is a
 
 from __future__ import annotations
 
+import csv
 import json
 import textwrap
 from pathlib import Path
@@ -259,3 +260,84 @@ def _cmdline_has(proc_dir: Path, marker: str) -> bool:
         return marker.encode() in (proc_dir / "cmdline").read_bytes()
     except OSError:
         return False
+
+
+HF_LLAMA = """\
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def get_model():
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=128))
+
+
+def get_inputs():
+    return [torch.randint(0, 128, (2, 16))]
+"""
+
+
+@pytest.mark.slow
+def test_swiglu_finds_the_mlps_of_a_stock_hugging_face_llama(tmp_path):
+    # LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)), act_fn a SiLUActivation module; built from a
+    # config, nothing downloaded
+    pytest.importorskip("transformers")
+    model = tmp_path / "hf_llama.py"
+    model.write_text(HF_LLAMA)
+    out = tmp_path / "run"
+    proc = run_cli("swap", str(model), "--kernel", "swiglu", *QUICK, "--out", str(out), cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (result,) = swap_doc(out)["results"]
+    assert result["status"] == "passed", result["message"]
+    assert [m["description"] for m in result["mechanisms"]] == ["pattern silu_mul"]
+    assert result["mechanisms"][0]["sites"] == ["model.layers.0.mlp: mul", "model.layers.1.mlp: mul"]
+    assert result["calls"] == {"swapped": 2, "fallback": 0}
+    # the profile that swap ran suggests it too: the act_fn's silu and the MLP's mul, each layer's
+    summary = json.loads((out / "summary.json").read_text())
+    swiglu = next(c for c in summary["swap_candidates"] if c["kernel"] == "swiglu")
+    with (out / "ops.csv").open(newline="") as f:
+        ops = [row["op"] for row in csv.DictReader(f)]
+    assert sorted(ops[i] for i in swiglu["rows"]) == ["aten::mul"] * 2 + ["aten::silu"] * 2
+
+
+ACT_MLP = """\
+import torch
+import torch.nn as nn
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down, self.act = nn.Linear(16, 64), nn.Linear(64, 16), nn.GELU()
+
+    def forward(self, x):
+        return self.down(self.act(self.up(x)))
+
+
+def get_model():
+    torch.manual_seed(0)
+    return MLP()
+
+
+def get_inputs():
+    return [torch.randn(4, 8, 16)]
+"""
+
+
+@pytest.mark.slow
+def test_the_bias_gelu_profile_suggests_is_the_one_swap_applies(tmp_path):
+    # the forward names only self.act: profile lists bias_gelu, and swap must find it there too
+    model = tmp_path / "act_mlp.py"
+    model.write_text(ACT_MLP)
+    out = tmp_path / "run"
+    proc = run_cli("swap", str(model), "--kernel", "bias_gelu", *QUICK, "--out", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(c["kernel"], c["replaces"]) for c in summary["swap_candidates"]] == [
+        ("bias_gelu", [{"kind": "pattern", "target": "linear_bias_gelu"}])]
+    (result,) = swap_doc(out)["results"]
+    assert result["status"] == "passed", result["message"]
+    assert result["mechanisms"] == [{"kind": "pattern", "description": "pattern linear_bias_gelu",
+                                     "sites": ["(the model): act"]}]
+    assert result["calls"] == {"swapped": 1, "fallback": 0}

@@ -103,6 +103,8 @@ def test_candidates_need_every_op_of_an_entry_at_one_source_line():
                "aten::sum", "aten::gelu"],
         "source_location": ["m.py:5", "m.py:5", "m.py:9", "m.py:9", "m.py:9", "m.py:9", "m.py:9",
                             "opscope:harness", "m.py:12"],
+        "input_dims": ["[[2, 8], [2, 8]]", "[[2, 8]]", "[[2, 8], [2, 1]]", "[[2, 8], []]", "[[2, 8], [], [], []]",
+                       "[[2, 1], [], []]", "[[2, 1]]", "[[], [], []]", "[[2, 8]]"],
         "time_us_total": [10.0, 5.0, 4.0, 3.0, 2.0, 1.0, 1.0, 7.0, 8.0],
     }
     found = {c["kernel"]: c for c in catalog.candidates(ops)}
@@ -116,6 +118,34 @@ def test_candidates_need_every_op_of_an_entry_at_one_source_line():
     assert "bias_gelu" not in found     # gelu without an addmm or add at its line
     assert list(found) == sorted(found, key=lambda k: -found[k]["time_us"])
     assert schema.kernels_for_rows(list(found.values()), range(3)) == {0: ["swiglu"], 1: ["swiglu"], 2: ["rms_norm"]}
+
+
+def test_candidates_of_several_ops_need_one_shape_and_see_through_activation_modules():
+    # a Hugging Face LlamaMLP: silu in its act_fn module (at transformers/activations.py), the mul in the MLP's
+    # own forward; an RMSNorm inside the decoder layer, whose residual add has the norm's shape
+    rows = [("aten::silu", "[[2, 16, 128]]", "act.py:103", "model.layers.0.mlp.act_fn"),
+            ("aten::mul", "[[2, 16, 128], [2, 16, 128]]", "llama.py:164", "model.layers.0.mlp"),
+            ("aten::mm", "[[32, 64], [64, 128]]", "llama.py:164", "model.layers.0.mlp.gate_proj"),
+            ("aten::pow", "[[2, 16, 64], []]", "llama.py:65", "model.layers.0.input_layernorm"),
+            ("aten::mean", "[[2, 16, 64], [], [], []]", "llama.py:65", "model.layers.0.input_layernorm"),
+            ("aten::add", "[[2, 16, 1], [], []]", "llama.py:66", "model.layers.0.input_layernorm"),
+            ("aten::rsqrt", "[[2, 16, 1]]", "llama.py:66", "model.layers.0.input_layernorm"),
+            ("aten::mul", "[[2, 16, 64], [2, 16, 1]]", "llama.py:66", "model.layers.0.input_layernorm"),
+            ("aten::add", "[[2, 16, 64], [2, 16, 64], []]", "llama.py:300", "model.layers.0"),  # residual
+            # one function-level line: a GELU's mul and add over [4, 8, 32], a softmax over [4, 8, 8]
+            ("aten::mul", "[[4, 8, 32], []]", "f.py:1", ""), ("aten::add", "[[4, 8, 32], [], []]", "f.py:1", ""),
+            ("aten::gelu", "[[4, 8, 32]]", "g.py:1", ""), ("aten::softmax", "[[4, 8, 8], [], []]", "f.py:1", ""),
+            # a Linear's [B*T, N] addmm before a [B, T, N] GELU
+            ("aten::addmm", "[[32], [32, 8], [8, 32]]", "g.py:1", ""),
+            # shapes not recorded: a line shows no pattern
+            ("aten::silu", "", "h.py:1", ""), ("aten::mul", "", "h.py:1", "")]
+    ops = {"op": [r[0] for r in rows], "input_dims": [r[1] for r in rows], "source_location": [r[2] for r in rows],
+           "module": [r[3] for r in rows], "time_us_total": [1.0] * len(rows)}
+    found = {c["kernel"]: c["rows"] for c in catalog.candidates(ops)}
+    assert found["swiglu"] == [0, 1]
+    assert found["rms_norm"] == [3, 4, 5, 6, 7]  # not the decoder layer's residual add
+    assert found["bias_gelu"] == [11, 13]
+    assert "softmax" not in found  # no mul and add over the softmax's shape
 
 
 def test_fusion_finding_names_the_bundled_fused_kernel():
