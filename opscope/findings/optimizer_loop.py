@@ -55,9 +55,17 @@ def loop_groups(ctx: Context) -> list[LoopGroup]:
 
 def loop_events(ctx: Context) -> set[int]:
     """Events of a reported per-parameter optimizer loop, with what runs beneath them (low-bandwidth and
-    overhead leave them to this finding; fusion leaves every optimizer step alone)."""
+    overhead leave them to this finding; fusion leaves every optimizer step alone). That is every event of
+    that step() at that line, not only the update's arithmetic: the loop's per-parameter step-counter reads
+    (`.item()`, slow under load) go with it, and fused=True removes them too."""
     def build() -> set[int]:
-        return {j for g in loop_groups(ctx) for i in g["events"] for j in (i, *descendants(ctx, i))}
+        reported = {(g["optimizer"], g["loc"]) for g in loop_groups(ctx)}
+        if not reported:
+            return set()
+        optimizer = col(ctx, "optimizer")
+        locs = col(ctx, "source_location")
+        return {j for i, cls in enumerate(optimizer) if cls and (cls, locs[i]) in reported
+                for j in (i, *descendants(ctx, i))}
     return cached(ctx, "optimizer_loop_events", build)
 
 
