@@ -924,7 +924,10 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
     for table in (ops, launch, ann, steps, py, mods, mem):
         table["pid"] = _ids(table["pid"])
         table["tid"] = _ids(table["tid"])
-    ops, kern, launch, ann, steps, mods, mem = _near_the_rest([ops, kern, launch, ann, steps, mods, mem], rejects)
+    # GPU activity is judged on its own: a trace whose device clock is offset as a whole keeps its kernels
+    # (they are tied to their launches by correlation ids, not by time)
+    ops, launch, ann, steps, mods, mem = _near_the_rest([ops, launch, ann, steps, mods, mem], rejects)
+    (kern,) = _near_the_rest([kern], rejects)
     ops, kern, launch, ann, mods, mem = (_drop_duplicates(table, key, rejects, unique) for table, key, unique in (
         (ops, ("name", "pid", "tid", "ts", "dur", "ext_id", "seq"), "ext_id"),
         (kern, ("cat", "name", "ts", "dur", "correlation", "ext_id", "stream", "device"), "correlation"),
