@@ -501,14 +501,14 @@ def _decode_document(path: str, data: bytes | bytearray, owned: bool) -> tuple[_
     at most, are repaired (_Repairs); anything else is one TraceError naming what and where."""
     start = len(_BOM) if data[:3] == _BOM else 0
     try:
-        return _decode_top(data, start, len(data)), []
+        try:
+            return _decode_top(data, start, len(data)), []
+        except msgspec.ValidationError:
+            raise  # the JSON is fine; its shape is not a trace's
+        except msgspec.DecodeError as exc:
+            return _Repairs(path, data, start, owned).run(exc)
     except RecursionError as exc:
         raise TraceError(f"{path} is not a readable trace: JSON nested too deeply") from exc
-    except msgspec.ValidationError:
-        raise  # the JSON is fine; its shape is not a trace's
-    except msgspec.DecodeError as exc:
-        error = exc
-    return _Repairs(path, data, start, owned).run(error)
 
 
 _ERROR_AT = re.compile(r"\(byte (\d+)\)")
@@ -526,11 +526,11 @@ class _Repairs:
     Every edit keeps the length, so msgspec's error positions stay valid.
 
     msgspec names the first fault's position, so each decode would find one more: after the first
-    NaN, every other NaN/Infinity that stands where a value does is first written as a string of the
-    same length ("N" for NaN) and the document decoded again. Written inside a string, such an edit
-    closes the string with a letter after it, so msgspec fails one byte past the edit, which is then
-    undone; once the document decodes, every remaining edit stood outside strings and is made null.
-    At most _MAX_REPAIR_ROUNDS decodes."""
+    NaN, every other NaN/Infinity that stands where a value does and outside strings (by the parity
+    of the quotes before it) is written as a string of the same length ("N" for NaN) and the document
+    decoded again. Should such an edit be inside a string after all, it closes the string with a
+    letter after it, so msgspec fails one byte past it and it is undone; once the document decodes,
+    every edit stood outside strings and is made null. At most _MAX_REPAIR_ROUNDS decodes."""
 
     def __init__(self, path: str, data: bytes | bytearray, start: int, owned: bool) -> None:
         self.path = path
