@@ -124,7 +124,8 @@ def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | 
     compressor: TraceCompressor | None = None
     try:
         compressor = TraceCompressor(path, folder, data=None if path.is_file() else data)
-        trace = load_trace(path, data=data)
+        # the bytes are ours to repair in place unless the compressor gzips them (a pipe's)
+        trace = load_trace(path, data=data, owned=compressor.data is None)
         del data  # the decoded tables replace it (the compressor keeps its own reference if it needs one)
         for line in trace.warnings:
             warn(line)

@@ -13,9 +13,9 @@ from a cost function is a bug in it and propagates.
 
 from __future__ import annotations
 
-import ast
 import json
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias, TypeGuard
@@ -563,20 +563,89 @@ def ints_per_dim(value: object, ndim: int, default: int | None, what: str) -> li
 
 def parse_scalar(text: object, default: object = None) -> object:
     """Concrete Inputs entries are Python-literal-ish strings: "1", "0.5", "[1, 1]", "False", "".
-    Returns `default` for "" and the raw text when it is not a literal (non-strings as they are)."""
+    Returns `default` for "" and the raw text when it is not a literal (non-strings as they are).
+    The text is a trace's, so untrusted: it is read by a bounded parser of the few forms torch writes
+    (_literal), never by ast.literal_eval, which a 100 KB "---...1" drives into a MemoryError."""
     if text is None or text == "":
         return default
     if not isinstance(text, str):
         return text
     try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        low = text.strip().lower()
-        if low in ("true", "false"):
-            return low == "true"
-        if low in ("inf", "-inf", "nan"):
-            return float(low)
+        return _literal(text)
+    except _NotALiteral:
         return text
+
+
+# What a concrete input may be: numbers, True/False/None (any case), inf/-inf/nan, a quoted string
+# without escapes, and lists of these. More than this is not an argument torch recorded.
+MAX_LITERAL_CHARS = 4096
+_MAX_LITERAL_DEPTH = 8
+_ATOM = re.compile(r"[\w.+-]{1,48}")
+_INT = re.compile(r"[+-]?\d+")
+_FLOAT = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?")
+_WORDS: dict[str, object] = {"true": True, "false": False, "none": None, "inf": math.inf, "-inf": -math.inf,
+                             "+inf": math.inf, "nan": math.nan}
+
+
+class _NotALiteral(ValueError):
+    pass
+
+
+def _literal(text: str) -> object:
+    """`text` as the literal it spells (see the grammar above); _NotALiteral otherwise. Linear in the
+    text's length, which is bounded."""
+    if len(text) > MAX_LITERAL_CHARS:
+        raise _NotALiteral
+    value, end = _literal_at(text, _skip_spaces(text, 0), 0)
+    if _skip_spaces(text, end) != len(text):
+        raise _NotALiteral
+    return value
+
+
+def _skip_spaces(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t":
+        i += 1
+    return i
+
+
+def _literal_at(text: str, i: int, depth: int) -> tuple[object, int]:
+    """The literal starting at text[i] and the index after it."""
+    if i >= len(text):
+        raise _NotALiteral
+    c = text[i]
+    if c == "[":
+        if depth >= _MAX_LITERAL_DEPTH:
+            raise _NotALiteral
+        items: list[object] = []
+        i = _skip_spaces(text, i + 1)
+        while i < len(text) and text[i] != "]":
+            item, i = _literal_at(text, i, depth + 1)
+            items.append(item)
+            i = _skip_spaces(text, i)
+            if i < len(text) and text[i] == ",":
+                i = _skip_spaces(text, i + 1)
+            elif i < len(text) and text[i] != "]":
+                raise _NotALiteral
+        if i >= len(text):
+            raise _NotALiteral
+        return items, i + 1
+    if c in "\"'":
+        end = text.find(c, i + 1)
+        if end < 0 or "\\" in text[i + 1:end]:
+            raise _NotALiteral
+        return text[i + 1:end], end + 1
+    m = _ATOM.match(text, i)
+    if m is None or (m.end() < len(text) and _ATOM.match(text, m.end())):
+        raise _NotALiteral  # no atom, or one longer than any number torch writes
+    atom = m.group()
+    word = atom.lower()
+    if word in _WORDS:
+        return _WORDS[word], m.end()
+    if _INT.fullmatch(atom):
+        return int(atom), m.end()
+    if _FLOAT.fullmatch(atom):
+        return float(atom), m.end()
+    raise _NotALiteral
 
 
 def _parse(text: object) -> tuple[JsonValue, ...]:

@@ -9,14 +9,14 @@ fast. Decoding uses msgspec with typed structs, so only the fields opscope needs
 from __future__ import annotations
 
 import gc
-import io
 import json
 import math
 import os
+import random
 import re
 import stat
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,12 +97,22 @@ _EVENT_DECODER = msgspec.json.Decoder(_Event)
 BATCH = 20_000
 
 DEFAULT_MAX_TRACE_GB = 4.0  # decompressed size a trace may reach before it is refused (--max-trace-gb)
-_READ_CHUNK = 4 << 20  # bytes per read; also the most a gzip bomb can overshoot the limit by
+MAX_TRACE_GB = 10_000.0  # the most --max-trace-gb may say (10 TB: no machine decodes more)
+_READ_CHUNK = 4 << 20  # bytes per read (decompressed bytes per inflate step); the most a bomb can overshoot by
+# Compressed bytes handed to the inflater per step. The ratio check counts what the inflater has taken
+# in, so this is the most it can over-count consumption by (a read-ahead of 4 MB let a 1000x stream
+# reach 2 GB before the check saw it).
+_INFLATE_INPUT = 64 << 10
 _SNIFF = 4096
 # torch's traces compress 10-30x with gzip (JSON with repeated keys); a file that expands far more is a
-# decompression bomb, refused once its output passes _RATIO_CHECK_AFTER.
+# decompression bomb, refused once its output passes _BOMB_CHECK_AFTER.
 MAX_GZIP_RATIO = 500
-_RATIO_CHECK_AFTER = 256 << 20
+# Whitespace is 9-22% of torch's traces (45-78% of one re-dumped by json with indent 2 to 8); a stream
+# that is mostly whitespace is padding, refused once its output (compressed or not) passes
+# _BOMB_CHECK_AFTER, whatever its compression ratio.
+MAX_WHITESPACE_SHARE = 0.9
+_BOMB_CHECK_AFTER = 32 << 20
+_WHITESPACE_SAMPLE = 8 << 10  # bytes of each chunk read whose whitespace is counted (at a random offset)
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 # Event times beyond these are not a profiler's: a duration of more than 30 days, or a timestamp that
 # is not a finite number.
@@ -164,6 +174,9 @@ _OP_COLUMNS = ("name", "pid", "tid", "input_dims", "input_dtypes", "input_stride
                "ts", "dur", "ext_id", "seq", "fwd_tid")  # then kernel_backend, kernel_flop, kernel_num_gb
 
 
+_MALFORMED = "malformed events"
+
+
 class _Rejects:
     """Counts what the reader leaves out, with one example each, for the warnings."""
 
@@ -171,8 +184,8 @@ class _Rejects:
         self.counts: dict[str, int] = {}
         self.examples: dict[str, str] = {}
 
-    def add(self, kind: str, example: str = "") -> None:
-        self.counts[kind] = self.counts.get(kind, 0) + 1
+    def add(self, kind: str, example: str = "", n: int = 1) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + n
         if example and kind not in self.examples:
             self.examples[kind] = example
 
@@ -255,15 +268,26 @@ def _normalise(text: str, value: Any) -> str:
 def max_trace_bytes(max_gb: float | None) -> int:
     """--max-trace-gb as bytes (None: the default)."""
     gb = DEFAULT_MAX_TRACE_GB if max_gb is None else max_gb
-    if not (isinstance(gb, (int, float)) and math.isfinite(gb) and gb > 0):
-        raise TraceError(f"--max-trace-gb must be a positive number of GB, got {max_gb!r}")
+    if not (isinstance(gb, (int, float)) and math.isfinite(gb) and 0 < gb <= MAX_TRACE_GB):
+        shown = f"{max_gb:g}" if isinstance(max_gb, (int, float)) else repr(max_gb)
+        raise TraceError(f"--max-trace-gb must be a number of GB above 0 and at most {MAX_TRACE_GB:,.0f}, got {shown}")
     return int(gb * 1e9)
 
 
-def read_bytes(path: str | Path, max_bytes: int | None = None) -> bytes | bytearray:
+class TraceBytes(bytearray):
+    """A trace's JSON text as read_bytes returns it, with one line each about what reading left out
+    (bytes after the end of the gzip data); load_trace adds them to the trace's warnings."""
+
+    def __init__(self, data: bytes = b"") -> None:
+        super().__init__(data)
+        self.notes: list[str] = []
+
+
+def read_bytes(path: str | Path, max_bytes: int | None = None) -> TraceBytes:
     """The trace's JSON text, gunzipped when needed (by magic number, not by suffix). Reads the file
     once, in chunks (so pipes and /dev/stdin work), rejects what is not JSON from its first bytes, and
-    refuses a trace whose (decompressed) size passes `max_bytes` before spending that memory."""
+    refuses a trace whose (decompressed) size passes `max_bytes`, a decompression bomb or a stream of
+    padding before spending that memory."""
     p = Path(path)
     limit = max_bytes if max_bytes is not None else max_trace_bytes(None)
     try:
@@ -316,10 +340,33 @@ def _sniff(p: Path, first: bytes) -> None:
         raise TraceError(f"{p} is not a readable trace: not JSON (it starts with {_excerpt(text[:16], 24)!r})")
 
 
-def _read_plain(p: Path, head: bytes, f: Any, limit: int) -> bytearray:
-    buf = bytearray(head)
+class _PaddingCheck:
+    """Counts the whitespace of a window of each chunk read, at a random offset (counting all of it
+    would cost as much as inflating it), and refuses the stream once it is mostly whitespace."""
+
+    def __init__(self, p: Path) -> None:
+        self.p = p
+        self.sampled = 0
+        self.whitespace = 0
+        self.rng = random.Random()  # seeded from the OS: a stream cannot place its content in the windows
+
+    def add(self, chunk: bytes | bytearray, total: int) -> None:
+        n = len(chunk)
+        at = self.rng.randrange(n - _WHITESPACE_SAMPLE) if n > _WHITESPACE_SAMPLE else 0
+        window = chunk[at:at + _WHITESPACE_SAMPLE]
+        self.sampled += len(window)
+        self.whitespace += window.count(b" ") + window.count(b"\n") + window.count(b"\t") + window.count(b"\r")
+        if total > _BOMB_CHECK_AFTER and self.whitespace > MAX_WHITESPACE_SHARE * self.sampled:
+            raise TraceError(f"{self.p} is mostly whitespace (over {MAX_WHITESPACE_SHARE:.0%} of its first "
+                             f"{total >> 20:,} MB): padding, not a profiler trace; refused before it fills memory")
+
+
+def _read_plain(p: Path, head: bytes, f: Any, limit: int) -> TraceBytes:
+    buf = TraceBytes(head)
     buf += _read_at_least(f, _SNIFF)
     _sniff(p, bytes(buf[:_SNIFF]))
+    padding = _PaddingCheck(p)
+    padding.add(buf, len(buf))
     while True:
         chunk = f.read(_READ_CHUNK)
         if not chunk:
@@ -327,78 +374,79 @@ def _read_plain(p: Path, head: bytes, f: Any, limit: int) -> bytearray:
         buf += chunk
         if len(buf) > limit:
             raise TraceError(_too_big(p, limit))
+        padding.add(chunk, len(buf))
 
 
-def _gzip_stream(fileobj: io.BufferedReader) -> tuple[io.BufferedIOBase, tuple[type[Exception], ...]]:
-    """A gunzipping reader of `fileobj`, and the exceptions that mean a damaged file. ISA-L's inflate is
+def _inflater() -> tuple[Callable[[], Any], tuple[type[Exception], ...]]:
+    """A maker of gzip-member inflaters, and the exceptions that mean damaged data. ISA-L's inflate is
     ~3x faster than zlib's on large traces; optional."""
-    import gzip
-    damaged: tuple[type[Exception], ...] = (EOFError, gzip.BadGzipFile, zlib.error)
     try:
-        from isal import igzip, isal_zlib
+        from isal import isal_zlib
     except ImportError:
-        return gzip.GzipFile(fileobj=fileobj, mode="rb"), damaged
+        return (lambda: zlib.decompressobj(wbits=31)), (zlib.error,)
     # isal_zlib.pyi declares `error: Exception` (an instance); at run time it is the class of inflate errors
     inflate_error = cast("type[Exception]", isal_zlib.error)
-    opener: type[gzip.GzipFile] = igzip.IGzipFile  # a GzipFile, whose __init__ (unlike IGzipFile's) is typed
-    return opener(fileobj=fileobj, mode="rb"), (*damaged, inflate_error)
+    return (lambda: isal_zlib.decompressobj(wbits=31)), (zlib.error, inflate_error)
 
 
-def _read_gzip(p: Path, head: bytes, f: Any, limit: int) -> bytearray:
-    raw = _Prepend(head, f)
-    stream, damaged = _gzip_stream(io.BufferedReader(raw, _READ_CHUNK))
-    buf = bytearray()
+def _read_gzip(p: Path, head: bytes, f: Any, limit: int) -> TraceBytes:
+    """Inflates member after member (as gzip does), checking after each step the output against
+    `limit`, against the compressed bytes the inflater has actually taken in (MAX_GZIP_RATIO) and for
+    padding. Bytes after the last member that start no new member are left out, with a note."""
+    new_inflater, damaged = _inflater()
+    inflater = new_inflater()
+    buf = TraceBytes()
+    padding = _PaddingCheck(p)
+    pending = head  # compressed bytes read but not yet taken in by the inflater
+    consumed = 0
     try:
         while True:
-            chunk = stream.read(_READ_CHUNK)  # at most this much output per read: bounded even for a bomb
-            if not chunk:
-                return buf
-            if not buf:
-                _sniff(p, chunk[:_SNIFF])
-            buf += chunk
-            if len(buf) > limit:
-                raise TraceError(_too_big(p, limit))
-            if len(buf) > _RATIO_CHECK_AFTER and len(buf) > MAX_GZIP_RATIO * raw.consumed:
-                raise TraceError(f"{p} expands more than {MAX_GZIP_RATIO}x when decompressed: not a profiler "
-                                 "trace (torch's compress about 10-30x); refused before it fills memory")
+            out = inflater.decompress(pending, _READ_CHUNK)  # at most this much output: bounded even for a bomb
+            left = inflater.unused_data if inflater.eof else inflater.unconsumed_tail
+            consumed += len(pending) - len(left)
+            pending = left
+            if out:
+                if not buf:
+                    _sniff(p, out[:_SNIFF])
+                buf += out
+                if len(buf) > limit:
+                    raise TraceError(_too_big(p, limit))
+                if len(buf) > _BOMB_CHECK_AFTER and len(buf) > MAX_GZIP_RATIO * consumed:
+                    raise TraceError(f"{p} expands more than {MAX_GZIP_RATIO}x when decompressed: not a profiler "
+                                     "trace (torch's compress about 10-30x); refused before it fills memory")
+                padding.add(out, len(buf))
+            if inflater.eof:
+                if len(pending) < 2:
+                    pending += _read_at_least(f, 2 - len(pending))
+                if not pending:
+                    return buf
+                if pending[:2] != b"\x1f\x8b":
+                    buf.notes.append(f"{p}: ignored the bytes after the end of its gzip data (they start with "
+                                     f"{_excerpt(pending[:16], 24)!r}, not another gzip member)")
+                    return buf
+                inflater = new_inflater()
+            elif not out and not pending:
+                pending = f.read(_INFLATE_INPUT)
+                if not pending:
+                    raise TraceError(f"{p} is a damaged gzip file: it ends before its compressed data does "
+                                     "(the file was cut short)")
     except damaged as exc:
         raise TraceError(f"{p} is a damaged gzip file ({exc or type(exc).__name__})") from exc
 
 
-class _Prepend(io.RawIOBase):
-    """A read-only stream that first returns `head` (bytes already read while sniffing), then the rest
-    of `f`: works for pipes, which cannot seek back."""
-
-    def __init__(self, head: bytes, f: Any) -> None:
-        super().__init__()
-        self.head, self.f = head, f
-        self.consumed = 0  # bytes handed out so far
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        if self.head:
-            n = min(len(view), len(self.head))
-            view[:n] = self.head[:n]
-            self.head = self.head[n:]
-            self.consumed += n
-            return n
-        data = self.f.read(len(view))
-        view[: len(data)] = data
-        self.consumed += len(data)
-        return len(data)
-
-
 def load_trace(path: str | Path, *, with_python: bool = True, data: bytes | bytearray | None = None,
-               max_bytes: int | None = None) -> TraceData:
-    """Reads a torch.profiler Chrome trace (or decodes `data`, its bytes already read). Raises
-    TraceError (one clear line) on anything unusable; skips and counts malformed events."""
+               max_bytes: int | None = None, owned: bool = False) -> TraceData:
+    """Reads a torch.profiler Chrome trace (or decodes `data`, its bytes already read; `owned`: nothing
+    else reads them, so a repair may edit them in place rather than in a copy). Raises TraceError (one
+    clear line) on anything unusable; skips and counts malformed events."""
+    notes: list[str] = []
     if data is None:
         data = read_bytes(path, max_bytes)
+        owned = True
+    if isinstance(data, TraceBytes):
+        notes = data.notes
     with no_gc():
-        return _load(str(path), data, with_python)
+        return _load(str(path), data, with_python, notes, owned)
 
 
 @contextmanager
@@ -414,28 +462,275 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _load(path: str, data: bytes | bytearray, with_python: bool) -> TraceData:
-    start = bytes(data[:_SNIFF]).lstrip(b" \t\r\n\xef\xbb\xbf")
+def _load(path: str, data: bytes | bytearray, with_python: bool, notes: list[str], owned: bool) -> TraceData:
     try:
-        if start[:1] == b"[":
-            doc = _TraceFile(traceEvents=_ARRAY_DECODER.decode(data))
-        else:
-            doc = _DECODER.decode(data)
+        doc, repaired = _decode_document(path, data, owned)
     except msgspec.ValidationError as exc:
         raise TraceError(f"{path} is not a torch.profiler trace ({exc})") from exc
-    except (msgspec.DecodeError, RecursionError) as exc:
-        kind = "truncated or invalid JSON" if data.strip() else "empty"
-        raise TraceError(f"{path} is not a readable trace: {kind} ({exc})") from exc
     if doc.traceEvents is None:
         raise TraceError(f"{path} is JSON but has no 'traceEvents': not a Chrome trace")
     rejects = _Rejects()
     trace = _columnize(path, doc, with_python=with_python, rejects=rejects)
     del doc, data
-    trace.warnings = [f"{path}: skipped {line}" for line in rejects.lines()]
+    trace.warnings = [*notes, *repaired, *(f"{path}: skipped {line}" for line in rejects.lines())]
     if nrows(trace.ops) == 0 and not trace.has_gpu:
+        malformed = rejects.counts.get(_MALFORMED, 0)
+        if malformed:  # what is wrong is the skipped events, not a missing profiler activity
+            raise TraceError(f"{path} has no operator (cpu_op) events or GPU kernels it can use: {malformed:,} of its "
+                             f"{trace.n_events:,} events are malformed and were skipped (first: "
+                             f"{rejects.examples.get(_MALFORMED, '?')})")
         raise TraceError(f"{path} has no operator (cpu_op) events and no GPU kernels: nothing to analyze "
                          "(record it with torch.profiler's CPU and/or CUDA activity)")
     return trace
+
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def _decode_top(data: bytes | bytearray, start: int, end: int) -> _TraceFile:
+    """The document's top level (events stay raw), from byte `start` (after a BOM) to `end`."""
+    view = memoryview(data)[start:end] if start or end < len(data) else data
+    if bytes(view[:_SNIFF]).lstrip(b" \t\r\n")[:1] == b"[":
+        return _TraceFile(traceEvents=_ARRAY_DECODER.decode(view))
+    return _DECODER.decode(view)
+
+
+def _decode_document(path: str, data: bytes | bytearray, owned: bool) -> tuple[_TraceFile, list[str]]:
+    """The decoded top level, and one line each about what was repaired to decode it. A UTF-8 byte
+    order mark is skipped; faults msgspec refuses the whole document for, though they spoil one value
+    at most, are repaired (_Repairs); anything else is one TraceError naming what and where."""
+    start = len(_BOM) if data[:3] == _BOM else 0
+    try:
+        try:
+            return _decode_top(data, start, len(data)), []
+        except msgspec.ValidationError:
+            raise  # the JSON is fine; its shape is not a trace's
+        except msgspec.DecodeError as exc:
+            return _Repairs(path, data, start, owned).run(exc)
+    except RecursionError as exc:
+        raise TraceError(f"{path} is not a readable trace: JSON nested too deeply") from exc
+
+
+_ERROR_AT = re.compile(r"\(byte (\d+)\)")
+_NON_JSON_NUMBERS = (b"Infinity", b"NaN")  # what Python's json writes for inf and nan (JSON has neither)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_MAX_REPAIR_ROUNDS = 32
+_JSON_WHITESPACE = b" \t\r\n"
+
+
+class _Repairs:
+    """Repairs, in the trace's bytes (a copy unless `owned`), the faults for which msgspec refuses a
+    whole document though each spoils one value: a NaN or (-)Infinity token (read as null, so a field
+    that may be absent is; an event that needs the number is skipped as malformed), a lone UTF-16
+    surrogate escape in a string (read as U+FFFD) and bytes after the end of the JSON (ignored).
+    Every edit keeps the length, so msgspec's error positions stay valid.
+
+    msgspec names the first fault's position, so each decode would find one more: after the first
+    NaN, every other NaN/Infinity that stands where a value does and outside strings (by the parity
+    of the quotes before it) is written as a string of the same length ("N" for NaN) and the document
+    decoded again. Should such an edit be inside a string after all, it closes the string with a
+    letter after it, so msgspec fails one byte past it and it is undone; once the document decodes,
+    every edit stood outside strings and is made null. At most _MAX_REPAIR_ROUNDS decodes."""
+
+    def __init__(self, path: str, data: bytes | bytearray, start: int, owned: bool) -> None:
+        self.path = path
+        self.data = data
+        self.buf: bytearray | None = data if owned and isinstance(data, bytearray) else None
+        self.start = start
+        self.end = len(data)
+        self.tokens: dict[int, bytes] = {}  # position -> the non-JSON number written there as a string
+        self.unsure: set[int] = set()  # those of them that may be inside a string
+        self.inside: set[int] = set()  # positions known to be inside a string
+        self.surrogates = 0
+        self.guessed = False
+
+    def run(self, error: msgspec.DecodeError) -> tuple[_TraceFile, list[str]]:
+        for _ in range(_MAX_REPAIR_ROUNDS):
+            if not self._repair(error):
+                raise TraceError(self._unreadable(error)) from error
+            try:
+                doc = _decode_top(self._data(), self.start, self.end)
+            except msgspec.ValidationError:
+                raise
+            except msgspec.DecodeError as exc:
+                error = exc
+                continue
+            if self.tokens:
+                self.unsure.clear()  # the document decodes: no edit is inside a string
+                self._write_nulls()
+                try:
+                    doc = _decode_top(self._data(), self.start, self.end)
+                except msgspec.DecodeError as exc:
+                    error = exc
+                    continue
+            return doc, self._notes()
+        raise TraceError(f"{self.path} is not a readable trace: more than {_MAX_REPAIR_ROUNDS} faults "
+                         f"that are not JSON (last: {self._where(error)})")
+
+    def _data(self) -> bytes | bytearray:
+        return self.buf if self.buf is not None else self.data
+
+    def _writable(self) -> bytearray:
+        if self.buf is None:
+            self.buf = bytearray(self.data)  # the caller still reads `data` (it may be gzipping it)
+        return self.buf
+
+    def _position(self, error: msgspec.DecodeError) -> int | None:
+        m = _ERROR_AT.search(str(error))
+        return self.start + int(m.group(1)) if m else None
+
+    def _repair(self, error: msgspec.DecodeError) -> bool:
+        pos = self._position(error)
+        if pos is None:
+            return False
+        text = str(error)
+        data = self._data()
+        if pos - 1 in self.unsure:  # an edit inside a string: undo it
+            self._write(pos - 1, self.tokens.pop(pos - 1))
+            self.unsure.discard(pos - 1)
+            self.inside.add(pos - 1)
+            return True
+        token = self._token_at(data, pos)
+        if token is not None:
+            at = pos - 1 if token.startswith(b"-") else pos
+            self._write(at, _as_string(token))
+            self.tokens[at] = token
+            if not self.guessed:
+                self.guessed = True
+                self._guess_tokens(at)
+            return True
+        if "escape" in text or "surrogate" in text:
+            return self._replace_lone_surrogates() > 0
+        if "trailing characters" in text and pos - 1 > self.start:
+            self.end = pos - 1  # msgspec names the byte after the first one past the document
+            return True
+        return False
+
+    @staticmethod
+    def _token_at(data: bytes | bytearray, pos: int) -> bytes | None:
+        for token in _NON_JSON_NUMBERS:
+            if data[pos:pos + len(token)] == token:
+                return b"-" + token if pos > 0 and data[pos - 1:pos] == b"-" else token
+        return None
+
+    def _guess_tokens(self, after: int) -> None:
+        """Every other NaN/Infinity after `after` (where msgspec found the first, outside any string;
+        none stands before it) that stands where a value does, written as a string: outside strings
+        when an even number of unescaped quotes lies between it and `after` (so in a document that is
+        JSON but for these tokens, exactly those); an edit that is inside one after all is undone by
+        the next decode."""
+        data = self._data()
+        found = []
+        for token in _NON_JSON_NUMBERS:
+            i = data.find(token, after, self.end)
+            while i >= 0:
+                found.append((i, len(token)))
+                i = data.find(token, i + len(token), self.end)
+        found.sort()
+        quotes, last = 0, after
+        for i, n in found:
+            at = i - 1 if data[i - 1:i] == b"-" else i
+            quotes += _unescaped_quotes(data, last, at)  # an edit below adds two: the parity stays
+            last = at
+            if quotes % 2 or at in self.tokens or not _stands_as_value(data, at, i + n - at):
+                continue
+            whole = bytes(data[at:i + n])
+            self._write(at, _as_string(whole))
+            self.tokens[at] = whole
+            self.unsure.add(at)
+            data = self._data()
+
+    def _write_nulls(self) -> None:
+        """Each non-JSON number, known to stand outside strings, as null where it has the room (a
+        bare NaN needs one byte of whitespace beside it; without it, it stays a string)."""
+        data = self._writable()
+        for at, token in self.tokens.items():
+            if len(token) >= 4:
+                data[at:at + len(token)] = b"null" + b" " * (len(token) - 4)
+            elif data[at - 1:at] in (b" ", b"\t", b"\r", b"\n"):
+                data[at - 1:at + 3] = b"null"
+            elif data[at + 3:at + 4] in (b" ", b"\t", b"\r", b"\n"):
+                data[at:at + 4] = b"null"
+
+    def _replace_lone_surrogates(self) -> int:
+        """\\uD800-\\uDFFF escapes that are not half of a pair, as \\uFFFD (same length)."""
+        data = self._data()
+        lone = []
+        for m in _SURROGATE_ESCAPE.finditer(data, self.start, self.end):
+            i = m.start()
+            if not _is_escape(data, i):
+                continue
+            if data[i + 2:i + 4].lower() in (b"d8", b"d9", b"da", b"db"):  # high: a low one must follow
+                paired = bool(_SURROGATE_ESCAPE.match(data, i + 6)) and data[i + 8:i + 10].lower() in (
+                    b"dc", b"dd", b"de", b"df")
+            else:  # low: a high one must come before
+                paired = (i >= 6 and bool(_SURROGATE_ESCAPE.match(data, i - 6)) and _is_escape(data, i - 6)
+                          and data[i - 4:i - 2].lower() in (b"d8", b"d9", b"da", b"db"))
+            if not paired:
+                lone.append(i)
+        for i in lone:
+            self._write(i, rb"\ufffd")
+        self.surrogates += len(lone)
+        return len(lone)
+
+    def _write(self, at: int, text: bytes) -> None:
+        self._writable()[at:at + len(text)] = text
+
+    def _where(self, error: msgspec.DecodeError) -> str:
+        pos = self._position(error)
+        reason = str(error).split(": ", 1)[-1]
+        reason = _ERROR_AT.sub("", reason).strip()
+        if pos is None:
+            return reason
+        data = self._data()
+        line = data.count(b"\n", 0, pos) + 1
+        column = pos - (data.rfind(b"\n", 0, pos) + 1) + 1
+        return f"{reason} at line {line:,}, column {column:,}, near {_excerpt(bytes(data[max(0, pos - 20):pos + 20]), 44)!r}"
+
+    def _unreadable(self, error: msgspec.DecodeError) -> str:
+        kind = "truncated or invalid JSON" if bytes(self.data[:_SNIFF]).strip() else "empty"
+        return f"{self.path} is not a readable trace: {kind} ({self._where(error)})"
+
+    def _notes(self) -> list[str]:
+        notes = []
+        if self.tokens:
+            notes.append(f"{self.path}: read {len(self.tokens):,} NaN/Infinity values as null (JSON has no such "
+                         "numbers; an event that needs one is skipped)")
+        if self.surrogates:
+            notes.append(f"{self.path}: read {self.surrogates:,} lone UTF-16 surrogate escapes in strings as "
+                         "U+FFFD (they encode no character)")
+        if self.end < len(self.data):
+            notes.append(f"{self.path}: ignored {len(self.data) - self.end:,} bytes after the end of its JSON")
+        return notes
+
+
+def _as_string(token: bytes) -> bytes:
+    """A JSON string of the token's length: NaN -> "N", Infinity -> "Infini"."""
+    return b'"' + token[:len(token) - 2] + b'"'
+
+
+def _is_escape(data: bytes | bytearray, i: int) -> bool:
+    """Whether the backslash at i starts an escape (an even number of backslashes before it)."""
+    k = i
+    while k > 0 and data[k - 1] == 0x5C:
+        k -= 1
+    return (i - k) % 2 == 0
+
+
+def _unescaped_quotes(data: bytes | bytearray, start: int, end: int) -> int:
+    n = data.count(b'"', start, end)
+    j = data.find(b'\\"', start, end)
+    while j >= 0:
+        if _is_escape(data, j):
+            n -= 1
+        j = data.find(b'\\"', j + 2, end)
+    return n
+
+
+def _stands_as_value(data: bytes | bytearray, at: int, n: int) -> bool:
+    before = data[max(0, at - 8):at].rstrip(_JSON_WHITESPACE)[-1:]
+    after = data[at + n:at + n + 8].lstrip(_JSON_WHITESPACE)[:1]
+    return before in (b":", b",", b"[") and after in (b",", b"}", b"]")
 
 
 def _batches(raws: list[msgspec.Raw], rejects: _Rejects) -> Iterator[list[_Event]]:
@@ -451,7 +746,7 @@ def _batches(raws: list[msgspec.Raw], rejects: _Rejects) -> Iterator[list[_Event
                 try:
                     good.append(_EVENT_DECODER.decode(raw))
                 except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                    rejects.add("malformed events", str(exc))
+                    rejects.add(_MALFORMED, str(exc))
             yield good
 
 
@@ -629,6 +924,15 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
     for table in (ops, launch, ann, steps, py, mods, mem):
         table["pid"] = _ids(table["pid"])
         table["tid"] = _ids(table["tid"])
+    # GPU activity is judged on its own: a trace whose device clock is offset as a whole keeps its kernels
+    # (they are tied to their launches by correlation ids, not by time)
+    ops, launch, ann, steps, mods, mem = _near_the_rest([ops, launch, ann, steps, mods, mem], rejects)
+    (kern,) = _near_the_rest([kern], rejects)
+    ops, kern, launch, ann, mods, mem = (_drop_duplicates(table, key, rejects, unique) for table, key, unique in (
+        (ops, ("name", "pid", "tid", "ts", "dur", "ext_id", "seq"), "ext_id"),
+        (kern, ("cat", "name", "ts", "dur", "correlation", "ext_id", "stream", "device"), "correlation"),
+        (launch, ("name", "pid", "tid", "ts", "dur", "correlation"), "correlation"),
+        (ann, _INTERVAL_COLUMNS, "ts"), (mods, _INTERVAL_COLUMNS, "ts"), (mem, _MEMORY_COLUMNS, "ts")))
     return TraceData(
         path=path,
         ops=ops,
@@ -646,6 +950,54 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
         opscope_block=doc.opscope,
         memory=mem,
     )
+
+
+_DUPLICATES = ("exact duplicates of other events (same name, thread, times and ids, as a trace merger that "
+               "writes each event twice gives)")
+
+
+def _drop_duplicates(table: Table, key: tuple[str, ...], rejects: _Rejects, unique: str) -> Table:
+    """`table` without the rows whose `key` columns repeat an earlier row's (counted): an event recorded
+    once is one row, however often a merged trace lists it. Python frames are left as they are (a
+    repeated frame changes no number). `unique`: a key column whose values are distinct in most
+    traces (an id, else the time): when they are, or the times are, there is nothing to do."""
+    n = nrows(table)
+    if n < 2 or len(set(table[unique])) == n or (unique != "ts" and len(set(table["ts"])) == n):
+        return table  # the common case, decided at C speed (a set of ints costs half one of floats)
+    rows = list(zip(*(table[k] for k in key), strict=True))
+    if len(set(rows)) == n:
+        return table
+    seen: set[tuple[Any, ...]] = set()
+    keep = []
+    for i, row in enumerate(rows):
+        if row not in seen:
+            seen.add(row)
+            keep.append(i)
+    rejects.add(_DUPLICATES, n=n - len(keep))
+    return take(table, keep)
+
+
+def _near_the_rest(tables: list[Table], rejects: _Rejects) -> list[Table]:
+    """The tables without the events whose timestamp lies more than MAX_DURATION_US from the median of
+    all of them (counted): a trace spans seconds, so such a time is corrupt, and kept it would stretch
+    the trace's span (the whole-trace step) by as much. (Python frames are not passed: one far away
+    holds no op, so it changes nothing.)"""
+    starts = [t["ts"] for t in tables if t["ts"]]
+    if not starts or max(map(max, starts)) - min(map(min, starts)) <= MAX_DURATION_US:
+        return tables  # the common case, at C speed
+    times = sorted(x for column in starts for x in column)
+    middle = times[len(times) // 2]
+    out = []
+    for table in tables:
+        keep = [i for i, t in enumerate(table["ts"]) if abs(t - middle) <= MAX_DURATION_US]
+        if len(keep) < nrows(table):
+            dropped = next(i for i, t in enumerate(table["ts"]) if abs(t - middle) > MAX_DURATION_US)
+            name = table["name"][dropped] if "name" in table else MEMORY_EVENT
+            rejects.add("events with a timestamp more than 30 days from the rest of the trace (excluded)",
+                        f"{_excerpt(name, 40)!r} at {table['ts'][dropped]:g} µs", n=nrows(table) - len(keep))
+            table = take(table, keep)
+        out.append(table)
+    return out
 
 
 def _memory_event(e: _Event, a: _Args, mem: Table, rejects: _Rejects) -> None:
