@@ -34,7 +34,18 @@ app = typer.Typer(
     rich_markup_mode=None,
     help="Which PyTorch operators make your model slow, why, and what to do about it.",
 )
-stderr = Console(stderr=True, highlight=False)
+# The terminal's width is input too ($COLUMNS): at a billion columns a report took minutes and gigabytes,
+# at 0 it printed nothing. Every console the commands print on is clamped to these.
+MIN_WIDTH, MAX_WIDTH = 40, 1000
+
+
+def _console(*, stderr: bool = False) -> Console:
+    console = Console(stderr=stderr, highlight=False)
+    console.width = min(max(console.width, MIN_WIDTH), MAX_WIDTH)
+    return console
+
+
+stderr = _console(stderr=True)
 _state = {"debug": False}
 
 
@@ -127,7 +138,7 @@ def _emit(run: Run, json_out: bool, top: int) -> None:
         return
     from opscope.render.console import render_run
 
-    render_run(run, Console(highlight=False), top=top)
+    render_run(run, _console(), top=top)
 
 
 @app.command()
@@ -218,7 +229,7 @@ def profile(
         from opscope.render.text import cleaned_run
 
         section = swap_group(cleaned_run(run))
-        console = Console(highlight=False)
+        console = _console()
         console.print(section if section is not None else Text("no swap candidates: no bundled kernel matches an op "
                                                                "of this model"))
 
@@ -392,7 +403,7 @@ def report(
         # the run's own report.html is rewritten by each call; any other file only with --force
         path = write_html(run, output if output is not None else default_html_path(run_path), comparison,
                           replace=force or output is None)
-        Console(highlight=False).print(Text(f"report: {clean(shown_path(path))}"), soft_wrap=True)
+        _console().print(Text(f"report: {clean(shown_path(path))}"), soft_wrap=True)
         return
     if json_out:
         sys.stdout.write(dumps(run.summary if comparison is None else
@@ -401,11 +412,11 @@ def report(
     if tree:
         from opscope.render.console_report import render_tree
 
-        render_tree(run, Console(highlight=False), fold=fold)
+        render_tree(run, _console(), fold=fold)
         return
     from opscope.render.console_report import render_report
 
-    render_report(run, Console(highlight=False), top=top, findings=findings, comparison=comparison)
+    render_report(run, _console(), top=top, findings=findings, comparison=comparison)
 
 
 @app.command()
@@ -436,7 +447,7 @@ def compare(
     else:
         from opscope.render.console_report import comparison_group
 
-        console = Console(highlight=False)
+        console = _console()
         console.print(comparison_group(comparison, top, console.width))
     if fail_above is not None and regressed(comparison, fail_above):
         stderr.print(f"opscope: regression: B's step time is {comparison.step_ratio:.2f}x A's "
@@ -459,7 +470,7 @@ def calibrate(
     if json_out:
         sys.stdout.write(json.dumps(calibration.result.to_json(), indent=2) + "\n")
     else:
-        Console(highlight=False).print(cal.format_report(calibration.result), markup=False, soft_wrap=True)
+        _console().print(cal.format_report(calibration.result), markup=False, soft_wrap=True)
     if calibration.path is None:
         stderr.print("not cached: unstable (the machine was busy; see the notes); the cache keeps what it had",
                      markup=False)
@@ -497,7 +508,7 @@ def kernels(
             return
         from opscope.render.kernels import listing
 
-        listing(doc, Console(highlight=False))
+        listing(doc, _console())
         return
     import datetime as dt
 
@@ -513,7 +524,7 @@ def kernels(
     else:
         from opscope.render.kernels import benchmark
 
-        benchmark(result, Console(highlight=False))
+        benchmark(result, _console())
     stderr.print(f"results: {jpath} (and .csv)")
 
 
@@ -580,7 +591,7 @@ def swap(
         from opscope.render.console import summary_panel
         from opscope.render.console_report import swap_group
 
-        console = Console(highlight=False)
+        console = _console()
         clean_run = cleaned_run(run)
         console.print(summary_panel(clean_run))
         section = swap_group(clean_run)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opscope.errors import OutputError
+from opscope.limits import MAX_TEXT_CHARS, bounded
 from opscope.run.model import DEFAULT_REPORTS_DIR, RANKS_FILE, STAGING_PREFIX, Run
 from opscope.table import Table
 
@@ -104,9 +105,11 @@ def _reserve(stem: str, base: Path) -> Path:
 
 
 def _clean(value: Any) -> Any:
-    """JSON-safe: NaN/inf -> null, numpy scalars -> Python."""
+    """JSON-safe: NaN/inf -> null, numpy scalars -> Python; a string over MAX_TEXT_CHARS cut to that."""
+    if isinstance(value, str):
+        return value if len(value) <= MAX_TEXT_CHARS else bounded(value)
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {_clean(k): _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_clean(v) for v in value]
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):
@@ -216,8 +219,9 @@ def _gzip_bytes(data: bytes | bytearray, dst: Path) -> None:
 def write_csv(table: Table, path: Path) -> None:
     """The table as CSV, byte for byte what `DataFrame.to_csv(path, index=False)` wrote (opscope's format
     before tables), without pandas: floats by repr, NaN and None empty, bools True/False, minimal
-    quoting."""
-    columns = [[v if type(v) is str else _csv_cell(v) for v in values] for values in table.values()]
+    quoting. A text over MAX_TEXT_CHARS is cut to that: every cell stays readable by csv's field limit."""
+    columns = [[(v if len(v) <= MAX_TEXT_CHARS else bounded(v)) if type(v) is str else _csv_cell(v) for v in values]
+               for values in table.values()]
     with open(path, "w", encoding="utf-8", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow([str(c) for c in table])
