@@ -114,6 +114,10 @@ _MEMORY_COLUMNS = ("pid", "tid", "ts", "bytes", "addr", "total_allocated", "devi
 MAX_NUMEL = 1 << 50
 
 
+class NothingRecorded(TraceError):
+    """A trace with no operator and no kernel: readable, but nothing ran while it was recorded."""
+
+
 @dataclass
 class TraceData:
     """One trace as column tables (opscope.table: column -> list; pid/tid are ints, times floats).
@@ -436,7 +440,7 @@ def _load(path: str, data: bytes | bytearray, with_python: bool) -> TraceData:
     del doc, data
     trace.warnings = [f"{path}: skipped {line}" for line in rejects.lines()]
     if nrows(trace.ops) == 0 and not trace.has_gpu:
-        raise TraceError(f"{path} has no operator (cpu_op) events and no GPU kernels: nothing to analyze "
+        raise NothingRecorded(f"{path} has no operator (cpu_op) events and no GPU kernels: nothing to analyze "
                          "(record it with torch.profiler's CPU and/or CUDA activity)")
     return trace
 

@@ -74,6 +74,24 @@ def test_exception_in_forward_shows_message_and_line(tmp_path):
     assert_clean_error(proc, "shapes are wrong in my block", "ValueError", "model.py:6")
 
 
+def test_a_model_that_runs_no_operator_is_told_so_without_internal_paths(tmp_path):
+    """An identity model records nothing: the error said the temporary memory.json had no operators."""
+    path = write_model(tmp_path, """
+        import torch
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return x
+
+        def get_inputs():
+            return [torch.randn(4, 4)]
+    """)
+    proc = run_cli("profile", str(path), "--steps", "1", "--warmup", "0", *PEAKS, cwd=tmp_path)
+    line = assert_clean_error(proc, "the model's steps ran no torch operator", "nothing to profile")
+    assert "/tmp" not in line and ".json" not in line and "opscope-" not in line
+    assert no_runs_written(tmp_path)
+
+
 def test_cuda_without_gpu(tmp_path):
     import torch
 
