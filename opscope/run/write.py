@@ -54,6 +54,21 @@ def check_out_dir(out: Path | None, base: Path | None = None) -> None:
     _check_writable_folder(out.absolute().parent, f"--out {out}: its parent folder")
 
 
+def make_folders(folder: Path) -> None:
+    """`mkdir -p folder`, without recursion: pathlib's and os.makedirs recurse once per missing folder, and
+    an --out 2,000 folders deep ended in a RecursionError."""
+    missing = []
+    current = folder.absolute()
+    while not current.is_dir():
+        missing.append(current)
+        if current.parent == current:
+            break
+        current = current.parent
+    for path in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made meanwhile by another process
+            path.mkdir()
+
+
 def _check_writable_folder(folder: Path, what: str) -> None:
     """The nearest existing ancestor of `folder` must be a directory we can create entries in; checked by
     creating (and removing) a probe directory, which also catches read-only file systems."""
@@ -146,7 +161,7 @@ class TraceCompressor:
                     return
         if not folder.exists():
             self._made_folder = folder  # removed again by discard() if the run never lands there
-        folder.mkdir(parents=True, exist_ok=True)
+        make_folders(folder)
         fd, name = tempfile.mkstemp(prefix=".trace-", suffix=".json.gz", dir=folder)
         self.path = path = Path(name)
         try:
@@ -255,7 +270,7 @@ def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
     try:
         if out is not None:
             check_out_dir(out)
-        folder.mkdir(parents=True, exist_ok=True)
+        make_folders(folder)
         tmp = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=folder))
         (tmp / "meta.json").write_text(dumps(run.meta) + "\n")
         write_csv(run.ops, tmp / "ops.csv")

@@ -23,6 +23,7 @@ from types import ModuleType
 from typing import Any
 
 from opscope.errors import TargetError
+from opscope.limits import bounded, path_problem
 from opscope.sources import classify_path, display_path
 
 ACCEPTED = ("`get_model()` + `get_inputs()`, `class Model(nn.Module)` + `get_inputs()` (KernelBench style), "
@@ -71,6 +72,9 @@ def _call_user(fn: Callable[..., Any], what: str, *args: Any) -> Any:
 def check_target_file(path: Path) -> None:
     """The checks that need neither torch nor running the file: it exists, is a readable Python file and
     compiles. TargetError (one line) otherwise."""
+    problem = path_problem(path)
+    if problem is not None:
+        raise TargetError(f"{bounded(str(path), 80)}: {problem}")
     if not path.exists():
         raise TargetError(f"no such file: {path}")
     if path.is_dir():
