@@ -177,7 +177,7 @@ def profile(
     nsys_args: str | None = typer.Option(None, "--nsys-args", metavar="ARGS",
                                          help="Extra `nsys profile` arguments, quoted as one string."),
     nvtx_ops: bool = typer.Option(False, "--nvtx-ops", help="With --nsys: every aten op an NVTX range "
-                                  "(torch.autograd.profiler.emit_nvtx(record_shapes=True)); adds CPU time per op."),
+                                  "(torch.autograd.profiler.emit_nvtx, with record_shapes=True); adds CPU time per op."),
     ncu: bool = typer.Option(False, "--ncu", help="Also measure the kernels of the heaviest op rows with Nsight "
                              "Compute (ncu): DRAM bytes, FLOPs and % of speed of light next to the modeled ones."),
     ncu_top: int = typer.Option(10, "--ncu-top", min=1, max=10_000, metavar="N",
