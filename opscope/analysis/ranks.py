@@ -591,7 +591,7 @@ def analyze_rank_folder(folder: Path, *, out: Path | None = None, peak_bw: float
                 rr = RankRun(stats["rank"], run, stats, "")
             rr.folder = f"ranks/{rr.rank}"
             rank_runs.append(rr)
-        merged = merge_ranks(rank_runs, target=str(folder), warn=warn_once)
+        merged = merge_ranks(rank_runs, target=os.path.normpath(folder), warn=warn_once)
         write_merged(merged, ranks_dir, out=out, stem=_stem(folder), base=base)
     return merged
 

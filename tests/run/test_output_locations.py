@@ -184,3 +184,15 @@ def test_a_model_that_changes_directory_still_writes_where_it_was_started(tmp_pa
     assert _complete(run_dir)
     assert not (elsewhere / "reports").exists()
     assert f"run directory: reports/{run_dir.name}" in proc.stderr
+
+
+def test_paths_are_shown_normalised(tmp_path):
+    """`work/../x` printed as given: the trace in the header, the run directory at the end."""
+    (tmp_path / "work").mkdir()
+    trace = tmp_path / "t.json.gz"
+    trace.write_bytes((TRACES.parent / "cpu_traces" / "avx2_channels_last_after_train.json.gz").read_bytes())
+    proc = run_cli("analyze", "work/../t.json.gz", "--out", "work/../run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "work/.." not in proc.stdout
+    assert "run directory: run" in proc.stdout and "│ t.json.gz  (trace" in proc.stdout
+    assert json.loads((tmp_path / "run" / "meta.json").read_text())["target"] == "t.json.gz"
