@@ -187,7 +187,7 @@ def test_a_compiled_model_gets_no_warning_about_opscopes_hooks():
         with module_stack(compiled) as current:
             compiled(torch.randn(2, 4))
             assert current() == ("", "")
-        warnings.warn("the user's own warning", UserWarning)
+        warnings.warn("the user's own warning", UserWarning, stacklevel=1)
     messages = [str(w.message) for w in caught]
     assert not any("global hooks" in m for m in messages), messages
     assert "the user's own warning" in messages  # only that one warning is silenced, only while tracking
