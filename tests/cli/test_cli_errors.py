@@ -235,3 +235,21 @@ def test_an_out_folder_thousands_of_folders_deep(tmp_path):
         folder.rmdir()
     deeper = run_cli("analyze", str(SMALL_TRACE), "--out", str(Path(*["a"] * 2100)), cwd=tmp_path)
     assert_clean_error(deeper, "made absolute, over the 4,095 bytes the OS allows")
+
+
+def test_a_huge_exception_message_from_the_model_is_one_bounded_line(tmp_path):
+    """A model raising a 20 MB message was printed whole (issue 23, item 1); it is now cut in the child,
+    before it travels to the parent, and again where it is printed."""
+    path = write_model(tmp_path, """
+        import torch
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                raise ValueError("too big " + "z" * 20_000_000)
+
+        def get_inputs():
+            return [torch.randn(2, 2)]
+    """)
+    proc = run_cli("profile", str(path), *PEAKS, cwd=tmp_path)
+    line = assert_clean_error(proc, "ValueError: too big zzz", "characters]")
+    assert len(line) < 3000
