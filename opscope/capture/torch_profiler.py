@@ -298,7 +298,7 @@ def profile_meta(opts: ProfileOptions, device: torch.device, dtype: str | None, 
         "opscope_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "source": "profile",
-        "target": os.path.relpath(opts.target) if not opts.target.is_absolute() else str(opts.target),
+        "target": os.path.normpath(opts.target),  # as shown: /work/../models/x.py printed as given
         "torch_version": torch.__version__,
         "device": dev,
         "dtype": dtype,

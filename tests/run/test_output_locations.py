@@ -196,3 +196,22 @@ def test_paths_are_shown_normalised(tmp_path):
     assert "work/.." not in proc.stdout
     assert "run directory: run" in proc.stdout and "│ t.json.gz  (trace" in proc.stdout
     assert json.loads((tmp_path / "run" / "meta.json").read_text())["target"] == "t.json.gz"
+
+
+def test_a_profiled_model_path_is_shown_normalised(tmp_path):
+    (tmp_path / "work").mkdir()
+    write_model(tmp_path, """
+        import torch
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return torch.relu(x * 2)
+
+        def get_inputs():
+            return [torch.randn(16, 16)]
+    """)
+    proc = run_cli("profile", "work/../model.py", "--steps", "1", "--warmup", "0", "--peak-bw", "20",
+                   "--peak-flops", "100", "--out", "work/../run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "work/.." not in proc.stdout and "run directory: run" in proc.stdout
+    assert json.loads((tmp_path / "run" / "meta.json").read_text())["target"] == str(tmp_path / "model.py")
