@@ -18,6 +18,7 @@ from typing import Any
 
 from opscope import units
 from opscope.analysis.memory import KEY_COLUMNS, MemoryProfile
+from opscope.limits import bounded
 from opscope.run.write import json_safe
 from opscope.table import Table
 
@@ -107,6 +108,7 @@ def read_block(block: Any) -> Block:
         columns.append(column)
     if len({len(c) for c in columns}) != 1:
         raise BlockError("'ops' columns are malformed")
+    strings = [bounded(s) for s in strings]  # names and lines from an untrusted file, as the reader's
     n = len(strings)
     if any(not 0 <= x < n for c in columns[1:] for x in c):
         raise BlockError("'ops' refers to strings it does not have")
@@ -114,6 +116,7 @@ def read_block(block: Any) -> Block:
     classes = block.get("module_classes", {})
     if not isinstance(classes, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in classes.items()):
         raise BlockError("'module_classes' is malformed")
+    classes = {bounded(k): bounded(v) for k, v in classes.items()}
     return by_ext, classes, _memory(block.get("memory"))
 
 

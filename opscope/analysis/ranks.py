@@ -55,7 +55,7 @@ from opscope.findings.straggler import MIN_EXCESS
 from opscope.machine.peaks import Peaks
 from opscope.run.model import DEFAULT_REPORTS_DIR, STAGING_PREFIX, Run
 from opscope.run.read import read_run
-from opscope.run.write import check_out_dir, write_run
+from opscope.run.write import check_out_dir, make_folders, write_run
 from opscope.table import (
     NAN,
     Table,
@@ -500,7 +500,7 @@ def staging_folder(parent: Path) -> Iterator[Path]:
     """A hidden folder beside the final run (same file system, so ranks/ moves in by rename), named like
     a run being written so that a killed process's leftovers are removed (opscope.run.discard_staging)."""
     made = not parent.exists()
-    parent.mkdir(parents=True, exist_ok=True)
+    make_folders(parent)
     path = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-ranks-", dir=parent))
     try:
         yield path
@@ -615,7 +615,7 @@ def analyze_rank_folder(folder: Path, *, out: Path | None = None, peak_bw: float
             rank_runs.append(rr)
             check_ranks_agree(rank_runs, sources, folder, None)  # a mixed folder stops at its first odd rank
         check_ranks_agree(rank_runs, sources, folder, warn_once)
-        merged = merge_ranks(rank_runs, target=str(folder), warn=warn_once)
+        merged = merge_ranks(rank_runs, target=os.path.normpath(folder), warn=warn_once)
         write_merged(merged, ranks_dir, out=out, stem=_stem(folder), base=base)
     return merged
 

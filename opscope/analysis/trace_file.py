@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -193,7 +194,7 @@ def trace_meta(path: Path, trace: TraceData, device: dict[str, str], peaks: Peak
         "opscope_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "source": "trace",
-        "target": str(path),
+        "target": os.path.normpath(path),
         "torch_version": trace.torch_version,
         "device": device,
         "dtype": None,

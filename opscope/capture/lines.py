@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -213,10 +214,17 @@ def module_stack(model: Any) -> Iterator[Callable[[], tuple[str, str]]]:
     before = hooks.register_module_forward_pre_hook(pre)
     after = hooks.register_module_forward_hook(post, always_call=True)
     try:
-        yield current
+        with warnings.catch_warnings():
+            # A torch.compile'd model warns, on each call, that global hooks fire once more for its wrapper:
+            # these hooks are opscope's, and the extra call (a push and its pop) changes nothing.
+            warnings.filterwarnings("ignore", message=_COMPILED_HOOK_WARNING, category=UserWarning)
+            yield current
     finally:
         before.remove()
         after.remove()
+
+
+_COMPILED_HOOK_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 
 
 def _outside_modules() -> tuple[str, str]:

@@ -41,7 +41,7 @@ from opscope.capture.harness import process_state_kept, resolve_device
 from opscope.capture.layout_probe import layout_probe_for
 from opscope.capture.lines import LineRecord, join_lines, line_mode
 from opscope.capture.options import Progress
-from opscope.capture.torch_profiler import machine_peaks, profile_meta, profiler_activities
+from opscope.capture.torch_profiler import load_own_trace, machine_peaks, profile_meta, profiler_activities
 from opscope.errors import OpscopeError, TargetError
 from opscope.machine.peaks import Peaks
 from opscope.run.model import DEFAULT_REPORTS_DIR, Run
@@ -55,7 +55,7 @@ from opscope.target.model_file import (
     user_frame_of,
 )
 from opscope.target.specs import ProfileOptions, ScriptSpec
-from opscope.trace.reader import TraceData, load_trace
+from opscope.trace.reader import TraceData
 
 
 class StopScript(BaseException):
@@ -315,7 +315,8 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
                           "ops have no source line (give the script one more step than --skip-steps + --steps)")
             window.records = None
         progress.phase("analyzing")
-        trace = load_trace(trace_path, with_python=False)
+        trace = load_own_trace(trace_path, f"the profiled steps of {path.name} ran no torch operator: there is "
+                                            "nothing to profile (do its steps run the model? see --step-fn)")
         meta = profile_meta(opts, device, None, peaks)
         meta["mode"] = "unknown"
         records = window.records

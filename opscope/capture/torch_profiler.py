@@ -28,7 +28,7 @@ from opscope.capture.layout_probe import layout_probe_for
 from opscope.capture.lines import LineRecord, join_lines, module_classes, module_origins, record_lines
 from opscope.capture.nvtx_ranges import module_ranges, step_range
 from opscope.capture.options import Progress
-from opscope.errors import OpscopeError
+from opscope.errors import OpscopeError, TargetError
 from opscope.machine.noise import CpuSampler, window_noise
 from opscope.machine.peaks import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
 from opscope.run.model import DEFAULT_REPORTS_DIR, Run
@@ -36,7 +36,7 @@ from opscope.run.schema import FORMAT_VERSION
 from opscope.run.write import check_out_dir, write_run
 from opscope.target.model_file import load_target
 from opscope.target.specs import ProfileOptions
-from opscope.trace.reader import TraceData, load_trace
+from opscope.trace.reader import NothingRecorded, TraceData, load_trace
 
 
 @dataclass
@@ -140,10 +140,23 @@ def memory_pass(harness: Harness, activities: list[torch.profiler.ProfilerActivi
     return cuda_peaks
 
 
+NO_OPERATORS = ("the model's steps ran no torch operator (its forward returns its input unchanged, or computes "
+                "nothing with torch): there is nothing to profile; give opscope a model whose forward computes")
+
+
+def load_own_trace(path: Path, nothing: str = NO_OPERATORS) -> TraceData:
+    """A trace opscope recorded of the user's code, in its private temporary folder. One in which nothing
+    ran is the user's code's doing: TargetError `nothing`, not an error naming the temporary file."""
+    try:
+        return load_trace(path, with_python=False)
+    except NothingRecorded:
+        raise TargetError(nothing) from None
+
+
 def memory_of(path: Path, records: list[LineRecord], cuda_peaks: list[int]) -> MemoryProfile | None:
     """The memory pass's trace, its ops joined to the dispatch pass's lines and modules like the timed
     trace's, as a MemoryProfile keyed like ops.csv rows."""
-    trace = load_trace(path, with_python=False)
+    trace = load_own_trace(path)
     ev = build_events(trace, lambda e: join_lines(records, e))
     memory = memory_profile(trace, ev, "memory pass")
     if memory is not None and cuda_peaks:
@@ -235,7 +248,7 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
 
         progress.phase("analyzing")
         t0 = time.perf_counter()
-        trace = load_trace(trace_path, with_python=False)
+        trace = load_own_trace(trace_path)
         meta = profile_meta(opts, device, harness.dtype_name, peaks)
         if calibration is not None:
             meta["calibration"] = calibration
@@ -285,7 +298,7 @@ def profile_meta(opts: ProfileOptions, device: torch.device, dtype: str | None, 
         "opscope_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "source": "profile",
-        "target": os.path.relpath(opts.target) if not opts.target.is_absolute() else str(opts.target),
+        "target": os.path.normpath(opts.target),  # as shown: /work/../models/x.py printed as given
         "torch_version": torch.__version__,
         "device": dev,
         "dtype": dtype,

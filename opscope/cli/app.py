@@ -34,7 +34,18 @@ app = typer.Typer(
     rich_markup_mode=None,
     help="Which PyTorch operators make your model slow, why, and what to do about it.",
 )
-stderr = Console(stderr=True, highlight=False)
+# The terminal's width is input too ($COLUMNS): at a billion columns a report took minutes and gigabytes,
+# at 0 it printed nothing. Every console the commands print on is clamped to these.
+MIN_WIDTH, MAX_WIDTH = 40, 1000
+
+
+def _console(*, stderr: bool = False) -> Console:
+    console = Console(stderr=stderr, highlight=False)
+    console.width = min(max(console.width, MIN_WIDTH), MAX_WIDTH)
+    return console
+
+
+stderr = _console(stderr=True)
 _state = {"debug": False}
 
 
@@ -55,12 +66,23 @@ class Mode(str, Enum):
     train = "train"
 
 
+def _user_path(value: str) -> Path:
+    """A path argument, refused in one line where the OS would refuse it (a name over 255 bytes; every
+    later stat, open or mkdir of it raised ENAMETOOLONG, in as many places)."""
+    from opscope.limits import bounded, path_problem
+
+    problem = path_problem(value)
+    if problem is not None:
+        raise OpscopeError(f"{bounded(value, 80)}: {problem}")
+    return Path(value)
+
+
 PEAK_BW = typer.Option(None, "--peak-bw", metavar="GBPS", help="Override the memory-bandwidth ceiling (GB/s).")
 PEAK_FLOPS = typer.Option(
     None, "--peak-flops", metavar="[DTYPE=]GFLOPS",
     help="Override a FLOP/s ceiling (GFLOP/s); DTYPE one of " + dtype_names() + " (int8 in GOPS). "
          "Without DTYPE it applies to every dtype. Repeatable.")
-OUT = typer.Option(None, "--out", help="Run directory to create (must not exist or be empty).")
+OUT = typer.Option(None, "--out", parser=_user_path, help="Run directory to create (must not exist or be empty).")
 JSON_OUT = typer.Option(False, "--json", help="Print the run summary as one JSON document on stdout.")
 DEBUG = typer.Option(False, "--debug", help="Show Python tracebacks for errors.")
 # Bounds on counts: far above any real use, far below what overflows torch's C++ ints.
@@ -127,12 +149,12 @@ def _emit(run: Run, json_out: bool, top: int) -> None:
         return
     from opscope.render.console import render_run
 
-    render_run(run, Console(highlight=False), top=top)
+    render_run(run, _console(), top=top)
 
 
 @app.command()
 def profile(
-    target: Path = typer.Argument(..., help="Python file with the model (see README: accepted shapes)."),
+    target: Path = typer.Argument(..., parser=_user_path, help="Python file with the model (see README: accepted shapes)."),
     entry: str | None = typer.Option(None, "--entry", metavar="FUNC", help="Function returning (model, inputs)."),
     device: Device = typer.Option(Device.auto, "--device", help="auto = cuda when available, else cpu."),
     dtype: DType | None = typer.Option(None, "--dtype", help="Cast model and floating inputs (default: the model's own)."),
@@ -155,7 +177,7 @@ def profile(
     nsys_args: str | None = typer.Option(None, "--nsys-args", metavar="ARGS",
                                          help="Extra `nsys profile` arguments, quoted as one string."),
     nvtx_ops: bool = typer.Option(False, "--nvtx-ops", help="With --nsys: every aten op an NVTX range "
-                                  "(torch.autograd.profiler.emit_nvtx(record_shapes=True)); adds CPU time per op."),
+                                  "(torch.autograd.profiler.emit_nvtx, with record_shapes=True); adds CPU time per op."),
     ncu: bool = typer.Option(False, "--ncu", help="Also measure the kernels of the heaviest op rows with Nsight "
                              "Compute (ncu): DRAM bytes, FLOPs and % of speed of light next to the modeled ones."),
     ncu_top: int = typer.Option(10, "--ncu-top", min=1, max=10_000, metavar="N",
@@ -218,7 +240,7 @@ def profile(
         from opscope.render.text import cleaned_run
 
         section = swap_group(cleaned_run(run))
-        console = Console(highlight=False)
+        console = _console()
         console.print(section if section is not None else Text("no swap candidates: no bundled kernel matches an op "
                                                                "of this model"))
 
@@ -288,7 +310,7 @@ def _supervised(module: str, job: Job, out: Path | None) -> dict[str, Any]:
 
 @app.command()
 def analyze(
-    trace: Path = typer.Argument(..., help="torch.profiler Chrome trace (.json or .json.gz), an Nsight file "
+    trace: Path = typer.Argument(..., parser=_user_path, help="torch.profiler Chrome trace (.json or .json.gz), an Nsight file "
                                  "(.nsys-rep / nsys SQLite export, .ncu-rep / ncu CSV), or a folder of per-rank "
                                  "traces or run directories to merge."),
     out: Path | None = OUT,
@@ -300,12 +322,12 @@ def analyze(
         None, "--max-trace-gb", metavar="GB", help="Refuse traces whose (decompressed) JSON is larger (default 4)."),
     capture: Path | None = typer.Option(
         None, "--capture", metavar="CAPTURE",
-        help="A trace recorded while the replayed CUDA/HIP graphs were captured: maps replayed kernels to the ops "
+        parser=_user_path, help="A trace recorded while the replayed CUDA/HIP graphs were captured: maps replayed kernels to the ops "
              "and shapes that launched them."),
     nsys: Path | None = typer.Option(None, "--nsys", metavar="FILE",
-                                     help="Attach an Nsight Systems report (.nsys-rep or SQLite) of the same model."),
+                                     parser=_user_path, help="Attach an Nsight Systems report (.nsys-rep or SQLite) of the same model."),
     ncu: Path | None = typer.Option(None, "--ncu", metavar="FILE",
-                                    help="Attach Nsight Compute measurements (.ncu-rep or CSV) of the same model."),
+                                    parser=_user_path, help="Attach Nsight Compute measurements (.ncu-rep or CSV) of the same model."),
     debug: bool = DEBUG,
 ) -> None:
     """Analyze an existing torch.profiler trace (CPU, CUDA or ROCm), or Nsight results, into a run directory;
@@ -351,13 +373,13 @@ def analyze(
 
 @app.command()
 def report(
-    run_dir: Path | None = typer.Argument(None, help="Run directory (default: the newest under reports/)."),
+    run_dir: Path | None = typer.Argument(None, parser=_user_path, help="Run directory (default: the newest under reports/)."),
     html: bool = typer.Option(False, "--html", help="Write a self-contained HTML report (default RUN_DIR/report.html)."),
     output: Path | None = typer.Option(None, "-o", "--output", metavar="FILE",
-                                       help="Where --html writes the report: a new file (see --force)."),
+                                       parser=_user_path, help="Where --html writes the report: a new file (see --force)."),
     force: bool = typer.Option(False, "--force", help="With -o: replace FILE if it is an existing regular file."),
     baseline: Path | None = typer.Option(None, "--baseline", metavar="RUN0",
-                                         help="Add the comparison with this earlier run directory."),
+                                         parser=_user_path, help="Add the comparison with this earlier run directory."),
     top: int = typer.Option(15, "--top", min=1, help="Rows of the op table to print."),
     findings: int = typer.Option(10, "--findings", min=0, help="Findings to print."),
     tree: bool = typer.Option(False, "--tree", help="Print the inclusive module tree (modules.csv) instead."),
@@ -392,7 +414,7 @@ def report(
         # the run's own report.html is rewritten by each call; any other file only with --force
         path = write_html(run, output if output is not None else default_html_path(run_path), comparison,
                           replace=force or output is None)
-        Console(highlight=False).print(Text(f"report: {clean(shown_path(path))}"), soft_wrap=True)
+        _console().print(Text(f"report: {clean(shown_path(path))}"), soft_wrap=True)
         return
     if json_out:
         sys.stdout.write(dumps(run.summary if comparison is None else
@@ -401,17 +423,17 @@ def report(
     if tree:
         from opscope.render.console_report import render_tree
 
-        render_tree(run, Console(highlight=False), fold=fold)
+        render_tree(run, _console(), fold=fold)
         return
     from opscope.render.console_report import render_report
 
-    render_report(run, Console(highlight=False), top=top, findings=findings, comparison=comparison)
+    render_report(run, _console(), top=top, findings=findings, comparison=comparison)
 
 
 @app.command()
 def compare(
-    run_a: Path = typer.Argument(..., help="The baseline run directory (A)."),
-    run_b: Path = typer.Argument(..., help="The run to compare with it (B)."),
+    run_a: Path = typer.Argument(..., parser=_user_path, help="The baseline run directory (A)."),
+    run_b: Path = typer.Argument(..., parser=_user_path, help="The run to compare with it (B)."),
     fail_above: float | None = typer.Option(
         None, "--fail-above", metavar="RATIO",
         help="Exit 1 when B's step time is more than RATIO x A's (a CI regression gate, e.g. 1.10)."),
@@ -436,7 +458,7 @@ def compare(
     else:
         from opscope.render.console_report import comparison_group
 
-        console = Console(highlight=False)
+        console = _console()
         console.print(comparison_group(comparison, top, console.width))
     if fail_above is not None and regressed(comparison, fail_above):
         stderr.print(f"opscope: regression: B's step time is {comparison.step_ratio:.2f}x A's "
@@ -459,7 +481,7 @@ def calibrate(
     if json_out:
         sys.stdout.write(json.dumps(calibration.result.to_json(), indent=2) + "\n")
     else:
-        Console(highlight=False).print(cal.format_report(calibration.result), markup=False, soft_wrap=True)
+        _console().print(cal.format_report(calibration.result), markup=False, soft_wrap=True)
     if calibration.path is None:
         stderr.print("not cached: unstable (the machine was busy; see the notes); the cache keeps what it had",
                      markup=False)
@@ -479,7 +501,7 @@ def kernels(
     no_compile: bool = typer.Option(False, "--no-compile", help="Leave torch.compile out of the comparison."),
     device: Device = typer.Option(Device.cpu, "--device", help="With --bench: where to time (cuda needs a GPU)."),
     peak_bw: float | None = PEAK_BW,
-    out: Path | None = typer.Option(None, "--out", help="Folder for kernels-bench.json/.csv "
+    out: Path | None = typer.Option(None, "--out", parser=_user_path, help="Folder for kernels-bench.json/.csv "
                                                         "(default reports/kernels-bench-<time>)."),
     json_out: bool = typer.Option(False, "--json", help="Print the listing (or the benchmark) as JSON."),
     debug: bool = DEBUG,
@@ -497,7 +519,7 @@ def kernels(
             return
         from opscope.render.kernels import listing
 
-        listing(doc, Console(highlight=False))
+        listing(doc, _console())
         return
     import datetime as dt
 
@@ -513,13 +535,13 @@ def kernels(
     else:
         from opscope.render.kernels import benchmark
 
-        benchmark(result, Console(highlight=False))
+        benchmark(result, _console())
     stderr.print(f"results: {jpath} (and .csv)")
 
 
 @app.command()
 def swap(
-    target: Path = typer.Argument(..., help="Python file with the model (as for `opscope profile`)."),
+    target: Path = typer.Argument(..., parser=_user_path, help="Python file with the model (as for `opscope profile`)."),
     kernel: list[str] | None = typer.Option(
         None, "--kernel", metavar="NAME|FILE.py:FUNC",
         help="A bundled kernel (see `opscope kernels`; a+b applies two together), `compile` (torch.compile of the "
@@ -580,7 +602,7 @@ def swap(
         from opscope.render.console import summary_panel
         from opscope.render.console_report import swap_group
 
-        console = Console(highlight=False)
+        console = _console()
         clean_run = cleaned_run(run)
         console.print(summary_panel(clean_run))
         section = swap_group(clean_run)

@@ -38,6 +38,7 @@ from typing import Any
 from opscope import __version__
 from opscope.errors import OpscopeError
 from opscope.run.cells import spreadsheet_safe
+from opscope.run.write import make_folders
 
 WARMUP = 3
 GOALS = {  # kernel -> [(ratio key, minimum)], from the issue that introduced the kernels
@@ -283,7 +284,7 @@ def run(names: list[str], repeats: int = 15, peak_gbps: float | None = None, com
 
 
 def save(doc: dict[str, Any], out: Path) -> tuple[Path, Path]:
-    out.mkdir(parents=True, exist_ok=True)
+    make_folders(out)
     jpath, cpath = out / "kernels-bench.json", out / "kernels-bench.csv"
     jpath.write_text(json.dumps(doc, indent=1) + "\n")
     cols = ["kernel", "case", "dtype", "candidate", "median_ms", "p20_ms", "p80_ms", "gbps", "pct_bandwidth",

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import tempfile
@@ -196,7 +197,7 @@ def _ncu_run(path: Path, table: NcuTable, folder: Path, peak_bw: float | None, p
                    "base": list(meas["base"]), "row": [row_of[k] for k in meas["kernel"]],
                    "main_thread": [True] * count}
     meta = {"format_version": FORMAT_VERSION, "opscope_version": __version__,
-            "created": datetime.now().strftime("%Y-%m-%dT%H:%M:%S"), "source": "trace", "target": str(path),
+            "created": datetime.now().strftime("%Y-%m-%dT%H:%M:%S"), "source": "trace", "target": os.path.normpath(path),
             "torch_version": None,
             "device": {"type": "cuda", "name": "unknown GPU (the Nsight Compute table does not name it)"},
             "dtype": None, "mode": "unknown", "steps": 1, "peaks": peaks.to_json()}

@@ -184,7 +184,7 @@ _COLUMNS: list[tuple[str, JustifyMethod, int]] = [
 
 MAX_OP_WIDTH = 60  # wide terminals: the op cell stops growing here, the table stays readable
 SHAPES_MIN_WIDTH = 130  # narrower terminals show bare op names: a shape or two alone mostly misleads
-MIN_MODULE = 30  # a module cell cut shorter than this loses the layer: show one `where` column instead
+MIN_MODULE = 16  # a module cell shorter than this says too little: show one `where` column instead
 
 
 def ops_table(run: Run, top: int = 15, width: int = 160) -> Table:
@@ -229,11 +229,22 @@ def ops_table(run: Run, top: int = 15, width: int = 160) -> Table:
         mods = modules
         if not fits(build(names, sources, mods)):
             sources = [short_source(x, full=False) for x in locations]
-        if not fits(build(names, sources, mods)):  # cut module paths from the left, down to MIN_MODULE
-            mods = _cut(modules, width - _natural_width(build(names, sources, mods)), keep="end", floor=MIN_MODULE)
+        all_shown = shown
+        while not fits(build(names, sources, mods)):
+            # shorten the modules (keeping their layer) to the room left, down to MIN_MODULE; then make room
+            # by leaving out optional columns, the widest-terminal ones first: a row's module and its file:line
+            # say more than its FLOP/s
+            room = max(map(len, modules), default=0) + width - _natural_width(build(names, sources, modules))
+            if room >= MIN_MODULE:
+                mods = [short_module(m, room) for m in modules]
+                break
+            optional = [h for h, _, min_width in sorted(_COLUMNS, key=lambda c: -c[2]) if min_width and h in dict(shown)]
+            if not optional:
+                break
+            shown = [(h, j) for h, j in shown if h != optional[0]]
         if not fits(build(names, sources, mods)):
             # one column: the module, or the source line of ops outside the model
-            mods, where = None, True
+            shown, mods, where = all_shown, None, True
             sources = [m or short_source(x, full=False) for m, x in zip(modules, locations, strict=True)]
     elif not fits(build(names, sources)):
         sources = [short_source(x, full=False) for x in locations]
@@ -274,6 +285,28 @@ def _per_call(row: dict[str, Any]) -> float | None:
         time, calls = units.number(row.get("time_us_total")), units.number(row.get("calls"))
         per_call = time / calls if time is not None and calls else None
     return per_call
+
+
+def short_module(path: str, limit: int) -> str:
+    """A module path in at most `limit` (>= MIN_MODULE) characters: its last names, and before them
+    the numbered one (the layer: `layers.3`, `BertLayer_3`) where it fits; else its end."""
+    if len(path) <= limit:
+        return path
+    parts = path.split(".")
+    numbered = next((i for i in range(len(parts) - 2, -1, -1) if any(c.isdigit() for c in parts[i])), None)
+    if numbered is not None:
+        anchor = parts[numbered]
+        if anchor.isdigit() and numbered > 0:  # `layers.3`: the list's name says what the index counts
+            anchor = f"{parts[numbered - 1]}.{anchor}"
+        rest = parts[numbered + 1:]
+        for k in range(len(rest)):
+            text = f"…{anchor}{'.' if k == 0 else '…'}{'.'.join(rest[k:])}"
+            if len(text) <= limit:
+                return text
+        end = limit - len(anchor) - 2
+        if end >= 4:
+            return f"…{anchor}…{parts[-1][-end:]}"
+    return "…" + path[len(path) - limit + 1:]
 
 
 def _cut(texts: list[str], spare: int, keep: str, floor: int = 10) -> list[str]:

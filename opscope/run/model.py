@@ -4,6 +4,7 @@ their paths are shown."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,8 +24,9 @@ _START_CWD = Path.cwd()
 
 
 def shown_path(path: Path) -> str:
-    """`path` as the user should see it: relative to the starting directory when inside it."""
-    path = Path(path)
+    """`path` as the user should see it: normalised (no `work/../`), relative to the starting directory
+    when inside it."""
+    path = Path(os.path.normpath(path))
     if not path.is_absolute():
         return str(path)
     try:

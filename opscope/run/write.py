@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opscope.errors import OutputError
+from opscope.limits import MAX_TEXT_CHARS, bounded
 from opscope.run.cells import spreadsheet_safe
 from opscope.run.model import DEFAULT_REPORTS_DIR, RANKS_FILE, STAGING_PREFIX, Run
 from opscope.table import Table
@@ -52,6 +53,21 @@ def check_out_dir(out: Path | None, base: Path | None = None) -> None:
             raise OutputError(f"--out {out} is a mount point: opscope builds a run beside its final place and "
                               "renames it in, which a mount point cannot take; give a directory inside it")
     _check_writable_folder(out.absolute().parent, f"--out {out}: its parent folder")
+
+
+def make_folders(folder: Path) -> None:
+    """`mkdir -p folder`, without recursion: pathlib's and os.makedirs recurse once per missing folder, and
+    an --out 2,000 folders deep ended in a RecursionError."""
+    missing = []
+    current = folder.absolute()
+    while not current.is_dir():
+        missing.append(current)
+        if current.parent == current:
+            break
+        current = current.parent
+    for path in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made meanwhile by another process
+            path.mkdir()
 
 
 def _check_writable_folder(folder: Path, what: str) -> None:
@@ -105,9 +121,11 @@ def _reserve(stem: str, base: Path) -> Path:
 
 
 def _clean(value: Any) -> Any:
-    """JSON-safe: NaN/inf -> null, numpy scalars -> Python."""
+    """JSON-safe: NaN/inf -> null, numpy scalars -> Python; a string over MAX_TEXT_CHARS cut to that."""
+    if isinstance(value, str):
+        return value if len(value) <= MAX_TEXT_CHARS else bounded(value)
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {_clean(k): _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_clean(v) for v in value]
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):
@@ -144,7 +162,7 @@ class TraceCompressor:
                     return
         if not folder.exists():
             self._made_folder = folder  # removed again by discard() if the run never lands there
-        folder.mkdir(parents=True, exist_ok=True)
+        make_folders(folder)
         fd, name = tempfile.mkstemp(prefix=".trace-", suffix=".json.gz", dir=folder)
         self.path = path = Path(name)
         try:
@@ -218,8 +236,10 @@ def write_csv(table: Table, path: Path) -> None:
     """The table as CSV, byte for byte what `DataFrame.to_csv(path, index=False)` wrote (opscope's format
     before tables), without pandas: floats by repr, NaN and None empty, bools True/False, minimal
     quoting; except text cells a spreadsheet would run as formulas, which get a quote in front
-    (opscope.run.cells, undone on reading)."""
-    columns = [[spreadsheet_safe(v) if type(v) is str else _csv_cell(v) for v in values] for values in table.values()]
+    (opscope.run.cells, undone on reading). A text over MAX_TEXT_CHARS is cut to that: every cell stays
+    readable by csv's field limit."""
+    columns = [[spreadsheet_safe(v if len(v) <= MAX_TEXT_CHARS else bounded(v)) if type(v) is str else _csv_cell(v)
+                for v in values] for values in table.values()]
     with open(path, "w", encoding="utf-8", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow([str(c) for c in table])
@@ -253,7 +273,7 @@ def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
     try:
         if out is not None:
             check_out_dir(out)
-        folder.mkdir(parents=True, exist_ok=True)
+        make_folders(folder)
         tmp = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=folder))
         (tmp / "meta.json").write_text(dumps(run.meta) + "\n")
         write_csv(run.ops, tmp / "ops.csv")

@@ -23,6 +23,7 @@ from types import ModuleType
 from typing import Any
 
 from opscope.errors import TargetError
+from opscope.limits import DISPLAY_TEXT_CHARS, bounded, path_problem
 from opscope.sources import classify_path, display_path
 
 ACCEPTED = ("`get_model()` + `get_inputs()`, `class Model(nn.Module)` + `get_inputs()` (KernelBench style), "
@@ -54,8 +55,10 @@ def user_frame_of(exc: BaseException) -> str:
 
 
 def describe_exception(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
+    """'ValueError: <the first line of its message>', the line at most DISPLAY_TEXT_CHARS long (a model's
+    message of megabytes travels to the parent process and is printed)."""
+    text = str(exc).strip()
+    first = bounded(text[: text.find("\n")] if "\n" in text else text, DISPLAY_TEXT_CHARS)
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
@@ -71,6 +74,9 @@ def _call_user(fn: Callable[..., Any], what: str, *args: Any) -> Any:
 def check_target_file(path: Path) -> None:
     """The checks that need neither torch nor running the file: it exists, is a readable Python file and
     compiles. TargetError (one line) otherwise."""
+    problem = path_problem(path)
+    if problem is not None:
+        raise TargetError(f"{bounded(str(path), 80)}: {problem}")
     if not path.exists():
         raise TargetError(f"no such file: {path}")
     if path.is_dir():

@@ -25,6 +25,7 @@ from typing import Any, cast
 import msgspec
 
 from opscope.errors import TraceError
+from opscope.limits import MAX_TEXT_CHARS, bounded
 from opscope.sources import trace_frame_location as frame_location_of
 from opscope.table import Table, empty, nrows, take
 
@@ -121,6 +122,10 @@ _INTERVAL_COLUMNS = ("name", "pid", "tid", "ts", "dur")  # annotations, modules,
 _MEMORY_COLUMNS = ("pid", "tid", "ts", "bytes", "addr", "total_allocated", "device_type", "device_id")
 # A tensor of more elements than this (2**50, a petabyte of bytes) is not a real recorded shape.
 MAX_NUMEL = 1 << 50
+
+
+class NothingRecorded(TraceError):
+    """A trace with no operator and no kernel: readable, but nothing ran while it was recorded."""
 
 
 @dataclass
@@ -221,6 +226,8 @@ class _TextCache(dict[bytes, str]):
     def _checked(self, key: bytes) -> str:
         if not key or key == b"null":
             return ""
+        if len(key) > MAX_TEXT_CHARS:  # kept as text in ops.csv: cutting it would leave no JSON
+            return _BAD
         try:
             value = json.loads(key)
         except (ValueError, RecursionError):
@@ -479,7 +486,7 @@ def _load(path: str, data: bytes | bytearray, with_python: bool, notes: list[str
             raise TraceError(f"{path} has no operator (cpu_op) events or GPU kernels it can use: {malformed:,} of its "
                              f"{trace.n_events:,} events are malformed and were skipped (first: "
                              f"{rejects.examples.get(_MALFORMED, '?')})")
-        raise TraceError(f"{path} has no operator (cpu_op) events and no GPU kernels: nothing to analyze "
+        raise NothingRecorded(f"{path} has no operator (cpu_op) events and no GPU kernels: nothing to analyze "
                          "(record it with torch.profiler's CPU and/or CUDA activity)")
     return trace
 
@@ -751,6 +758,7 @@ def _batches(raws: list[msgspec.Raw], rejects: _Rejects) -> Iterator[list[_Event
 
 
 _BIG_ID = "events with an id out of the 64-bit range (id ignored)"
+_LONG_NAME = f"events with a name over {MAX_TEXT_CHARS:,} characters (name cut to that length)"
 
 
 def _int64(value: int | None, rejects: _Rejects, default: int = -1) -> int:
@@ -763,7 +771,7 @@ def _int64(value: int | None, rejects: _Rejects, default: int = -1) -> int:
 
 
 def _text_field(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
+    return bounded(value) if isinstance(value, str) and value else None
 
 
 def _device_properties(value: Any, rejects: _Rejects) -> list[dict[str, Any]]:
@@ -776,6 +784,8 @@ def _device_properties(value: Any, rejects: _Rejects) -> list[dict[str, Any]]:
         if isinstance(item, dict):
             if "name" in item and not isinstance(item["name"], str):
                 item = {k: v for k, v in item.items() if k != "name"}
+            elif isinstance(item.get("name"), str):
+                item["name"] = bounded(item["name"])
             out.append(item)
     if len(out) != (len(value) if isinstance(value, list) else 1):
         rejects.add("malformed deviceProperties entries")
@@ -818,6 +828,9 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
             if not 0.0 <= e.dur <= MAX_DURATION_US:
                 rejects.add("events with a negative or absurd duration (excluded)", f"{e.name[:40]!r} dur {e.dur:g} µs")
                 continue
+            if len(e.name) > MAX_TEXT_CHARS:  # every later use of the name is bounded from here on
+                rejects.add(_LONG_NAME, e.name[:40] + "…")
+                e.name = bounded(e.name)
             cat = e.cat
             a = e.args
             if cat == "user_annotation":
@@ -856,7 +869,10 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
                 o_types(types_text(a.input_type))
                 o_strides(strides_text(a.input_strides))
                 o_conc(concrete_text(a.concrete))
-                o_stack(intern(a.call_stack, a.call_stack) if a.call_stack else "")
+                stack = a.call_stack
+                if stack and len(stack) > MAX_TEXT_CHARS:
+                    stack = bounded(stack)
+                o_stack(intern(stack, stack) if stack else "")
                 if a.kernel_backend is not None:
                     inductor[len(ops["name"]) - 1] = (
                         a.kernel_backend, _nan_if_none(a.kernel_flop), _nan_if_none(a.kernel_num_gb))
@@ -902,7 +918,8 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
                 launch["dur"].append(e.dur)
                 launch["correlation"].append(a.correlation)
                 launch["ext_id"].append(_int64(a.external_id, rejects))
-                launch["kernel"].append(intern(a.kernel, a.kernel) if isinstance(a.kernel, str) else "")
+                launch["kernel"].append(intern(k, k) if isinstance(k := a.kernel, str) and len(k) <= MAX_TEXT_CHARS
+                                        else bounded(k) if isinstance(k, str) else "")
         del batch
     if doc.hip_runtime_version is not None or doc.roctracer_version is not None:
         gpu_runtime = "rocm"

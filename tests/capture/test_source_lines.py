@@ -169,3 +169,25 @@ def test_backward_line_in_a_user_forward(tmp_path):
     assert all(x.endswith(f"{path.name}:{line}") for x in tanh_bwd["source_location"])
     mm = rows_for(run, "aten::mm")
     assert not mm.empty and all(x.endswith(f"{path.name}:{line}") for x in mm["source_location"])
+
+
+def test_a_compiled_model_gets_no_warning_about_opscopes_hooks():
+    """torch.compile'd models warned on each call that global hooks (opscope's module tracking) fire an
+    extra time for their wrapper; the warning reached the user in the middle of the progress bar."""
+    import warnings
+
+    import torch
+
+    from opscope.capture.lines import module_stack
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    compiled = torch.compile(model, backend="eager")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with module_stack(compiled) as current:
+            compiled(torch.randn(2, 4))
+            assert current() == ("", "")
+        warnings.warn("the user's own warning", UserWarning, stacklevel=1)
+    messages = [str(w.message) for w in caught]
+    assert not any("global hooks" in m for m in messages), messages
+    assert "the user's own warning" in messages  # only that one warning is silenced, only while tracking

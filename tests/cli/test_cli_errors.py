@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,24 @@ def test_exception_in_forward_shows_message_and_line(tmp_path):
     """)
     proc = run_cli("profile", str(path), *PEAKS, cwd=tmp_path)
     assert_clean_error(proc, "shapes are wrong in my block", "ValueError", "model.py:6")
+
+
+def test_a_model_that_runs_no_operator_is_told_so_without_internal_paths(tmp_path):
+    """An identity model records nothing: the error said the temporary memory.json had no operators."""
+    path = write_model(tmp_path, """
+        import torch
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return x
+
+        def get_inputs():
+            return [torch.randn(4, 4)]
+    """)
+    proc = run_cli("profile", str(path), "--steps", "1", "--warmup", "0", *PEAKS, cwd=tmp_path)
+    line = assert_clean_error(proc, "the model's steps ran no torch operator", "nothing to profile")
+    assert "/tmp" not in line and ".json" not in line and "opscope-" not in line
+    assert no_runs_written(tmp_path)
 
 
 def test_cuda_without_gpu(tmp_path):
@@ -180,3 +199,57 @@ def test_absurd_ceilings_are_refused_in_one_line(tmp_path, args):
     trace = TRACES / "h100_bert-small_bf16.json.gz"
     assert_clean_error(run_cli("analyze", str(trace), "--out", str(tmp_path / "run"), *args), args[0])
     assert not (tmp_path / "run").exists()
+
+
+LONG = "x" * 300  # one path component over the 255 bytes file systems allow
+SMALL_TRACE = TRACES.parent / "cpu_traces" / "avx2_channels_last_after_train.json.gz"
+
+
+@pytest.mark.parametrize("args", [
+    ["analyze", f"{LONG}.json.gz"], ["analyze", f"{LONG}/t.json.gz"], ["analyze", str(SMALL_TRACE), "--out", LONG],
+    ["analyze", str(SMALL_TRACE), "--out", f"{LONG}/run"], ["analyze", str(SMALL_TRACE), "--capture", LONG],
+    ["report", LONG], ["report", str(SMALL_TRACE), "--html", "-o", f"{LONG}.html"], ["compare", LONG, "run"],
+    ["profile", f"{LONG}.py"], ["profile", "model.py", "--out", LONG],
+    ["swap", "model.py", "--kernel", f"{LONG}.py:f", "--op", "aten::add"],
+])
+def test_a_path_the_os_refuses_is_one_line(tmp_path, args):
+    """A name over 255 bytes (ENAMETOOLONG) was a traceback from the first stat, open or mkdir of it."""
+    write_model(tmp_path, "import torch\n")
+    proc = run_cli(*args, *PEAKS if args[0] in ("profile", "swap") else [], cwd=tmp_path)
+    assert_clean_error(proc, "bytes long, over the 255 bytes file systems allow")
+    assert no_runs_written(tmp_path)
+
+
+def test_an_out_folder_thousands_of_folders_deep(tmp_path):
+    """--out 1,500 (or 2,000) folders deep ended in a RecursionError: pathlib's mkdir recurses once per
+    folder."""
+    out = Path(*["a"] * 1500)
+    proc = run_cli("analyze", str(SMALL_TRACE), "--out", str(out), "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = tmp_path / out
+    assert (run / "ops.csv").is_file()
+    shutil.rmtree(run)  # then the folders one by one: shutil.rmtree (pytest's cleanup too) recurses per folder
+    for folder in run.parents:
+        if folder == tmp_path:
+            break
+        folder.rmdir()
+    deeper = run_cli("analyze", str(SMALL_TRACE), "--out", str(Path(*["a"] * 2100)), cwd=tmp_path)
+    assert_clean_error(deeper, "made absolute, over the 4,095 bytes the OS allows")
+
+
+def test_a_huge_exception_message_from_the_model_is_one_bounded_line(tmp_path):
+    """A model raising a 20 MB message was printed whole (issue 23, item 1); it is now cut in the child,
+    before it travels to the parent, and again where it is printed."""
+    path = write_model(tmp_path, """
+        import torch
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                raise ValueError("too big " + "z" * 20_000_000)
+
+        def get_inputs():
+            return [torch.randn(2, 2)]
+    """)
+    proc = run_cli("profile", str(path), *PEAKS, cwd=tmp_path)
+    line = assert_clean_error(proc, "ValueError: too big zzz", "characters]")
+    assert len(line) < 3000

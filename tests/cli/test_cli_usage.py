@@ -28,3 +28,16 @@ def test_help_and_version_still_work(tmp_path):
     assert run_cli("--version", cwd=tmp_path).stdout.startswith("opscope ")
     help_text = run_cli("profile", "--help", cwd=tmp_path)
     assert help_text.returncode == 0 and "--threads" in help_text.stdout
+
+
+def test_help_never_wraps_inside_a_word():
+    """click breaks a word longer than the help column: `profile --help` printed "(to" / "rch.autograd…"."""
+    import typer
+
+    from opscope.cli.app import app
+
+    command = typer.main.get_command(app)
+    for name, sub in command.commands.items():
+        for text in [sub.help or ""] + [getattr(p, "help", None) or "" for p in sub.params]:
+            long_words = [w for w in text.split() if len(w) > 40]  # the help column is 44 wide at 80 columns
+            assert not long_words, (name, long_words)

@@ -274,7 +274,7 @@ def test_console_report_has_the_same_content(runs):
     for needle in ("Time by bound class", "Time by op family", "Kernels of the top", "cutlass", "→ Take the CPU"):
         assert needle in text, needle
     hostile = console_text(runs["hostile"])
-    for needle in ("Time by module", "encoder.layer.1", "Memory", "peak allocated", "3 MiB", "Swap results",
+    for needle in ("Time by module", "layer.1.attn", "Memory", "peak allocated", "3 MiB", "Swap results",
                    "noise: quiet", HOSTILE_PATH):
         assert needle in hostile.replace("\n", ""), needle
     assert "\x1b" not in hostile

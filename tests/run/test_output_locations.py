@@ -184,3 +184,34 @@ def test_a_model_that_changes_directory_still_writes_where_it_was_started(tmp_pa
     assert _complete(run_dir)
     assert not (elsewhere / "reports").exists()
     assert f"run directory: reports/{run_dir.name}" in proc.stderr
+
+
+def test_paths_are_shown_normalised(tmp_path):
+    """`work/../x` printed as given: the trace in the header, the run directory at the end."""
+    (tmp_path / "work").mkdir()
+    trace = tmp_path / "t.json.gz"
+    trace.write_bytes((TRACES.parent / "cpu_traces" / "avx2_channels_last_after_train.json.gz").read_bytes())
+    proc = run_cli("analyze", "work/../t.json.gz", "--out", "work/../run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "work/.." not in proc.stdout
+    assert "run directory: run" in proc.stdout and "│ t.json.gz  (trace" in proc.stdout
+    assert json.loads((tmp_path / "run" / "meta.json").read_text())["target"] == "t.json.gz"
+
+
+def test_a_profiled_model_path_is_shown_normalised(tmp_path):
+    (tmp_path / "work").mkdir()
+    write_model(tmp_path, """
+        import torch
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return torch.relu(x * 2)
+
+        def get_inputs():
+            return [torch.randn(16, 16)]
+    """)
+    proc = run_cli("profile", "work/../model.py", "--steps", "1", "--warmup", "0", "--peak-bw", "20",
+                   "--peak-flops", "100", "--out", "work/../run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "work/.." not in proc.stdout and "run directory: run" in proc.stdout
+    assert json.loads((tmp_path / "run" / "meta.json").read_text())["target"] == str(tmp_path / "model.py")
