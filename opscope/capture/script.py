@@ -11,6 +11,12 @@ does not pay the profiler's start), then `--steps N` profiled with shapes only, 
 After the window the profiler is stopped; the script keeps running, unprofiled, to its end, or is stopped
 after the line step with `--stop-after`.
 
+Endings. A script may end itself with `os._exit(0)` (a common idiom to skip slow interpreter teardown).
+In the script's own process and main thread that call is turned into an exception while the script runs
+(ScriptExited), so opscope keeps what it captured up to it, writes the run and says how the script
+ended; `os._exit(N)` with N != 0 is a failure, as `sys.exit(N)` is. A forked child (a DataLoader worker)
+and other threads keep the real os._exit.
+
 Source lines. A script's step cannot be re-run, so the untimed line pass of the model-file mode records
 the next step instead: the step right after the window runs under the same dispatch mode
 (opscope.capture.lines.line_mode), which reads each aten op's exact line, and the records are joined to
@@ -25,13 +31,15 @@ import contextlib
 import functools
 import importlib
 import inspect
+import os
 import sys
 import tempfile
+import threading
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -61,6 +69,35 @@ from opscope.trace.reader import TraceData, load_trace
 class StopScript(BaseException):
     """Raised at a step boundary to end the script once the window is recorded (--stop-after). A
     BaseException, so the script's `except Exception` does not swallow it; its `finally` blocks run."""
+
+
+class ScriptExited(BaseException):
+    """os._exit(code) called by the script's main thread, raised instead of ending the process (see the
+    module docstring: the run would otherwise be lost). A BaseException, as SystemExit is."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+@contextlib.contextmanager
+def os_exit_caught() -> Iterator[None]:
+    """While active, os._exit(code) in this process's main thread raises ScriptExited(code); in a forked
+    child or another thread it ends the process as ever (a worker process must not unwind into a copy of
+    the script's stack)."""
+    original = os._exit
+    pid, main = os.getpid(), threading.main_thread()
+
+    def caught_exit(code: int) -> NoReturn:
+        if os.getpid() == pid and threading.current_thread() is main:
+            raise ScriptExited(code)
+        original(code)
+
+    setattr(os, "_exit", caught_exit)  # noqa: B010 (a plain assignment to a module function upsets mypy)
+    try:
+        yield
+    finally:
+        setattr(os, "_exit", original)  # noqa: B010
 
 
 class StepWindow:
@@ -299,9 +336,9 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
             clock = _StepOfOptimizer(window.boundary)
         progress.phase(f"running {path.name} (skipping {opts.warmup} steps)")
         try:
-            with process_state_kept(keep_additions=True):
+            with process_state_kept(keep_additions=True), os_exit_caught():
                 window.start()
-                _run_script(path, script.args, namespace)
+                ended = _run_script(path, script.args, namespace)
         finally:
             window.close()
             if clock is not None:
@@ -309,7 +346,11 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
         if target is not None and not target.installed:
             raise TargetError(f"--step-fn {script.step_fn}: the script never defined {target.path[0]}")
         if not window.recorded:
-            raise TargetError(_too_few_steps(window, script, path.name))
+            raise TargetError(_too_few_steps(window, script, path.name) + (f" (it ended itself with {ended})"
+                                                                          if ended else ""))
+        if ended:
+            progress.warn(f"the script ended itself with {ended}; the run holds what opscope captured up to it "
+                          f"(the profiled window of {opts.steps} steps is complete)")
         if window.records is None or not window.done:
             progress.warn("source lines: no step followed the profiled window before the script ended, so the "
                           "ops have no source line (give the script one more step than --skip-steps + --steps)")
@@ -335,14 +376,23 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
     return run
 
 
-def _run_script(path: Path, args: list[str], namespace: dict[str, Any] | None = None) -> None:
+def _run_script(path: Path, args: list[str], namespace: dict[str, Any] | None = None) -> str | None:
+    """Runs the script to its end; returns how it ended itself early when it called os._exit(0)
+    ("os._exit(0) at train.py:41"), else None. Raises TargetError when it failed."""
     try:
         run_as_main(path, args, namespace)
     except StopScript:
-        return
+        return None
+    except ScriptExited as exc:
+        where = user_frame_of(exc)
+        at = f" at {where}" if where else ""
+        if exc.code == 0:
+            return f"os._exit(0){at}"
+        raise TargetError(f"the script exited with os._exit({exc.code!r}){at}; opscope stopped and wrote "
+                          "nothing") from exc
     except SystemExit as exc:
         if exc.code in (None, 0):
-            return  # the script ended itself successfully
+            return None  # the script ended itself successfully
         where = user_frame_of(exc)
         raise TargetError(f"the script exited with sys.exit({exc.code!r})" + (f" at {where}" if where else "")
                           + "; opscope stopped and wrote nothing") from exc
@@ -350,6 +400,7 @@ def _run_script(path: Path, args: list[str], namespace: dict[str, Any] | None = 
         where = user_frame_of(exc)
         raise TargetError(f"the script raised {describe_exception(exc)}" + (f" at {where}" if where else "")
                           + "; opscope stopped and wrote nothing") from exc
+    return None
 
 
 def _too_few_steps(window: StepWindow, script: ScriptSpec, name: str) -> str:

@@ -4,6 +4,9 @@ chosen window of its steps (optimizer steps, or calls of --step-fn) only."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,9 +101,36 @@ def test_a_script_ending_right_after_the_window_has_no_lines_and_says_so(tmp_pat
     assert _batches(tmp_path / "r") == {9, 10}
 
 
+@pytest.mark.slow
+def test_a_script_ending_with_os_exit_0_keeps_its_run_and_says_so(tmp_path):
+    """`os._exit(0)` at the end of a training script (it skips interpreter teardown) used to end opscope's
+    process before the run was written."""
+    script = write_model(tmp_path, GROWING + "    import os\n    os._exit(0)\n")
+    out = tmp_path / "r"
+    proc = run_cli("profile", str(script), "--skip-steps", "1", "--steps", "2", "--out", str(out), *PEAKS,
+                   "--", "--n", "5", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"the script ended itself with os._exit(0) at model.py:{line_of(script, 'os._exit(0)')}" in proc.stderr
+    assert "wrote nothing" not in proc.stderr
+    assert _batches(out) == {9, 10}
+
+
+@pytest.mark.slow
+def test_piped_stdin_reaches_the_script(tmp_path):
+    script = write_model(tmp_path, GROWING.replace("args = parser.parse_args()",
+                                                   "args = parser.parse_args()\n    print('stdin:', sys.stdin.read().strip(), "
+                                                   "file=sys.stderr)"))
+    env = dict(os.environ, COLUMNS="160")
+    proc = subprocess.run([sys.executable, "-m", "opscope", "profile", str(script), "--out", str(tmp_path / "r"), *PEAKS],
+                          cwd=tmp_path, env=env, input="tokens 1 2 3\n", capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "stdin: tokens 1 2 3" in proc.stderr
+
+
 FAILING = {
     "raises": ("raise ValueError('bad batch')", "the script raised ValueError: bad batch at model.py:"),
     "exits": ("sys.exit(3)", "the script exited with sys.exit(3) at model.py:"),
+    "os_exits": ("import os; os._exit(3)", "the script exited with os._exit(3) at model.py:"),
 }
 
 
