@@ -54,6 +54,7 @@ from opscope.errors import OpscopeError, TargetError
 from opscope.machine.peaks import Peaks
 from opscope.run.model import DEFAULT_REPORTS_DIR, Run
 from opscope.run.write import check_out_dir, write_run
+from opscope.sources import classify_path, display_path
 from opscope.target.jobs import STEP_FN_RE
 from opscope.target.model_file import (
     ACCEPTED,
@@ -102,44 +103,71 @@ def os_exit_caught() -> Iterator[None]:
 
 class StepWindow:
     """Turns the script's step boundaries into torch.profiler schedule steps, then records one more step
-    under the line-recording dispatch mode."""
+    under the line-recording dispatch mode.
+
+    torch runs one profiler session at a time. While the script runs its own (torch.profiler.profile or
+    torch.autograd.profiler.profile, see user_profilers()), opscope's window yields to it: the script's
+    steps are not counted, and a window begun before is dropped (it would record the script's profiler
+    too, and stopping it ends the script's session: its table printed empty). Counting starts afresh,
+    skipped steps included, when the script's profiler stops."""
 
     def __init__(self, skip: int, steps: int, activities: list[torch.profiler.ProfilerActivity], trace_path: Path, stop_after: bool,
                  progress: Progress) -> None:
         self.skip, self.steps, self.stop_after, self.progress = skip, steps, stop_after, progress
-        self.trace_path = trace_path
-        warmup = 1 if skip >= 1 else 0  # the profiler's own warmup is the last skipped step
-        self.prof = torch.profiler.profile(
-            activities=activities, record_shapes=True, on_trace_ready=self._ready,
-            schedule=torch.profiler.schedule(wait=skip - warmup, warmup=warmup, active=steps, repeat=1))
+        self.trace_path, self.activities = trace_path, activities
+        self.prof = self._profiler()
         self.boundaries = 0  # steps the script completed
+        self.counted = 0  # steps counted by the current profiler (since it started)
         self.recorded = False  # the window's trace is exported
         self.records: list[LineRecord] | None = None
         self._mode: Any = None
         self.done = False
         self._incomplete = False  # set when the script ends mid-window: no partial window is exported
+        self._own = 0  # > 0 while opscope itself drives its profiler (its sessions are not the script's)
+        self.user_sessions: set[int] = set()  # the script's profiler sessions now running
+        self.user_profiler_at = ""  # where the script first started its own profiler
+        self.user_steps = 0  # the script's steps that ran under its own profiler
+
+    def _profiler(self) -> torch.profiler.profile:
+        warmup = 1 if self.skip >= 1 else 0  # the profiler's own warmup is the last skipped step
+        return torch.profiler.profile(
+            activities=self.activities, record_shapes=True, on_trace_ready=self._ready,
+            schedule=torch.profiler.schedule(wait=self.skip - warmup, warmup=warmup, active=self.steps, repeat=1))
 
     def start(self) -> None:
         import warnings
 
-        with warnings.catch_warnings():  # skip 0: torch warns that there is no profiler warmup
-            warnings.simplefilter("ignore")
-            self.prof.start()
+        self._own += 1
+        try:
+            with warnings.catch_warnings():  # skip 0: torch warns that there is no profiler warmup
+                warnings.simplefilter("ignore")
+                self.prof.start()
+        finally:
+            self._own -= 1
 
     def boundary(self) -> None:
         """The script finished a step."""
         if self.done:
             return
         self.boundaries += 1
+        if self.user_sessions:  # under the script's own profiler: not a step of opscope's window
+            self.user_steps += 1
+            return
         if not self.recorded:
-            self.prof.step()  # at the window's last step this exports the trace (_ready)
+            self.counted += 1
+            self._own += 1
+            try:
+                self.prof.step()  # at the window's last step this exports the trace (_ready)
+                if self.recorded:
+                    self.prof.stop()
+            finally:
+                self._own -= 1
             if self.recorded:
-                self.prof.stop()
                 self.progress.phase("recording source lines (the next step, untimed)")
                 self.records = []
                 self._mode = line_mode(self.records)
                 self._mode.__enter__()
-            elif self.boundaries == self.skip:
+            elif self.counted == self.skip:
                 self.progress.phase(f"profiling {self.steps} steps")
             return
         self.finish_lines()
@@ -158,15 +186,84 @@ class StepWindow:
         """Leaves whatever is still active (the script ended or failed inside the window)."""
         self.finish_lines()
         if not self.recorded:
-            self._incomplete = True
+            self._drop()
+
+    def _drop(self) -> None:
+        """Stops opscope's profiler without exporting what it holds."""
+        self._incomplete = True
+        self._own += 1
+        try:
             with contextlib.suppress(Exception):
                 self.prof.stop()
+        finally:
+            self._own -= 1
+
+    def user_started(self, session: Any, where: str) -> None:
+        """The script starts a profiler session of its own (called before torch prepares it)."""
+        if self._own or self.recorded:  # opscope's own session, or opscope's window is over: no conflict
+            return
+        if not self.user_sessions:
+            self.user_profiler_at = self.user_profiler_at or where
+            if not self._incomplete:  # opscope's profiler may hold a session (warmup, recording): give it up
+                self._drop()
+        self.user_sessions.add(id(session))
+
+    def user_stopped(self, session: Any) -> None:
+        """The script's profiler session ended: opscope's window starts afresh."""
+        if id(session) not in self.user_sessions:
+            return
+        self.user_sessions.discard(id(session))
+        if not self.user_sessions and not self.recorded:
+            if self._incomplete:
+                self.prof, self._incomplete = self._profiler(), False
+                self.start()
+            self.counted = 0
+            self.progress.phase(f"the script's own profiler stopped: skipping {self.skip} steps again")
 
     def _ready(self, prof: torch.profiler.profile) -> None:
         if self._incomplete:
             return
         prof.export_chrome_trace(str(self.trace_path))
         self.recorded = True
+
+
+@contextlib.contextmanager
+def user_profilers(window: StepWindow) -> Iterator[None]:
+    """While active, every profiler session the script starts or stops is reported to `window` first.
+    torch.profiler.profile and the older torch.autograd.profiler.profile both open their session through
+    torch.autograd.profiler.profile._prepare_trace and close it through its __exit__."""
+    from torch.autograd import profiler as autograd_profiler
+
+    cls = autograd_profiler.profile
+    prepare, leave = cls._prepare_trace, cls.__exit__
+
+    def prepare_trace(self: Any) -> Any:
+        window.user_started(self, _caller_in_user_code())
+        return prepare(self)
+
+    def exit_session(self: Any, *exc: Any) -> Any:
+        try:
+            return leave(self, *exc)
+        finally:
+            window.user_stopped(self)
+
+    setattr(cls, "_prepare_trace", prepare_trace)  # noqa: B010 (patching a method of torch's class)
+    setattr(cls, "__exit__", exit_session)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(cls, "_prepare_trace", prepare)  # noqa: B010
+        setattr(cls, "__exit__", leave)  # noqa: B010
+
+
+def _caller_in_user_code() -> str:
+    """'file:line' of the innermost frame of the user's code on the stack, or ""."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if classify_path(frame.f_code.co_filename) == "user":
+            return f"{display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return ""
 
 
 class _StepOfOptimizer:
@@ -336,7 +433,7 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
             clock = _StepOfOptimizer(window.boundary)
         progress.phase(f"running {path.name} (skipping {opts.warmup} steps)")
         try:
-            with process_state_kept(keep_additions=True), os_exit_caught():
+            with process_state_kept(keep_additions=True), os_exit_caught(), user_profilers(window):
                 window.start()
                 ended = _run_script(path, script.args, namespace)
         finally:
@@ -346,8 +443,12 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
         if target is not None and not target.installed:
             raise TargetError(f"--step-fn {script.step_fn}: the script never defined {target.path[0]}")
         if not window.recorded:
-            raise TargetError(_too_few_steps(window, script, path.name) + (f" (it ended itself with {ended})"
-                                                                          if ended else ""))
+            raise TargetError((_under_own_profiler(window) or _too_few_steps(window, script, path.name))
+                              + (f" (it ended itself with {ended})" if ended else ""))
+        if window.user_steps:
+            progress.warn(f"the script runs its own torch.profiler{_at(window.user_profiler_at)}: torch runs one "
+                          f"profiler at a time, so opscope let it run and profiled {opts.steps} steps outside it "
+                          f"({window.user_steps} steps ran under it)")
         if ended:
             progress.warn(f"the script ended itself with {ended}; the run holds what opscope captured up to it "
                           f"(the profiled window of {opts.steps} steps is complete)")
@@ -401,6 +502,22 @@ def _run_script(path: Path, args: list[str], namespace: dict[str, Any] | None = 
         raise TargetError(f"the script raised {describe_exception(exc)}" + (f" at {where}" if where else "")
                           + "; opscope stopped and wrote nothing") from exc
     return None
+
+
+def _at(where: str) -> str:
+    return f" (started at {where})" if where else ""
+
+
+def _under_own_profiler(window: StepWindow) -> str:
+    """Why no window was recorded when the script ran its own profiler; "" when it did not."""
+    if not window.user_profiler_at:
+        return ""
+    after = window.boundaries - window.user_steps
+    return (f"the script runs its own torch.profiler{_at(window.user_profiler_at)}, and torch runs one profiler at "
+            f"a time: opscope let the script's profiler run ({window.user_steps} of the script's {window.boundaries} "
+            f"steps ran under it) and profiled nothing, since {after} steps ran outside it where "
+            f"--skip-steps {window.skip} + --steps {window.steps} = {window.skip + window.steps} are needed; remove "
+            "the script's profiler, or lower --skip-steps/--steps")
 
 
 def _too_few_steps(window: StepWindow, script: ScriptSpec, name: str) -> str:

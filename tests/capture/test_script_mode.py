@@ -127,6 +127,45 @@ def test_piped_stdin_reaches_the_script(tmp_path):
     assert "stdin: tokens 1 2 3" in proc.stderr
 
 
+# The script profiles its own first 3 steps (and prints its table), then trains on.
+OWN_PROFILER = GROWING.replace("""    for i in range(args.n):
+        step(i)
+""", """    with torch.profiler.profile() as prof:
+        for i in range(3):
+            step(i)
+    print(prof.key_averages().table(row_limit=50), file=sys.stderr)
+    for i in range(3, args.n):
+        step(i)
+""")
+
+
+@pytest.mark.slow
+def test_a_scripts_own_profiler_runs_and_opscope_profiles_the_steps_after_it(tmp_path):
+    """opscope's profiler used to run through the script's, which then printed an empty table."""
+    script = write_model(tmp_path, OWN_PROFILER)
+    out = tmp_path / "r"
+    proc = run_cli("profile", str(script), "--skip-steps", "1", "--steps", "2", "--out", str(out), *PEAKS,
+                   "--", "--n", "8", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "aten::addmm" in proc.stderr  # the script's own table has its rows
+    assert (f"the script runs its own torch.profiler (started at model.py:{line_of(script, 'torch.profiler.profile()')})"
+            in proc.stderr)
+    assert _batches(out) == {12, 13}  # steps 3 (skipped), 4 and 5: after the script's profiler
+
+
+@pytest.mark.slow
+def test_a_script_profiling_every_step_itself_is_one_line_saying_why(tmp_path):
+    script = write_model(tmp_path, OWN_PROFILER.replace("range(3, args.n)", "range(0)").replace("range(3)", "range(args.n)"))
+    proc = run_cli("profile", str(script), "--out", str(tmp_path / "r"), *PEAKS, "--", "--n", "6", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "aten::addmm" in proc.stderr  # the script's profiler ran, and its table has its rows
+    last = proc.stderr.strip().splitlines()[-1]
+    for needle in ("opscope: error: the script runs its own torch.profiler", "torch runs one profiler at a time",
+                   "6 of the script's 6 steps ran under it"):
+        assert needle in last, last
+    assert not (tmp_path / "r").exists()
+
+
 FAILING = {
     "raises": ("raise ValueError('bad batch')", "the script raised ValueError: bad batch at model.py:"),
     "exits": ("sys.exit(3)", "the script exited with sys.exit(3) at model.py:"),
