@@ -35,6 +35,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 import types
 import weakref
 from collections.abc import Callable, Iterator
@@ -47,10 +48,11 @@ from opscope.analysis.pipeline import analyze, dominant_dtype, trace_mode
 from opscope.capture.dtype_probe import float32_probe
 from opscope.capture.harness import process_state_kept, resolve_device
 from opscope.capture.layout_probe import conv_layout_probe
-from opscope.capture.lines import LineRecord, join_lines, line_mode
+from opscope.capture.lines import LineRecord, discovered_module_stack, join_lines, line_mode
 from opscope.capture.options import Progress
 from opscope.capture.torch_profiler import machine_peaks, profile_meta, profiler_activities
 from opscope.errors import OpscopeError, TargetError
+from opscope.machine.noise import CpuSample, CpuSampler, window_noise
 from opscope.machine.peaks import Peaks
 from opscope.run.model import DEFAULT_REPORTS_DIR, Run
 from opscope.run.write import check_out_dir, write_run
@@ -127,6 +129,14 @@ class StepWindow:
         self.user_sessions: set[int] = set()  # the script's profiler sessions now running
         self.user_profiler_at = ""  # where the script first started its own profiler
         self.user_steps = 0  # the script's steps that ran under its own profiler
+        # The profiled steps' wall times and the CPU samples around them (the noise line, as a model file's)
+        self.sampler = CpuSampler()
+        self.before: CpuSample | None = None
+        self.after: CpuSample | None = None
+        self.step_s: list[float] = []
+        self._step_start = 0.0
+        self.module_classes: dict[str, str] = {}  # modules found in the line step (discovered_module_stack)
+        self._modules: Any = None
 
     def _profiler(self) -> torch.profiler.profile:
         warmup = 1 if self.skip >= 1 else 0  # the profiler's own warmup is the last skipped step
@@ -144,6 +154,13 @@ class StepWindow:
                 self.prof.start()
         finally:
             self._own -= 1
+        self.step_s, self.before, self.after = [], None, None
+        if self.skip == 0:  # the window records from the start
+            self._window_starts()
+
+    def _window_starts(self) -> None:
+        self.before = self.sampler.sample()
+        self._step_start = time.perf_counter()
 
     def boundary(self) -> None:
         """The script finished a step."""
@@ -155,6 +172,12 @@ class StepWindow:
             return
         if not self.recorded:
             self.counted += 1
+            if self.counted > self.skip:  # a profiled step ended: its time, before the export below
+                now = time.perf_counter()
+                self.step_s.append(now - self._step_start)
+                self._step_start = now
+                if self.counted == self.skip + self.steps:
+                    self.after = self.sampler.sample()
             self._own += 1
             try:
                 self.prof.step()  # at the window's last step this exports the trace (_ready)
@@ -165,10 +188,13 @@ class StepWindow:
             if self.recorded:
                 self.progress.phase("recording source lines (the next step, untimed)")
                 self.records = []
-                self._mode = line_mode(self.records)
+                self._modules = discovered_module_stack()
+                current_module, self.module_classes = self._modules.__enter__()
+                self._mode = line_mode(self.records, current_module)
                 self._mode.__enter__()
             elif self.counted == self.skip:
                 self.progress.phase(f"profiling {self.steps} steps")
+                self._window_starts()
             return
         self.finish_lines()
         self.done = True
@@ -181,6 +207,9 @@ class StepWindow:
         if self._mode is not None:
             mode, self._mode = self._mode, None
             mode.__exit__(None, None, None)
+        if self._modules is not None:
+            modules, self._modules = self._modules, None
+            modules.__exit__(None, None, None)
 
     def close(self) -> None:
         """Leaves whatever is still active (the script ended or failed inside the window)."""
@@ -218,6 +247,7 @@ class StepWindow:
                 self.prof, self._incomplete = self._profiler(), False
                 self.start()
             self.counted = 0
+            self.step_s, self.before, self.after = [], None, None
             self.progress.phase(f"the script's own profiler stopped: skipping {self.skip} steps again")
 
     def _ready(self, prof: torch.profiler.profile) -> None:
@@ -461,9 +491,14 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
         meta = profile_meta(opts, device, None, peaks)
         meta["mode"] = "unknown"
         records = window.records
+        noise = None
+        if window.before is not None and window.after is not None:
+            noise = window_noise(window.sampler, window.before, window.after, torch.get_num_threads())
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",
                       source_override=(lambda ev: join_lines(records, ev)) if records else None,
-                      layout_probe=conv_layout_probe(device), dtype_probe=float32_probe(device))
+                      layout_probe=conv_layout_probe(device), dtype_probe=float32_probe(device),
+                      module_classes=window.module_classes if records else None, noise=noise,
+                      step_us=[t * 1e6 for t in window.step_s] if len(window.step_s) == opts.steps else None)
         meta["dtype"] = dominant_dtype(run.events)
         meta["mode"] = trace_mode(run.events)
         if calibration is not None:

@@ -166,6 +166,49 @@ def test_a_script_profiling_every_step_itself_is_one_line_saying_why(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+# A model with submodules and a loss module: two roots of the forward (the model, then the loss).
+TWO_ROOTS = """
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = torch.nn.Linear(16, 32)
+            self.head = torch.nn.Linear(32, 4)
+
+        def forward(self, x):
+            return self.head(torch.relu(self.fc1(x)))
+
+    model, loss_fn = Net(), torch.nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i in range(6):
+        loss = loss_fn(model(torch.randn(8, 16)), torch.randint(0, 4, (8,)))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+@pytest.mark.slow
+def test_a_script_run_has_the_noise_line_step_times_and_module_paths_of_a_model_file(tmp_path):
+    script = write_model(tmp_path, TWO_ROOTS)
+    out = tmp_path / "r"
+    proc = run_cli("profile", str(script), "--skip-steps", "1", "--steps", "3", "--out", str(out), *PEAKS, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run = read_run(out)
+    noise = run.summary["noise"]
+    assert "recorded elsewhere" not in noise["reason"] and noise["verdict"] in ("quiet", "noisy"), noise
+    assert noise["threads"] >= 1 and noise["cores"] >= 1
+    assert run.summary["step_time_cv"] is not None  # each of the 3 steps timed
+    ops = run.to_pandas()
+    addmm = ops[ops["op"] == "aten::addmm"]
+    assert set(addmm["module"]) == {"fc1", "head"} and set(addmm["module_class"]) == {"Linear"}
+    assert "CrossEntropyLoss" in set(ops["module_class"])  # the loss module, a root of its own
+    modules = (out / "modules.csv").read_text()
+    assert "fc1,Linear" in modules and "head,Linear" in modules
+    assert "noise " in proc.stdout  # the header's noise line
+
+
 FAILING = {
     "raises": ("raise ValueError('bad batch')", "the script raised ValueError: bad batch at model.py:"),
     "exits": ("sys.exit(3)", "the script exited with sys.exit(3) at model.py:"),
