@@ -50,7 +50,7 @@ from opscope.capture.harness import process_state_kept, resolve_device
 from opscope.capture.layout_probe import conv_layout_probe
 from opscope.capture.lines import LineRecord, discovered_module_stack, join_lines, line_mode
 from opscope.capture.options import Progress
-from opscope.capture.torch_profiler import machine_peaks, profile_meta, profiler_activities
+from opscope.capture.torch_profiler import choose_threads, machine_peaks, profile_meta, profiler_activities
 from opscope.errors import OpscopeError, TargetError
 from opscope.machine.noise import CpuSample, CpuSampler, window_noise
 from opscope.machine.peaks import Peaks
@@ -442,9 +442,12 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
     if opts.threads:
         torch.set_num_threads(opts.threads)
     device = resolve_device(opts.device)
-    calibration = None  # a rank's launcher calibrated once for all ranks
+    calibration = None  # a rank's launcher calibrated once for all ranks (and set its threads)
+    threads_chosen = None
     if peaks is None:
-        peaks, calibration = machine_peaks(opts, device, progress)
+        sampler = CpuSampler()
+        threads_chosen = choose_threads(opts, device, sampler, sampler.sample(), progress)
+        peaks, calibration = machine_peaks(opts, device, progress, threads_chosen)
     with tempfile.TemporaryDirectory(prefix="opscope-") as tmp:
         trace_path = Path(tmp) / "trace.json"
         window = StepWindow(opts.warmup, opts.steps, profiler_activities(device), trace_path,
@@ -503,6 +506,8 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
         meta["mode"] = trace_mode(run.events)
         if calibration is not None:
             meta["calibration"] = calibration
+        if threads_chosen is not None:
+            meta["threads_chosen"] = threads_chosen
         meta["script"] = {"args": list(script.args), "steps_from": script.step_fn or "optimizer step",
                           "skip_steps": opts.warmup, "stopped_after_window": bool(script.stop_after and window.done),
                           "source_lines": "next step" if records else "none"}
