@@ -446,7 +446,7 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
     threads_chosen = None
     if peaks is None:
         sampler = CpuSampler()
-        threads_chosen = choose_threads(opts, device, sampler, sampler.sample(), progress)
+        threads_chosen = choose_threads(opts, device, sampler, sampler.sample())
         peaks, calibration = machine_peaks(opts, device, progress, threads_chosen)
     with tempfile.TemporaryDirectory(prefix="opscope-") as tmp:
         trace_path = Path(tmp) / "trace.json"

@@ -72,8 +72,8 @@ def cpu_name() -> str:
     return cpu_model_name()
 
 
-def choose_threads(opts: ProfileOptions, device: torch.device, sampler: CpuSampler, since: CpuSample,
-                   progress: Progress) -> dict[str, Any] | None:
+def choose_threads(opts: ProfileOptions, device: torch.device, sampler: CpuSampler,
+                   since: CpuSample) -> dict[str, Any] | None:
     """Before the timed steps: the cores other processes used since `since` (a window widened to
     noise.MIN_WINDOW_S by an idle wait) and, on a CPU run without --threads, torch's thread count set so
     that torch does not oversubscribe the cores left (opscope.machine.threads). Returns meta.json's
@@ -87,11 +87,8 @@ def choose_threads(opts: ProfileOptions, device: torch.device, sampler: CpuSampl
     others = other_cores(since, end)
     default = torch.get_num_threads()
     chosen = default if opts.threads else idle_threads(others, sampler.cores, default)
-    if chosen != default:
+    if chosen != default:  # said in the run's header (not on stderr: an error later must stay one line)
         torch.set_num_threads(chosen)
-        progress.warn(f"other processes use {others:.2f} of {sampler.cores} cores: profiling on {chosen} torch "
-                      f"thread{'s' if chosen != 1 else ''} instead of {default}, so that torch does not "
-                      "oversubscribe the cores (--threads N overrides)")
     return {"threads": chosen, "default": default, "cores": sampler.cores, "set": "--threads" if opts.threads else
             ("fewer, for other processes" if chosen != default else "default"),
             "other_cores": None if others is None else round(others, 3)}
@@ -241,7 +238,7 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
     t0 = time.perf_counter()
     threads_chosen = None
     if peaks is None:
-        threads_chosen = choose_threads(opts, device, sampler, loading, progress)
+        threads_chosen = choose_threads(opts, device, sampler, loading)
         peaks, calibration = machine_peaks(opts, device, progress, threads_chosen)
     else:  # a rank of a multi-process job: its launcher calibrated once for all ranks and set its threads
         calibration = None
