@@ -71,6 +71,7 @@ def test_threads_given_are_kept_even_on_a_loaded_machine(tmp_path):
 def test_a_busy_machine_reuses_the_quiet_calibration_scaled_instead_of_measuring(tmp_path, monkeypatch):
     """--threads 1 (or a thread count chosen for the load) with only a 2-thread calibration cached: a fresh
     calibration would measure under load; the cached quiet one is scaled to 1 thread and marked."""
+    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path / "cache"))  # not the session's: analyze reads that one
     calibrate.save(_fake_result(2))
 
     def no_measuring(*args, **kwargs):
