@@ -227,6 +227,65 @@ def module_stack(model: Any) -> Iterator[Callable[[], tuple[str, str]]]:
 _COMPILED_HOOK_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 
 
+@contextmanager
+def discovered_module_stack() -> Iterator[tuple[Callable[[], tuple[str, str]], dict[str, str]]]:
+    """module_stack() for code whose model opscope is not given (a script): a module whose forward runs
+    outside every other module's is a root, named when it first runs. The first root's modules are named
+    as its named_modules() names them ("" for the root itself, as a model file's model); a later root's
+    carry its class name in front (`CrossEntropyLoss`, `Discriminator.fc1`). Yields the current-module
+    function and the qualified name -> class map of every root found so far (module_classes())."""
+    import torch
+
+    names: dict[int, str] = {}
+    classes: dict[str, str] = {}
+    local = threading.local()
+
+    def stack() -> list[tuple[str, str] | None]:
+        if not hasattr(local, "stack"):
+            local.stack = []
+        entries: list[tuple[str, str] | None] = local.stack
+        return entries
+
+    def add_root(root: Any) -> None:
+        prefix = "" if not classes else type(root).__name__
+        if prefix in classes:  # a second root of the same class
+            prefix = f"{prefix}#{sum(1 for k in classes if k.split('.')[0].split('#')[0] == prefix) + 1}"
+        for name, m in root.named_modules():
+            if id(m) not in names:
+                qualified = ".".join(p for p in (prefix, name) if p)
+                names[id(m)] = qualified
+                classes[qualified] = type(m).__name__
+
+    def pre(module: Any, args: Any) -> None:
+        s = stack()
+        if id(module) not in names and not s:
+            add_root(module)
+        name = names.get(id(module))
+        s.append(None if name is None else (name, type(module).__name__))
+
+    def post(module: Any, args: Any, output: Any) -> None:
+        s = stack()
+        if s:
+            s.pop()
+
+    def current() -> tuple[str, str]:
+        for entry in reversed(stack()):
+            if entry is not None:
+                return entry
+        return ("", "")
+
+    hooks = torch.nn.modules.module
+    before = hooks.register_module_forward_pre_hook(pre)
+    after = hooks.register_module_forward_hook(post, always_call=True)
+    try:
+        with warnings.catch_warnings():  # as in module_stack(): the hooks are opscope's, not the user's
+            warnings.filterwarnings("ignore", message=_COMPILED_HOOK_WARNING, category=UserWarning)
+            yield current, classes
+    finally:
+        before.remove()
+        after.remove()
+
+
 def _outside_modules() -> tuple[str, str]:
     return ("", "")
 

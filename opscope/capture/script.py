@@ -11,6 +11,12 @@ does not pay the profiler's start), then `--steps N` profiled with shapes only, 
 After the window the profiler is stopped; the script keeps running, unprofiled, to its end, or is stopped
 after the line step with `--stop-after`.
 
+Endings. A script may end itself with `os._exit(0)` (a common idiom to skip slow interpreter teardown).
+In the script's own process and main thread that call is turned into an exception while the script runs
+(ScriptExited), so opscope keeps what it captured up to it, writes the run and says how the script
+ended; `os._exit(N)` with N != 0 is a failure, as `sys.exit(N)` is. A forked child (a DataLoader worker)
+and other threads keep the real os._exit.
+
 Source lines. A script's step cannot be re-run, so the untimed line pass of the model-file mode records
 the next step instead: the step right after the window runs under the same dispatch mode
 (opscope.capture.lines.line_mode), which reads each aten op's exact line, and the records are joined to
@@ -25,13 +31,16 @@ import contextlib
 import functools
 import importlib
 import inspect
+import os
 import sys
 import tempfile
+import threading
+import time
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -39,13 +48,21 @@ from opscope.analysis.pipeline import analyze, dominant_dtype, trace_mode
 from opscope.capture.dtype_probe import float32_probe
 from opscope.capture.harness import process_state_kept, resolve_device
 from opscope.capture.layout_probe import layout_probe_for
-from opscope.capture.lines import LineRecord, join_lines, line_mode
+from opscope.capture.lines import LineRecord, discovered_module_stack, join_lines, line_mode
 from opscope.capture.options import Progress
-from opscope.capture.torch_profiler import load_own_trace, machine_peaks, profile_meta, profiler_activities
+from opscope.capture.torch_profiler import (
+    choose_threads,
+    load_own_trace,
+    machine_peaks,
+    profile_meta,
+    profiler_activities,
+)
 from opscope.errors import OpscopeError, TargetError
+from opscope.machine.noise import CpuSample, CpuSampler, window_noise
 from opscope.machine.peaks import Peaks
 from opscope.run.model import DEFAULT_REPORTS_DIR, Run
 from opscope.run.write import check_out_dir, write_run
+from opscope.sources import classify_path, display_path
 from opscope.target.jobs import STEP_FN_RE
 from opscope.target.model_file import (
     ACCEPTED,
@@ -63,47 +80,127 @@ class StopScript(BaseException):
     BaseException, so the script's `except Exception` does not swallow it; its `finally` blocks run."""
 
 
+class ScriptExited(BaseException):
+    """os._exit(code) called by the script's main thread, raised instead of ending the process (see the
+    module docstring: the run would otherwise be lost). A BaseException, as SystemExit is."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+@contextlib.contextmanager
+def os_exit_caught() -> Iterator[None]:
+    """While active, os._exit(code) in this process's main thread raises ScriptExited(code); in a forked
+    child or another thread it ends the process as ever (a worker process must not unwind into a copy of
+    the script's stack)."""
+    original = os._exit
+    pid, main = os.getpid(), threading.main_thread()
+
+    def caught_exit(code: int) -> NoReturn:
+        if os.getpid() == pid and threading.current_thread() is main:
+            raise ScriptExited(code)
+        original(code)
+
+    setattr(os, "_exit", caught_exit)  # noqa: B010 (a plain assignment to a module function upsets mypy)
+    try:
+        yield
+    finally:
+        setattr(os, "_exit", original)  # noqa: B010
+
+
 class StepWindow:
     """Turns the script's step boundaries into torch.profiler schedule steps, then records one more step
-    under the line-recording dispatch mode."""
+    under the line-recording dispatch mode.
+
+    torch runs one profiler session at a time. While the script runs its own (torch.profiler.profile or
+    torch.autograd.profiler.profile, see user_profilers()), opscope's window yields to it: the script's
+    steps are not counted, and a window begun before is dropped (it would record the script's profiler
+    too, and stopping it ends the script's session: its table printed empty). Counting starts afresh,
+    skipped steps included, when the script's profiler stops."""
 
     def __init__(self, skip: int, steps: int, activities: list[torch.profiler.ProfilerActivity], trace_path: Path, stop_after: bool,
                  progress: Progress) -> None:
         self.skip, self.steps, self.stop_after, self.progress = skip, steps, stop_after, progress
-        self.trace_path = trace_path
-        warmup = 1 if skip >= 1 else 0  # the profiler's own warmup is the last skipped step
-        self.prof = torch.profiler.profile(
-            activities=activities, record_shapes=True, on_trace_ready=self._ready,
-            schedule=torch.profiler.schedule(wait=skip - warmup, warmup=warmup, active=steps, repeat=1))
+        self.trace_path, self.activities = trace_path, activities
+        self.prof = self._profiler()
         self.boundaries = 0  # steps the script completed
+        self.counted = 0  # steps counted by the current profiler (since it started)
         self.recorded = False  # the window's trace is exported
         self.records: list[LineRecord] | None = None
         self._mode: Any = None
         self.done = False
         self._incomplete = False  # set when the script ends mid-window: no partial window is exported
+        self._own = 0  # > 0 while opscope itself drives its profiler (its sessions are not the script's)
+        self.user_sessions: set[int] = set()  # the script's profiler sessions now running
+        self.user_profiler_at = ""  # where the script first started its own profiler
+        self.user_steps = 0  # the script's steps that ran under its own profiler
+        # The profiled steps' wall times and the CPU samples around them (the noise line, as a model file's)
+        self.sampler = CpuSampler()
+        self.before: CpuSample | None = None
+        self.after: CpuSample | None = None
+        self.step_s: list[float] = []
+        self._step_start = 0.0
+        self.module_classes: dict[str, str] = {}  # modules found in the line step (discovered_module_stack)
+        self._modules: Any = None
+
+    def _profiler(self) -> torch.profiler.profile:
+        warmup = 1 if self.skip >= 1 else 0  # the profiler's own warmup is the last skipped step
+        return torch.profiler.profile(
+            activities=self.activities, record_shapes=True, on_trace_ready=self._ready,
+            schedule=torch.profiler.schedule(wait=self.skip - warmup, warmup=warmup, active=self.steps, repeat=1))
 
     def start(self) -> None:
         import warnings
 
-        with warnings.catch_warnings():  # skip 0: torch warns that there is no profiler warmup
-            warnings.simplefilter("ignore")
-            self.prof.start()
+        self._own += 1
+        try:
+            with warnings.catch_warnings():  # skip 0: torch warns that there is no profiler warmup
+                warnings.simplefilter("ignore")
+                self.prof.start()
+        finally:
+            self._own -= 1
+        self.step_s, self.before, self.after = [], None, None
+        if self.skip == 0:  # the window records from the start
+            self._window_starts()
+
+    def _window_starts(self) -> None:
+        self.before = self.sampler.sample()
+        self._step_start = time.perf_counter()
 
     def boundary(self) -> None:
         """The script finished a step."""
         if self.done:
             return
         self.boundaries += 1
+        if self.user_sessions:  # under the script's own profiler: not a step of opscope's window
+            self.user_steps += 1
+            return
         if not self.recorded:
-            self.prof.step()  # at the window's last step this exports the trace (_ready)
+            self.counted += 1
+            if self.counted > self.skip:  # a profiled step ended: its time, before the export below
+                now = time.perf_counter()
+                self.step_s.append(now - self._step_start)
+                self._step_start = now
+                if self.counted == self.skip + self.steps:
+                    self.after = self.sampler.sample()
+            self._own += 1
+            try:
+                self.prof.step()  # at the window's last step this exports the trace (_ready)
+                if self.recorded:
+                    self.prof.stop()
+            finally:
+                self._own -= 1
             if self.recorded:
-                self.prof.stop()
                 self.progress.phase("recording source lines (the next step, untimed)")
                 self.records = []
-                self._mode = line_mode(self.records)
+                self._modules = discovered_module_stack()
+                current_module, self.module_classes = self._modules.__enter__()
+                self._mode = line_mode(self.records, current_module)
                 self._mode.__enter__()
-            elif self.boundaries == self.skip:
+            elif self.counted == self.skip:
                 self.progress.phase(f"profiling {self.steps} steps")
+                self._window_starts()
             return
         self.finish_lines()
         self.done = True
@@ -116,20 +213,93 @@ class StepWindow:
         if self._mode is not None:
             mode, self._mode = self._mode, None
             mode.__exit__(None, None, None)
+        if self._modules is not None:
+            modules, self._modules = self._modules, None
+            modules.__exit__(None, None, None)
 
     def close(self) -> None:
         """Leaves whatever is still active (the script ended or failed inside the window)."""
         self.finish_lines()
         if not self.recorded:
-            self._incomplete = True
+            self._drop()
+
+    def _drop(self) -> None:
+        """Stops opscope's profiler without exporting what it holds."""
+        self._incomplete = True
+        self._own += 1
+        try:
             with contextlib.suppress(Exception):
                 self.prof.stop()
+        finally:
+            self._own -= 1
+
+    def user_started(self, session: Any, where: str) -> None:
+        """The script starts a profiler session of its own (called before torch prepares it)."""
+        if self._own or self.recorded:  # opscope's own session, or opscope's window is over: no conflict
+            return
+        if not self.user_sessions:
+            self.user_profiler_at = self.user_profiler_at or where
+            if not self._incomplete:  # opscope's profiler may hold a session (warmup, recording): give it up
+                self._drop()
+        self.user_sessions.add(id(session))
+
+    def user_stopped(self, session: Any) -> None:
+        """The script's profiler session ended: opscope's window starts afresh."""
+        if id(session) not in self.user_sessions:
+            return
+        self.user_sessions.discard(id(session))
+        if not self.user_sessions and not self.recorded:
+            if self._incomplete:
+                self.prof, self._incomplete = self._profiler(), False
+                self.start()
+            self.counted = 0
+            self.step_s, self.before, self.after = [], None, None
+            self.progress.phase(f"the script's own profiler stopped: skipping {self.skip} steps again")
 
     def _ready(self, prof: torch.profiler.profile) -> None:
         if self._incomplete:
             return
         prof.export_chrome_trace(str(self.trace_path))
         self.recorded = True
+
+
+@contextlib.contextmanager
+def user_profilers(window: StepWindow) -> Iterator[None]:
+    """While active, every profiler session the script starts or stops is reported to `window` first.
+    torch.profiler.profile and the older torch.autograd.profiler.profile both open their session through
+    torch.autograd.profiler.profile._prepare_trace and close it through its __exit__."""
+    from torch.autograd import profiler as autograd_profiler
+
+    cls = autograd_profiler.profile
+    prepare, leave = cls._prepare_trace, cls.__exit__
+
+    def prepare_trace(self: Any) -> Any:
+        window.user_started(self, _caller_in_user_code())
+        return prepare(self)
+
+    def exit_session(self: Any, *exc: Any) -> Any:
+        try:
+            return leave(self, *exc)
+        finally:
+            window.user_stopped(self)
+
+    setattr(cls, "_prepare_trace", prepare_trace)  # noqa: B010 (patching a method of torch's class)
+    setattr(cls, "__exit__", exit_session)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(cls, "_prepare_trace", prepare)  # noqa: B010
+        setattr(cls, "__exit__", leave)  # noqa: B010
+
+
+def _caller_in_user_code() -> str:
+    """'file:line' of the innermost frame of the user's code on the stack, or ""."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if classify_path(frame.f_code.co_filename) == "user":
+            return f"{display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return ""
 
 
 class _StepOfOptimizer:
@@ -278,9 +448,12 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
     if opts.threads:
         torch.set_num_threads(opts.threads)
     device = resolve_device(opts.device)
-    calibration = None  # a rank's launcher calibrated once for all ranks
+    calibration = None  # a rank's launcher calibrated once for all ranks (and set its threads)
+    threads_chosen = None
     if peaks is None:
-        peaks, calibration = machine_peaks(opts, device, progress)
+        sampler = CpuSampler()
+        threads_chosen = choose_threads(opts, device, sampler, sampler.sample())
+        peaks, calibration = machine_peaks(opts, device, progress, threads_chosen)
     with tempfile.TemporaryDirectory(prefix="opscope-") as tmp:
         trace_path = Path(tmp) / "trace.json"
         window = StepWindow(opts.warmup, opts.steps, profiler_activities(device), trace_path,
@@ -299,9 +472,9 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
             clock = _StepOfOptimizer(window.boundary)
         progress.phase(f"running {path.name} (skipping {opts.warmup} steps)")
         try:
-            with process_state_kept(keep_additions=True):
+            with process_state_kept(keep_additions=True), os_exit_caught(), user_profilers(window):
                 window.start()
-                _run_script(path, script.args, namespace)
+                ended = _run_script(path, script.args, namespace)
         finally:
             window.close()
             if clock is not None:
@@ -309,7 +482,15 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
         if target is not None and not target.installed:
             raise TargetError(f"--step-fn {script.step_fn}: the script never defined {target.path[0]}")
         if not window.recorded:
-            raise TargetError(_too_few_steps(window, script, path.name))
+            raise TargetError((_under_own_profiler(window) or _too_few_steps(window, script, path.name))
+                              + (f" (it ended itself with {ended})" if ended else ""))
+        if window.user_steps:
+            progress.warn(f"the script runs its own torch.profiler{_at(window.user_profiler_at)}: torch runs one "
+                          f"profiler at a time, so opscope let it run and profiled {opts.steps} steps outside it "
+                          f"({window.user_steps} steps ran under it)")
+        if ended:
+            progress.warn(f"the script ended itself with {ended}; the run holds what opscope captured up to it "
+                          f"(the profiled window of {opts.steps} steps is complete)")
         if window.records is None or not window.done:
             progress.warn("source lines: no step followed the profiled window before the script ended, so the "
                           "ops have no source line (give the script one more step than --skip-steps + --steps)")
@@ -320,13 +501,20 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
         meta = profile_meta(opts, device, None, peaks)
         meta["mode"] = "unknown"
         records = window.records
+        noise = None
+        if window.before is not None and window.after is not None:
+            noise = window_noise(window.sampler, window.before, window.after, torch.get_num_threads())
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",
                       source_override=(lambda ev: join_lines(records, ev)) if records else None,
-                      layout_probe=layout_probe_for(device), dtype_probe=float32_probe(device))
+                      layout_probe=layout_probe_for(device), dtype_probe=float32_probe(device),
+                      module_classes=window.module_classes if records else None, noise=noise,
+                      step_us=[t * 1e6 for t in window.step_s] if len(window.step_s) == opts.steps else None)
         meta["dtype"] = dominant_dtype(run.events)
         meta["mode"] = trace_mode(run.events)
         if calibration is not None:
             meta["calibration"] = calibration
+        if threads_chosen is not None:
+            meta["threads_chosen"] = threads_chosen
         meta["script"] = {"args": list(script.args), "steps_from": script.step_fn or "optimizer step",
                           "skip_steps": opts.warmup, "stopped_after_window": bool(script.stop_after and window.done),
                           "source_lines": "next step" if records else "none"}
@@ -336,14 +524,23 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
     return run
 
 
-def _run_script(path: Path, args: list[str], namespace: dict[str, Any] | None = None) -> None:
+def _run_script(path: Path, args: list[str], namespace: dict[str, Any] | None = None) -> str | None:
+    """Runs the script to its end; returns how it ended itself early when it called os._exit(0)
+    ("os._exit(0) at train.py:41"), else None. Raises TargetError when it failed."""
     try:
         run_as_main(path, args, namespace)
     except StopScript:
-        return
+        return None
+    except ScriptExited as exc:
+        where = user_frame_of(exc)
+        at = f" at {where}" if where else ""
+        if exc.code == 0:
+            return f"os._exit(0){at}"
+        raise TargetError(f"the script exited with os._exit({exc.code!r}){at}; opscope stopped and wrote "
+                          "nothing") from exc
     except SystemExit as exc:
         if exc.code in (None, 0):
-            return  # the script ended itself successfully
+            return None  # the script ended itself successfully
         where = user_frame_of(exc)
         raise TargetError(f"the script exited with sys.exit({exc.code!r})" + (f" at {where}" if where else "")
                           + "; opscope stopped and wrote nothing") from exc
@@ -351,6 +548,23 @@ def _run_script(path: Path, args: list[str], namespace: dict[str, Any] | None = 
         where = user_frame_of(exc)
         raise TargetError(f"the script raised {describe_exception(exc)}" + (f" at {where}" if where else "")
                           + "; opscope stopped and wrote nothing") from exc
+    return None
+
+
+def _at(where: str) -> str:
+    return f" (started at {where})" if where else ""
+
+
+def _under_own_profiler(window: StepWindow) -> str:
+    """Why no window was recorded when the script ran its own profiler; "" when it did not."""
+    if not window.user_profiler_at:
+        return ""
+    after = window.boundaries - window.user_steps
+    return (f"the script runs its own torch.profiler{_at(window.user_profiler_at)}, and torch runs one profiler at "
+            f"a time: opscope let the script's profiler run ({window.user_steps} of the script's {window.boundaries} "
+            f"steps ran under it) and profiled nothing, since {after} steps ran outside it where "
+            f"--skip-steps {window.skip} + --steps {window.steps} = {window.skip + window.steps} are needed; remove "
+            "the script's profiler, or lower --skip-steps/--steps")
 
 
 def _too_few_steps(window: StepWindow, script: ScriptSpec, name: str) -> str:

@@ -29,8 +29,9 @@ from opscope.capture.lines import LineRecord, join_lines, module_classes, module
 from opscope.capture.nvtx_ranges import module_ranges, step_range
 from opscope.capture.options import Progress
 from opscope.errors import OpscopeError, TargetError
-from opscope.machine.noise import CpuSampler, window_noise
+from opscope.machine.noise import MIN_WINDOW_S, CpuSample, CpuSampler, other_cores, window_noise
 from opscope.machine.peaks import Peaks, apply_overrides, gpu_peaks, unknown_gpu_warning
+from opscope.machine.threads import busy, idle_threads, scaled_calibration
 from opscope.run.model import DEFAULT_REPORTS_DIR, Run
 from opscope.run.schema import FORMAT_VERSION
 from opscope.run.write import check_out_dir, write_run
@@ -71,9 +72,33 @@ def cpu_name() -> str:
     return cpu_model_name()
 
 
-def machine_peaks(opts: ProfileOptions, device: torch.device,
-                  progress: Progress) -> tuple[Peaks, dict[str, Any] | None]:
-    """The ceilings, and for a measured CPU calibration meta.json's "calibration" entry."""
+def choose_threads(opts: ProfileOptions, device: torch.device, sampler: CpuSampler,
+                   since: CpuSample) -> dict[str, Any] | None:
+    """Before the timed steps: the cores other processes used since `since` (a window widened to
+    noise.MIN_WINDOW_S by an idle wait) and, on a CPU run without --threads, torch's thread count set so
+    that torch does not oversubscribe the cores left (opscope.machine.threads). Returns meta.json's
+    "threads_chosen" entry ({"threads", "default", "other_cores", "cores", "set"}); None for a GPU run."""
+    if device.type != "cpu":
+        return None
+    end = sampler.sample()
+    if end.wall_s - since.wall_s < MIN_WINDOW_S:
+        time.sleep(since.wall_s + MIN_WINDOW_S - end.wall_s)
+        end = sampler.sample()
+    others = other_cores(since, end)
+    default = torch.get_num_threads()
+    chosen = default if opts.threads else idle_threads(others, sampler.cores, default)
+    if chosen != default:  # said in the run's header (not on stderr: an error later must stay one line)
+        torch.set_num_threads(chosen)
+    return {"threads": chosen, "default": default, "cores": sampler.cores, "set": "--threads" if opts.threads else
+            ("fewer, for other processes" if chosen != default else "default"),
+            "other_cores": None if others is None else round(others, 3)}
+
+
+def machine_peaks(opts: ProfileOptions, device: torch.device, progress: Progress,
+                  threads_chosen: dict[str, Any] | None = None) -> tuple[Peaks, dict[str, Any] | None]:
+    """The ceilings, and for a measured CPU calibration meta.json's "calibration" entry. On a busy machine
+    (`threads_chosen`'s other cores) a thread count without a cached calibration reuses the cached quiet
+    one of another thread count, scaled (opscope.machine.threads), rather than measuring under load."""
     calibration = None
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
@@ -84,11 +109,28 @@ def machine_peaks(opts: ProfileOptions, device: torch.device,
         if opts.peak_bw and opts.peak_flops:
             peaks = None  # fully overridden: no need to measure
         else:
-            from opscope.machine.calibrate import obtain
+            from opscope.machine.calibrate import cpu_model_name, load, obtain
 
-            got = obtain(torch.get_num_threads(), quick=True, progress=progress.warn)
-            peaks = got.result.peaks()
-            calibration = {"stable": got.result.stable, "cached": got.path is not None, "quick": got.result.quick}
+            n = torch.get_num_threads()
+            others = (threads_chosen or {}).get("other_cores")
+            cores = int((threads_chosen or {}).get("cores") or 0)
+            scaled = None
+            if busy(others, cores, n) and load(n) is None:
+                scaled = scaled_calibration(n, cpu_model_name(), str(torch.__version__))
+            if scaled is not None:
+                peaks = scaled.peaks
+                calibration = {"stable": True, "cached": True, "quick": scaled.result.quick, "scaled": True}
+                progress.warn(f"the machine is busy (other processes use {others:.2f} of {cores} cores): "
+                              f"reusing the calibration measured on {scaled.result.threads} threads on a quiet "
+                              f"machine, GEMM FLOP/s scaled to {n} (run `opscope calibrate --threads {n}` on an "
+                              "idle machine to measure it)")
+                threads_chosen = threads_chosen if threads_chosen is not None else {}
+                threads_chosen["calibration_threads"] = scaled.result.threads
+            else:
+                got = obtain(n, quick=True, progress=progress.warn)
+                peaks = got.result.peaks()
+                calibration = {"stable": got.result.stable, "cached": got.path is not None,
+                               "quick": got.result.quick}
     return apply_overrides(peaks, opts.peak_bw, opts.peak_flops), calibration
 
 
@@ -193,6 +235,8 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
     device = device if device is not None else resolve_device(opts.device)
 
     t0 = time.perf_counter()
+    sampler = CpuSampler()
+    loading = sampler.sample()  # other processes' CPU use is measured from here to the thread choice
     progress.phase("loading model")
     with module_origins(), process_state_kept(keep_additions=True):
         target = load_target(opts.target, opts.entry)
@@ -205,9 +249,11 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
     timings.load = time.perf_counter() - t0
 
     t0 = time.perf_counter()
+    threads_chosen = None
     if peaks is None:
-        peaks, calibration = machine_peaks(opts, device, progress)
-    else:  # a rank of a multi-process job: its launcher calibrated once for all ranks
+        threads_chosen = choose_threads(opts, device, sampler, loading)
+        peaks, calibration = machine_peaks(opts, device, progress, threads_chosen)
+    else:  # a rank of a multi-process job: its launcher calibrated once for all ranks and set its threads
         calibration = None
     timings.calibration = time.perf_counter() - t0
 
@@ -223,7 +269,6 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
     activities = profiler_activities(device)
     with tempfile.TemporaryDirectory(prefix="opscope-") as tmp:
         trace_path = Path(tmp) / "trace.json"
-        sampler = CpuSampler()
         before = sampler.sample()
         prof, timings.timed, step_s = timed_pass(harness, opts.steps, activities, nvtx=opts.nvtx)
         after = sampler.sample()
@@ -252,6 +297,8 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
         meta = profile_meta(opts, device, harness.dtype_name, peaks)
         if calibration is not None:
             meta["calibration"] = calibration
+        if threads_chosen is not None:
+            meta["threads_chosen"] = threads_chosen
         probe = layout_probe_for(device) if opts.mode in ("inference", "train") else None
         classes = module_classes(harness.model)
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",

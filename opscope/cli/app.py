@@ -47,6 +47,14 @@ def _console(*, stderr: bool = False) -> Console:
 
 stderr = _console(stderr=True)
 _state = {"debug": False}
+# The run directory this command has put in place, once it is complete: an interruption after that (during
+# the console report, or while the child exits) says where the run is, not "nothing was written".
+_written: list[Path] = []
+
+
+def _run_complete(path: Path | str | None) -> None:
+    if path is not None:
+        _written[:] = [Path(path)]
 
 
 class Device(str, Enum):
@@ -141,6 +149,7 @@ def _emit(run: Run, json_out: bool, top: int) -> None:
     from opscope.run.model import shown_path
     from opscope.run.write import dumps
 
+    _run_complete(run.path)
     if json_out:
         assert run.path is not None  # a written run knows its directory
         sys.stdout.write(dumps(run.summary) + "\n")
@@ -231,6 +240,7 @@ def profile(
     else:
         job = ProfileJob(options=options, script=job_script, launch=job_launch)
         run_dir = Path(_supervised("opscope.capture.worker", job, out)["run_dir"])
+    _run_complete(run_dir)
     from opscope.run.read import read_run
 
     run = read_run(run_dir)
@@ -285,7 +295,7 @@ def _supervised(module: str, job: Job, out: Path | None) -> dict[str, Any]:
     """Runs the child `module` with `job` under supervision, with the progress bar; its result."""
     from opscope.run.model import DEFAULT_REPORTS_DIR
     from opscope.run.write import discard_staging
-    from opscope.target.specs import SwapJob
+    from opscope.target.specs import ProfileJob, SwapJob
     from opscope.target.supervise import Listener, WorkerCrashed, run_worker
 
     folders = [out.absolute().parent if out else DEFAULT_REPORTS_DIR.absolute()]
@@ -295,11 +305,14 @@ def _supervised(module: str, job: Job, out: Path | None) -> dict[str, Any]:
             phases.append(name)
             progress.phase(name, total)
 
-        listener = Listener(phase=phase, advance=progress.advance, warn=progress.warn)
+        listener = Listener(phase=phase, advance=progress.advance, warn=progress.warn,
+                            done=lambda result: _run_complete(result.get("run_dir")))
+        script = isinstance(job, ProfileJob) and job.script is not None
         try:
             return run_worker(module, job, listener,
-                              what="the code under test" if isinstance(job, SwapJob) else "the model's code",
-                              on_abort=lambda pid: discard_staging(folders, pid))
+                              what="the code under test" if isinstance(job, SwapJob) else
+                                   "the script" if script else "the model's code",
+                              on_abort=lambda pid: discard_staging(folders, pid), forward_stdin=script)
         except WorkerCrashed as exc:
             from opscope.swap.worker import PHASE_PREFIX
 
@@ -584,6 +597,7 @@ def swap(
                                debug)
     swaps = SwapSpec(requests=[r.to_json() for r in requests] if requests is not None else None, repeats=repeats)
     run_dir = Path(_supervised("opscope.swap.worker", SwapJob(options=options, swap=swaps), out)["run_dir"])
+    _run_complete(run_dir)
     from opscope.render.report_data import swap_results
     from opscope.render.text import clean, cleaned_run
     from opscope.run.model import shown_path
@@ -648,6 +662,16 @@ def _cleanup_on_signals() -> None:
             signal.signal(sig, stop)
 
 
+def _what_was_written() -> str:
+    """After an interruption: where the complete run is, if this command had put one in place."""
+    from opscope.run.model import shown_path
+
+    if _written and _written[0].is_dir():
+        return (f"the run was already complete in {shown_path(_written[0])} (only printing it was cut short; "
+                "`opscope report` shows it)")
+    return "nothing was written"
+
+
 def _fail(message: str, code: int = 2) -> None:
     from rich.text import Text
 
@@ -686,10 +710,10 @@ def main() -> None:
         where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
         _fail(f"{exc.format_message()}{where}", 2)
     except Terminated as exc:
-        _fail(f"{'interrupted' if exc.signum == signal.SIGINT else 'stopped'} by {exc.name}; nothing was written",
+        _fail(f"{'interrupted' if exc.signum == signal.SIGINT else 'stopped'} by {exc.name}; {_what_was_written()}",
               128 + exc.signum)
     except (typer.Abort, KeyboardInterrupt):
-        _fail("interrupted; nothing was written", 130)
+        _fail(f"interrupted; {_what_was_written()}", 130)
     except click_errors.ClickException as exc:
         _fail(exc.format_message(), exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)

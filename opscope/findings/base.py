@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
+from opscope.machine.noise import noise_caveat
 from opscope.machine.peaks import Peaks
 from opscope.sources import HARNESS
 from opscope.table import Table, pairwise_sum
@@ -61,7 +62,8 @@ class Context:
     # GPU runs: opscope.analysis.gpu_timeline's summary keys (graph_replay, idle_gaps, streams, ...)
     gpu_timeline: dict[str, Any] | None = None
     # summary.json "noise": other processes' CPU use during the timed steps (opscope.machine.noise.assess);
-    # verdict "unknown" for traces. Rules resting on achieved rates append noise.noise_caveat(ctx.noise).
+    # verdict "unknown" for traces. run_rules() appends noise.noise_caveat(ctx.noise) to the findings of
+    # every rule resting on achieved rates (all but NOT_RATE_BASED).
     noise: dict[str, Any] | None = None
     memory: Any = None  # analysis.memory.MemoryProfile when the run recorded memory events
     # A merged run of a multi-process job: ranks.csv (opscope.analysis.ranks); None for one process.
@@ -101,14 +103,23 @@ def rule(name: str) -> Callable[[Rule], Rule]:
     return deco
 
 
+# Rules whose saving does not rest on an achieved rate or a timed probe (an allocation count, a spread
+# between ranks, a wait the trace records): every other rule's message carries the noise note on a noisy
+# run, as a slow or starved process makes achieved rates read low and savings high.
+NOT_RATE_BASED = frozenset({"memory-growth", "straggler", "host-sync"})
+
+
 def run_rules(ctx: Context, only: Iterable[str] | None = None) -> list[dict[str, Any]]:
     """All findings, harness ops excluded, sorted by estimated saving (unknown savings last)."""
     found: list[Finding] = []
     names = list(only) if only is not None else list(RULES)
+    caveat = noise_caveat(ctx.noise)
     for name in names:
         for f in RULES[name](ctx):
             if f.source_location == HARNESS:
                 continue
+            if caveat and name not in NOT_RATE_BASED and caveat not in f.message:
+                f.message += caveat
             found.append(f)
     found.sort(key=lambda f: (f.est_savings_us is None, -(f.est_savings_us or 0.0)))
     return [f.to_json() for f in found]

@@ -55,6 +55,9 @@ def summary_panel(run: Run) -> Panel:
     origin = peaks.get("origin", {})
     lines.append(f"peaks   {units.si((bw or float('nan')) * 1e9, 'B/s')} ({origin.get('memory_bandwidth', '?')}); "
                  f"{ceil or 'unknown'} ({origin.get('flops', '?')})\n")
+    threads = threads_line(m)
+    if threads:
+        lines.append(threads + "\n", style="yellow")
     if (m.get("calibration") or {}).get("stable") is False:
         lines.append("        calibration unstable (the machine was busy): used for this run only, not cached\n",
                      style="yellow")
@@ -77,6 +80,25 @@ def summary_panel(run: Run) -> Panel:
     if memory:
         lines.append(f"\nmemory  {memory}")
     return Panel(lines, title="opscope", title_align="left", box=box.ROUNDED)
+
+
+def threads_line(meta: dict[str, Any]) -> str | None:
+    """The header line of a CPU profile that ran on fewer torch threads than torch's default because other
+    processes kept cores busy, or on ceilings scaled from another thread count's calibration; else None."""
+    chosen = meta.get("threads_chosen")
+    if not isinstance(chosen, dict):
+        return None
+    parts = []
+    threads, default = units.number(chosen.get("threads")), units.number(chosen.get("default"))
+    others, cores = units.number(chosen.get("other_cores")), units.number(chosen.get("cores"))
+    if chosen.get("set") not in ("default", "--threads") and threads is not None and default is not None:
+        busy = f"other processes used {others:.2f} of {cores:g} cores" if others is not None and cores else "busy cores"
+        parts.append(f"{threads:g} of {default:g} (chosen: {busy} before the timed steps; --threads overrides)")
+    from_threads = units.number(chosen.get("calibration_threads"))
+    if from_threads is not None:
+        parts.append(f"peaks: the quiet calibration on {from_threads:g} threads, GEMM FLOP/s scaled "
+                     f"(the machine was busy)")
+    return "threads " + "; ".join(parts) if parts else None
 
 
 def noise_line(summary: dict[str, Any]) -> str | None:
@@ -274,9 +296,16 @@ def _cells(row: dict[str, Any]) -> dict[str, Any]:
         "FLOP/B": UNKNOWN if ai is None else f"{ai:.3g}",
         "FLOP/s": units.si(gflops * 1e9 if gflops is not None else None),
         "B/s": units.si(gbps * 1e9 if gbps is not None else None),
-        "% peak": units.percent(binding_pct(row)),
+        "% peak": _pct_cell(binding_pct(row)),
         "bound": Text(bound, style=BOUND_STYLE.get(bound, "")),
     }
+
+
+def _pct_cell(pct: Any) -> str:
+    """A % of peak; above 100 marked (ceiling_warnings says why, under the table)."""
+    text = units.percent(pct)
+    value = units.number(pct)
+    return text + ABOVE_PEAK_MARK if value is not None and value > 100.0 else text
 
 
 def _per_call(row: dict[str, Any]) -> float | None:
@@ -375,7 +404,9 @@ def swap_candidates(run: Run, top: int = 15) -> Group | None:
     return Group(title, grid)
 
 
-CEILING_SLACK = 1.05  # timing noise aside, nothing runs faster than the machine's peak
+# Nothing runs faster than the machine's peak: every % of peak above 100 printed gets its reason under the
+# table (ceiling_warnings), and its cell a "*" that points there.
+ABOVE_PEAK_MARK = "*"
 
 
 def ceiling_warnings(run: Run) -> list[str]:
@@ -388,7 +419,7 @@ def ceiling_warnings(run: Run) -> list[str]:
             continue
         values = _floats(ops[col])
         known = [v for v in values if v == v]
-        if not known or max(known) <= 100 * CEILING_SLACK:
+        if not known or max(known) <= 100.0:
             continue
         top = max(known)
         worst = ops["op"][values.index(top)]  # the first row at the maximum
@@ -396,11 +427,15 @@ def ceiling_warnings(run: Run) -> list[str]:
             origin = run.meta.get("peaks", {}).get("origin", {}).get("flops")
             hint = ("rerun `opscope calibrate` on an idle machine" if origin == "measured"
                     else "check --peak-flops")
-            out.append(f"{worst} ran at {top:.0f}% of its FLOP/s ceiling: the ceilings are too low "
+            scaled = (run.meta.get("threads_chosen") or {}).get("calibration_threads")
+            if origin == "measured" and scaled is not None:
+                hint = (f"they are the quiet calibration on {scaled} threads, scaled to this run's threads (the machine "
+                        f"was busy); run `opscope calibrate --threads {run.meta.get('threads')}` on an idle machine")
+            out.append(f"{ABOVE_PEAK_MARK}{worst} ran at {top:.0f}% of its FLOP/s ceiling: the ceilings are too low "
                        f"for this run (measured while the machine was busy?); {hint}")
         else:
-            n = sum(v > 100 * CEILING_SLACK for v in known)
-            out.append(f"{n} op row(s) moved data faster than the memory-bandwidth ceiling (up to {top:.0f}%, "
+            n = sum(v > 100.0 for v in known)
+            out.append(f"{ABOVE_PEAK_MARK}{n} op row(s) moved data faster than the memory-bandwidth ceiling (up to {top:.0f}%, "
                        f"{worst}): their data was most likely in cache")
     return out
 

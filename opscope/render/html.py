@@ -30,7 +30,7 @@ from typing import Any
 
 from opscope import __version__, units
 from opscope.errors import OpscopeError, OutputError
-from opscope.render.console import SUMS_NOTE
+from opscope.render.console import ABOVE_PEAK_MARK, SUMS_NOTE, ceiling_warnings, threads_line
 from opscope.render.ranks import STRAGGLER_MARK, collectives_line, header_line, rank_rows, straggler_line
 from opscope.render.report_data import (
     BOUNDS,
@@ -353,7 +353,9 @@ def _table_row(i: int, row: dict[str, Any], columns: list[dict[str, Any]]) -> di
         "share": (units.percent(row.get("time_share"), 100), num(row.get("time_share"))),
         "flops": (units.si(gflops * 1e9 if gflops is not None else None), gflops),
         "bw": (units.si(gbps * 1e9 if gbps is not None else None), gbps),
-        "ai": (UNKNOWN if ai is None else f"{ai:.3g}", ai), "peak": (units.percent(peak), peak), "bound": (bound, bound),
+        "ai": (UNKNOWN if ai is None else f"{ai:.3g}", ai),
+        "peak": (units.percent(peak) + (ABOVE_PEAK_MARK if peak is not None and peak > 100.0 else ""), peak),
+        "bound": (bound, bound),
         "cpu": (units.time_cell(row.get("cpu_time_us_total")), num(row.get("cpu_time_us_total"))),
     }
     detail: dict[str, str | list[str]] = {
@@ -393,6 +395,8 @@ def _header(run: Run) -> str:
         ("run", f"{esc(m.get('source'))}, {esc(m.get('mode'))}, {esc(m.get('dtype') or 'mixed')}"),
         ("device", f"{esc(device.get('type'))}: {esc(device.get('name'))}"),
         ("ceilings", esc(ceilings_line(run))),
+        *((("above peak", esc(" ".join(ceiling_warnings(run)))),) if ceiling_warnings(run) else ()),
+        *((("threads", esc(threads_line(m) or "")),) if threads_line(m) else ()),
         ("torch", esc(m.get("torch_version") or "not recorded")),
         ("steps", esc(step_line(run))),
         ("op time", esc(f"{units.time_cell(s.get('total_time_us'))} in all; the cost model covers "

@@ -96,6 +96,18 @@ class JobMeta(Struct, kw_only=True):
     trace_rank: Annotated[int | None, _doc("the rank whose trace is the run's trace.json.gz")] = None
 
 
+class ThreadsChosen(Struct, kw_only=True):
+    """A CPU profile's torch thread count and why (opscope.machine.threads)."""
+
+    threads: Count | None = None
+    default: Annotated[Count | None, _doc("torch's own default")] = None
+    cores: Count | None = None
+    set: Annotated[str | None, _doc("default, --threads, or 'fewer, for other processes'")] = None
+    other_cores: Annotated[Number | None, _doc("cores other processes used before the timed steps")] = None
+    calibration_threads: Annotated[Count | None, _doc(
+        "set when the ceilings are the cached calibration of this thread count, scaled (a busy machine)")] = None
+
+
 class RunMeta(Struct, kw_only=True):
     """meta.json: what was measured, where, and against which ceilings."""
 
@@ -112,7 +124,8 @@ class RunMeta(Struct, kw_only=True):
     threads: Count | None = None
     peaks: Peaks = msgspec.field(default_factory=Peaks)
     calibration: Annotated[dict[str, bool] | None, _doc(
-        "CPU runs with measured ceilings: stable, cached, quick")] = None
+        "CPU runs with measured ceilings: stable, cached, quick, and scaled (from another thread count)")] = None
+    threads_chosen: ThreadsChosen | None = None
     capture: Capture | None = None
     script: Script | None = None
     rank: Annotated[int | None, _doc("a rank's own run: its rank")] = None

@@ -84,12 +84,15 @@ class Listener:
     phase: Callable[[str, int | None], None] = lambda name, total: None
     advance: Callable[[int], None] = lambda n: None
     warn: Callable[[str], None] = lambda message: None
+    # the child's result, as soon as it arrives: the run it names is complete even if the child's exit or
+    # the parent's wait for it is still to come (a signal then must not say "nothing was written")
+    done: Callable[[dict[str, Any]], None] = lambda result: None
 
 
 def run_worker(module: str, job: Job, listener: Listener | None = None, *,
                what: str = "the model's code", on_abort: Callable[[int], None] | None = None,
                wrapper: Sequence[str] | None = None, wrapper_env: dict[str, str] | None = None,
-               tool_log: Path | None = None) -> dict[str, Any]:
+               tool_log: Path | None = None, forward_stdin: bool = False) -> dict[str, Any]:
     """Runs `module.main()` in a supervised child with `job` and returns the "done" message's
     result. Raises the child's own OpscopeError (with its message and exit code), WorkerCrashed when it
     ends early, InternalError on a bug in the child. `on_abort(pid)` runs whenever the child did not
@@ -99,7 +102,12 @@ def run_worker(module: str, job: Job, listener: Listener | None = None, *,
     is `wrapper + [python, -c, BOOT, SPEC]`, `wrapper_env` is added to its environment, the control
     channel is a file (a tool need not pass open file descriptors on to the process it launches), and
     the tool's and the child's output go to `tool_log` (the caller reads the tool's messages there).
-    A tool that fails raises ToolFailed."""
+    A tool that fails raises ToolFailed. With `forward_stdin` (a script), the child reads opscope's own
+    stdin, as `python train.py < data` would; else it reads nothing (/dev/null).
+
+    A child that sent its result and then ended with an error status (an exit handler or a thread of the
+    user's code that crashed or called os._exit after the run was complete) still returns the result: the
+    run is in place. The listener is warned what happened."""
     listener = listener or Listener()
     private = Path(tempfile.mkdtemp(prefix="opscope-"))
     spec_path = private / "spec.json"
@@ -121,7 +129,7 @@ def run_worker(module: str, job: Job, listener: Listener | None = None, *,
     command = [*boot_command(module), str(spec_path)]
     try:
         if wrapper is None:
-            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
+            proc = subprocess.Popen(command, stdin=None if forward_stdin else subprocess.DEVNULL, stdout=sys.stderr.fileno(),
                                     stderr=sys.stderr.fileno(), pass_fds=(write_fd,), env=env, start_new_session=True)
             os.close(write_fd)
             write_fd = -1
@@ -139,6 +147,11 @@ def run_worker(module: str, job: Job, listener: Listener | None = None, *,
             exc.exit_code = exit_code
             raise exc
         if relay.result is not None and code == 0:
+            return relay.result
+        if relay.result is not None and wrapper is None:
+            how = death_by_signal(code) if code < 0 else f"ended the process with exit code {code}"
+            listener.warn(f"{what} {how} after the run was written (an exit handler, or a thread it left "
+                          "running); the run is complete")
             return relay.result
         if wrapper is not None:
             tool = Path(wrapper[0]).name
@@ -205,6 +218,7 @@ class _Relay:
             self.error = msg
         elif kind == "done":
             self.result = msg.get("result") or {}
+            self.listener.done(self.result)
 
 
 def _follow(proc: subprocess.Popen[bytes], control_file: Path, relay: _Relay, interval: float = 0.05) -> int:

@@ -4,6 +4,9 @@ chosen window of its steps (optimizer steps, or calls of --step-fn) only."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,9 +101,118 @@ def test_a_script_ending_right_after_the_window_has_no_lines_and_says_so(tmp_pat
     assert _batches(tmp_path / "r") == {9, 10}
 
 
+@pytest.mark.slow
+def test_a_script_ending_with_os_exit_0_keeps_its_run_and_says_so(tmp_path):
+    """`os._exit(0)` at the end of a training script (it skips interpreter teardown) used to end opscope's
+    process before the run was written."""
+    script = write_model(tmp_path, GROWING + "    import os\n    os._exit(0)\n")
+    out = tmp_path / "r"
+    proc = run_cli("profile", str(script), "--skip-steps", "1", "--steps", "2", "--out", str(out), *PEAKS,
+                   "--", "--n", "5", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"the script ended itself with os._exit(0) at model.py:{line_of(script, 'os._exit(0)')}" in proc.stderr
+    assert "wrote nothing" not in proc.stderr
+    assert _batches(out) == {9, 10}
+
+
+@pytest.mark.slow
+def test_piped_stdin_reaches_the_script(tmp_path):
+    script = write_model(tmp_path, GROWING.replace("args = parser.parse_args()",
+                                                   "args = parser.parse_args()\n    print('stdin:', sys.stdin.read().strip(), "
+                                                   "file=sys.stderr)"))
+    env = dict(os.environ, COLUMNS="160")
+    proc = subprocess.run([sys.executable, "-m", "opscope", "profile", str(script), "--out", str(tmp_path / "r"), *PEAKS],
+                          cwd=tmp_path, env=env, input="tokens 1 2 3\n", capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "stdin: tokens 1 2 3" in proc.stderr
+
+
+# The script profiles its own first 3 steps (and prints its table), then trains on.
+OWN_PROFILER = GROWING.replace("""    for i in range(args.n):
+        step(i)
+""", """    with torch.profiler.profile() as prof:
+        for i in range(3):
+            step(i)
+    print(prof.key_averages().table(row_limit=50), file=sys.stderr)
+    for i in range(3, args.n):
+        step(i)
+""")
+
+
+@pytest.mark.slow
+def test_a_scripts_own_profiler_runs_and_opscope_profiles_the_steps_after_it(tmp_path):
+    """opscope's profiler used to run through the script's, which then printed an empty table."""
+    script = write_model(tmp_path, OWN_PROFILER)
+    out = tmp_path / "r"
+    proc = run_cli("profile", str(script), "--skip-steps", "1", "--steps", "2", "--out", str(out), *PEAKS,
+                   "--", "--n", "8", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "aten::addmm" in proc.stderr  # the script's own table has its rows
+    assert (f"the script runs its own torch.profiler (started at model.py:{line_of(script, 'torch.profiler.profile()')})"
+            in proc.stderr)
+    assert _batches(out) == {12, 13}  # steps 3 (skipped), 4 and 5: after the script's profiler
+
+
+@pytest.mark.slow
+def test_a_script_profiling_every_step_itself_is_one_line_saying_why(tmp_path):
+    script = write_model(tmp_path, OWN_PROFILER.replace("range(3, args.n)", "range(0)").replace("range(3)", "range(args.n)"))
+    proc = run_cli("profile", str(script), "--out", str(tmp_path / "r"), *PEAKS, "--", "--n", "6", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "aten::addmm" in proc.stderr  # the script's profiler ran, and its table has its rows
+    last = proc.stderr.strip().splitlines()[-1]
+    for needle in ("opscope: error: the script runs its own torch.profiler", "torch runs one profiler at a time",
+                   "6 of the script's 6 steps ran under it"):
+        assert needle in last, last
+    assert not (tmp_path / "r").exists()
+
+
+# A model with submodules and a loss module: two roots of the forward (the model, then the loss).
+TWO_ROOTS = """
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = torch.nn.Linear(16, 32)
+            self.head = torch.nn.Linear(32, 4)
+
+        def forward(self, x):
+            return self.head(torch.relu(self.fc1(x)))
+
+    model, loss_fn = Net(), torch.nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i in range(6):
+        loss = loss_fn(model(torch.randn(8, 16)), torch.randint(0, 4, (8,)))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+@pytest.mark.slow
+def test_a_script_run_has_the_noise_line_step_times_and_module_paths_of_a_model_file(tmp_path):
+    script = write_model(tmp_path, TWO_ROOTS)
+    out = tmp_path / "r"
+    proc = run_cli("profile", str(script), "--skip-steps", "1", "--steps", "3", "--out", str(out), *PEAKS, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run = read_run(out)
+    noise = run.summary["noise"]
+    assert "recorded elsewhere" not in noise["reason"] and noise["verdict"] in ("quiet", "noisy"), noise
+    assert noise["threads"] >= 1 and noise["cores"] >= 1
+    assert run.summary["step_time_cv"] is not None  # each of the 3 steps timed
+    ops = run.to_pandas()
+    addmm = ops[ops["op"] == "aten::addmm"]
+    assert set(addmm["module"]) == {"fc1", "head"} and set(addmm["module_class"]) == {"Linear"}
+    assert "CrossEntropyLoss" in set(ops["module_class"])  # the loss module, a root of its own
+    modules = (out / "modules.csv").read_text()
+    assert "fc1,Linear" in modules and "head,Linear" in modules
+    assert "noise " in proc.stdout  # the header's noise line
+
+
 FAILING = {
     "raises": ("raise ValueError('bad batch')", "the script raised ValueError: bad batch at model.py:"),
     "exits": ("sys.exit(3)", "the script exited with sys.exit(3) at model.py:"),
+    "os_exits": ("import os; os._exit(3)", "the script exited with os._exit(3) at model.py:"),
 }
 
 

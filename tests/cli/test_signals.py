@@ -144,3 +144,40 @@ def test_a_signal_while_the_trace_compressor_starts_leaves_nothing(tmp_path, mon
     with pytest.raises(_Stopped):
         TraceCompressor(trace, folder)
     assert not folder.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_report_prints_names_the_complete_run(tmp_path, sig):
+    """stdout is a pipe of one page that nobody reads: analyze puts its run in place, then blocks printing
+    the report; the signal then must say where the complete run is, not "nothing was written"."""
+    import fcntl
+    import threading
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = tmp_path / "run"
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, 1031, 4096)  # F_SETPIPE_SZ: the smallest pipe, filled by the report's first lines
+    env = dict(os.environ, TMPDIR=str(tmp), COLUMNS="120")
+    proc = subprocess.Popen([sys.executable, "-m", "opscope", "analyze", str(TRACES / "h100_bert-small_bf16.json.gz"),
+                             "--out", str(out), "--top", "200", "--peak-bw", "3350", "--peak-flops", "989000"],
+                            cwd=tmp_path, env=env, stdout=write_end, stderr=subprocess.PIPE, text=True)
+    os.close(write_end)
+    try:
+        _wait_for(lambda: (out / "meta.json").exists() or proc.poll() is not None)
+        time.sleep(1.0)  # the report is now blocked on the full pipe
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(sig)
+        drain = threading.Thread(target=lambda: [None for _ in iter(lambda: os.read(read_end, 1 << 16), b"")],
+                                 daemon=True)
+        drain.start()  # what the interrupted process still flushes as it exits
+        _, err = proc.communicate(timeout=60)
+        drain.join(timeout=10)
+    finally:
+        os.close(read_end)
+    assert proc.returncode == 128 + sig, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("opscope: error:") and "nothing was written" not in last, err
+    assert "the run was already complete in" in last and "run" in last
+    assert (out / "ops.csv").is_file() and (out / "summary.json").is_file()

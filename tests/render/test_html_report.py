@@ -354,3 +354,20 @@ def test_input_dims_of_any_depth_or_shape_render(runs, tmp_path):
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert op_shapes({"input_dims": "[[4, 5], [[1, 2]], [], 3]"}) == ["[4,5]"]
     assert [op_shapes({"input_dims": cell}) for cell in odd] == [[]] * len(odd)
+
+
+def test_a_percent_of_peak_above_100_is_marked_and_explained_in_html(runs, tmp_path):
+    """issue 23, item 24: the HTML table printed 102% of peak with no word about it."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(runs["cpu"], run_dir)
+    lines = (run_dir / "ops.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    cells = next(csv.reader([lines[1]]))
+    cells[header.index("bound")] = "memory"
+    cells[header.index("pct_peak_bandwidth")] = "102.0"
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="").writerow(cells)
+    (run_dir / "ops.csv").write_text("\n".join([lines[0], buf.getvalue(), *lines[2:]]) + "\n")
+    doc = render_html(read_run(run_dir))
+    assert "above peak" in doc and "faster than the memory-bandwidth ceiling" in doc
+    assert re.search(r"102(\.0)?%\*", doc)

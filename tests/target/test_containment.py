@@ -268,3 +268,33 @@ def test_processes_the_models_code_starts_are_ended_when_profile_is_done(tmp_pat
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in pids if _alive(p)], "processes the model started outlived opscope"
+
+
+# After its result is sent, opscope's child lists /proc (to end what the model started): this audit hook
+# ends the process there with exit code 3, as a crashing exit handler or a thread of the user's would.
+ENDS_AFTER_THE_RUN = """
+    import os, sys, torch
+
+    def _end_after_the_result(event, args):
+        if event == "os.listdir" and args and args[0] == "/proc":
+            os._exit(3)
+
+    sys.addaudithook(_end_after_the_result)
+
+    def get_model():
+        return torch.nn.Linear(8, 8)
+
+    def get_inputs():
+        return [torch.randn(4, 8)]
+"""
+
+
+def test_a_child_that_fails_after_the_run_is_written_keeps_the_run_and_says_so(tmp_path):
+    model = write_model(tmp_path, ENDS_AFTER_THE_RUN)
+    out = tmp_path / "run"
+    proc = run_cli("profile", str(model), "--steps", "1", "--warmup", "0", "--out", str(out), "--json", *PEAKS,
+                   cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote nothing" not in proc.stderr
+    assert "ended the process with exit code 3 after the run was written" in proc.stderr
+    assert json.loads(proc.stdout)["steps"] == 1 and (out / "ops.csv").is_file()
