@@ -259,3 +259,33 @@ def _cmdline_has(proc_dir: Path, marker: str) -> bool:
         return marker.encode() in (proc_dir / "cmdline").read_bytes()
     except OSError:
         return False
+
+
+HF_LLAMA = """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def get_model():
+        torch.manual_seed(0)
+        return LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, vocab_size=128))
+
+    def get_inputs():
+        return [torch.randint(0, 128, (2, 16))]
+"""
+
+
+@pytest.mark.slow
+def test_rms_norm_passes_on_a_stock_hugging_face_llama(tmp_path, monkeypatch):
+    """LlamaRMSNorm computes in float32 whatever it is given: the dtype trap must not hold its rounding
+    against an exact kernel."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = tmp_path / "hf_llama.py"
+    model.write_text(textwrap.dedent(HF_LLAMA))
+    proc = run_cli("swap", str(model), "--kernel", "rms_norm", *QUICK, "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (result,) = swap_doc(tmp_path / "run")["results"]
+    assert result["status"] == "passed", result["message"]
+    assert result["calls"] == {"swapped": 5, "fallback": 0}  # 2 per layer and the final norm
+    dtype_trap = next(c for c in result["verification"]["checks"] if c["check"] == "trap: device/dtype")
+    assert dtype_trap["passed"]
