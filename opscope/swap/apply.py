@@ -51,6 +51,7 @@ from opscope.swap.mechanisms import (
     Swap,
     SwapError,
     site_function,
+    version_of,
 )
 
 _SAFE_BUILTINS = {n: getattr(builtins, n) for n in (
@@ -465,7 +466,7 @@ class Snapshot:
 
     modules: list[tuple[str, int, type]]
     forwards: list[tuple[str, Any, Any]]
-    state: dict[str, tuple[int, int, int, tuple[int, ...], torch.dtype]]
+    state: dict[str, tuple[int, int, int | None, tuple[int, ...], torch.dtype]]
     namespaces: dict[str, dict[str, Any]]
     dispatch_modes: int
 
@@ -484,7 +485,7 @@ def snapshot(model: torch.nn.Module) -> Snapshot:
     return Snapshot(
         modules=[(n, id(m), type(m)) for n, m in model.named_modules()],
         forwards=[(n, m.__dict__.get("forward"), type(m).forward) for n, m in model.named_modules()],
-        state={k: (id(v), v.data_ptr(), v._version, tuple(v.shape), v.dtype)
+        state={k: (id(v), v.data_ptr(), version_of(v), tuple(v.shape), v.dtype)
                for k, v in model.state_dict(keep_vars=True).items()},
         namespaces={name: dict(space) for name, space in _namespaces(model).items()},
         dispatch_modes=torch._C._len_torch_dispatch_stack(),

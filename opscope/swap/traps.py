@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from opscope.swap.mechanisms import RecordedCall
+from opscope.swap.mechanisms import RecordedCall, version_of
 from opscope.swap.tolerance import Check, Tol, compare_tensor, same_bits
 from opscope.target.model_file import describe_exception
 
@@ -142,13 +142,13 @@ def _bitwise(got: Any, want: Any) -> bool:
 def trap_arguments_unchanged(call: RecordedCall, **_: Any) -> str:
     args, kwargs = fresh_args(call)
     keep = fresh_args(call)
-    versions = [p._version for p in call.site.params]
+    versions = [version_of(p) for p in call.site.params]
     _run(call, args, kwargs)
     changed = [i for i, (a, b) in enumerate(zip(tensors_of((args, kwargs)), tensors_of(keep), strict=True))
                if not same_bits(a.detach(), b)]
     if changed:
         return f"the kernel wrote to its argument(s) {', '.join(str(i) for i in changed)} in place"
-    if [p._version for p in call.site.params] != versions:
+    if [version_of(p) for p in call.site.params] != versions:
         return "the kernel wrote to the module's parameters"
     return ""
 
