@@ -13,8 +13,8 @@ an extra first call, timed on its own as compile_s), then interleaved A/B rounds
 each round, so load on the machine hits both alike); op-level samples time enough back-to-back calls to
 last about SAMPLE_S and divide. Median with p20/p80 per side; speedup = original median / swapped
 median (> 1: faster); a speedup over SUSPICIOUS is flagged, and one whose paired ratios (original /
-swapped of one round) have a p20–p80 range holding 1 is marked within noise. The number of rounds fits a time budget
-(at least MIN_REPEATS, at most --repeats).
+swapped of one round) have a p20–p80 range holding 1 is marked within noise. The number of rounds
+fits a time budget (at least MIN_REPEATS, at most --repeats).
 
 Op-level roofline: the FLOPs are the original's, counted by opscope's cost model on the aten ops it
 runs (a dispatch mode records them); the bytes are the minimum traffic of the work (every tensor it

@@ -8,9 +8,10 @@ included) on fresh copies of those arguments, and is one row of the verification
    meta input against CPU weights, giving a meta result); the first floating tensor in another dtype (float64,
    or float32 for float64) must raise or give what the original gives for those same arguments (dtype
    and values), or else match the original's math done in float64 within the tolerance or twice the
-   original's own error there (an original that rounds to float32 inside is not the standard); where the original refuses the mix and the kernel converts explicitly, its result must be
-   in that argument's dtype and equal its result on the unconverted arguments. A kernel that ignores its
-   inputs' dtype (answers in float32, reads float64 memory as float32) fails.
+   original's own error there (an original that rounds to float32 inside is not the standard); where the
+   original refuses the mix and the kernel converts explicitly, its result must be in that argument's
+   dtype and equal its result on the unconverted arguments. A kernel that ignores its inputs' dtype
+   (answers in float32, reads float64 memory as float32) fails.
 2. memory reuse: a result must not change when its inputs are freed and their memory reused (the inputs
    dropped, the kernel run again on other data, buffers of the same sizes allocated and filled).
 3. autograd (train mode, where the kernel is under autograd: not an aten route, which keeps the original
