@@ -11,7 +11,7 @@ direct speedup is original median / swapped median, as opscope's (the median of 
 is printed too). Both run with the same thread count. opscope's figure should be within 15% of the
 direct one.
 
-    python benchmarks/bias_gelu_swap.py [--rows 4096] [--in-features 128] [--hidden 4096] [--threads 1]
+    python benchmarks/bias_gelu_swap.py [--rows 4096] [--in-features 128] [--hidden 4096] [--threads 1] [--rounds 41]
 """
 
 from __future__ import annotations
@@ -134,8 +134,8 @@ def main() -> None:
     ap.add_argument("--in-features", type=int, default=128)
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=15, help="opscope swap's --repeats")
-    ap.add_argument("--rounds", type=int, default=15, help="rounds of the direct timing")
+    ap.add_argument("--rounds", type=int, default=41,
+                    help="interleaved rounds of each timing (opscope swap's --repeats, and the direct one's)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model_file = Path(tmp) / "linear_gelu_linear.py"
@@ -144,7 +144,7 @@ def main() -> None:
         print(f"torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} CPUs; "
               f"x [{args.rows},{args.in_features}] -> Linear({args.in_features},{args.hidden}) -> gelu(tanh) "
               f"-> Linear({args.hidden},{args.in_features}), inference")
-        e2e = opscope_speedup(model_file, args.threads, args.repeats)
+        e2e = opscope_speedup(model_file, args.threads, args.rounds)
         orig_ms, swapped_ms, direct = direct_speedup(model_file, args.threads, args.rounds)
     reported = e2e["speedup"]
     print(f"opscope swap end to end: {e2e['original']['median_ms']:.1f} ms -> {e2e['swapped']['median_ms']:.1f} ms, "
