@@ -51,11 +51,15 @@ from opscope.swap.mechanisms import (
     Swap,
     SwapError,
     site_function,
+    version_of,
 )
 
 _SAFE_BUILTINS = {n: getattr(builtins, n) for n in (
     "len", "tuple", "list", "isinstance", "getattr", "hasattr", "min", "max", "abs", "int", "float", "bool",
     "str", "any", "all", "range")}
+# torch's C++ imports Python modules through the calling frame's builtins (under a dispatch mode, say):
+# without __import__ there, F.linear in a call mapping raised KeyError and the call fell back.
+_EVAL_BUILTINS = {**_SAFE_BUILTINS, "__import__": builtins.__import__}
 
 
 class Expr:
@@ -72,7 +76,7 @@ class Expr:
                       if isinstance(n, ast.Name) and n.id not in _SAFE_BUILTINS and n.id != "torch"]
 
     def __call__(self, ns: dict[str, Any]) -> Any:
-        return eval(self.code, {"__builtins__": _SAFE_BUILTINS, "torch": torch}, ns)  # noqa: S307 (bundled manifests)
+        return eval(self.code, {"__builtins__": _EVAL_BUILTINS, "torch": torch}, ns)  # noqa: S307 (bundled manifests)
 
 
 # --- call binding: (args, kwargs) of the intercepted call -> names ---------------------------------------
@@ -166,8 +170,8 @@ class BundledKernel:
         self.dtypes = {getattr(torch, d) for d in manifest.dtypes}
         self.cuda = any(b in manifest.backends for b in ("triton", "cuda"))
 
-    def supports(self, kwargs: dict[str, Any]) -> bool:
-        tensors = [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
+    def supports(self, tensors: list[torch.Tensor]) -> bool:
+        """The kernel runs on the first of `tensors` (its dtype and device)."""
         if not tensors:
             return False
         t = tensors[0]
@@ -201,8 +205,16 @@ class Glue:
     def kwargs(self, ns: dict[str, Any]) -> dict[str, Any]:
         return {arg: e(ns) for arg, e in self.call.items()}
 
+    def inputs(self, ns: dict[str, Any]) -> list[torch.Tensor]:
+        """The tensors of the intercepted call that the call mapping reads, in the mapping's order."""
+        names = dict.fromkeys(n for e in self.call.values() for n in e.names)
+        return [v for n in names if isinstance(v := ns.get(n), torch.Tensor)]
+
     def accepts(self, ns: dict[str, Any]) -> bool:
-        return all(e(ns) for e in self.when) and self.kernel.supports(self.kwargs(ns))
+        """The `when` conditions, and the kernel's dtypes and devices on the call's own tensors. The call
+        mapping is never evaluated here: it may compute (bias_gelu's x is F.linear(input, weight)), and
+        acceptance that computes runs that work twice."""
+        return all(e(ns) for e in self.when) and self.kernel.supports(self.inputs(ns))
 
     def run(self, ns: dict[str, Any]) -> Any:
         return self.kernel.op(**self.kwargs(ns))
@@ -454,7 +466,7 @@ class Snapshot:
 
     modules: list[tuple[str, int, type]]
     forwards: list[tuple[str, Any, Any]]
-    state: dict[str, tuple[int, int, int, tuple[int, ...], torch.dtype]]
+    state: dict[str, tuple[int, int, int | None, tuple[int, ...], torch.dtype]]
     namespaces: dict[str, dict[str, Any]]
     dispatch_modes: int
 
@@ -473,7 +485,7 @@ def snapshot(model: torch.nn.Module) -> Snapshot:
     return Snapshot(
         modules=[(n, id(m), type(m)) for n, m in model.named_modules()],
         forwards=[(n, m.__dict__.get("forward"), type(m).forward) for n, m in model.named_modules()],
-        state={k: (id(v), v.data_ptr(), v._version, tuple(v.shape), v.dtype)
+        state={k: (id(v), v.data_ptr(), version_of(v), tuple(v.shape), v.dtype)
                for k, v in model.state_dict(keep_vars=True).items()},
         namespaces={name: dict(space) for name, space in _namespaces(model).items()},
         dispatch_modes=torch._C._len_torch_dispatch_stack(),

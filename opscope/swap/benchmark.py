@@ -12,9 +12,9 @@ Method (both levels): warm up (kernels_bench.WARMUP calls each; torch.compile's 
 an extra first call, timed on its own as compile_s), then interleaved A/B rounds (the order alternates
 each round, so load on the machine hits both alike); op-level samples time enough back-to-back calls to
 last about SAMPLE_S and divide. Median with p20/p80 per side; speedup = original median / swapped
-median (> 1: faster); a speedup over SUSPICIOUS is flagged, and one whose two p20–p80 ranges overlap is
-marked within noise. The number of rounds fits a time budget
-(at least MIN_REPEATS, at most --repeats).
+median (> 1: faster); a speedup over SUSPICIOUS is flagged, and one whose paired ratios (original /
+swapped of one round) have a p20–p80 range holding 1 is marked within noise. The number of rounds
+fits a time budget (at least MIN_REPEATS, at most --repeats).
 
 Op-level roofline: the FLOPs are the original's, counted by opscope's cost model on the aten ops it
 runs (a dispatch mode records them); the bytes are the minimum traffic of the work (every tensor it
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,7 +67,14 @@ def speedup(original: Timing, swapped: Timing) -> float | None:
 
 
 def within_noise(original: Timing, swapped: Timing) -> bool:
-    """The two sides' p20–p80 ranges overlap: the difference is inside the run-to-run spread."""
+    """The speedup is inside the run-to-run spread: the p20–p80 range of the paired ratios (original /
+    swapped of one interleaved round) holds 1. Load that drifts over the run widens each side's own
+    range but hits both sides of a round alike, so the two sides' ranges can overlap while every round
+    says the same. Without paired samples: the two sides' p20–p80 ranges overlap."""
+    pairs = list(zip(original.samples_ms, swapped.samples_ms, strict=False))
+    if len(original.samples_ms) == len(swapped.samples_ms) >= 2 and all(s > 0 for _, s in pairs):
+        cuts = statistics.quantiles([o / s for o, s in pairs], n=5, method="inclusive")  # p20, p40, p60, p80
+        return cuts[0] <= 1.0 <= cuts[-1]
     return not (original.p20_ms > swapped.p80_ms or swapped.p20_ms > original.p80_ms)
 
 

@@ -56,6 +56,27 @@ def _copy(v: Any) -> Any:
     return v
 
 
+def version_of(t: torch.Tensor) -> int | None:
+    """A tensor's version counter (bumped by every in-place write); None for an inference tensor, which
+    has none (a kernel that creates parameters under inference_mode makes them)."""
+    return None if t.is_inference() else t._version
+
+
+class KernelExit(Exception):
+    """The kernel raised SystemExit (called sys.exit()): its failure, like any exception it raises, not
+    the end of opscope's work."""
+
+
+def _exit_is_an_error(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except SystemExit as exc:
+            raise KernelExit(f"the kernel called sys.exit({exc.code!r})") from None
+
+    return call
+
+
 class Recorder:
     """Collects the calls each site receives while it is attached (one signature kept once)."""
 
@@ -84,7 +105,7 @@ class Site:
                  in_autograd: bool = True) -> None:
         self.kind, self.target, self.where, self.kernel = kind, target, where, kernel
         self.original = original
-        self.replacement = replacement
+        self.replacement = _exit_is_an_error(replacement)
         self._accepts = accepts
         # False for aten routes: the kernel runs below autograd, whose derivative is the original op's.
         self.in_autograd = in_autograd

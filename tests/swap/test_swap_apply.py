@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F  # noqa: N812
 from torch.nn.functional import layer_norm as imported_layer_norm
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import TESTS, load_fixture
 from opscope.kernels import catalog
@@ -452,3 +453,36 @@ def test_profile_target_hands_swaps_the_weights_as_loaded_in_train_mode(tmp_path
     assert seen["extra"].keys() == loaded.keys()
     for k, v in loaded.items():
         assert torch.equal(seen["extra"][k], v), k
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+class LinearGeluLinear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(16, 32), nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+
+def test_accepting_a_call_computes_nothing():
+    """bias_gelu's call mapping holds x = F.linear(input, weight): deciding whether the kernel takes the
+    call must not run that matmul (it ran twice per step, once to decide and once for the kernel)."""
+    probe = Probe(LinearGeluLinear(), torch.randn(4, 16))
+    swap, want, got = apply_and_revert(probe, lambda b: b.bundled("bias_gelu", [kernel("bias_gelu")]))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    counter = _CountOps()
+    with swap.applied(), torch.no_grad(), counter:
+        probe.model(*probe.inputs)
+    matmuls = [op for op in counter.ops if op in ("mm", "addmm", "matmul", "linear", "bmm")]
+    assert len(matmuls) == 2, counter.ops  # the up projection (now without its bias) and the down one
+    assert swap.counts() == (2, 0)  # one site: apply_and_revert's probe call and this one, both swapped

@@ -341,3 +341,32 @@ def test_the_bias_gelu_profile_suggests_is_the_one_swap_applies(tmp_path):
     assert result["mechanisms"] == [{"kind": "pattern", "description": "pattern linear_bias_gelu",
                                      "sites": ["(the model): act"]}]
     assert result["calls"] == {"swapped": 1, "fallback": 0}
+
+
+@pytest.mark.slow
+def test_rms_norm_passes_on_a_stock_hugging_face_llama(tmp_path, monkeypatch):
+    """LlamaRMSNorm computes in float32 whatever it is given: the dtype trap must not hold its rounding
+    against an exact kernel."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = tmp_path / "hf_llama.py"
+    model.write_text(textwrap.dedent(HF_LLAMA))
+    proc = run_cli("swap", str(model), "--kernel", "rms_norm", *QUICK, "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (result,) = swap_doc(tmp_path / "run")["results"]
+    assert result["status"] == "passed", result["message"]
+    assert result["calls"] == {"swapped": 5, "fallback": 0}  # 2 per layer and the final norm
+    dtype_trap = next(c for c in result["verification"]["checks"] if c["check"] == "trap: device/dtype")
+    assert dtype_trap["passed"]
+
+
+@pytest.mark.slow
+def test_kernels_that_exit_or_add_submodules_fail_verification_with_exit_1(tmp_path):
+    proc = run_cli("swap", str(MODEL), "--module", "Gated", "--kernel", f"{KERNELS}:gated_calling_exit",
+                   "--kernel", f"{KERNELS}:gated_adding_a_submodule", "--kernel", f"{KERNELS}:good_gated", *QUICK,
+                   "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
+    by = results(swap_doc(tmp_path / "run"))
+    assert "sys.exit(0)" in by["gated_calling_exit"]["message"]
+    assert by["gated_adding_a_submodule"]["status"] == "failed"
+    assert by["good_gated"]["status"] == "passed"  # the model was put back after the kernel before it

@@ -94,6 +94,29 @@ def test_a_correct_kernel_passes_every_check_in_train_mode():
     assert (result.swapped_calls, result.fallback_calls) == (1, 0)
 
 
+def test_a_kernel_that_adds_a_submodule_fails_and_the_model_is_put_back():
+    kernels = load_fixture(FIXTURES / "kernels.py")
+    h = tiny_harness()
+    names = [n for n, _ in h.model.named_parameters()]
+    runner = verify.Runner(h)
+    swap = apply.Builder(h.model, runner.probe_step).user("k", kernels.gated_adding_a_submodule, None, "Gated")
+    result = verify.verify(swap, runner)
+    failed = {c.check: c.detail for c in result.checks if not c.passed}
+    assert "added the parameter(s) mlp.extra.weight" in failed["parameters unchanged"]
+    assert "modules changed" in failed["swap reverted cleanly"]
+    assert [n for n, _ in h.model.named_parameters()] == names
+
+
+def test_a_kernel_calling_sys_exit_fails_like_a_kernel_that_raises():
+    kernels = load_fixture(FIXTURES / "kernels.py")
+    h = tiny_harness()
+    runner = verify.Runner(h)
+    swap = apply.Builder(h.model, runner.probe_step).user("k", kernels.gated_calling_exit, None, "Gated")
+    result = verify.verify(swap, runner)
+    failed = {c.check: c.detail for c in result.checks if not c.passed}
+    assert "sys.exit(0)" in failed["swapped model runs"]
+
+
 # --- swap candidates ---------------------------------------------------------------------------------
 
 
