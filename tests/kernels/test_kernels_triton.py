@@ -1,4 +1,5 @@
-"""The Triton kernels, run on the CPU under the Triton interpreter (TRITON_INTERPRET=1; no GPU here):
+"""The Triton kernels, run on the CPU under the Triton interpreter (TRITON_INTERPRET=1, which conftest.py
+turns on where torch sees no GPU; on a GPU they run compiled, in test_kernels_cuda.py):
 forward and backward through torch.ops.opscope.<name> with the Triton backend forced, against PyTorch
 under the manifest tolerances, plus inputs that exercise the multi-block paths (rows longer than one
 block, more rows than one backward chunk). The interpreter has no bfloat16 arithmetic: the kernels load,
@@ -8,18 +9,17 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # conftest.py sets it first on machines without a GPU
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-import reference_kernels  # noqa: E402
-from kernels_helpers import DTYPES, MANIFESTS, keep_layout_grad, module, op, reference, tensors  # noqa: E402
-from reference_kernels.testing import assert_matches, tolerance  # noqa: E402
+import reference_kernels
+from kernels_helpers import DTYPES, MANIFESTS, keep_layout_grad, module, op, reference, tensors
+from reference_kernels.testing import assert_matches, tolerance
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="needs TRITON_INTERPRET=1 (no GPU to run the Triton kernels on)")
+                                reason="the Triton interpreter is off (a GPU is present: test_kernels_cuda.py "
+                                       "runs the compiled kernels)")
 TRITON = sorted(name for name, m in MANIFESTS.items() if "triton" in m.backends)
 
 
