@@ -41,7 +41,7 @@ def column_sum_kernel(x_ptr, out_ptr, R, K0, stride_k1, stride_r, scale, BLOCK_C
     else:
         acc = tl.zeros([BLOCK_C], dtype=tl.float32)
     base = x_ptr + k1 * stride_k1
-    for r in range(0, R):
+    for r in tl.range(0, R):
         v = tl.load(base + r * stride_r + cols, mask=m, other=0.0)
         if F64:
             acc += v.to(tl.float64)
