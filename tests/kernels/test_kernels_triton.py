@@ -14,7 +14,7 @@ import torch
 
 import reference_kernels
 from kernels_helpers import DTYPES, MANIFESTS, keep_layout_grad, module, op, reference, tensors
-from reference_kernels.testing import assert_matches, tolerance
+from reference_kernels.testing import assert_matches, gradient_tolerance, tolerance
 
 triton = pytest.importorskip("triton")
 
@@ -66,7 +66,7 @@ def _forward_backward(name: str, args: tuple, dtype: torch.dtype, seed: int, bac
             grads = torch.autograd.grad(out, tensors(leaves), g)
             ref_grads = torch.autograd.grad(expected, tensors(ref_args), g.to(expected.dtype))
             for k, (a, b) in enumerate(zip(grads, ref_grads, strict=True)):
-                assert_matches(a, b, tol, f"triton {name} grad {k} ({dtype}, seed {seed})")
+                assert_matches(a, b, gradient_tolerance(tol, b, dtype), f"triton {name} grad {k} ({dtype}, seed {seed})")
 
 
 def test_every_kernel_has_a_triton_backend() -> None:
