@@ -90,6 +90,16 @@ def test_cli_bench_quick_writes_consistent_results(tmp_path: Path) -> None:
     assert all(row["torch"] == torch.__version__ for row in rows)
 
 
+def test_cli_bench_scale_multiplies_every_dim(tmp_path: Path) -> None:
+    """--scale 2 is how benchmarks/gpu_check.sh times 8192x8192 from the manifests' 4096x4096."""
+    out = tmp_path / "bench"
+    proc = run_cli("kernels", "sum", "--bench", "--scale", "0.03125", "--no-compile", "--repeats", "3",
+                   "--peak-bw", "20", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((out / "kernels-bench.json").read_text())
+    assert [r["shapes"] for r in doc["results"]] == [[[128, 128]]] * len(doc["results"])
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
 def test_cli_bench_on_cuda_without_a_gpu_says_so() -> None:
     proc = run_cli("kernels", "swiglu", "--bench", "--device", "cuda", "--peak-bw", "20")
