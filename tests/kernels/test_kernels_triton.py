@@ -112,3 +112,21 @@ def test_triton_checks_inputs_like_the_cpu_kernels() -> None:
         op("broadcast_add")(torch.randn(2), torch.randn(2, dtype=torch.float64))
     with reference_kernels.use_backend("triton"), pytest.raises(ValueError, match="not broadcastable"):
         op("broadcast_add")(torch.randn(2, 3), torch.randn(4, 3))
+
+
+@pytest.mark.parametrize("shape", [(37, 5), (3, 37, 6), (4, 3), (0, 4), (1, 300)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_column_sum_split_reduction(shape: tuple, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The column sum's split reduction, with splits of 4 rows so small inputs take every path: several
+    splits, splits of splits (37 rows: 10, then 3, then 1), a part-filled last split, no rows, more
+    columns than one block."""
+    from reference_kernels import _triton
+
+    monkeypatch.setattr(_triton, "SPLIT_ROWS", 4)
+    monkeypatch.setattr(_triton, "COLUMN_BLOCK", 128)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(dtype)
+    out_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    got = _triton.column_sum(x, out_dtype, scale=0.5)
+    expected = 0.5 * x.double().sum(dim=-2)
+    assert got.dtype == out_dtype and got.shape == expected.shape
+    torch.testing.assert_close(got.double(), expected, rtol=1e-6, atol=1e-6)
