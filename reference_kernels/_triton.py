@@ -14,6 +14,8 @@ import triton.language as tl
 BLOCK = 1024        # elements per program, elementwise kernels
 ROW_BLOCK = 1024    # columns per step, row kernels (rows longer than this loop)
 ROWS_PER_CHUNK = 32  # rows per program in backward partial sums (fixed: results do not depend on the grid)
+SPLIT_ROWS = 256     # rows per program in column sums (fixed, likewise)
+COLUMN_BLOCK = 256   # columns per program in column sums
 
 
 def is_f64(t: torch.Tensor) -> bool:
@@ -29,34 +31,48 @@ def row_block(n: int) -> int:
 
 
 @triton.jit
-def column_sum_kernel(x_ptr, out_ptr, R, K0, stride_k1, stride_r, scale, BLOCK_C: tl.constexpr,
-                      F64: tl.constexpr):
-    """out[k1, c] = scale * sum_r x[k1 * stride_k1 + r * stride_r + c], one program per (k1, column
-    block), rows added in order."""
+def column_sum_kernel(x_ptr, out_ptr, R, K0, stride_k1, stride_r, scale, SPLITS, ROWS: tl.constexpr,
+                      BLOCK_C: tl.constexpr, F64: tl.constexpr):
+    """out[k1 * SPLITS + s, c] = scale * sum of x[k1 * stride_k1 + r * stride_r + c] over the rows r of
+    split s (rows s * ROWS up to ROWS of them), one program per (k1, column block, split), rows added in
+    order. The loop's bound is constexpr, so it is the same loop compiled and interpreted."""
     k1 = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    split = tl.program_id(2)
     m = cols < K0
     if F64:
         acc = tl.zeros([BLOCK_C], dtype=tl.float64)
     else:
         acc = tl.zeros([BLOCK_C], dtype=tl.float32)
     base = x_ptr + k1 * stride_k1
-    for r in range(0, R):
-        v = tl.load(base + r * stride_r + cols, mask=m, other=0.0)
+    for i in range(0, ROWS):
+        r = split * ROWS + i
+        v = tl.load(base + r * stride_r + cols, mask=m & (r < R), other=0.0)
         if F64:
             acc += v.to(tl.float64)
         else:
             acc += v.to(tl.float32)
-    tl.store(out_ptr + k1 * K0 + cols, (acc * scale).to(out_ptr.dtype.element_ty), mask=m)
+    tl.store(out_ptr + (k1 * SPLITS + split) * K0 + cols, (acc * scale).to(out_ptr.dtype.element_ty), mask=m)
 
 
 def column_sum(x: torch.Tensor, out_dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
-    """Sum a contiguous [K1, R, K0] (or [R, K0]) tensor over R: returns [K1, K0] (or [K0])."""
+    """Sum a contiguous [K1, R, K0] (or [R, K0]) tensor over R: returns [K1, K0] (or [K0]).
+
+    A split reduction: rows are summed in splits of SPLIT_ROWS, one program per (k1, column block,
+    split), into float32/float64 partials, which are then summed over the splits the same way; one
+    program walking a whole column (the first version) left an H200 with 4 programs for 4096x4096. The
+    split size is fixed, so the order of additions, and the result, do not depend on the GPU."""
     x3 = x if x.dim() == 3 else x.unsqueeze(0)
     k1, r, k0 = x3.shape
-    out = torch.empty((k1, k0), dtype=out_dtype, device=x.device)
+    splits = triton.cdiv(r, SPLIT_ROWS)
+    final = splits <= 1
+    out = torch.empty((k1 * max(splits, 1), k0), dtype=out_dtype if final else acc_dtype(x), device=x.device)
     if out.numel():
-        block = min(1024, triton.next_power_of_2(max(k0, 1)))
-        column_sum_kernel[(k1, triton.cdiv(k0, block))](x3, out, r, k0, r * k0, k0, scale, BLOCK_C=block,
-                                                        F64=is_f64(x))
+        block = min(COLUMN_BLOCK, triton.next_power_of_2(max(k0, 1)))
+        rows = min(SPLIT_ROWS, triton.next_power_of_2(max(r, 1)))
+        column_sum_kernel[(k1, triton.cdiv(k0, block), max(splits, 1))](
+            x3, out, r, k0, r * k0, k0, scale if final else 1.0, max(splits, 1), ROWS=rows, BLOCK_C=block,
+            F64=is_f64(x))
+    if not final:
+        out = column_sum(out.view(k1, splits, k0), out_dtype, scale)
     return out if x.dim() == 3 else out[0]

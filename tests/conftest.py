@@ -21,17 +21,34 @@ EXAMPLES = REPO / "examples"
 TRACES = REPO / "tests" / "fixtures" / "traces"  # copies of ../shared/traces (MIT, see README there)
 PEAKS = ["--peak-bw", "20", "--peak-flops", "100"]
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # as the CLI does: no kineto line per profiler start/stop
-# Without a GPU, the Triton kernels are tested under Triton's interpreter (tests/kernels/test_kernels_triton.py).
-# It must be on before triton is first imported (triton.language's own helpers are decorated then), and
-# other test modules can import triton indirectly, so it is set here, once, for the whole session.
-if not os.path.exists("/dev/nvidia0") and not os.path.exists("/dev/kfd"):
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 # torch.compile's on-disk cache, private to this test run (its xdist workers share it). Inductor's cache
 # key leaves out the CPU code path torch was told to take (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA): an
 # AVX-512 run's compiled graphs, reused by an AVX2 run on the same machine, computed wrong results.
 _RUN_ID = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
                       os.path.join(tempfile.gettempdir(), f"opscope-tests-inductor-{_RUN_ID}"))
+
+
+def torch_sees_cuda() -> bool:
+    """Whether this machine has a GPU the tests can use, decided as torch decides (never by a device-node
+    path: an H200 machine ran CUDA without /dev/nvidia0). Importing torch here is safe: it does not import
+    triton, and is_available() creates no CUDA context."""
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def set_triton_mode(environ: dict[str, str] | os._Environ[str], gpu: bool) -> None:
+    """Without a GPU, the Triton kernels are tested under Triton's interpreter (tests/kernels/
+    test_kernels_triton.py); with one, they run compiled (tests/kernels/test_kernels_cuda.py), so the
+    interpreter is left off. A TRITON_INTERPRET the caller set wins."""
+    if not gpu:
+        environ.setdefault("TRITON_INTERPRET", "1")
+
+
+# TRITON_INTERPRET must be decided before triton is first imported (triton.language's own helpers are
+# decorated then), and other test modules can import triton indirectly, so it is set here, once.
+set_triton_mode(os.environ, torch_sees_cuda())
 
 
 @pytest.fixture(autouse=True)

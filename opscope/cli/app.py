@@ -512,6 +512,9 @@ def kernels(
     repeats: int = typer.Option(15, "--repeats", min=3, help="Interleaved timed rounds per case."),
     quick: bool = typer.Option(False, "--quick", help="Shapes scaled down 16x per dim, no torch.compile (a smoke run)."),
     no_compile: bool = typer.Option(False, "--no-compile", help="Leave torch.compile out of the comparison."),
+    scale: float | None = typer.Option(None, "--scale", min=0.001, max=16.0,
+                                       help="Multiply every dim of the bench shapes (2: 4096x4096 -> 8192x8192, "
+                                            "bandwidth-bound on a big GPU); --quick is 1/16."),
     device: Device = typer.Option(Device.cpu, "--device", help="With --bench: where to time (cuda needs a GPU)."),
     peak_bw: float | None = PEAK_BW,
     out: Path | None = typer.Option(None, "--out", parser=_user_path, help="Folder for kernels-bench.json/.csv "
@@ -539,7 +542,7 @@ def kernels(
     from opscope.kernels import bench as kb
 
     result = kb.run([name] if name else [], repeats=repeats, peak_gbps=peak_bw, compiled=not (quick or no_compile),
-                    scale=1 / 16 if quick else 1.0, do_tune=tune, progress=lambda m: _warn(m),
+                    scale=scale if scale is not None else (1 / 16 if quick else 1.0), do_tune=tune, progress=lambda m: _warn(m),
                     device="cuda" if device == Device.cuda else "cpu")
     folder = out or Path("reports") / f"kernels-bench-{dt.datetime.now():%Y%m%d-%H%M%S}"
     jpath, _ = kb.save(result, folder)

@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -71,18 +72,28 @@ def installed_elsewhere(tool: str) -> str | None:
     return None
 
 
+# torch's own answer, asked in a child process: the CLI stays torch-free until a model runs, and the
+# answer is the one the measured pass will get (a device-node path is not: an H200 machine ran CUDA
+# without /dev/nvidia0).
+_TORCH_SEES_CUDA = "import torch; print(int(torch.cuda.is_available() and torch.version.cuda is not None))"
+
+
 def nvidia_gpu_missing() -> str | None:
-    """Why this machine cannot run a CUDA kernel (None when an NVIDIA GPU looks usable). Torch-free, so
-    the CLI can refuse before it starts anything; the measured pass checks again with torch."""
+    """Why this machine cannot run a CUDA kernel (None when torch sees a CUDA GPU). Decided as torch
+    decides, `torch.cuda.is_available()` (of a CUDA build), in a child process of this Python."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip() in ("", "-1", "none", "NoDevFiles"):
         return f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU"
-    if not sys.platform.startswith("linux"):
-        return None  # no cheap check there; the measured pass finds out
-    gpus = Path("/proc/driver/nvidia/gpus")
-    if (gpus.is_dir() and any(gpus.iterdir())) or glob.glob("/dev/nvidia[0-9]*") or Path("/dev/dxg").exists():
+    try:
+        proc = subprocess.run([sys.executable, "-c", _TORCH_SEES_CUDA], capture_output=True, text=True,
+                              timeout=300)
+    except (OSError, subprocess.TimeoutExpired):
+        return None  # no answer: the measured pass finds out
+    if proc.returncode != 0:
         return None
-    return "this machine has no NVIDIA GPU (no /dev/nvidia* device, no NVIDIA driver under /proc/driver/nvidia)"
+    if proc.stdout.strip().endswith("1"):
+        return None
+    return "this machine has no NVIDIA GPU that torch can use (torch.cuda.is_available() is False)"
 
 
 def require_tools(nsys: bool, ncu: bool) -> dict[str, str]:

@@ -39,7 +39,7 @@ _PREFIX = {"": 1.0, "K": 1e3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15
            "Ki": 2.0 ** 10, "Mi": 2.0 ** 20, "Gi": 2.0 ** 30, "Ti": 2.0 ** 40}
 _TIME_NS = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "µs": 1e3, "msecond": 1e6, "ms": 1e6,
             "second": 1e9, "s": 1e9}
-_SCALED = re.compile(r"^(?P<p>[KkMGTP]i?)?(?P<u>byte|B|inst|cycle|sector|request|warp|thread|op)s?$")
+_SCALED = re.compile(r"^(?P<p>[KkMGTP]i?)?(?P<u>byte|B|inst|cycle|sector|request|warp|thread|op|block|cluster|register|SM)s?$")
 
 
 @dataclass
@@ -71,7 +71,9 @@ def parse_number(text: str) -> float:
 
 
 def unit_factor(unit: str) -> float | None:
-    """Factor from `unit` to ncu's base unit (bytes, nanoseconds, plain counts, percent), None if unknown."""
+    """Factor from `unit` to ncu's base unit (bytes, nanoseconds, plain counts, percent), None if unknown.
+    Counts of launch resources (block, cluster, register, SM: launch__block_dim_x, launch__cluster_max_active
+    on an H200) are plain counts too."""
     u = unit.strip()
     if u in ("", "%", "inst", "byte", "cycle"):
         return 1.0

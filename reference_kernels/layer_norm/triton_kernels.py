@@ -24,7 +24,7 @@ def _stats(x_ptr, row, N, BLOCK: tl.constexpr, F64: tl.constexpr):
     count = shift * 0.0
     mean = shift * 0.0
     m2 = shift * 0.0
-    for start in range(0, N, BLOCK):
+    for start in tl.range(0, N, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         m = cols < N
         v = tl.where(m, tl.load(x_ptr + row * N + cols, mask=m, other=0.0).to(shift.dtype) - shift, 0.0)
@@ -45,7 +45,7 @@ def _fwd(x_ptr, w_ptr, b_ptr, y_ptr, N, eps, BLOCK: tl.constexpr, F64: tl.conste
     row = tl.program_id(0)
     shift, mean, var = _stats(x_ptr, row, N, BLOCK, F64)
     rstd = 1.0 / tl.sqrt(var + eps)
-    for start in range(0, N, BLOCK):
+    for start in tl.range(0, N, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         m = cols < N
         x = tl.load(x_ptr + row * N + cols, mask=m, other=0.0).to(shift.dtype)
@@ -61,7 +61,7 @@ def _bwd_rows(g_ptr, x_ptr, w_ptr, coef_ptr, N, eps, BLOCK: tl.constexpr, F64: t
     rstd = 1.0 / tl.sqrt(var + eps)
     sq = shift * 0.0
     sqx = shift * 0.0
-    for start in range(0, N, BLOCK):
+    for start in tl.range(0, N, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         m = cols < N
         x = tl.load(x_ptr + row * N + cols, mask=m, other=0.0).to(shift.dtype)

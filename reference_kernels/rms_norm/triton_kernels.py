@@ -20,12 +20,12 @@ def _fwd(x_ptr, w_ptr, y_ptr, N, eps, BLOCK: tl.constexpr, F64: tl.constexpr):
         ss = tl.zeros([BLOCK], dtype=tl.float64)
     else:
         ss = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, N, BLOCK):
+    for start in tl.range(0, N, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + row * N + cols, mask=cols < N, other=0.0).to(ss.dtype)
         ss += x * x
     rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / N + eps)
-    for start in range(0, N, BLOCK):
+    for start in tl.range(0, N, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         m = cols < N
         x = tl.load(x_ptr + row * N + cols, mask=m, other=0.0).to(ss.dtype)
@@ -41,7 +41,7 @@ def _bwd_rows(g_ptr, x_ptr, w_ptr, coef_ptr, N, eps, BLOCK: tl.constexpr, F64: t
     else:
         ss = tl.zeros([BLOCK], dtype=tl.float32)
     dot = ss * 0.0
-    for start in range(0, N, BLOCK):
+    for start in tl.range(0, N, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         m = cols < N
         x = tl.load(x_ptr + row * N + cols, mask=m, other=0.0).to(ss.dtype)

@@ -77,8 +77,8 @@ def native(x: torch.Tensor, scale: float = 1.0, mask: torch.Tensor | None = None
     return torch.softmax(x if scale == 1.0 and mask is None else composite(x, scale, mask), dim=-1)
 
 
-def causal_mask(n: int, dtype: torch.dtype) -> torch.Tensor:
-    return torch.full((n, n), float("-inf"), dtype=dtype).triu(1)
+def causal_mask(n: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.full((n, n), float("-inf"), dtype=dtype, device=device).triu(1)
 
 
 def samples(dtype: torch.dtype = torch.float32, seed: int = 0) -> list[tuple]:
@@ -94,5 +94,6 @@ def large_sample(dtype: torch.dtype = torch.float32) -> tuple:
 
 def bench_args(tensors: list[torch.Tensor], kwargs: dict) -> tuple:
     x = tensors[0]
-    mask = causal_mask(x.shape[-1], x.dtype) if len(tensors) > 1 else None
+    # on x's device: a benchmark on the GPU is given GPU inputs and every tensor it builds must follow
+    mask = causal_mask(x.shape[-1], x.dtype, x.device) if len(tensors) > 1 else None
     return (x, kwargs.get("scale", 1.0), mask)

@@ -34,13 +34,13 @@ def _fwd(x_ptr, mask_ptr, y_ptr, N, scale, L1, L2, M0, M1, M2, MS, BLOCK: tl.con
     z = _z(x_ptr, mask_ptr, row, cols, cols < N, N, scale, moff, MS, HAS_MASK, F64)
     mx = tl.max(z, axis=0)
     s = tl.sum(tl.exp(z - mx), axis=0)
-    for start in range(BLOCK, N, BLOCK):
+    for start in tl.range(BLOCK, N, BLOCK):
         c = start + cols
         z = _z(x_ptr, mask_ptr, row, c, c < N, N, scale, moff, MS, HAS_MASK, F64)
         new = tl.maximum(mx, tl.max(z, axis=0))
         s = s * tl.exp(mx - new) + tl.sum(tl.exp(z - new), axis=0)
         mx = new
-    for start in range(0, N, BLOCK):
+    for start in tl.range(0, N, BLOCK):
         c = start + cols
         z = _z(x_ptr, mask_ptr, row, c, c < N, N, scale, moff, MS, HAS_MASK, F64)
         tl.store(y_ptr + row * N + c, (tl.exp(z - mx) / s).to(y_ptr.dtype.element_ty), mask=c < N)
@@ -54,13 +54,13 @@ def _bwd(g_ptr, y_ptr, dx_ptr, N, scale, BLOCK: tl.constexpr, F64: tl.constexpr)
         dot = tl.zeros([BLOCK], dtype=tl.float64)
     else:
         dot = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, N, BLOCK):
+    for start in tl.range(0, N, BLOCK):
         c = start + cols
         g = tl.load(g_ptr + row * N + c, mask=c < N, other=0.0).to(dot.dtype)
         y = tl.load(y_ptr + row * N + c, mask=c < N, other=0.0).to(dot.dtype)
         dot += g * y
     total = tl.sum(dot, axis=0)
-    for start in range(0, N, BLOCK):
+    for start in tl.range(0, N, BLOCK):
         c = start + cols
         g = tl.load(g_ptr + row * N + c, mask=c < N, other=0.0).to(dot.dtype)
         y = tl.load(y_ptr + row * N + c, mask=c < N, other=0.0).to(dot.dtype)

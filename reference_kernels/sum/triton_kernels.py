@@ -21,7 +21,7 @@ def _rows(x_ptr, out_ptr, R, scale, BLOCK: tl.constexpr, F64: tl.constexpr):
         acc = tl.zeros([BLOCK], dtype=tl.float64)
     else:
         acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, R, BLOCK):
+    for start in tl.range(0, R, BLOCK):
         c = start + tl.arange(0, BLOCK)
         acc += tl.load(x_ptr + k * R + c, mask=c < R, other=0.0).to(acc.dtype)
     tl.store(out_ptr + k, (tl.sum(acc, axis=0) * scale).to(out_ptr.dtype.element_ty))

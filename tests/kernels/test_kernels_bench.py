@@ -90,8 +90,31 @@ def test_cli_bench_quick_writes_consistent_results(tmp_path: Path) -> None:
     assert all(row["torch"] == torch.__version__ for row in rows)
 
 
+def test_cli_bench_scale_multiplies_every_dim(tmp_path: Path) -> None:
+    """--scale 2 is how benchmarks/gpu_check.sh times 8192x8192 from the manifests' 4096x4096."""
+    out = tmp_path / "bench"
+    proc = run_cli("kernels", "sum", "--bench", "--scale", "0.03125", "--no-compile", "--repeats", "3",
+                   "--peak-bw", "20", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((out / "kernels-bench.json").read_text())
+    assert [r["shapes"] for r in doc["results"]] == [[[128, 128]]] * len(doc["results"])
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
 def test_cli_bench_on_cuda_without_a_gpu_says_so() -> None:
     proc = run_cli("kernels", "swiglu", "--bench", "--device", "cuda", "--peak-bw", "20")
     assert proc.returncode == 2
     assert "no GPU is available here" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_every_bench_input_is_on_the_benchmarks_device() -> None:
+    """Masks and other tensors a kernel's bench_args builds follow the device the benchmark was given:
+    on the H200 the causal mask was built on the CPU and the softmax case stopped with a traceback.
+    The meta device stands in for the GPU here (no data, so even 16x1024x1024 costs nothing)."""
+    from reference_kernels.manifest import load_manifests
+
+    for manifest in load_manifests():
+        for case in manifest.bench:
+            args = kb.make_args(manifest, case, device="meta")
+            built = [a for a in args if isinstance(a, torch.Tensor)]
+            assert built and all(t.device.type == "meta" for t in built), (manifest.name, case.name)

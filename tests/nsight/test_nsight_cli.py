@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import EXAMPLES, TESTS, TRACES, run_cli
+from conftest import EXAMPLES, TESTS, TRACES, run_cli, torch_sees_cuda
 from nsight_fixtures import GEMM, build_nsys_sqlite
 
 FIXTURES = TESTS / "fixtures" / "nsight"
@@ -48,7 +48,7 @@ def test_profile_with_nsight_fails_cleanly_without_gpu_or_tools(tmp_path, bare_p
     proc = run_cli("profile", MLP, *flags, "--out", str(work / "run"), cwd=work, timeout=60)
     line = one_error_line(proc)
     assert f"`{tool}` is not on PATH" in line and "CUDA Toolkit" in line and "Nothing was run" in line
-    if Path("/dev/nvidia0").exists() is False:
+    if not torch_sees_cuda():
         assert "no NVIDIA GPU" in line
     assert nothing_written(work)  # no run, no reports/, no staging folder
 

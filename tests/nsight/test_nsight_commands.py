@@ -3,6 +3,7 @@ diagnoses of the tools' known failures. Torch-free, no GPU or Nsight needed."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -179,3 +180,26 @@ def test_diagnoses():
                     "NVTX range opscope_step/, kernels regex:^(?:.*::)?(?:k)$, -c 3")
     assert none.startswith("ncu profiled no kernels: its filters matched nothing (NVTX range opscope_step/")
     assert diagnose("nsys", "Generating '/tmp/x.qdstrm'\n") is None
+
+
+def _fake_torch(folder, available: bool) -> None:
+    """A `torch` package whose only answer is torch.cuda.is_available(), for the child process."""
+    (folder / "torch").mkdir()
+    (folder / "torch" / "__init__.py").write_text(
+        "from types import SimpleNamespace\n"
+        f"cuda = SimpleNamespace(is_available=lambda: {available})\n"
+        "version = SimpleNamespace(cuda='13.0')\n")
+
+
+@pytest.mark.parametrize("available", [True, False])
+def test_the_gpu_is_present_when_torch_says_so_whatever_the_device_nodes(tmp_path, monkeypatch, available):
+    """The H200 machine ran CUDA without /dev/nvidia0: the answer is torch.cuda.is_available()'s, asked
+    in a child process (this machine has neither a GPU nor the node, so a node check says missing)."""
+    _fake_torch(tmp_path, available)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    missing = commands.nvidia_gpu_missing()
+    if available:
+        assert missing is None
+    else:
+        assert "torch.cuda.is_available() is False" in missing and "no NVIDIA GPU" in missing

@@ -94,6 +94,18 @@ def test_an_unknown_unit_keeps_the_value_and_says_so():
     assert "dram__bytes_read.sum in 'furlong'" in table.warnings[0]
 
 
+def test_launch_resource_units_of_an_h200_are_counts_without_a_note():
+    """ncu on an H200 prints launch__block_dim_x in 'block' and launch__cluster_max_active in 'cluster'."""
+    units = {"launch__block_dim_x": "block", "launch__cluster_max_active": "cluster",
+             "launch__registers_per_thread": "register/thread"}
+    text = ncu_raw_csv([{"name": "k", "launch__block_dim_x": "256", "launch__cluster_max_active": "2",
+                         "launch__registers_per_thread": "32"}], units)
+    table = parse_ncu_csv(text, "x.csv")
+    assert table.kernels["launch__block_dim_x"][0] == 256.0
+    assert table.kernels["launch__cluster_max_active"][0] == 2.0
+    assert not any("block" in w or "cluster" in w for w in table.warnings), table.warnings
+
+
 @pytest.mark.parametrize("text, value", [("1,234.5", 1234.5), ("1,155,072", 1155072.0), ("4.0e-05", 4e-05),
                                          (" 85.2 ", 85.2), ("0", 0.0)])
 def test_numbers(text, value):
