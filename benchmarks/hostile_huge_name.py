@@ -2,8 +2,10 @@
 
 Builds a small gzip trace from a real one (tests/fixtures/cpu_traces) whose first
 `aten::threshold_backward` event (a leaf op: its row is in the top 15 by self time) is renamed to
-`aten::` + a name of --mib MiB (50 by default: about 100 KB gzipped), then runs, each as
-a fresh `python -m opscope` process:
+`aten::` + a name of --mib MiB, then runs, each as a fresh `python -m opscope` process (for two such
+traces: the name one letter repeated, about 100 KB gzipped, the issue's file, which expands more than
+500x and so is refused as a gzip bomb (issue 23, item 2); and the name random letters, which gzip
+cannot shrink much, so that the name reaches the run and its display):
 
 - analyze:      `opscope analyze TRACE --out RUN` (console report to a pipe, COLUMNS=120);
 - report:       `opscope report RUN`;
@@ -35,14 +37,19 @@ SOURCE = ROOT / "tests" / "fixtures" / "cpu_traces" / "avx2_channels_last_after_
 ADDRESS_SPACE_LIMIT = int(1.5 * (1 << 30))
 
 
-def huge_name_trace(path: Path, mib: float, source: Path = SOURCE) -> None:
-    """Writes `source` with its first `"name": "aten::threshold_backward"` replaced by a name of `mib` MiB,
-    gzipped."""
+LETTERS = bytes(range(97, 123))
+
+
+def huge_name_trace(path: Path, mib: float, source: Path = SOURCE, random_letters: bool = False) -> None:
+    """Writes `source` with its first `"name": "aten::threshold_backward"` replaced by a name of `mib` MiB
+    (one letter repeated, or random letters), gzipped."""
     text = gzip.decompress(source.read_bytes()).decode()
-    huge = "aten::" + "n" * int(mib * (1 << 20))
+    size = int(mib * (1 << 20))
+    body = (bytes(LETTERS[b % 26] for b in os.urandom(size)).decode() if random_letters else "n" * size)
+    huge = "aten::" + body
     text, n = re.subn(r'"name": "aten::threshold_backward"', lambda _m: f'"name": "{huge}"', text, count=1)
     assert n == 1, f"{source} has no aten::threshold_backward event"
-    path.write_bytes(gzip.compress(text.encode(), compresslevel=6))
+    path.write_bytes(gzip.compress(text.encode(), compresslevel=1 if random_letters else 6))
 
 
 def _limit_address_space() -> None:
@@ -67,28 +74,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mib", type=float, default=50.0, help="size of the op name in MiB")
     parser.add_argument("--build", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--random", action="store_true", help=argparse.SUPPRESS)
     a = parser.parse_args()
     if a.build is not None:
-        huge_name_trace(a.build, a.mib)
+        huge_name_trace(a.build, a.mib, random_letters=a.random)
         return
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        trace = work / "huge_name.json.gz"
-        # built in a process of its own: a child's peak RSS (wait4) can include this process's pages
-        subprocess.run([sys.executable, __file__, "--build", str(trace), "--mib", str(a.mib)], check=True)
-        print(f"trace: {trace.stat().st_size / 1e3:.0f} KB gzipped, one op name of {a.mib:g} MiB")
-        for limited in (False, True):
-            run, html = work / ("run_limited" if limited else "run"), work / ("limited.html" if limited else "r.html")
-            commands = {"analyze": ["analyze", str(trace), "--out", str(run)], "report": ["report", str(run)],
-                        "report_html": ["report", str(run), "--html", "-o", str(html)]}
-            print("\nunder RLIMIT_AS 1.5 GB" if limited else "\nno limit")
-            print(f"{'command':<12} {'wall s':>8} {'peak RSS MiB':>13} {'rc':>4} {'stdout KB':>10}  traceback")
-            for label, args in commands.items():
-                wall, rss, rc, err, size = run_opscope(args, _limit_address_space if limited else None)
-                traceback = "Traceback" in err
-                print(f"{label:<12} {wall:>8.1f} {rss:>13.0f} {rc:>4} {size / 1e3:>10.1f}  {'YES' if traceback else 'no'}")
-                if rc != 0 or traceback:
-                    print("   stderr: " + err.strip()[-300:].replace("\n", "\n   "))
+        for kind in ("repeated", "random"):
+            trace = work / f"huge_name_{kind}.json.gz"
+            # built in a process of its own: a child's peak RSS (wait4) can include this process's pages
+            subprocess.run([sys.executable, __file__, "--build", str(trace), "--mib", str(a.mib),
+                            *(["--random"] if kind == "random" else [])], check=True)
+            print(f"\n== trace: {trace.stat().st_size / 1e3:.0f} KB gzipped, one op name of {a.mib:g} MiB of "
+                  f"{'random letters' if kind == 'random' else 'one letter repeated'}")
+            run_all(trace, work / kind)
+
+
+def run_all(trace: Path, work: Path) -> None:
+    work.mkdir()
+    for limited in (False, True):
+        run, html = work / ("run_limited" if limited else "run"), work / ("limited.html" if limited else "r.html")
+        commands = {"analyze": ["analyze", str(trace), "--out", str(run)], "report": ["report", str(run)],
+                    "report_html": ["report", str(run), "--html", "-o", str(html)]}
+        print("\nunder RLIMIT_AS 1.5 GB" if limited else "\nno limit")
+        print(f"{'command':<12} {'wall s':>8} {'peak RSS MiB':>13} {'rc':>4} {'stdout KB':>10}  traceback")
+        for label, args in commands.items():
+            wall, rss, rc, err, size = run_opscope(args, _limit_address_space if limited else None)
+            traceback = "Traceback" in err
+            print(f"{label:<12} {wall:>8.1f} {rss:>13.0f} {rc:>4} {size / 1e3:>10.1f}  {'YES' if traceback else 'no'}")
+            if rc != 0 or traceback:
+                print("   stderr: " + err.strip()[-300:].replace("\n", "\n   "))
 
 
 if __name__ == "__main__":
