@@ -12,6 +12,7 @@ from opscope.machine.noise import noise_caveat
 from opscope.machine.peaks import Peaks
 from opscope.sources import HARNESS
 from opscope.table import Table, pairwise_sum
+from opscope.trace.torch_trace import TorchTraceLog
 
 
 @dataclass
@@ -68,6 +69,9 @@ class Context:
     memory: Any = None  # analysis.memory.MemoryProfile when the run recorded memory events
     # A merged run of a multi-process job: ranks.csv (opscope.analysis.ranks); None for one process.
     ranks: Table | None = None
+    # A compiled model's TORCH_TRACE log (opscope.trace.torch_trace): its graphs, kernels' provenance and
+    # dynamo's compile metrics (graph breaks, recompilations); None when the run has none.
+    compile_log: TorchTraceLog | None = None
     # Derived tables shared between rules (call tree, subtree times, copy classification, ...), filled
     # lazily by opscope.findings.common; never written anywhere.
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
