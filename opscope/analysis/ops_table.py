@@ -375,7 +375,8 @@ KERNEL_NOTE = "inductor kernel: the trace records no cost for it"
 
 def _compiled_costs(rows: Table) -> None:
     """torch.compile rows (docs/reference/run-format.md, ops.csv `op`): regions and graphs have no cost; an inductor kernel
-    has the cost inductor estimated when the trace records it (kernel_flop, kernel_num_gb), else none."""
+    keeps the cost opscope.analysis.compiled gave it, else the one inductor estimated when the trace records it
+    (kernel_flop, kernel_num_gb), else none."""
     kinds = rows["row_kind"]
     compiled = [i for i, kind in enumerate(kinds) if kind in ("graph", "kernel")]
     if not compiled:
@@ -383,6 +384,8 @@ def _compiled_costs(rows: Table) -> None:
     flops, nbytes, family, note = rows["flops"], rows["bytes"], rows["family"], rows["note"]
     has_estimates = "kernel_num_gb" in rows
     for i in compiled:
+        if kinds[i] == "kernel" and (flops[i] == flops[i] or nbytes[i] == nbytes[i]):
+            continue  # costed by opscope.analysis.compiled
         flops[i], nbytes[i], family[i] = NAN, NAN, ""
         note[i] = GRAPH_NOTE if kinds[i] == "graph" else KERNEL_NOTE
         if not has_estimates or kinds[i] != "kernel":

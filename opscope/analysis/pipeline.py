@@ -6,8 +6,10 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from opscope.analysis.compiled import place_compiled
 from opscope.analysis.events import SourceOverride, build_events
 from opscope.analysis.gpu_timeline import clip, gpu_summary, step_windows
 from opscope.analysis.memory import MemoryProfile, add_memory_columns, memory_profile
@@ -21,6 +23,7 @@ from opscope.run.model import Run
 from opscope.run.schema import FORMAT_VERSION
 from opscope.table import Table, group_sums, mean, nrows, pairwise_sum, records, take
 from opscope.trace.reader import TraceData, no_gc
+from opscope.trace.torch_trace import TorchTraceLog, read_torch_trace
 
 # A trace recorded elsewhere says nothing about what else ran on its machine.
 TRACE_NOISE_REASON = "a trace recorded elsewhere: other processes' CPU use on its machine is not known"
@@ -30,25 +33,32 @@ def analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str
             source_override: SourceOverride | None = None,
             layout_probe: LayoutProbe | None = None, dtype_probe: DtypeProbe | None = None,
             module_classes: dict[str, str] | None = None, memory: MemoryProfile | None = None,
-            noise: dict[str, Any] | None = None, step_us: list[float] | None = None) -> Run:
+            noise: dict[str, Any] | None = None, step_us: list[float] | None = None,
+            torch_trace: Path | None = None, inductor_cache: Path | None = None) -> Run:
     """`module_classes`: qualified module name -> class for every module of the model (profile), so
     modules.csv can name modules that issued no op of their own. `memory`: profile's untimed memory
     pass; without it, the trace's own memory events (if it has any) are read. `noise`:
     opscope.machine.noise.assess() of the timed pass (profile), else "unknown"; `step_us`: each step's measured
-    wall time (profile), else the ProfilerStep annotations' durations are used."""
+    wall time (profile), else the ProfilerStep annotations' durations are used. `torch_trace`: the
+    compiled model's TORCH_TRACE log (opscope.trace.torch_trace); `inductor_cache`: inductor's cache
+    directory of the recording machine (its generated kernels), both for compiled code (analysis.compiled)."""
+    log = read_torch_trace(torch_trace) if torch_trace is not None else None
     with no_gc():
         return _analyze(trace, peaks=peaks, meta=meta, source=source, source_override=source_override,
                         layout_probe=layout_probe, dtype_probe=dtype_probe, module_classes=module_classes,
-                        memory=memory, noise=noise or unknown(TRACE_NOISE_REASON), step_us=step_us)
+                        memory=memory, noise=noise or unknown(TRACE_NOISE_REASON), step_us=step_us,
+                        log=log, inductor_cache=inductor_cache)
 
 
 def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str,
              source_override: SourceOverride | None, layout_probe: LayoutProbe | None,
              dtype_probe: DtypeProbe | None, module_classes: dict[str, str] | None,
-             memory: MemoryProfile | None, noise: dict[str, Any], step_us: list[float] | None) -> Run:
+             memory: MemoryProfile | None, noise: dict[str, Any], step_us: list[float] | None,
+             log: TorchTraceLog | None, inductor_cache: Path | None) -> Run:
     ev = build_events(trace, source_override)
     gpu = trace.has_gpu
     ev.update(event_costs(ev))
+    place_compiled(ev, log, inductor_cache=inductor_cache, module_classes=module_classes or trace.module_classes)
     if source == "trace":
         meta["dtype"] = dominant_dtype(ev)
         meta["mode"] = trace_mode(ev)
@@ -62,7 +72,7 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
     timeline = gpu_summary(trace, ev, steps=steps, step_time_us=step_time_us) if gpu else None
     ctx = Context(ops=ops, events=ev, peaks=peaks, gpu=gpu, source=source, steps=steps,
                   step_time_us=step_time_us, device_busy_share=busy, meta=meta, layout_probe=layout_probe,
-                  gpu_timeline=timeline, dtype_probe=dtype_probe, memory=memory, noise=noise)
+                  gpu_timeline=timeline, dtype_probe=dtype_probe, memory=memory, noise=noise, compile_log=log)
     findings = run_rules(ctx)
     finding_modules(findings, ops)
     if step_us is None:

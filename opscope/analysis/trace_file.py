@@ -110,8 +110,10 @@ def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | 
                        peak_flops: list[str] | None = None, warn: Callable[[str], None] = lambda m: None,
                        max_trace_gb: float | None = None, capture: Path | None = None,
                        measure: Callable[[Run], dict[str, Path]] | None = None,
-                       finish: Callable[[Run, TraceData], None] | None = None) -> Run:
-    """Analyzes a trace file into a run directory. `capture`: a trace recorded while the replayed CUDA/HIP
+                       finish: Callable[[Run, TraceData], None] | None = None,
+                       torch_trace: Path | None = None, inductor_cache: Path | None = None) -> Run:
+    """Analyzes a trace file into a run directory. `torch_trace`, `inductor_cache`: a compiled model's
+    TORCH_TRACE log and inductor cache directory (opscope.analysis.compiled). `capture`: a trace recorded while the replayed CUDA/HIP
     graphs were captured (opscope.analysis.capture_merge). `measure(run)` (opscope analyze --nsys/--ncu)
     attaches measurements to the analyzed run before it is written and returns the extra files to put in
     the run directory. `finish(run, trace)` runs last before the run is written (a rank of a
@@ -140,7 +142,7 @@ def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | 
                 warn(line)
             merged = {"trace": str(capture), **report.to_json()}
         return _analyze_file(path, trace, out, base, stem, compressor, peak_bw, peak_flops, warn, merged,
-                             measure, finish)
+                             measure, finish, torch_trace=torch_trace, inductor_cache=inductor_cache)
     finally:
         if compressor is not None:
             compressor.discard()
@@ -151,19 +153,25 @@ def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, st
                   peak_bw: float | None, peak_flops: list[str] | None, warn: Callable[[str], None],
                   capture: dict[str, Any] | None = None,
                   measure: Callable[[Run], dict[str, Path]] | None = None,
-                  finish: Callable[[Run, TraceData], None] | None = None) -> Run:
+                  finish: Callable[[Run, TraceData], None] | None = None, *,
+                  torch_trace: Path | None = None, inductor_cache: Path | None = None) -> Run:
     device = trace_device(trace)
     peaks = trace_peaks(trace, device, peak_bw, peak_flops, warn)
     meta = trace_meta(path, trace, device, peaks)
     if capture is not None:
         meta["capture"] = capture
+    if torch_trace is not None:
+        meta["torch_trace"] = str(torch_trace)
+    if inductor_cache is not None:
+        meta["inductor_cache"] = str(inductor_cache)
     embedded = _embedded(trace, warn)
+    compiled = {"torch_trace": torch_trace, "inductor_cache": inductor_cache}
     if embedded is None:
-        run = analyze(trace, peaks=peaks, meta=meta, source="trace")
+        run = analyze(trace, peaks=peaks, meta=meta, source="trace", **compiled)
     else:
         by_ext, classes, memory = embedded
         run = analyze(trace, peaks=peaks, meta=meta, source="trace", module_classes=classes, memory=memory,
-                      source_override=lambda ev: embedded_lines(by_ext, ev))
+                      source_override=lambda ev: embedded_lines(by_ext, ev), **compiled)
     if not nrows(run.ops):
         raise TraceError(no_rows_message(trace))
     meta["steps"] = run.summary["steps"]

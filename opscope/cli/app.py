@@ -341,6 +341,14 @@ def analyze(
                                      parser=_user_path, help="Attach an Nsight Systems report (.nsys-rep or SQLite) of the same model."),
     ncu: Path | None = typer.Option(None, "--ncu", metavar="FILE",
                                     parser=_user_path, help="Attach Nsight Compute measurements (.ncu-rep or CSV) of the same model."),
+    torch_trace: Path | None = typer.Option(
+        None, "--torch-trace", metavar="LOG", parser=_user_path,
+        help="The same run's TORCH_TRACE log (a file, or a folder holding one): costs torch.compile's kernels from "
+             "inductor's graph and places them at the user's lines and modules; compile findings."),
+    inductor_cache: Path | None = typer.Option(
+        None, "--inductor-cache", metavar="DIR", parser=_user_path,
+        help="Inductor's cache directory of the recording machine (TORCHINDUCTOR_CACHE_DIR): its generated "
+             "kernels say which buffers a Triton kernel overwrites in place."),
     debug: bool = DEBUG,
 ) -> None:
     """Analyze an existing torch.profiler trace (CPU, CUDA or ROCm), or Nsight results, into a run directory;
@@ -349,8 +357,11 @@ def analyze(
     if trace.is_dir():
         from opscope.analysis.ranks import analyze_rank_folder
 
-        if capture is not None or nsys is not None or ncu is not None:
-            given = "/".join(f for f, v in (("--capture", capture), ("--nsys", nsys), ("--ncu", ncu)) if v is not None)
+        if capture is not None or nsys is not None or ncu is not None or torch_trace is not None or \
+                inductor_cache is not None:
+            given = "/".join(f for f, v in (("--capture", capture), ("--nsys", nsys), ("--ncu", ncu),
+                                            ("--torch-trace", torch_trace), ("--inductor-cache", inductor_cache))
+                             if v is not None)
             raise OpscopeError(f"{given} appl{'ies' if '/' not in given else 'y'} to one trace, not to a folder "
                                "of ranks")
         _emit(analyze_rank_folder(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []), warn=_warn,
@@ -362,13 +373,16 @@ def analyze(
     if nsight_kind(trace) is not None:
         from opscope.nsight.imports import analyze_nsight_file
 
-        if nsys is not None or ncu is not None or capture is not None:
-            raise OpscopeError(f"--nsys/--ncu/--capture go with a torch.profiler trace; {trace} is itself an "
+        if nsys is not None or ncu is not None or capture is not None or torch_trace is not None or \
+                inductor_cache is not None:
+            raise OpscopeError(f"--nsys/--ncu/--capture/--torch-trace/--inductor-cache go with a torch.profiler trace; {trace} is itself an "
                                "Nsight file (analyze each on its own)")
         run = analyze_nsight_file(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []), warn=_warn)
         _emit(run, json_out, top)
         return
     check_measurement_files(nsys, ncu)
+    if inductor_cache is not None and not inductor_cache.is_dir():
+        raise OpscopeError(f"--inductor-cache {inductor_cache}: not a directory")
     import tempfile
 
     from opscope.analysis.trace_file import analyze_trace_file
@@ -380,7 +394,8 @@ def analyze(
 
             measure = measurement_hook(nsys, ncu, Path(tmp), _warn)
         run = analyze_trace_file(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
-                                 warn=_warn, max_trace_gb=max_trace_gb, capture=capture, measure=measure)
+                                 warn=_warn, max_trace_gb=max_trace_gb, capture=capture, measure=measure,
+                                 torch_trace=torch_trace, inductor_cache=inductor_cache)
     _emit(run, json_out, top)
 
 

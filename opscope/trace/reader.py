@@ -57,6 +57,7 @@ class _Args(msgspec.Struct):
     kernel: Any = None
     kernel_flop: float | None = None
     kernel_num_gb: float | None = None
+    kernel_file: Any = None  # the generated kernel's file on the recording machine (--inductor-cache)
     # `[memory]` instant events (profile_memory)
     mem_bytes: float | None = msgspec.field(default=None, name="Bytes")
     mem_addr: int | None = msgspec.field(default=None, name="Addr")
@@ -806,7 +807,7 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
     strides_text = _TextCache(rejects, "Input Strides").text
     concrete_text = _TextCache(rejects, "Concrete Inputs").text
     names: dict[str, str] = {}
-    inductor: dict[int, tuple[str, float, float]] = {}  # op index -> inductor launch args (rare)
+    inductor: dict[int, tuple[str, float, float, str]] = {}  # op index -> inductor launch args (rare)
     gpu_runtime = None
     raws = doc.traceEvents or []
     n_events = len(raws)
@@ -874,8 +875,10 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
                     stack = bounded(stack)
                 o_stack(intern(stack, stack) if stack else "")
                 if a.kernel_backend is not None:
+                    kfile = a.kernel_file if isinstance(a.kernel_file, str) else ""
                     inductor[len(ops["name"]) - 1] = (
-                        a.kernel_backend, _nan_if_none(a.kernel_flop), _nan_if_none(a.kernel_num_gb))
+                        a.kernel_backend, _nan_if_none(a.kernel_flop), _nan_if_none(a.kernel_num_gb),
+                        bounded(kfile, 4096))
             elif cat == "python_function":
                 if e.name.startswith(MODULE_PREFIX):
                     mods["name"].append(intern(e.name, e.name)[len(MODULE_PREFIX):])
@@ -1034,16 +1037,18 @@ def _nan_if_none(x: float | None) -> float:
     return float("nan") if x is None else float(x)
 
 
-def _add_inductor_columns(ops: Table, inductor: dict[int, tuple[str, float, float]]) -> None:
+def _add_inductor_columns(ops: Table, inductor: dict[int, tuple[str, float, float, str]]) -> None:
     n = nrows(ops)
     backend = [""] * n
     flop = [math.nan] * n
     num_gb = [math.nan] * n
-    for i, (b, f, g) in inductor.items():
-        backend[i], flop[i], num_gb[i] = b, f, g
+    kfile = [""] * n
+    for i, (b, f, g, k) in inductor.items():
+        backend[i], flop[i], num_gb[i], kfile[i] = b, f, g, k
     ops["kernel_backend"] = backend
     ops["kernel_flop"] = flop
     ops["kernel_num_gb"] = num_gb
+    ops["kernel_file"] = kfile
 
 
 def _ids(values: list[Any]) -> list[int]:
