@@ -192,6 +192,25 @@ def swap_group(run: Run) -> Group | None:
     return Group(*parts)
 
 
+def _modules_table(c: Comparison, top: int) -> Table:
+    """Per module, time per step in A and B and the op rows it issued itself (A → B)."""
+    shown = c.modules[:top]
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left",
+                  title=f"Modules (time per step, own op rows A → B; {len(shown)} of {len(c.modules)})")
+    table.add_column("module", no_wrap=True, overflow="ellipsis", max_width=40)
+    for header in ("A/step", "B/step", "B/A", "", "rows"):
+        table.add_column(header, justify="right" if header != "" else "left", no_wrap=True)
+    for m in shown:
+        name = ("  " * m.depth) + (clean(m.module) or "(model)")
+        if m.module_class:
+            name += f" ({clean(m.module_class)})"
+        table.add_row(Text(name), Text("—" if m.verdict == APPEARED else units.time_cell(m.time_a_us)),
+                      Text("—" if m.verdict == VANISHED else units.time_cell(m.time_b_us)),
+                      Text(f"{m.ratio:.2f}x" if m.ratio is not None and m.verdict not in (APPEARED, VANISHED) else "—"),
+                      Text(m.verdict, style=VERDICT_STYLE.get(m.verdict, "")), Text(f"{m.rows_a} → {m.rows_b}"))
+    return table
+
+
 def comparison_group(c: Comparison, top: int = 15, width: int = 160) -> Group:
     """A comparison (B against the baseline A) as text."""
     head = Text()
@@ -241,6 +260,8 @@ def comparison_group(c: Comparison, top: int = 15, width: int = 160) -> Group:
     else:
         parts.append(Text("No op changed beyond the noise band.", style="green"))
     parts.append(Text(f"{len(c.by_verdict(SAME))} matched op group(s) within noise", style="dim"))
+    if c.modules:
+        parts.append(_modules_table(c, top))
     steps_note = {"Findings fixed": c.findings_fixed, "Findings introduced": c.findings_introduced}
     for title, findings in steps_note.items():
         style = "green" if title.endswith("fixed") else "red"

@@ -68,6 +68,29 @@ class OpChange:
 
 
 @dataclass
+class ModuleChange:
+    """One module's time per step in A and B (modules.csv: its own ops and its submodules'), and how many
+    op rows it issued itself: eager vs compiled shows here what compile did per module (faster, slower,
+    its ops fused into fewer kernels, or fused away into another module's kernel)."""
+
+    module: str
+    module_class: str
+    depth: int
+    time_a_us: float
+    time_b_us: float
+    rows_a: int
+    rows_b: int
+    verdict: str
+
+    @property
+    def ratio(self) -> float | None:
+        return self.time_b_us / self.time_a_us if self.time_a_us > 0 else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "ratio": self.ratio}
+
+
+@dataclass
 class FindingChange:
     rule: str
     op: str
@@ -99,6 +122,7 @@ class Comparison:
     findings_introduced: list[FindingChange] = field(default_factory=list)
     findings_kept: int = 0
     notes: list[str] = field(default_factory=list)
+    modules: list[ModuleChange] = field(default_factory=list)
 
     @property
     def step_ratio(self) -> float | None:
@@ -125,6 +149,7 @@ class Comparison:
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["ops"] = [c.to_json() for c in self.ops]
+        doc["modules"] = [m.to_json() for m in self.modules]
         doc.update(step_ratio=self.step_ratio, step_verdict=self.step_verdict,
                    op_time_ratio=self.op_time_ratio, op_time_verdict=self.op_time_verdict)
         return doc
@@ -285,7 +310,58 @@ def compare_runs(a: Run, b: Run) -> Comparison:
         target_b=_text(b.meta.get("target")), steps_a=sa, steps_b=sb, step_time_a_us=ta, step_time_b_us=tb,
         step_time_key=key, op_time_a_us=_op_time(a) / sa, op_time_b_us=_op_time(b) / sb, band=band,
         band_reason=reason, ops=match_ops(a, b, band), findings_fixed=fixed, findings_introduced=introduced,
-        findings_kept=kept, notes=_notes(a, b))
+        findings_kept=kept, notes=_notes(a, b), modules=match_modules(a, b, band))
+
+
+# torch.compile's wrapper: an OptimizedModule holds the user's module as `_orig_mod`
+COMPILE_WRAPPER = "_orig_mod"
+
+
+def module_key(path: str) -> str:
+    """A module's path with torch.compile's wrapper level taken out, so that an eager and a compiled run of
+    the same model name their modules alike."""
+    return ".".join(p for p in path.split(".") if p and p != COMPILE_WRAPPER)
+
+
+def match_modules(a: Run, b: Run, band: float) -> list[ModuleChange]:
+    """Per module (by path, torch.compile's wrapper level ignored), time per step in A and B; modules in
+    one run only appear or vanish. Depth-first order as modules.csv lists them, B's new modules last."""
+    sa, sb = _steps(a), _steps(b)
+
+    def table(run: Run, steps: int) -> dict[str, tuple[str, int, float]]:
+        out: dict[str, tuple[str, int, float]] = {}
+        mods = run.modules
+        if mods is None or "module" not in mods:
+            return out
+        for r in records(mods):
+            key = module_key(_text(r.get("module")))
+            cls = _text(r.get("module_class"))
+            if key == "" and cls == "OptimizedModule":
+                continue  # the wrapper itself: its time is its module's
+            t = float(r.get("time_us_total") or 0.0) / steps
+            prev = out.get(key)
+            out[key] = (cls or (prev[0] if prev else ""), key.count(".") + (1 if key else 0), max(t, prev[2] if prev else 0.0))
+        return out
+
+    def rows(run: Run) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        if "module" in run.ops:
+            for m in run.ops["module"]:
+                k = module_key(_text(m))
+                counts[k] = counts.get(k, 0) + 1
+        return counts
+
+    ta, tb = table(a, sa), table(b, sb)
+    ra, rb = rows(a), rows(b)
+    out = []
+    for key in list(ta) + [k for k in tb if k not in ta]:
+        in_a, in_b = key in ta, key in tb
+        time_a = ta[key][2] if in_a else 0.0
+        time_b = tb[key][2] if in_b else 0.0
+        v = verdict(time_a, time_b, band) if in_a and in_b else (VANISHED if in_a else APPEARED)
+        cls, depth = (ta.get(key) or tb[key])[:2]
+        out.append(ModuleChange(key, cls, depth, time_a, time_b, ra.get(key, 0), rb.get(key, 0), v))
+    return out
 
 
 def _op_time(run: Run) -> float:

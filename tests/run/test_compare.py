@@ -225,3 +225,25 @@ def test_before_and_after_a_fix(tmp_path):
     assert not any(f["rule"] == "implicit-copy" for f in doc["findings_introduced"])
     text = run_cli("compare", str(tmp_path / "before"), str(tmp_path / "after")).stdout
     assert "Findings fixed" in text and "implicit-copy" in text and "vanished" in text
+
+
+def test_modules_match_across_torch_compiles_wrapper():
+    # eager: Block at the root; compiled: an OptimizedModule whose `_orig_mod` is the Block
+    eager = make_run([("aten::addmm", "[]", "[]", "[]", "m.py:10", 2, 400.0)], steps=2)
+    eager.modules = {"module": ["", "fc1", "ln"], "module_class": ["Block", "Linear", "LayerNorm"],
+                     "time_us_total": [1000.0, 400.0, 300.0]}
+    eager.ops["module"] = ["fc1"]
+    compiled = make_run([("graph_0_cpp_fused_gelu_0", "[]", "[]", "[]", "m.py:10", 2, 100.0),
+                         ("aten::addmm", "[]", "[]", "[]", "m.py:10", 2, 380.0)], steps=2)
+    compiled.modules = {"module": ["", "_orig_mod", "_orig_mod.fc1", "_orig_mod.act"],
+                        "module_class": ["OptimizedModule", "Block", "Linear", "GELU"],
+                        "time_us_total": [600.0, 600.0, 380.0, 100.0]}
+    compiled.ops["module"] = ["_orig_mod.act", "_orig_mod.fc1"]
+    c = compare_runs(eager, compiled)
+    by = {m.module: m for m in c.modules}
+    assert set(by) == {"", "fc1", "ln", "act"}
+    assert (by[""].module_class, by[""].time_a_us, by[""].time_b_us) == ("Block", 500.0, 300.0)
+    assert by[""].verdict == FASTER and by["fc1"].verdict == SAME
+    assert by["ln"].verdict == VANISHED and by["act"].verdict == APPEARED  # ln's ops fused into another's kernel
+    assert (by["fc1"].rows_a, by["fc1"].rows_b) == (1, 1) and by["act"].rows_b == 1
+    assert c.to_json()["modules"][0]["module"] == ""
