@@ -371,8 +371,33 @@ def _expected_row(kernel: CompiledKernel) -> str:
     return ""
 
 
+WRAPPER_NOTE = ("compiled code's own overhead: the time inside it outside the rows below it (its Python wrapper, "
+                "guards, allocations, launches); no FLOPs or bytes of its own")
+
+
+def _wrapper_overhead(ev: Table, gpu: bool) -> None:
+    """A compiled region or graph whose kernels are rows of their own (kernel rows or an inner graph below
+    it, or on a GPU no kernel launched from the range itself) holds only its own overhead: 0 FLOPs, 0 bytes, bound overhead. Without such rows
+    (a CPU trace recorded without inductor's kernel profiling) its time includes its kernels': no cost."""
+    kinds, row_parent = ev["row_kind"], ev["row_parent"]
+    holds_rows: set[int] = set()
+    for i, kind in enumerate(kinds):
+        if kind in ("kernel", "graph"):
+            p = row_parent[i]
+            steps = 0
+            while p >= 0 and p not in holds_rows and steps < 4096:
+                holds_rows.add(p)
+                p = row_parent[p]
+                steps += 1
+    device = ev["device_us"] if "device_us" in ev else [0.0] * len(kinds)
+    for i, kind in enumerate(kinds):
+        # on a GPU, a range that launched kernels itself (inductor's launches not recorded) carries their time
+        if kind == "graph" and (i in holds_rows or (gpu and not float(device[i]) > 0)):
+            ev["flops"][i], ev["bytes"][i], ev["family"][i], ev["note"][i] = 0.0, 0.0, "compiled", WRAPPER_NOTE
+
+
 def place_compiled(ev: Table, log: TorchTraceLog | None, *, inductor_cache: Path | None = None,
-                   module_classes: dict[str, str] | None = None) -> dict[str, int]:
+                   module_classes: dict[str, str] | None = None, gpu: bool = False) -> dict[str, int]:
     """Gives compiled kernel events their cost, and every event a compiled graph ran its user's line and
     module (in place, on the event table after event_costs). Returns counts for the run's summary."""
     n = nrows(ev)
@@ -395,12 +420,12 @@ def place_compiled(ev: Table, log: TorchTraceLog | None, *, inductor_cache: Path
             m = COMPILED_GRAPH_RE.match(names[i])
             if m is None or kinds[i] != "graph":
                 continue
-            graph = _graph_for(names[i], by_key, log)
+            rows = sorted(children.get(i, []), key=lambda j: ev["ts"][j])
+            graph = _graph_for(names[i], by_key, log, rows, names)
             if graph is None:
                 continue
             users = users_cache.setdefault(id(graph), graph.users())
             computed_by = computed_cache.setdefault(id(graph), kernels_of_nodes(graph))
-            rows = sorted(children.get(i, []), key=lambda j: ev["ts"][j])
             for j, kernel in _align(rows, names, list(graph.kernels.values())):
                 placement = kernel_placement(graph, kernel)
                 placed[j] = placement
@@ -429,6 +454,8 @@ def place_compiled(ev: Table, log: TorchTraceLog | None, *, inductor_cache: Path
             if log is None:
                 note[j] += "; no TORCH_TRACE log: no provenance (line, module) from inductor"
             stats["costed_from_trace"] += 1
+
+    _wrapper_overhead(ev, gpu)
 
     # every event under a placed one (an extern kernel's own ATen children) shares its place
     if placed:
@@ -460,14 +487,23 @@ def place_compiled(ev: Table, log: TorchTraceLog | None, *, inductor_cache: Path
     return stats
 
 
-def _graph_for(name: str, by_key: dict[str, CompiledGraph], log: TorchTraceLog) -> CompiledGraph | None:
+def _graph_for(name: str, by_key: dict[str, CompiledGraph], log: TorchTraceLog, rows: list[int],
+               names: Sequence[str]) -> CompiledGraph | None:
+    """The graph a `## Call CompiledFxGraph <key> ##` range ran: by its FX-graph cache key, else (no key:
+    the cache was off) the graph whose kernels line up best with the range's rows."""
     key = name.removeprefix("## Call CompiledFxGraph").removesuffix("##").strip()
     if key in by_key:
         return by_key[key]
     for k, g in by_key.items():  # a cut name
-        if key and (k.startswith(key) or key.startswith(k)):
+        if key and key != "None" and (k.startswith(key) or key.startswith(k)):
             return g
-    return log.graphs[0] if len(log.graphs) == 1 else None
+    best, score = None, 0
+    for g in log.graphs:
+        matched = _align(rows, names, list(g.kernels.values()))
+        generated = [k for _, k in matched if k.kind in ("triton", "cpp")]
+        if len(generated) > score:
+            best, score = g, len(generated)
+    return best
 
 
 def _align(rows: list[int], names: Sequence[str], kernels: list[CompiledKernel]) -> list[tuple[int, CompiledKernel]]:

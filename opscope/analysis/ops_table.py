@@ -384,7 +384,7 @@ def _compiled_costs(rows: Table) -> None:
     flops, nbytes, family, note = rows["flops"], rows["bytes"], rows["family"], rows["note"]
     has_estimates = "kernel_num_gb" in rows
     for i in compiled:
-        if kinds[i] == "kernel" and (flops[i] == flops[i] or nbytes[i] == nbytes[i]):
+        if flops[i] == flops[i] or nbytes[i] == nbytes[i]:
             continue  # costed by opscope.analysis.compiled
         flops[i], nbytes[i], family[i] = NAN, NAN, ""
         note[i] = GRAPH_NOTE if kinds[i] == "graph" else KERNEL_NOTE

@@ -19,6 +19,7 @@ from opscope.findings import Context, run_rules
 from opscope.findings.base import DtypeProbe, LayoutProbe
 from opscope.machine.noise import step_spread, unknown
 from opscope.machine.peaks import Peaks
+from opscope.run.compare import COMPILE_WRAPPER, module_key
 from opscope.run.model import Run
 from opscope.run.schema import FORMAT_VERSION
 from opscope.table import Table, group_sums, mean, nrows, pairwise_sum, records, take
@@ -58,7 +59,14 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
     ev = build_events(trace, source_override)
     gpu = trace.has_gpu
     ev.update(event_costs(ev))
-    place_compiled(ev, log, inductor_cache=inductor_cache, module_classes=module_classes or trace.module_classes)
+    classes = module_classes or trace.module_classes
+    if any(m == COMPILE_WRAPPER or m.startswith(COMPILE_WRAPPER + ".") for m in classes):
+        # torch.compile's wrapper (an OptimizedModule holding the user's module as `_orig_mod`): modules are
+        # named as in the user's own module, never after the wrapper
+        ev["module"] = [module_key(m) for m in ev["module"]]
+        classes = {module_key(k): v for k, v in classes.items() if not (k == "" and v == "OptimizedModule")}
+        module_classes = classes
+    place_compiled(ev, log, inductor_cache=inductor_cache, module_classes=classes, gpu=gpu)
     if source == "trace":
         meta["dtype"] = dominant_dtype(ev)
         meta["mode"] = trace_mode(ev)

@@ -165,13 +165,14 @@ def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, st
     if inductor_cache is not None:
         meta["inductor_cache"] = str(inductor_cache)
     embedded = _embedded(trace, warn)
-    compiled = {"torch_trace": torch_trace, "inductor_cache": inductor_cache}
     if embedded is None:
-        run = analyze(trace, peaks=peaks, meta=meta, source="trace", **compiled)
+        run = analyze(trace, peaks=peaks, meta=meta, source="trace", torch_trace=torch_trace,
+                      inductor_cache=inductor_cache)
     else:
         by_ext, classes, memory = embedded
         run = analyze(trace, peaks=peaks, meta=meta, source="trace", module_classes=classes, memory=memory,
-                      source_override=lambda ev: embedded_lines(by_ext, ev), **compiled)
+                      source_override=lambda ev: embedded_lines(by_ext, ev), torch_trace=torch_trace,
+                      inductor_cache=inductor_cache)
     if not nrows(run.ops):
         raise TraceError(no_rows_message(trace))
     meta["steps"] = run.summary["steps"]

@@ -238,9 +238,12 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
     sampler = CpuSampler()
     loading = sampler.sample()  # other processes' CPU use is measured from here to the thread choice
     progress.phase("loading model")
+    compile_started = time.time()
+    trace_compiled_kernels()
     with module_origins(), process_state_kept(keep_additions=True):
         target = load_target(opts.target, opts.entry)
     harness = Harness(target, mode=opts.mode, device=device, dtype=opts.dtype)
+    compiled_by = compile_model(harness, opts.compile, device, progress)
     if prepare is not None:
         prepare(harness)
     # `extra` (opscope swap) starts from the weights as loaded: the profile's SGD steps (warmup, timed,
@@ -299,12 +302,15 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
             meta["calibration"] = calibration
         if threads_chosen is not None:
             meta["threads_chosen"] = threads_chosen
+        if compiled_by is not None:
+            meta["compile"] = {"mode": opts.compile or "", "by": compiled_by}
         probe = layout_probe_for(device) if opts.mode in ("inference", "train") else None
         classes = module_classes(harness.model)
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",
                       source_override=lambda ev: join_lines(records, ev), layout_probe=probe,
                       dtype_probe=float32_probe(device), module_classes=classes, memory=memory,
-                      noise=noise, step_us=[t * 1e6 for t in step_s])
+                      noise=noise, step_us=[t * 1e6 for t in step_s],
+                      torch_trace=compile_log(compile_started) if compiled_by is not None else None)
         # `opscope analyze RUN/trace.json.gz` reproduces this run's table from what is embedded here
         assert run.events is not None  # analyze() keeps the events it analyzed
         embed(trace_path, make_block(run.events, classes, memory))
@@ -319,6 +325,55 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
             write_run(run, out, target.stem, trace_path, base=reports, extra_texts=files)
         timings.analysis = time.perf_counter() - t0
     return run, timings
+
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+
+
+def trace_compiled_kernels() -> None:
+    """Before anything compiles: each inductor C++ kernel a profiler row of its own, and inductor's
+    provenance (kernel -> graph nodes -> the user's stack traces) in the TORCH_TRACE log."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.cpp.enable_kernel_profile = True
+    inductor_config.trace.provenance_tracking_level = 1
+    # A graph served from inductor's caches is not lowered again, and so logs no graph or provenance: lower it
+    # (the generated C++/Triton code itself stays cached: the kernels are not rebuilt)
+    inductor_config.fx_graph_cache = False
+    try:
+        import torch._functorch.config as functorch_config
+
+        functorch_config.enable_autograd_cache = False
+    except (ImportError, AttributeError):
+        pass
+
+
+def compile_model(harness: Harness, mode: str | None, device: torch.device, progress: Progress) -> str | None:
+    """`--compile MODE`: torch.compile the harness's model (its first warm-up step compiles it). Returns who
+    compiled it: "opscope", "model" (get_model() returned a compiled model), or None."""
+    already = isinstance(harness.model, torch._dynamo.eval_frame.OptimizedModule)
+    if mode is None:
+        return "model" if already else None
+    if mode not in COMPILE_MODES:
+        raise TargetError(f"--compile {mode!r}: one of {', '.join(COMPILE_MODES)}")
+    if already:
+        progress.warn("the model is already compiled (get_model() returned torch.compile(...)): --compile "
+                      "does not compile it again")
+        return "model"
+    if mode == "reduce-overhead" and device.type != "cuda":
+        progress.warn("--compile reduce-overhead: CUDA graphs need a GPU; on the CPU the mode runs like default")
+    harness.model = torch.compile(harness.model, mode=mode)
+    return "opscope"
+
+
+def compile_log(since: float) -> Path | None:
+    """The TORCH_TRACE log this process wrote (the newest in $TORCH_TRACE, written since `since`), if any."""
+    folder = os.environ.get("TORCH_TRACE")
+    if not folder or not os.path.isdir(folder):
+        return None
+    logs = [Path(folder) / n for n in os.listdir(folder) if n.endswith(".log")]
+    fresh = [p for p in logs if p.stat().st_mtime >= since - 1 and p.stat().st_size > 0]
+    return max(fresh, key=lambda p: p.stat().st_mtime) if fresh else None
 
 
 def weights_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:

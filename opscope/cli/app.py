@@ -74,6 +74,12 @@ class Mode(str, Enum):
     train = "train"
 
 
+class CompileMode(str, Enum):
+    default = "default"
+    reduce_overhead = "reduce-overhead"
+    max_autotune = "max-autotune"
+
+
 def _user_path(value: str) -> Path:
     """A path argument, refused in one line where the OS would refuse it (a name over 255 bytes; every
     later stat, open or mkdir of it raised ENAMETOOLONG, in as many places)."""
@@ -179,6 +185,10 @@ def profile(
     top: int = typer.Option(15, "--top", min=1, help="Rows of the op table to print."),
     try_swaps: bool = typer.Option(False, "--try-swaps", help="Also run `opscope swap` for every swap candidate "
                                                                "(bundled kernel matching an op) and add the results."),
+    compile_mode: CompileMode | None = typer.Option(
+        None, "--compile", metavar="MODE",
+        help="torch.compile the model in the harness (default, reduce-overhead, max-autotune); the warm-up steps "
+             "absorb the compilation."),
     nvtx: bool = typer.Option(False, "--nvtx", help="NVTX ranges around each profiled step and each top-level "
                               "module's forward, for Nsight tools (implied by --nsys/--ncu)."),
     nsys: bool = typer.Option(False, "--nsys", help="Also run the steps under Nsight Systems (nsys): measured "
@@ -218,10 +228,18 @@ def profile(
 
     options = _profile_options(target, entry, device, dtype, mode, warmup, steps, threads, peak_bw, peak_flops, out,
                                debug)
+    if compile_mode is not None:
+        options.compile = compile_mode.value
     job_script = script_spec(target, script=script, entry=entry, args=list(script_args or []), step_fn=step_fn,
                              stop_after=stop_after, dtype=dtype.value if dtype else None, mode=mode.value)
     job_launch = launch_spec(nproc_per_node, nnodes, node_rank, master_addr, master_port)
     check_tool_options(job_script, job_launch, nsys=nsys, ncu=ncu, nvtx=nvtx)
+    if compile_mode is not None and (job_script or job_launch):
+        raise OpscopeError("--compile compiles a model file's model in one process: compile in the script itself "
+                           "(torch.compile) instead")
+    if compile_mode is not None and warmup < 1:
+        raise OpscopeError("--compile needs at least one warm-up step (--warmup 1 or more): the compilation "
+                           "happens there, never in a timed step")
     if try_swaps and (job_script or job_launch):
         raise OpscopeError("--try-swaps works on a model file in one process: run `opscope swap` on the model "
                            "file" + (" instead of the script" if job_script else ", without --nproc-per-node"))

@@ -125,6 +125,11 @@ def run_worker(module: str, job: Job, listener: Listener | None = None, *,
         env = dict(os.environ, **(wrapper_env or {}), TMPDIR=str(child_tmp), **{CONTROL_FILE_ENV: str(control_file)})
         env.pop(CONTROL_FD_ENV, None)
     _keep_compile_caches(env)
+    if module == "opscope.capture.worker" and "TORCH_TRACE" not in env:
+        # torch's structured compile log (read at torch's import, so set here): what a compiled model's
+        # kernels are made of and where they come from (opscope.analysis.compiled). Nothing is written
+        # unless the model compiles.
+        env["TORCH_TRACE"] = str(private / "torch_trace")
     proc: subprocess.Popen[bytes] | None = None
     command = [*boot_command(module), str(spec_path)]
     try:

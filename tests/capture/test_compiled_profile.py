@@ -1,0 +1,89 @@
+"""`opscope profile` of compiled models on CPU (issue 25): each inductor C++ kernel a row with FLOPs, bytes,
+a bound, the user's line and module; `--compile MODE`; eager vs compiled with `compare`."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import PEAKS, REPO, run_cli
+
+COMPILED_BLOCK = REPO / "examples" / "compiled_block.py"
+EAGER_BLOCK = REPO / "examples" / "transformer_block.py"
+BLOCK_MODULES = {"ln1", "qkv", "proj", "ln2", "fc1", "fc2"}
+
+pytestmark = pytest.mark.slow
+
+
+def read_ops(run: Path) -> list[dict[str, str]]:
+    with open(run / "ops.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def compiled_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("compiled") / "run"
+    proc = run_cli("profile", str(COMPILED_BLOCK), "--steps", "3", "--warmup", "1", "--out", str(out), *PEAKS,
+                   timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_every_cpp_kernel_is_a_costed_row_at_the_users_line_and_module(compiled_run: Path) -> None:
+    ops = read_ops(compiled_run)
+    cpp = [r for r in ops if "cpp_fused_" in r["op"]]
+    assert len(cpp) >= 3  # the two layer norms and the GELU, at least
+    for r in cpp:
+        assert float(r["flops_per_call"]) > 0 and float(r["bytes_per_call"]) > 0, r["op"]
+        assert r["bound"] in ("memory", "compute", "overhead"), r["op"]
+        assert "compiled_block.py:" in r["source_location"], r["op"]
+        assert "_orig_mod" not in r["module"]
+        assert "TORCH_TRACE log" in r["note"]
+    norms = {r["module"] for r in cpp if "layer_norm" in r["op"]}
+    assert norms == {"ln1", "ln2"}
+    # extern kernels too: the Linear layers' addmm at their modules, never the compile wrapper
+    assert {r["module"] for r in ops if r["op"] == "aten::addmm"} == {"qkv", "proj", "fc1", "fc2"}
+    summary = json.loads((compiled_run / "summary.json").read_text())
+    assert summary["ops_covered_time_share"] >= 0.95
+    with open(compiled_run / "modules.csv", newline="") as f:
+        modules = {r["module"]: r["module_class"] for r in csv.DictReader(f)}
+    assert BLOCK_MODULES <= set(modules) and modules[""] == "Block"
+    assert not any("_orig_mod" in m for m in modules)
+    meta = json.loads((compiled_run / "meta.json").read_text())
+    assert meta["compile"] == {"mode": "", "by": "model"}
+
+
+def test_compile_modes_and_eager_vs_compiled_per_module(tmp_path: Path) -> None:
+    eager = tmp_path / "eager"
+    proc = run_cli("profile", str(EAGER_BLOCK), "--steps", "2", "--warmup", "1", "--out", str(eager), *PEAKS)
+    assert proc.returncode == 0, proc.stderr
+    runs = {}
+    for mode in ("default", "reduce-overhead", "max-autotune"):
+        out = tmp_path / mode
+        proc = run_cli("profile", str(EAGER_BLOCK), "--compile", mode, "--steps", "2", "--warmup", "1",
+                       "--out", str(out), *PEAKS, timeout=900)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads((out / "meta.json").read_text())["compile"] == {"mode": mode, "by": "opscope"}
+        assert any("cpp_fused_" in r["op"] for r in read_ops(out)), mode
+        if mode == "reduce-overhead":
+            assert "CUDA graphs need a GPU" in proc.stderr
+        runs[mode] = out
+    proc = run_cli("compare", str(eager), str(runs["default"]), "--json")
+    assert proc.returncode == 0, proc.stderr
+    modules = {m["module"]: m for m in json.loads(proc.stdout)["modules"]}
+    assert BLOCK_MODULES | {""} <= set(modules)
+    for name in BLOCK_MODULES:
+        m = modules[name]
+        assert m["time_a_us"] > 0 and m["time_b_us"] > 0 and m["verdict"]
+    text = run_cli("compare", str(eager), str(runs["default"]))
+    assert text.returncode == 0 and "Modules" in text.stdout
+
+
+def test_compile_needs_a_warmup_step_and_a_model_file(tmp_path: Path) -> None:
+    proc = run_cli("profile", str(EAGER_BLOCK), "--compile", "default", "--warmup", "0", "--out", str(tmp_path / "r"))
+    assert proc.returncode == 2 and "warm-up" in proc.stderr and not (tmp_path / "r").exists()
+    proc = run_cli("profile", str(EAGER_BLOCK), "--compile", "fastest", "--out", str(tmp_path / "r"))
+    assert proc.returncode == 2 and not (tmp_path / "r").exists()
