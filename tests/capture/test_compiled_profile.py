@@ -87,3 +87,29 @@ def test_compile_needs_a_warmup_step_and_a_model_file(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "warm-up" in proc.stderr and not (tmp_path / "r").exists()
     proc = run_cli("profile", str(EAGER_BLOCK), "--compile", "fastest", "--out", str(tmp_path / "r"))
     assert proc.returncode == 2 and not (tmp_path / "r").exists()
+
+
+def test_a_model_that_fails_to_compile_is_one_line_with_dynamos_reason(tmp_path: Path) -> None:
+    model = tmp_path / "breaks.py"
+    model.write_text(
+        "import torch\n"
+        "import torch.nn as nn\n\n\n"
+        "class M(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.lin = nn.Linear(8, 8)\n\n"
+        "    def forward(self, x):\n"
+        "        y = self.lin(x)\n"
+        "        if y.sum().item() > 0:  # a graph break, which fullgraph=True refuses\n"
+        "            y = y * 2\n"
+        "        return y\n\n\n"
+        "def get_model():\n"
+        "    return torch.compile(M(), fullgraph=True)\n\n\n"
+        "def get_inputs():\n"
+        "    return [torch.randn(2, 8)]\n")
+    out = tmp_path / "run"
+    proc = run_cli("profile", str(model), "--steps", "1", "--warmup", "1", "--out", str(out), *PEAKS)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "data-dependent" in errors[0]
+    assert not out.exists()
