@@ -177,7 +177,7 @@ class TraceData:
 MODULE_PREFIX = "nn.Module: "
 MEMORY_EVENT = "[memory]"
 _OP_COLUMNS = ("name", "pid", "tid", "input_dims", "input_dtypes", "input_strides", "concrete_inputs", "call_stack",
-               "ts", "dur", "ext_id", "seq", "fwd_tid")  # then kernel_backend, kernel_flop, kernel_num_gb
+               "ts", "dur", "ext_id", "seq", "fwd_tid")  # then kernel_backend, kernel_flop, kernel_num_gb, kernel_file
 
 
 _MALFORMED = "malformed events"

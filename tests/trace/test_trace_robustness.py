@@ -161,7 +161,7 @@ def test_tables_hold_python_values_of_one_type_per_column(tmp_path):
     ops = trace.ops
     assert list(ops) == ["name", "pid", "tid", "input_dims", "input_dtypes", "input_strides", "concrete_inputs",
                          "call_stack", "ts", "dur", "ext_id", "seq", "fwd_tid", "kernel_backend", "kernel_flop",
-                         "kernel_num_gb"]
+                         "kernel_num_gb", "kernel_file"]
     assert ops["name"] == ["aten::mm", "aten::add"]
     assert ops["pid"] == [hash("Spans"), 1] and ops["tid"] == [hash(big), 2]
     assert ops["ts"] == [10.0, 110.0] and all(type(v) is float for v in ops["ts"] + ops["dur"])
