@@ -1,0 +1,147 @@
+"""The rules about compiled models (graph-break, recompile, compile-fallback, compile-copy, cudagraph-skipped)
+on real TORCH_TRACE logs of torch 2.13 on CPU (tests/fixtures/compile/record_logs.py records them from
+compiled_model.py) and the H200 log."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from conftest import line_of
+from opscope import units
+from opscope.analysis.trace_file import analyze_trace_file
+from opscope.findings import RULES, Context
+from opscope.machine.peaks import Peaks
+from opscope.trace.torch_trace import TorchTraceLog, read_torch_trace
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+COMPILE = FIXTURES / "compile"
+MODEL = COMPILE / "compiled_model.py"
+H200_LOG = FIXTURES / "h200" / "h200_torch-compile_block_bf16.torch_trace.log.gz"
+COMPILE_RULES = ("graph-break", "recompile", "compile-fallback", "compile-copy", "cudagraph-skipped")
+NO_OPS = {"op": [], "time_us_total": [], "calls": [], "compiled_graph": [], "source_location": []}
+
+
+def log_of(case: str) -> TorchTraceLog:
+    return read_torch_trace(COMPILE / f"{case}.torch_trace.log.gz")
+
+
+def context(log: TorchTraceLog | None, ops: dict | None = None, events: dict | None = None, steps: int = 1) -> Context:
+    return Context(ops=ops if ops is not None else NO_OPS, events=events or {}, peaks=Peaks(None), gpu=False,
+                   source="trace", steps=steps, step_time_us=1.0, compile_log=log)
+
+
+def found(ctx: Context, rule: str) -> list[dict]:
+    return [f.to_json() for f in RULES[rule](ctx)]
+
+
+def at(needle: str) -> str:
+    """The location of the fixture model's line holding `needle`, as the logs name the file."""
+    return f"compiled_model.py:{line_of(MODEL, needle)}"
+
+
+def test_no_log_no_compile_findings():
+    for rule in COMPILE_RULES:
+        assert found(context(None), rule) == []
+
+
+def test_a_clean_compile_has_no_compile_findings():
+    # the H200 block: one graph, no break or recompilation; its cuDNN attention is an ATen call inductor
+    # always makes (not a fallback to report), and every generated kernel computes something
+    log = read_torch_trace(H200_LOG)
+    assert any(k.kind == "fallback" and "attention" in k.name for _, k in log.kernels())
+    for rule in COMPILE_RULES:
+        assert found(context(log), rule) == [], rule
+
+
+def test_graph_break_at_the_item_line():
+    (f,) = found(context(log_of("graph_break")), "graph-break")
+    assert f["source_location"] == at("if y.sum().item() > 0:")
+    assert f["op"] == "forward" and f["severity"] == "medium" and f["est_savings_us"] is None
+    assert "(1 of the run's 1 graph break)" in f["message"]
+    assert "Unsupported Tensor.item() call with capture_scalar_outputs=False" in f["message"]
+    assert "Explanation" not in f["message"]  # the reason's first line only
+    assert "capture_scalar_outputs = True" in f["suggestion"]  # torch's own hint
+    assert "torch.cond" in f["suggestion"] and "fullgraph=True" in f["suggestion"]
+
+
+def test_graph_break_line_without_dynamos_break_record():
+    log = log_of("graph_break")
+    # without the graph-break record, the line in the resume function's name (torch_dynamo_resume_in_forward_at_30)
+    (f,) = found(context(dataclasses.replace(log, graph_breaks=[])), "graph-break")
+    assert f["source_location"] == at("if y.sum().item() > 0:")
+    # without the resume function either, where the broken function starts
+    alone = dataclasses.replace(log, graph_breaks=[], metrics=log.metrics[:1])
+    (f,) = found(context(alone), "graph-break")
+    assert f["source_location"] == at("def forward(self, x):")
+
+
+def test_graph_break_reason_is_one_bounded_printable_line():
+    log = log_of("graph_break")
+    hostile = "\x1b[31mUnsupported\x1b]0;title\x07 call " + "x" * 100_000 + "\nHint: \x1b[2J" + "y" * 10_000
+    m = dataclasses.replace(log.metrics[0], restart_reasons=(hostile,))
+    (f,) = found(context(dataclasses.replace(log, metrics=[m, *log.metrics[1:]])), "graph-break")
+    for text in (f["message"], f["suggestion"]):
+        assert "\x1b" not in text and "\x07" not in text and "\n" not in text
+        assert len(text) < 2_000
+
+
+def test_recompilations_name_the_failed_guards_and_the_limit():
+    log = log_of("recompile")
+    scaled, counter = found(context(log), "recompile")
+    assert scaled["source_location"] == at("return torch.relu(self.l(x)) * n + 1")
+    assert "compiled forward 3 times (2 recompilations)" in scaled["message"]
+    assert "`n == 1`" in scaled["message"] and "`tensor 'x' size mismatch at index 0. expected 8, actual 12`" in \
+        scaled["message"]
+    seconds = sum(m.entire_frame_compile_time_s for m in log.metrics if m.compile_id in ("0/1", "0/2"))
+    assert f"took {units.duration(seconds * 1e6)} of compile time (not step time)" in scaled["message"]
+    assert scaled["est_savings_us"] is None  # compile time is not step time
+    assert "torch._dynamo.config.recompile_limit (8)" in scaled["message"]
+    assert "pass a changing number as a tensor" in scaled["suggestion"]  # n, a Python int
+    assert "mark_dynamic" in scaled["suggestion"] and "dynamic=True" in scaled["suggestion"]  # the batch size
+    assert scaled["severity"] == "medium"
+    # a module's int attribute changes every call: recompiled until the limit, then eager
+    assert counter["source_location"] == at("self.calls += 1")
+    assert "`self.calls == 0`; `self.calls == 1`" in counter["message"]
+    assert "hit torch._dynamo.config.recompile_limit (2 here; default 8)" in counter["message"]
+    assert "run eager (uncompiled)" in counter["message"] and counter["severity"] == "high"
+    assert "allow_unspec_int_on_nn_module" in counter["suggestion"]
+
+
+def test_ops_inductor_left_to_aten_but_not_attention():
+    hits = {f["op"]: f for f in found(context(log_of("fallback")), "compile-fallback")}
+    assert sorted(hits) == ["aten::nonzero", "opscope_fixture::triple"]  # not SDPA's flash attention for CPU
+    nonzero, custom = hits["aten::nonzero"], hits["opscope_fixture::triple"]
+    assert nonzero["source_location"] == at("idx = torch.nonzero(x > 0)")
+    assert "output size depends on the data" in nonzero["message"] and "nonzero_static" in nonzero["suggestion"]
+    assert custom["source_location"] == at("return triple(x.sin()) + 1")
+    assert "custom op" in custom["message"] and "torch.library.triton_op" in custom["suggestion"]
+    assert all(f["est_savings_us"] is None and f["severity"] == "low" for f in hits.values())
+
+
+def test_a_copy_kernel_with_its_time_from_the_run(tmp_path):
+    log = log_of("copy")
+    run = analyze_trace_file(COMPILE / "copy.json.gz", out=tmp_path / "run")
+    ctx = context(log, ops=run.ops, events=run.events, steps=run.summary["steps"])
+    (f,) = found(ctx, "compile-copy")  # not cpp_fused_relu_1, which computes
+    assert f["op"] == "graph_0_cpp_fused__to_copy_clone_transpose_0"
+    assert f["source_location"] == at("t = x.transpose(0, 1).contiguous()")
+    assert at("h = x.to(torch.float16)") in f["message"]  # the conversion it fused, from its own line
+    assert "(clone, permute, convert_element_type)" in f["message"]
+    row = run.ops["op"].index("graph_0_cpp_fused__to_copy_clone_transpose_0")
+    assert f["est_savings_us"] == pytest.approx(run.ops["time_us_total"][row])
+    assert "memory layout" in f["suggestion"] and "one dtype" in f["suggestion"]
+    # without a row for the kernel its time is unknown
+    (f,) = found(context(log), "compile-copy")
+    assert f["est_savings_us"] is None and "no row of its own" in f["message"]
+
+
+def test_cudagraph_skip_reason_from_the_compile_metrics():
+    (f,) = found(context(log_of("cudagraph_skip")), "cudagraph-skipped")
+    assert "skipping cudagraphs due to cpp-wrapper does not support graph partition yet" in f["message"]
+    assert f["source_location"] == at("def forward(self, x, n):")  # the reason has no stack: the function
+    assert "cpp_wrapper" in f["suggestion"] and f["severity"] == "medium"
+    assert found(context(log_of("recompile")), "cudagraph-skipped") == []
+
