@@ -1,11 +1,15 @@
 """What the rules about compiled models share: reading the TORCH_TRACE log's text (reasons torch wrote)
-into bounded, printable message parts, and placing them at the user's line. No rule lives here."""
+into bounded, printable message parts, placing them at the user's line, and telling whether a run, or
+one of its events, already runs compiled (the rules that would otherwise suggest torch.compile ask).
+No rule lives here."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
 
+from opscope.findings.base import Context, cached
+from opscope.findings.tree import col
 from opscope.limits import bounded
 from opscope.sources import frame_location
 from opscope.trace.torch_trace import CompileMetrics, Frame
@@ -70,3 +74,35 @@ def frame_names(metrics: Sequence[CompileMetrics]) -> dict[str, CompileMetrics]:
         if m.co_name and m.frame_index not in out:
             out[m.frame_index] = m
     return out
+
+
+def _text(v: object) -> str:
+    return v if isinstance(v, str) else ""
+
+
+def compiled_run(ctx: Context) -> bool:
+    """Whether the run already runs torch.compile'd code: it has a compile log, its meta says it
+    compiled, or ops ran inside a compiled graph (ops.csv `compiled_graph`)."""
+    def build() -> bool:
+        if ctx.compile_log is not None or ctx.meta.get("compile"):
+            return True
+        return any(_text(g) for g in ctx.ops.get("compiled_graph", []))
+    return cached(ctx, "compiled_run", build)
+
+
+def in_compiled_graph(ctx: Context, events: Iterable[int]) -> bool:
+    """Whether all of `events` ran inside a compiled graph (the event table's `compiled_graph`)."""
+    if "compiled_graph" not in ctx.events:
+        return False
+    graph = col(ctx, "compiled_graph")
+    evs = list(events)
+    return bool(evs) and all(_text(graph[i]) for i in evs)
+
+
+# What the rules that suggest torch.compile say instead on a compiled run, for code that ran outside the
+# compiled graphs and for code inside them.
+OUTSIDE_COMPILED = ("The model already runs compiled, but these ops ran outside its compiled graphs (eager): "
+                    "bring the code that issues them into the compiled function, or remove what leaves them out "
+                    "(see the graph-break findings).")
+INSIDE_COMPILED = ("These ops ran inside a compiled graph, unfused: inductor called them as ATen ops (see the "
+                   "compile-fallback findings for ops it has no lowering for).")

@@ -1,6 +1,6 @@
 """The rules about compiled models (graph-break, recompile, compile-fallback, compile-copy, cudagraph-skipped)
 on real TORCH_TRACE logs of torch 2.13 on CPU (tests/fixtures/compile/record_logs.py records them from
-compiled_model.py) and the H200 log."""
+compiled_model.py) and the H200 log; and the rules that would suggest torch.compile, on compiled runs."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import line_of
+from conftest import line_of, share_gates_off
 from opscope import units
 from opscope.analysis.trace_file import analyze_trace_file
 from opscope.findings import RULES, Context
+from opscope.findings.fusion import PATTERNS, pattern_for
 from opscope.machine.peaks import Peaks
 from opscope.trace.torch_trace import TorchTraceLog, read_torch_trace
 
@@ -145,3 +146,57 @@ def test_cudagraph_skip_reason_from_the_compile_metrics():
     assert "cpp_wrapper" in f["suggestion"] and f["severity"] == "medium"
     assert found(context(log_of("recompile")), "cudagraph-skipped") == []
 
+
+# --- no torch.compile suggestion for code that already runs compiled -------------------------------------
+
+
+def test_launch_bound_on_a_compiled_model_does_not_suggest_compiling_it(tmp_path):
+    run = analyze_trace_file(FIXTURES / "h200" / "h200_torch-compile_block_bf16.json.gz", out=tmp_path / "run")
+    (f,) = [f for f in run.findings if f["rule"] == "launch-bound"]
+    assert "torch.compile" not in f["suggestion"]
+    assert "mode='reduce-overhead'" in f["suggestion"] and "graph-break" in f["suggestion"]
+
+
+def test_fusion_outside_the_compiled_graphs_says_so(tmp_path):
+    # the gradient accumulation after the compiled backward (add_ x2): eager ops in a compiled run
+    with share_gates_off():
+        run = analyze_trace_file(COMPILE / "cpu_compiled_train_kernel_events.json.gz", out=tmp_path / "run",
+                                 peak_bw=20.0, peak_flops=["100"])
+    fusion = [f for f in run.findings if f["rule"] == "fusion"]
+    assert fusion
+    for f in fusion:
+        assert "torch.compile" not in f["suggestion"]
+        assert "outside its compiled graphs" in f["suggestion"]
+
+
+def test_fused_op_suggestions_for_compiled_code_do_not_name_torch_compile():
+    for label, need, _, _ in PATTERNS:
+        assert "torch.compile" not in pattern_for(set(need), compiled=True)[1], label
+    assert any("torch.compile" in pattern_for(set(need))[1] for _, need, _, _ in PATTERNS)
+    assert pattern_for({"add", "mul"}, compiled=True) == ("", "")
+
+
+@pytest.mark.parametrize("trace", [COMPILE / "cpu_compiled_inference.json.gz",
+                                   FIXTURES / "traces" / "mi300x_torch-compile_triton.json.gz"])
+def test_overhead_on_a_compiled_model_does_not_suggest_compiling_it(trace, tmp_path, monkeypatch):
+    import opscope.findings.overhead as overhead
+
+    monkeypatch.setattr(overhead, "MIN_SHARE", 0.0)  # these small traces' overhead-bound ops are under the gates
+    monkeypatch.setattr(overhead, "MIN_US_PER_STEP", 0.0)
+    run = analyze_trace_file(trace, out=tmp_path / "run")
+    (f,) = [f for f in run.findings if f["rule"] == "overhead"]
+    assert "torch.compile" not in f["suggestion"] and "already runs compiled" in f["suggestion"]
+
+
+def test_low_bandwidth_on_a_compiled_model_does_not_suggest_compiling_it(tmp_path):
+    import opscope.findings.low_bandwidth as low_bandwidth
+
+    run = analyze_trace_file(COMPILE / "cpu_compiled_inference.json.gz", out=tmp_path / "run")
+    ctx = context(None, ops=run.ops, events=run.events)
+    inside = next(r for r in range(len(run.ops["op"])) if run.ops["compiled_graph"][r])
+    row = {k: v[inside] for k, v in run.ops.items()}
+    for cause in (None, "strided", "broadcast", "small-inner"):
+        text = low_bandwidth._suggestion(ctx, cause, row)
+        assert "torch.compile" not in text and text != low_bandwidth.SUGGESTIONS[cause]
+    assert "inside a compiled graph" in low_bandwidth._suggestion(ctx, None, row)
+    assert "outside its graphs" in low_bandwidth._suggestion(ctx, None, {**row, "compiled_graph": ""})
