@@ -12,7 +12,7 @@ import pytest
 from conftest import line_of, share_gates_off
 from opscope import units
 from opscope.analysis.trace_file import analyze_trace_file
-from opscope.findings import RULES, Context
+from opscope.findings import RULES, Context, run_rules
 from opscope.findings.fusion import PATTERNS, pattern_for
 from opscope.machine.peaks import Peaks
 from opscope.trace.torch_trace import TorchTraceLog, read_torch_trace
@@ -145,6 +145,17 @@ def test_cudagraph_skip_reason_from_the_compile_metrics():
     assert f["source_location"] == at("def forward(self, x, n):")  # the reason has no stack: the function
     assert "cpp_wrapper" in f["suggestion"] and f["severity"] == "medium"
     assert found(context(log_of("recompile")), "cudagraph-skipped") == []
+
+
+def test_what_the_log_says_carries_no_noise_note_and_a_copys_time_does():
+    noisy = {"verdict": "noisy", "reason": "other processes used 0.93 of 2 cores"}
+    for case, rule in (("graph_break", "graph-break"), ("recompile", "recompile"), ("fallback", "compile-fallback"),
+                       ("cudagraph_skip", "cudagraph-skipped"), ("copy", "compile-copy")):
+        ctx = dataclasses.replace(context(log_of(case)), noise=noisy)
+        findings = run_rules(ctx, [rule])
+        assert findings, rule
+        # a time from a noisy run may read high: the copy kernel's saving says so; the log's facts do not
+        assert all(("Measured on a noisy run" in f["message"]) is (rule == "compile-copy") for f in findings), rule
 
 
 # --- no torch.compile suggestion for code that already runs compiled -------------------------------------
