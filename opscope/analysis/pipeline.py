@@ -17,6 +17,9 @@ from opscope.analysis.modules import finding_modules, module_table
 from opscope.analysis.ops_table import BOUNDS, JSON_TEXT_COLUMNS, build_ops_table, event_costs
 from opscope.findings import Context, run_rules
 from opscope.findings.base import DtypeProbe, LayoutProbe
+from opscope.findings.compiled import first_line
+from opscope.findings.graph_break import broken_frames
+from opscope.findings.recompile import failed_guard
 from opscope.machine.noise import step_spread, unknown
 from opscope.machine.peaks import Peaks
 from opscope.run.compare import COMPILE_WRAPPER, module_key
@@ -86,7 +89,7 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
     if step_us is None:
         step_us = list(trace.steps["dur"]) if nrows(trace.steps) else [step_time_us]
     summary = summarize(ops, steps=steps, step_time_us=step_time_us, n_findings=len(findings), busy=busy,
-                        step_us=step_us, noise=noise, gpu_keys=timeline)
+                        step_us=step_us, noise=noise, gpu_keys=timeline, compile_log=ctx.compile_log)
     if memory is not None:
         summary["memory"] = memory.summary
     summary["step_source"] = "annotations" if nrows(trace.steps) else "whole trace"
@@ -149,9 +152,10 @@ def union_length(start: Sequence[float], end: Sequence[float]) -> float:
 
 def summarize(ops: Table, *, steps: int, step_time_us: float, n_findings: int,
               busy: float | None, step_us: list[float] | None = None, noise: dict[str, Any] | None = None,
-              gpu_keys: dict[str, Any] | None = None) -> dict[str, Any]:
+              gpu_keys: dict[str, Any] | None = None, compile_log: TorchTraceLog | None = None) -> dict[str, Any]:
     """summary.json from the ops table. `step_us`: each step's wall time (default: one step of `step_time_us`); `noise`:
-    opscope.machine.noise.assess() of the timed pass (default: unknown, as for a file recorded elsewhere)."""
+    opscope.machine.noise.assess() of the timed pass (default: unknown, as for a file recorded elsewhere);
+    `compile_log`: a compiled model's TORCH_TRACE log, whose compile times become "compile"."""
     times = [float(t) for t in ops["time_us_total"]]
     # pandas' sums, so that the shares stay the same to the last bit
     total = pairwise_sum(times)
@@ -176,7 +180,36 @@ def summarize(ops: Table, *, steps: int, step_time_us: float, n_findings: int,
         summary["device_busy_share"] = busy
     summary["swap_candidates"] = swap_candidates(ops)
     summary.update(gpu_keys or {})  # opscope.analysis.gpu_timeline: kernel families, graph replay, streams, gaps
+    if compile_log is not None:
+        summary["compile"] = compile_summary(compile_log)
     return summary
+
+
+def compile_summary(log: TorchTraceLog) -> list[dict[str, Any]]:
+    """summary.json "compile": one entry per frame compilation dynamo recorded, in log order: the frame, the
+    compile time (the frame's, plus its backward graph's when that compiled later), inductor's share of it,
+    the graph breaks in it, the guard that failed when it is a recompilation, and why it failed, if it
+    did. Compile time, apart from the steps' time."""
+    backward: dict[str, tuple[float, float]] = {}
+    for b in log.backward_metrics:
+        seconds, inductor_s = backward.get(b.compile_id, (0.0, 0.0))
+        backward[b.compile_id] = (seconds + (b.duration_s or 0.0), inductor_s + (b.inductor_compile_time_s or 0.0))
+    breaks = Counter(broken_frames(log))
+    out = []
+    for m in log.metrics:
+        frame = m.entire_frame_compile_time_s if m.entire_frame_compile_time_s is not None else m.duration_s
+        bwd, bwd_inductor = backward.get(m.compile_id, (0.0, 0.0))
+        inductor = m.inductor_compile_time_s
+        out.append({
+            "compile_id": m.compile_id, "co_name": m.co_name or None, "co_filename": m.co_filename or None,
+            "line": m.co_firstlineno or None,
+            "compile_time_s": frame + bwd if frame is not None else None,
+            "inductor_time_s": inductor + bwd_inductor if inductor is not None else None,
+            "graph_breaks": breaks.get(m.compile_id, 0),
+            "recompile": failed_guard(m.recompile_reason) if m.attempt > 0 and m.recompile_reason else None,
+            "failed": first_line(f"{m.fail_type}: {m.fail_reason}" if m.fail_reason else m.fail_type) or None,
+        })
+    return out
 
 
 def _present(x: Any) -> bool:

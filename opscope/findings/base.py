@@ -108,9 +108,10 @@ def rule(name: str) -> Callable[[Rule], Rule]:
 
 
 # Rules whose saving does not rest on an achieved rate or a timed probe (an allocation count, a spread
-# between ranks, a wait the trace records): every other rule's message carries the noise note on a noisy
-# run, as a slow or starved process makes achieved rates read low and savings high.
-NOT_RATE_BASED = frozenset({"memory-growth", "straggler", "host-sync"})
+# between ranks, a wait the trace records, what the compile log says): every other rule's message carries
+# the noise note on a noisy run, as a slow or starved process makes achieved rates read low and savings high.
+NOT_RATE_BASED = frozenset({"memory-growth", "straggler", "host-sync", "graph-break", "recompile",
+                            "compile-fallback", "cudagraph-skipped"})
 
 
 def run_rules(ctx: Context, only: Iterable[str] | None = None) -> list[dict[str, Any]]:

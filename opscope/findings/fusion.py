@@ -15,6 +15,9 @@ Saving, per occurrence: the intermediate tensors a fused kernel keeps in registe
 op's output feeds the next, as in a chain), capped at the run's bytes minus its largest op's bytes,
 at the run's achieved bandwidth (its bytes / its time). Launch/dispatch overhead saved by fusing is
 not counted. Runs under MIN_SHARE of the run's op time are dropped.
+
+On a model that already runs compiled, no suggestion names torch.compile: it says whether the ops ran
+outside the compiled graphs (bring them in) or inside one, unfused (ops inductor left to ATen).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import TypedDict
 from opscope import units
 from opscope.findings.base import Context, Finding, cached, rule
 from opscope.findings.common import base_name, per_step, severity, share, short
+from opscope.findings.compiled import INSIDE_COMPILED, OUTSIDE_COMPILED, compiled_run, in_compiled_graph
 from opscope.findings.layout import Tensor, tensors
 from opscope.findings.strided_reduction import reduced_dims
 from opscope.findings.tree import col, event_bound, inside_worker_flags, is_worker, names, user_mask
@@ -77,19 +81,30 @@ PATTERNS: list[tuple[str, frozenset[str], Callable[[Sequence[str]], bool] | None
 ]
 
 
+# What the patterns that name torch.compile say instead on a model that already runs compiled (the rule then
+# adds compiled.INSIDE_COMPILED or OUTSIDE_COMPILED: why these ops were not fused, and what to do).
+COMPILED_PATTERN_SUGGESTIONS = {
+    "hand-written RMSNorm": "Use torch.nn.functional.rms_norm / nn.RMSNorm (torch >= 2.4).",
+    "SiLU gate (SwiGLU)": "silu(gate) * up in one pass: one fused kernel for the gate.",
+    "bias + GELU": "Let the matmul add the bias (nn.Linear / F.linear with bias, fused into addmm).",
+    "residual add + norm": "The residual add and the layer norm in one pass (a fused add + norm kernel).",
+}
+
+
 # Patterns one of opscope's bundled fused kernels (reference_kernels/) implements: the suggestion names it.
 FUSED_KERNELS = {"hand-written RMSNorm": "rms_norm", "SiLU gate (SwiGLU)": "swiglu", "bias + GELU": "bias_gelu"}
 
 
-def pattern_for(op_names: set[str], chain: Sequence[str] = ()) -> tuple[str, str]:
+def pattern_for(op_names: set[str], chain: Sequence[str] = (), compiled: bool = False) -> tuple[str, str]:
     """(labels of every pattern the run contains, their suggestions), or ("", DEFAULT_SUGGESTION): `op_names`
     the base names of the run's ops, views and composites, `chain` the base names of its working ops in
     execution order. A pattern with a bundled fused kernel also names it and the command that tries it in
-    the model."""
-    hits = [(label, suggestion) for label, need, check, suggestion in PATTERNS
-            if need <= op_names and (check is None or check(chain))]
+    the model. `compiled`: the model already runs compiled, so no suggestion names torch.compile (and
+    without a pattern the suggestion is '')."""
+    hits = [(label, COMPILED_PATTERN_SUGGESTIONS.get(label, suggestion) if compiled else suggestion)
+            for label, need, check, suggestion in PATTERNS if need <= op_names and (check is None or check(chain))]
     if not hits:
-        return "", DEFAULT_SUGGESTION
+        return "", "" if compiled else DEFAULT_SUGGESTION
     kernels = [FUSED_KERNELS[label] for label, _ in hits if label in FUSED_KERNELS]
     bundled = (f"The bundled fused kernel{'s' if len(kernels) > 1 else ''} {', '.join(kernels)} "
                f"{'do' if len(kernels) > 1 else 'does'} it in one pass: `opscope swap MODEL --kernel "
@@ -285,7 +300,11 @@ def chain_text(key: _Chain) -> str:
 @rule("fusion")
 def fusion(ctx: Context) -> Iterator[Finding]:
     for key, g in fusion_groups(ctx).items():
-        label, suggestion = pattern_for(g["names"], [base_name(n) for n, _ in key])
+        compiled = compiled_run(ctx)
+        label, suggestion = pattern_for(g["names"], [base_name(n) for n, _ in key], compiled=compiled)
+        if compiled:  # torch.compile already ran: say why these ops were not fused
+            note = INSIDE_COMPILED if in_compiled_graph(ctx, g["events"]) else OUTSIDE_COMPILED
+            suggestion = f"{suggestion} {note}".strip()
         chain = chain_text(key)
         size = f" over {list(g['ref'])}-sized tensors"
         what = f"{label}: " if label else ""

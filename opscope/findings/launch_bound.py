@@ -6,7 +6,8 @@ source line with the most CPU time. Saving: an upper bound, the GPU's idle time 
 steps x step_time x (1 - device_busy_share): what capturing the step in a CUDA graph (one launch for all
 its kernels) would give back at most. A CUDA graph does not shorten the kernels themselves: their time is
 the busy share, and what fusion or bigger batches would save of it is the overhead finding's, so the
-two savings never count the same microseconds.
+two savings never count the same microseconds. A model that already runs compiled is not told to compile:
+it is pointed at reduce-overhead's CUDA graphs and at its graph breaks.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
 from opscope.findings.common import severity, short
+from opscope.findings.compiled import compiled_run
 from opscope.sources import HARNESS
 from opscope.table import group_sums, largest_first
 
@@ -26,6 +28,14 @@ SUGGESTION = ("Take the CPU off the critical path: capture the step in a CUDA gr
               "'reduce-overhead') or torch.cuda.CUDAGraph), which launches all of its kernels at once; launch fewer "
               "kernels (torch.compile fuses small ops); remove host syncs (see host-sync findings); and use bigger "
               "batches so each launch does more work.")
+
+
+# A model that already runs compiled: reduce-overhead's CUDA graphs and fewer graph breaks, not "compile it".
+COMPILED_SUGGESTION = ("Take the CPU off the critical path of this compiled model: capture the step in CUDA graphs with "
+                       "mode='reduce-overhead' (a cudagraph-skipped finding says why inductor did not, where it skipped "
+                       "them); remove graph breaks (see graph-break findings), so that fewer, larger graphs are "
+                       "launched; remove host syncs (see host-sync findings); and use bigger batches so each launch "
+                       "does more work.")
 
 
 GRAPH_SUGGESTION = ("The graph replay itself keeps the GPU busy; the idle time is between replays: remove host syncs "
@@ -56,7 +66,7 @@ def launch_bound(ctx: Context) -> Iterator[Finding]:
                f"of launching the step's kernels at once from a CUDA graph. The graph does not shorten the kernels "
                f"themselves ({units.duration(kernel_time)} of kernel time per step; see the overhead finding for what "
                f"fusion saves there).")
-    suggestion = SUGGESTION
+    suggestion = COMPILED_SUGGESTION if compiled_run(ctx) else SUGGESTION
     timeline = ctx.gpu_timeline or {}
     if timeline.get("graph_replay"):
         # Already graph mode: a CUDA graph is not the fix; what keeps the GPU idle is outside the replay.

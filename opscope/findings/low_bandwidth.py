@@ -14,6 +14,7 @@ a strided/transposed input, an input broadcast along its innermost dim (stride 0
 ops, whose incoming gradients are often expanded by a sum/mean loss), or a small innermost dim (see
 common.layout_cause; matmul/conv/attention take transposed operands natively and get no cause).
 Saving = time - calls x bytes / (0.7 x peak bandwidth). Rows under MIN_SHARE of the op time are dropped.
+On a model that already runs compiled, no suggestion names torch.compile (COMPILED_SUGGESTIONS).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from opscope import units
 from opscope.findings.base import Context, Finding, rule
 from opscope.findings.channels_last import LAYOUT_OPS, LAYOUT_SUGGESTION, layout_claimed_events
 from opscope.findings.common import ideal_memory_us, per_step, severity, share
+from opscope.findings.compiled import compiled_run
 from opscope.findings.copies import claimed_events
 from opscope.findings.fusion import fused_events
 from opscope.findings.layout import CAUSE_TEXT, is_nchw, layout_cause, tensor, tensors
@@ -52,6 +54,23 @@ SUGGESTIONS = {
           "the op, an unvectorized path, too little work per call to fill the device). torch.compile can "
           "generate a better kernel and fuse it with its neighbours.",
 }
+# The same on a model that already runs compiled: nothing about torch.compile; without a layout cause, what
+# applies to a compiled graph's kernel, or to an op that ran outside the graphs.
+COMPILED_SUGGESTIONS = {
+    "strided": "Make the tensor contiguous where it is produced (or transpose the weights instead of the "
+               "activations) so this op reads memory in order.",
+    "broadcast": "Arrange the broadcast along an outer dim (e.g. a per-row scale as [N, 1] times [N, D], not an "
+                 "expanded innermost dim).",
+    "small-inner": "Put the largest dimension innermost (permute once upstream) so each memory transaction carries "
+                   "more data.",
+    "inside": "No layout problem is visible in the strides, and this runs inside a compiled graph: mode='max-autotune' "
+              "lets inductor tune its kernels (block sizes, matmul choices), and more work per call (bigger batches) "
+              "fills the device better.",
+    "outside": "No layout problem is visible in the strides: the kernel itself falls short (type promotion inside the "
+               "op, an unvectorized path, too little work per call to fill the device). The model already runs "
+               "compiled, but this op ran outside its graphs: bring it into the compiled function, where inductor "
+               "generates and fuses it.",
+}
 # On CPUs a large output is often fresh memory from the OS each call: the page faults cost bandwidth.
 CPU_NO_CAUSE = (" On CPUs, large outputs freshly allocated on every call pay page faults: an in-place variant "
                 "(e.g. relu_) or a caching malloc (jemalloc/tcmalloc via LD_PRELOAD) avoids them.")
@@ -69,6 +88,15 @@ def _nchw_layout_op(ctx: Context, i: int) -> bool:
     name = names(ctx)[i]
     return (ctx.layout_probe is None and LAYOUT_OPS.get(name, "conv2d") != "conv2d"
             and is_nchw(tensor(ctx, i, 0)))
+
+
+def _suggestion(ctx: Context, cause: str | None, row: dict[str, object]) -> str:
+    if not compiled_run(ctx):
+        return SUGGESTIONS[cause]
+    if cause is not None:
+        return COMPILED_SUGGESTIONS[cause]
+    graph = row.get("compiled_graph")
+    return COMPILED_SUGGESTIONS["inside" if isinstance(graph, str) and graph else "outside"]
 
 
 @rule("low-bandwidth")
@@ -97,7 +125,7 @@ def low_bandwidth(ctx: Context) -> Iterator[Finding]:
         if cause is None and all(i in fused for i in evs):
             continue  # the fusion finding covers these ops and their time
         why = f"likely cause: {CAUSE_TEXT[cause]}" if cause else "no layout cause visible in the strides"
-        suggestion = MATMUL_SUGGESTION if row["family"] in STRIDE_AGNOSTIC_FAMILIES else SUGGESTIONS[cause]
+        suggestion = MATMUL_SUGGESTION if row["family"] in STRIDE_AGNOSTIC_FAMILIES else _suggestion(ctx, cause, row)
         if cause is None and _nchw_layout_op(ctx, evs[0]):
             why = ("possible cause: its input is NCHW, and this op's channels_last kernel is often several "
                    "times faster (`opscope profile` measures both layouts)")

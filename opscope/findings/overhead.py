@@ -19,7 +19,8 @@ Saving: an upper bound, the overhead-bound ops' time minus their roofline time a
 what fusion / bigger batches would save of per-op dispatch; on a GPU, what fusing the kernels into fewer
 ones or giving each more work (bigger batches) would save of the kernels' own time. CUDA graphs do not
 shorten kernels; they remove the idle gaps between them, which launch-bound estimates from the GPU's
-idle time, so the two savings never count the same microseconds.
+idle time, so the two savings never count the same microseconds. A model that already runs compiled is
+pointed at what splits or escapes its graphs instead of at torch.compile.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections.abc import Iterator
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
 from opscope.findings.common import ideal_row_us, per_step, severity, share, short
+from opscope.findings.compiled import compiled_run
 from opscope.findings.optimizer_loop import loop_events
 from opscope.findings.tree import events_by_ops_row, ops_rows, user_mask
 from opscope.machine.noise import noise_caveat
@@ -47,6 +49,17 @@ GPU_SUGGESTION = ("Fewer, bigger kernels: torch.compile fuses chains of small el
                   "launch-bound), not the kernels' own latency.")
 CPU_SUGGESTION = ("Cut per-op cost: torch.compile fuses small ops and removes view/dispatch overhead; give each op "
                   "more work (bigger batches, vectorize Python-level loops over small tensors).")
+
+# A model that already runs compiled: what splits or escapes its graphs, not "compile it".
+COMPILED_GPU_SUGGESTION = ("Fewer, bigger kernels: the model already runs compiled, so look at what splits its graphs "
+                           "(graph-break findings) and at the ops inductor leaves to ATen (compile-fallback findings); "
+                           "more work per kernel (bigger batches, batched ops instead of Python loops over small tensors) "
+                           "spreads each kernel's fixed latency over more data. CUDA graphs (mode='reduce-overhead') "
+                           "remove the CPU launch gaps between kernels (see launch-bound), not the kernels' own latency.")
+COMPILED_CPU_SUGGESTION = ("Cut per-op cost: the model already runs compiled, so bring the ops that still run one by one "
+                           "into its graphs (graph-break findings: what splits them; compile-fallback findings: ops "
+                           "inductor leaves to ATen); give each op more work (bigger batches, vectorize Python-level "
+                           "loops over small tensors).")
 
 NO_LINE = "(no source line)"
 
@@ -101,7 +114,13 @@ def overhead(ctx: Context) -> Iterator[Finding]:
     message += noise_caveat(ctx.noise)
     yield Finding(rule="overhead", severity=severity(saving, ctx), op=top_ops[0][0] if top_ops else "",
                   source_location=next((loc for loc, _ in lines if loc != NO_LINE), ""), message=message,
-                  suggestion=GPU_SUGGESTION if ctx.gpu else CPU_SUGGESTION, est_savings_us=saving)
+                  suggestion=_suggestion(ctx), est_savings_us=saving)
+
+
+def _suggestion(ctx: Context) -> str:
+    if compiled_run(ctx):
+        return COMPILED_GPU_SUGGESTION if ctx.gpu else COMPILED_CPU_SUGGESTION
+    return GPU_SUGGESTION if ctx.gpu else CPU_SUGGESTION
 
 
 def _kernels(ctx: Context, rows: list[int]) -> int:

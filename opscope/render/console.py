@@ -79,6 +79,9 @@ def summary_panel(run: Run) -> Panel:
     memory = memory_line(run)
     if memory:
         lines.append(f"\nmemory  {memory}")
+    compiled = compile_line(s)
+    if compiled:
+        lines.append(f"\ncompile {compiled}")
     return Panel(lines, title="opscope", title_align="left", box=box.ROUNDED)
 
 
@@ -129,6 +132,28 @@ def memory_line(run: Run) -> str:
     if growth:
         line += f"; {'+' if growth > 0 else ''}{units.nbytes(growth)} per step"
     return line
+
+
+def compile_line(summary: dict[str, Any]) -> str:
+    """'3 graphs, 22.4 s (not in step time); 1 graph break, 2 recompilations' from summary.json's compile
+    (a compiled model's TORCH_TRACE log); '' without one."""
+    entries = [e for e in summary.get("compile") or [] if isinstance(e, dict)]
+    if not entries:
+        return ""
+    compiled = [e for e in entries if not e.get("failed")]
+    seconds = sum(t for t in (units.number(e.get("compile_time_s")) for e in entries) if t is not None)
+    line = f"{len(compiled)} graph{'s' if len(compiled) != 1 else ''}, {seconds:.3g} s (not in step time)"
+    parts = []
+    breaks = sum(int(b) for b in (units.number(e.get("graph_breaks")) for e in entries) if b)
+    if breaks:
+        parts.append(f"{breaks} graph break{'s' if breaks != 1 else ''}")
+    again = sum(1 for e in compiled if e.get("recompile"))
+    if again:
+        parts.append(f"{again} recompilation{'s' if again != 1 else ''}")
+    failed = len(entries) - len(compiled)
+    if failed:
+        parts.append(f"{failed} failed")
+    return line + ("; " + ", ".join(parts) if parts else "")
 
 
 def gpu_lines(s: dict[str, Any]) -> Text:

@@ -25,6 +25,7 @@ Positive = Annotated[float, Meta(gt=0.0, le=_MAX)]
 # Times in µs: not negative, up to about 31 years (a step of 0, one instantaneous event, compares as unknown).
 Duration = Annotated[float, Meta(ge=0.0, le=1e15)]
 Steps = Annotated[int, Meta(ge=0, le=1_000_000_000)]
+Seconds = Annotated[float, Meta(ge=0.0, le=1e9)]  # compile times: not negative, up to about 31 years
 
 
 def _doc(text: str) -> Meta:
@@ -368,6 +369,21 @@ class BacklogKernels(Struct, kw_only=True):
     kernel_time_share: Annotated[Share | None, _doc("kernel_time_us over all kernel time")] = None
 
 
+class CompileEntry(Struct, kw_only=True):
+    """One frame compilation of a compiled model (its TORCH_TRACE log): compile time, not step time."""
+
+    compile_id: Annotated[str | None, _doc("dynamo's frame/attempt: 0/0; 0/1 is frame 0's first recompilation")] = None
+    co_name: Annotated[str | None, _doc("the compiled function")] = None
+    co_filename: str | None = None
+    line: Annotated[Count | None, _doc("where the function starts")] = None
+    compile_time_s: Annotated[Seconds | None, _doc(
+        "the frame's compile time, its backward graph's (compiled at the first backward) included")] = None
+    inductor_time_s: Annotated[Seconds | None, _doc("inductor's part of it")] = None
+    graph_breaks: Annotated[Count | None, _doc("graph breaks in the frame")] = None
+    recompile: Annotated[str | None, _doc("the guard that failed (a recompilation); null for a first compilation")] = None
+    failed: Annotated[str | None, _doc("why the compilation failed (e.g. the recompile limit); null when it did not")] = None
+
+
 class Summary(Struct, kw_only=True):
     """summary.json: the run in numbers."""
 
@@ -403,6 +419,8 @@ class Summary(Struct, kw_only=True):
     distributed: Distributed | None = None
     nsys: Nsys | None = None
     ncu: Ncu | None = None
+    compile: Annotated[list[CompileEntry] | None, _doc(
+        "compiled models with a TORCH_TRACE log: the frame compilations, apart from step time")] = None
 
 
 # --- findings.json ------------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 model's runtime rows need: per compiled graph, inductor's post-grad graph (every node with its dtype,
 shape and inputs), which nodes each generated kernel fused and the user's stack traces behind them
 (inductor's provenance tracking), the kernels' signatures (which buffers a Triton kernel writes in
-place), and per compiled frame dynamo's metrics (compile times, graph breaks, recompilations, failures).
+place), and per compiled frame dynamo's metrics (compile times, graph breaks, recompilations, failures,
+the recompile limit, inductor's reason for skipping CUDA graphs), its graph-break records (where and why)
+and the compile metrics of backward graphs compiled at the first backward().
 
 The log is a glog-style line per record (`V1204 15:21:26.728000 972 torch/_dynamo/utils.py:2126] {json}`),
 followed, when the record has a payload, by payload lines that start with a tab. Only the records named
@@ -162,7 +164,11 @@ class CompileMetrics:
     fail_type: str
     fail_reason: str
     fail_user_frame: Frame | None
-    num_graph_breaks: int | None
+    num_graph_breaks: int | None  # torch's process-wide count of graph breaks so far, not this frame's
+    # inductor's reason for not using CUDA graphs (mode="reduce-overhead") when it decided while compiling
+    cudagraph_skip_reason: str = ""
+    recompile_limit: int | None = None  # torch._dynamo.config.recompile_limit when this frame compiled
+    duration_s: float | None = None  # the whole record's compile time (a backward graph has no frame time)
 
     @property
     def frame_index(self) -> str:
@@ -176,14 +182,30 @@ class CompileMetrics:
             return 0
 
 
+@dataclass(frozen=True)
+class GraphBreak:
+    """dynamo's `dynamo_graph_break_reason` record: where the frame `compile_id` broke (`Graph break in
+    user code at path:line`), why (the reason's text, bounded), and the user code traceback (outermost
+    frame first, torch's frames included)."""
+
+    compile_id: str
+    frame: Frame | None
+    reason: str
+    stack: tuple[Frame, ...]
+
+
 @dataclass
 class TorchTraceLog:
     path: str
     graphs: list[CompiledGraph] = field(default_factory=list)
     metrics: list[CompileMetrics] = field(default_factory=list)
+    # `bwd_compilation_metrics`: a training graph's backward, compiled when it first runs (compile id of
+    # the frame whose forward it differentiates)
+    backward_metrics: list[CompileMetrics] = field(default_factory=list)
+    graph_breaks: list[GraphBreak] = field(default_factory=list)
     # frame compile id -> dynamo's parameter names of the graph inputs, in order
     dynamo_inputs: dict[str, list[str]] = field(default_factory=dict)
-    # cudagraph skips and other one-line notes the log records ('skipping cudagraphs due to ...')
+    # cudagraph skips the compile metrics record ('skipping cudagraphs due to ...'), in log order
     cudagraph_skips: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -282,6 +304,7 @@ def _records(f: IO[str], p: Path) -> Iterator[tuple[dict[str, Any], str]]:
 _KEPT_ARTIFACTS = frozenset({
     "inductor_post_grad_graph", "inductor_provenance_tracking_node_mappings",
     "inductor_provenance_tracking_kernel_stack_traces", "fx_graph_cache_miss", "fx_graph_cache_hit",
+    "dynamo_graph_break_reason",
 })
 
 
@@ -299,9 +322,13 @@ def _compile_id(header: dict[str, Any]) -> str:
 
 def _keep(log: TorchTraceLog, header: dict[str, Any], payload: str) -> None:
     cid = _compile_id(header)
-    if "compilation_metrics" in header and isinstance(header["compilation_metrics"], dict):
-        log.metrics.append(_metrics(header["compilation_metrics"]))
-        return
+    for key, kept in (("compilation_metrics", log.metrics), ("bwd_compilation_metrics", log.backward_metrics)):
+        if isinstance(header.get(key), dict):
+            m = _metrics(header[key])
+            kept.append(m)
+            if m.cudagraph_skip_reason:
+                log.cudagraph_skips.append(m.cudagraph_skip_reason)
+            return
     if "dynamo_output_graph" in header:
         log.dynamo_inputs[cid] = [name for name, _ in _PLACEHOLDER_RE.findall(_forward_signature(payload))]
         return
@@ -316,6 +343,9 @@ def _keep(log: TorchTraceLog, header: dict[str, Any], payload: str) -> None:
     name = art.get("name")
     if name == "inductor_post_grad_graph":
         log.graphs.append(_read_graph(cid, payload))
+        return
+    if name == "dynamo_graph_break_reason":
+        log.graph_breaks.append(_graph_break(cid, payload))
         return
     graph = _current(log, cid)
     if graph is None:
@@ -518,6 +548,47 @@ def _graph_params(graph: CompiledGraph, dynamo_inputs: list[str]) -> dict[str, t
     return out
 
 
+_BREAK_AT_RE = re.compile(r"^Graph break in user code at (?P<path>.+):(?P<line>\d+)\s*$")
+
+
+def _graph_break(cid: str, text: str) -> GraphBreak:
+    """`Graph break in user code at PATH:LINE`, `Graph Break Reason: ...` up to `User code traceback:`,
+    then the traceback's `File "...", line N, in f` lines."""
+    frame = None
+    reason: list[str] = []
+    stack: list[Frame] = []
+    part = "head"
+    for line in text.splitlines():
+        m = _BREAK_AT_RE.match(line.strip())
+        if part == "head" and m is not None:
+            frame = Frame(m.group("path"), int(m.group("line")), "")
+            continue
+        if line.startswith("Graph Break Reason:"):
+            part = "reason"
+            line = line[len("Graph Break Reason:"):]
+        elif line.startswith("User code traceback:"):
+            part = "stack"
+            continue
+        if part == "reason":
+            reason.append(line)
+        elif part == "stack":
+            f = _FRAME_RE.match(line)
+            if f is not None:
+                stack.append(Frame(f.group("path"), int(f.group("line")), f.group("func")))
+    return GraphBreak(compile_id=cid, frame=frame, reason=bounded("\n".join(reason).strip()), stack=tuple(stack))
+
+
+def _config_int(text: Any, key: str) -> int | None:
+    """An int setting of a config dump (compilation metrics' dynamo_config: a JSON object as a string)."""
+    if not isinstance(text, str):
+        return None
+    try:
+        value = json.loads(text).get(key)
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _metrics(d: dict[str, Any]) -> CompileMetrics:
     def num(key: str) -> float | None:
         v = d.get(key)
@@ -536,6 +607,7 @@ def _metrics(d: dict[str, Any]) -> CompileMetrics:
     ops = num("graph_op_count")
     breaks = num("num_graph_breaks")
     first = d.get("co_firstlineno")
+    duration = num("duration_us")
     return CompileMetrics(
         compile_id=text("compile_id") or "?", co_name=text("co_name"), co_filename=text("co_filename"),
         co_firstlineno=first if isinstance(first, int) else 0,
@@ -544,4 +616,7 @@ def _metrics(d: dict[str, Any]) -> CompileMetrics:
         inductor_compile_time_s=num("inductor_compile_time_s"),
         graph_op_count=int(ops) if ops is not None else None, restart_reasons=restarts,
         recompile_reason=text("recompile_reason"), fail_type=text("fail_type"), fail_reason=text("fail_reason"),
-        fail_user_frame=fail_frame, num_graph_breaks=int(breaks) if breaks is not None else None)
+        fail_user_frame=fail_frame, num_graph_breaks=int(breaks) if breaks is not None else None,
+        cudagraph_skip_reason=text("cudagraph_skip_reason"),
+        recompile_limit=_config_int(d.get("dynamo_config"), "recompile_limit"),
+        duration_s=duration / 1e6 if duration is not None else None)

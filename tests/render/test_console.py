@@ -5,17 +5,20 @@ prints the numbers the run directory holds."""
 from __future__ import annotations
 
 import io
+import json
 import re
 
 import pytest
 from rich.console import Console
 
 from conftest import TRACES
+from opscope.analysis.pipeline import compile_summary
 from opscope.analysis.trace_file import analyze_trace_file
 from opscope.render.console import _COLUMNS, ceiling_warnings, measured_notes, render_run
 from opscope.render.report_data import fit_op, op_name, op_shapes
 from opscope.run.model import Run
 from opscope.run.read import read_run
+from opscope.trace.torch_trace import read_torch_trace
 from opscope.units import time_cell as fmt_us
 
 
@@ -151,3 +154,19 @@ def test_a_percent_of_peak_just_above_100_is_marked_and_explained():
     row = {"bound": "memory", "pct_peak_bandwidth": 102.0, "pct_peak_flops": 1.0, "calls": 1, "time_us_total": 1.0,
            "time_share": 1.0}
     assert _cells(row)["% peak"].endswith("%*")
+
+
+def test_compile_times_are_one_line_apart_from_step_time(tmp_path):
+    # a run whose summary.json has "compile" (a compiled model with its TORCH_TRACE log), read back from disk
+    fixtures = TRACES.parent / "compile"
+    run = analyze_trace_file(fixtures / "copy.json.gz", out=tmp_path / "run")
+    assert "compile " not in render(run, 120)
+    entries = compile_summary(read_torch_trace(fixtures / "recompile.torch_trace.log.gz"))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary["compile"] = entries
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
+    text = render(read_run(tmp_path / "run"), 120)
+    seconds = sum(e["compile_time_s"] for e in entries)
+    line = next(ln for ln in text.splitlines() if "compile " in ln)
+    assert f"compile 5 graphs, {seconds:.3g} s (not in step time); 3 recompilations, 1 failed" in line
+    assert "graph break" not in line  # none in this log

@@ -127,3 +127,34 @@ def test_split_args_keeps_nested_lists_and_strings_whole() -> None:
     assert split_args("a, [1, 2], b") == ["a", "[1, 2]", "b"]
     assert split_args("x, 'a,b', (1, (2, 3))") == ["x", "'a,b'", "(1, (2, 3))"]
     assert split_args("") == []
+
+
+COMPILE = Path(__file__).parents[1] / "fixtures" / "compile"
+
+
+def test_graph_break_records_and_backward_compile_metrics() -> None:
+    log = read_torch_trace(COMPILE / "graph_break.torch_trace.log.gz")
+    (brk,) = log.graph_breaks
+    assert brk.compile_id == "0/0"
+    assert brk.frame is not None and (brk.frame.path, brk.frame.line) == ("compiled_model.py", 30)
+    assert brk.reason.startswith("Encountered graph break") and "Tensor.item()" in brk.reason
+    assert "User code traceback" not in brk.reason
+    assert [(f.path, f.line, f.func) for f in brk.stack if f.path == "compiled_model.py"][-1] == \
+        ("compiled_model.py", 30, "forward")
+    # each graph's backward compiled at the first backward(): its own record, with the compile id of the forward
+    assert sorted(b.compile_id for b in log.backward_metrics) == ["0/0", "1/0"]
+    for b in log.backward_metrics:
+        assert b.entire_frame_compile_time_s is None and b.duration_s and b.duration_s > 0
+        assert b.inductor_compile_time_s and b.inductor_compile_time_s <= b.duration_s
+    assert [m.co_name for m in log.metrics] == ["forward", "torch_dynamo_resume_in_forward_at_30"]
+    assert all(m.recompile_limit == 8 and m.duration_s for m in log.metrics)  # torch's default, from dynamo_config
+
+
+def test_the_recompile_limit_and_cudagraph_skips_come_from_the_compile_metrics() -> None:
+    log = read_torch_trace(COMPILE / "recompile.torch_trace.log.gz")
+    assert [(m.compile_id, m.recompile_limit) for m in log.metrics] == \
+        [("0/0", 8), ("0/1", 8), ("0/2", 8), ("1/0", 2), ("1/1", 2), ("1/2", 2)]  # frame 1 ran under patch(limit=2)
+    assert log.cudagraph_skips == [] and not log.metrics[0].cudagraph_skip_reason
+    skip = read_torch_trace(COMPILE / "cudagraph_skip.torch_trace.log.gz")
+    assert skip.cudagraph_skips == ["skipping cudagraphs due to cpp-wrapper does not support graph partition yet"]
+    assert skip.metrics[0].cudagraph_skip_reason == skip.cudagraph_skips[0]
