@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from opscope.analysis.events import SourceOverride, build_events
@@ -30,22 +31,26 @@ def analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str
             source_override: SourceOverride | None = None,
             layout_probe: LayoutProbe | None = None, dtype_probe: DtypeProbe | None = None,
             module_classes: dict[str, str] | None = None, memory: MemoryProfile | None = None,
-            noise: dict[str, Any] | None = None, step_us: list[float] | None = None) -> Run:
+            noise: dict[str, Any] | None = None, step_us: list[float] | None = None,
+            torch_trace: Path | None = None) -> Run:
     """`module_classes`: qualified module name -> class for every module of the model (profile), so
     modules.csv can name modules that issued no op of their own. `memory`: profile's untimed memory
     pass; without it, the trace's own memory events (if it has any) are read. `noise`:
     opscope.machine.noise.assess() of the timed pass (profile), else "unknown"; `step_us`: each step's measured
-    wall time (profile), else the ProfilerStep annotations' durations are used."""
+    wall time (profile), else the ProfilerStep annotations' durations are used. `torch_trace`: torch's
+    structured compile log (TORCH_TRACE; plain or .gz) of the process that recorded the trace, if any."""
     with no_gc():
         return _analyze(trace, peaks=peaks, meta=meta, source=source, source_override=source_override,
                         layout_probe=layout_probe, dtype_probe=dtype_probe, module_classes=module_classes,
-                        memory=memory, noise=noise or unknown(TRACE_NOISE_REASON), step_us=step_us)
+                        memory=memory, noise=noise or unknown(TRACE_NOISE_REASON), step_us=step_us,
+                        torch_trace=torch_trace)
 
 
 def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str,
              source_override: SourceOverride | None, layout_probe: LayoutProbe | None,
              dtype_probe: DtypeProbe | None, module_classes: dict[str, str] | None,
-             memory: MemoryProfile | None, noise: dict[str, Any], step_us: list[float] | None) -> Run:
+             memory: MemoryProfile | None, noise: dict[str, Any], step_us: list[float] | None,
+             torch_trace: Path | None = None) -> Run:
     ev = build_events(trace, source_override)
     gpu = trace.has_gpu
     ev.update(event_costs(ev))
