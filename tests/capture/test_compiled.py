@@ -309,3 +309,15 @@ def test_a_compile_log_over_the_cap_is_neither_kept_nor_read(tmp_path, monkeypat
     kept, warning = compiled.kept_log(log)
     assert kept is None and "over opscope's" in warning and "\n" not in warning
     assert compiled.kept_log(None) == (None, None)
+
+
+def test_inductor_builds_no_precompiled_header_in_the_childs_private_tmpdir(tmp_path):
+    """Inductor puts its precompiled header (~150 MiB) under $TMPDIR whatever TORCHINDUCTOR_CACHE_DIR says; the
+    child's private $TMPDIR made every compiled profile build it again (5-10 s), so the child compiles without."""
+    model = write_model(tmp_path, EAGER.replace("def get_inputs():", f"""def get_inputs():
+        import torch._inductor.config as config
+        with open({str(tmp_path / "seen.txt")!r}, "w") as f:
+            f.write(repr(config.cpp_cache_precompile_headers))"""))
+    proc = run_cli("profile", str(model), *QUICK, "--out", str(tmp_path / "run"), "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "seen.txt").read_text() == "False"
