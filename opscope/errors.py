@@ -14,6 +14,11 @@ class TargetError(OpscopeError):
     """The model file cannot be loaded or run."""
 
 
+class CompileError(TargetError):
+    """torch.compile cannot compile the model: dynamo refused its code (a graph break under
+    fullgraph=True, an unsupported construct) or the backend failed."""
+
+
 class TraceError(OpscopeError):
     """The trace file cannot be read as a torch.profiler Chrome trace."""
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from opscope.capture.compiled import compile_error, compile_model, is_compile_error
 from opscope.errors import TargetError
 from opscope.target.model_file import Target, describe_exception, user_frame_of
 
@@ -117,7 +118,12 @@ def _refuse_meta(model: torch.nn.Module, args: Any, kwargs: Any) -> None:
 
 
 class Harness:
-    def __init__(self, target: Target, *, mode: str, device: torch.device, dtype: str | None) -> None:
+    """The model, its inputs and the step. With `compile` (profile --compile MODE) the model is wrapped in
+    torch.compile(model, mode=compile) once it is on its device; `compiled` says how the model is compiled
+    (None: eager), with notes for the user."""
+
+    def __init__(self, target: Target, *, mode: str, device: torch.device, dtype: str | None,
+                 compile: str | None = None) -> None:
         if mode not in ("inference", "train"):
             raise TargetError(f"--mode must be inference or train; got {mode!r}")
         self.mode = mode
@@ -130,6 +136,7 @@ class Harness:
         except Exception as exc:
             raise TargetError(f"cannot move the model to {device}: {describe_exception(exc)}") from exc
         self.model = model.train(mode == "train")
+        self.model, self.compiled = compile_model(self.model, compile, device.type)
         try:
             self.args = _move(target.args, device, to_dtype)
             self.kwargs = _move(target.kwargs, device, to_dtype)
@@ -156,6 +163,8 @@ class Harness:
         try:
             return self.model(*self.args, **self.kwargs)
         except Exception as exc:
+            if is_compile_error(exc):
+                raise compile_error(exc) from exc
             where = user_frame_of(exc)
             at = f" at {where}" if where else ""
             raise TargetError(f"the model's forward failed{at}: {describe_exception(exc)}") from exc
@@ -178,6 +187,8 @@ class Harness:
         try:
             loss.backward()  # type: ignore[no-untyped-call, unused-ignore]  # unannotated in torch
         except Exception as exc:
+            if is_compile_error(exc):  # AOTAutograd compiles the backward graph at its first call
+                raise compile_error(exc) from exc
             raise TargetError(f"backward failed: {describe_exception(exc)}") from exc
         if self.optimizer is not None:
             self.optimizer.step()

@@ -19,6 +19,7 @@ from typing import Any
 import nvtx
 import torch
 
+from opscope.capture.compiled import warmup_steps
 from opscope.capture.harness import Harness, process_state_kept, resolve_device
 from opscope.capture.options import MODULE_RANGE_PREFIX, STEP_RANGE, Progress
 from opscope.target.model_file import load_target
@@ -76,10 +77,11 @@ def measured_pass(opts: ProfileOptions, nvtx_ops: bool, progress: Progress, labe
     progress.phase(f"{prefix}loading model")
     with process_state_kept(keep_additions=True):
         target = load_target(opts.target, opts.entry)
-    harness = Harness(target, mode=opts.mode, device=device, dtype=opts.dtype)
+    harness = Harness(target, mode=opts.mode, device=device, dtype=opts.dtype, compile=opts.compile)
+    warmup = warmup_steps(opts.warmup, harness.compiled, lambda message: None)  # the profile pass said it
     with module_ranges(harness.model):
-        progress.phase(f"{prefix}warmup", total=opts.warmup)
-        for _ in range(opts.warmup):
+        progress.phase(f"{prefix}warmup", total=warmup)
+        for _ in range(warmup):
             harness.step()
             progress.advance()
         harness.synchronize()

@@ -22,6 +22,14 @@ from opscope.analysis.annotations import embed, make_block
 from opscope.analysis.events import build_events
 from opscope.analysis.memory import MemoryProfile, memory_profile
 from opscope.analysis.pipeline import analyze
+from opscope.capture.compiled import (
+    CompileInfo,
+    TorchTraceLog,
+    dynamo_compiled,
+    dynamo_frames,
+    kept_log,
+    warmup_steps,
+)
 from opscope.capture.dtype_probe import float32_probe
 from opscope.capture.harness import Harness, process_state_kept, resolve_device
 from opscope.capture.layout_probe import layout_probe_for
@@ -46,6 +54,7 @@ class ProfileTimings:
 
     load: float = 0.0
     warmup: float = 0.0
+    first_step: float = 0.0  # the first warm-up step (a compiled model compiles in it)
     timed: float = 0.0
     timed_step_s: float = 0.0
     export: float = 0.0
@@ -238,12 +247,12 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
     sampler = CpuSampler()
     loading = sampler.sample()  # other processes' CPU use is measured from here to the thread choice
     progress.phase("loading model")
-    compile_started = time.time()
-    trace_compiled_kernels()
+    compile_log = TorchTraceLog()  # before the model's code runs: it may compile at once
     with module_origins(), process_state_kept(keep_additions=True):
         target = load_target(opts.target, opts.entry)
-    harness = Harness(target, mode=opts.mode, device=device, dtype=opts.dtype)
-    compiled_by = compile_model(harness, opts.compile, device, progress)
+    harness = Harness(target, mode=opts.mode, device=device, dtype=opts.dtype, compile=opts.compile)
+    for note in harness.compiled.notes if harness.compiled is not None else []:
+        progress.warn(note)
     if prepare is not None:
         prepare(harness)
     # `extra` (opscope swap) starts from the weights as loaded: the profile's SGD steps (warmup, timed,
@@ -260,10 +269,14 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
         calibration = None
     timings.calibration = time.perf_counter() - t0
 
-    progress.phase("warmup", total=opts.warmup)
+    warmup = warmup_steps(opts.warmup, harness.compiled, progress.warn)
+    progress.phase("warmup", total=warmup)
     t0 = time.perf_counter()
-    for _ in range(opts.warmup):
+    for i in range(warmup):
         harness.step()
+        if i == 0:
+            harness.synchronize()
+            timings.first_step = time.perf_counter() - t0
         progress.advance()
     harness.synchronize()
     timings.warmup = time.perf_counter() - t0
@@ -272,9 +285,13 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
     activities = profiler_activities(device)
     with tempfile.TemporaryDirectory(prefix="opscope-") as tmp:
         trace_path = Path(tmp) / "trace.json"
+        frames = dynamo_frames()
         before = sampler.sample()
         prof, timings.timed, step_s = timed_pass(harness, opts.steps, activities, nvtx=opts.nvtx)
         after = sampler.sample()
+        if dynamo_frames() > frames:
+            progress.warn("torch.compile compiled during the profiled steps (a recompilation, or code that compiles "
+                          "late), so their time includes compiling: raise --warmup (TORCH_LOGS=recompiles says why)")
         timings.timed_step_s = timings.timed / opts.steps
         t0 = time.perf_counter()
         prof.export_chrome_trace(str(trace_path))
@@ -302,15 +319,18 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
             meta["calibration"] = calibration
         if threads_chosen is not None:
             meta["threads_chosen"] = threads_chosen
-        if compiled_by is not None:
-            meta["compile"] = {"mode": opts.compile or "", "by": compiled_by}
+        compiled = harness.compiled or (CompileInfo(None, "model") if dynamo_compiled() else None)
+        if compiled is not None:
+            meta["compile"] = {**compiled.to_json(), "first_step_s": timings.first_step if warmup else None}
+        torch_trace, too_big = kept_log(compile_log.path())
+        if too_big is not None:
+            progress.warn(too_big)
         probe = layout_probe_for(device) if opts.mode in ("inference", "train") else None
         classes = module_classes(harness.model)
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",
                       source_override=lambda ev: join_lines(records, ev), layout_probe=probe,
                       dtype_probe=float32_probe(device), module_classes=classes, memory=memory,
-                      noise=noise, step_us=[t * 1e6 for t in step_s],
-                      torch_trace=compile_log(compile_started) if compiled_by is not None else None)
+                      noise=noise, step_us=[t * 1e6 for t in step_s], torch_trace=torch_trace)
         # `opscope analyze RUN/trace.json.gz` reproduces this run's table from what is embedded here
         assert run.events is not None  # analyze() keeps the events it analyzed
         embed(trace_path, make_block(run.events, classes, memory))
@@ -322,58 +342,9 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
             if loaded is not None:
                 restore_weights(harness.model, loaded)
             files = extra(harness, run) if extra is not None else None
-            write_run(run, out, target.stem, trace_path, base=reports, extra_texts=files)
+            write_run(run, out, target.stem, trace_path, base=reports, extra_texts=files, torch_trace=torch_trace)
         timings.analysis = time.perf_counter() - t0
     return run, timings
-
-
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
-
-
-def trace_compiled_kernels() -> None:
-    """Before anything compiles: each inductor C++ kernel a profiler row of its own, and inductor's
-    provenance (kernel -> graph nodes -> the user's stack traces) in the TORCH_TRACE log."""
-    import torch._inductor.config as inductor_config
-
-    inductor_config.cpp.enable_kernel_profile = True
-    inductor_config.trace.provenance_tracking_level = 1
-    # A graph served from inductor's caches is not lowered again, and so logs no graph or provenance: lower it
-    # (the generated C++/Triton code itself stays cached: the kernels are not rebuilt)
-    inductor_config.fx_graph_cache = False
-    try:
-        import torch._functorch.config as functorch_config
-
-        functorch_config.enable_autograd_cache = False
-    except (ImportError, AttributeError):
-        pass
-
-
-def compile_model(harness: Harness, mode: str | None, device: torch.device, progress: Progress) -> str | None:
-    """`--compile MODE`: torch.compile the harness's model (its first warm-up step compiles it). Returns who
-    compiled it: "opscope", "model" (get_model() returned a compiled model), or None."""
-    already = isinstance(harness.model, torch._dynamo.eval_frame.OptimizedModule)
-    if mode is None:
-        return "model" if already else None
-    if mode not in COMPILE_MODES:
-        raise TargetError(f"--compile {mode!r}: one of {', '.join(COMPILE_MODES)}")
-    if already:
-        progress.warn("the model is already compiled (get_model() returned torch.compile(...)): --compile "
-                      "does not compile it again")
-        return "model"
-    if mode == "reduce-overhead" and device.type != "cuda":
-        progress.warn("--compile reduce-overhead: CUDA graphs need a GPU; on the CPU the mode runs like default")
-    harness.model = torch.compile(harness.model, mode=mode)
-    return "opscope"
-
-
-def compile_log(since: float) -> Path | None:
-    """The TORCH_TRACE log this process wrote (the newest in $TORCH_TRACE, written since `since`), if any."""
-    folder = os.environ.get("TORCH_TRACE")
-    if not folder or not os.path.isdir(folder):
-        return None
-    logs = [Path(folder) / n for n in os.listdir(folder) if n.endswith(".log")]
-    fresh = [p for p in logs if p.stat().st_mtime >= since - 1 and p.stat().st_size > 0]
-    return max(fresh, key=lambda p: p.stat().st_mtime) if fresh else None
 
 
 def weights_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:

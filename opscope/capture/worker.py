@@ -59,6 +59,9 @@ def serve(job_type: type[JobT], task: Callable[[JobT, Progress], dict[str, Any]]
 
 
 def _profile(job: ProfileJob, progress: Progress) -> dict[str, Any]:
+    from opscope.capture.compiled import inductor_profiling
+
+    inductor_profiling()  # before the model's code runs (and compiles): a profiler event per inductor kernel
     if job.launch is not None:  # several processes via torchrun
         from opscope.capture.distributed import launch_ranks
 

@@ -75,6 +75,8 @@ class Mode(str, Enum):
 
 
 class CompileMode(str, Enum):
+    """torch.compile's modes (opscope.capture.compiled.COMPILE_MODES)."""
+
     default = "default"
     reduce_overhead = "reduce-overhead"
     max_autotune = "max-autotune"
@@ -186,9 +188,8 @@ def profile(
     try_swaps: bool = typer.Option(False, "--try-swaps", help="Also run `opscope swap` for every swap candidate "
                                                                "(bundled kernel matching an op) and add the results."),
     compile_mode: CompileMode | None = typer.Option(
-        None, "--compile", metavar="MODE",
-        help="torch.compile the model in the harness (default, reduce-overhead, max-autotune); the warm-up steps "
-             "absorb the compilation."),
+        None, "--compile", metavar="MODE", help="torch.compile the model with this mode (default, reduce-overhead, "
+        "max-autotune) before profiling it; the warm-up steps absorb the compilation."),
     nvtx: bool = typer.Option(False, "--nvtx", help="NVTX ranges around each profiled step and each top-level "
                               "module's forward, for Nsight tools (implied by --nsys/--ncu)."),
     nsys: bool = typer.Option(False, "--nsys", help="Also run the steps under Nsight Systems (nsys): measured "
@@ -228,18 +229,21 @@ def profile(
 
     options = _profile_options(target, entry, device, dtype, mode, warmup, steps, threads, peak_bw, peak_flops, out,
                                debug)
-    if compile_mode is not None:
-        options.compile = compile_mode.value
     job_script = script_spec(target, script=script, entry=entry, args=list(script_args or []), step_fn=step_fn,
                              stop_after=stop_after, dtype=dtype.value if dtype else None, mode=mode.value)
     job_launch = launch_spec(nproc_per_node, nnodes, node_rank, master_addr, master_port)
     check_tool_options(job_script, job_launch, nsys=nsys, ncu=ncu, nvtx=nvtx)
-    if compile_mode is not None and (job_script or job_launch):
-        raise OpscopeError("--compile compiles a model file's model in one process: compile in the script itself "
-                           "(torch.compile) instead")
-    if compile_mode is not None and warmup < 1:
-        raise OpscopeError("--compile needs at least one warm-up step (--warmup 1 or more): the compilation "
-                           "happens there, never in a timed step")
+    if compile_mode is not None:
+        if job_script is not None:
+            raise OpscopeError("--compile applies to a model file (get_model/Model + get_inputs), not to a script "
+                               "(script mode): a script calls torch.compile itself")
+        if job_launch is not None:
+            raise OpscopeError("--compile does not apply to --nproc-per-node yet: return torch.compile(model) from "
+                               "get_model() instead")
+        if try_swaps:
+            raise OpscopeError("--try-swaps cannot be combined with --compile: a swap replaces an op of the eager "
+                               "model; run them as two profiles")
+        options.compile = compile_mode.value
     if try_swaps and (job_script or job_launch):
         raise OpscopeError("--try-swaps works on a model file in one process: run `opscope swap` on the model "
                            "file" + (" instead of the script" if job_script else ", without --nproc-per-node"))
@@ -257,7 +261,9 @@ def profile(
         run_dir = Path(_supervised("opscope.swap.worker", SwapJob(options=options, swap=SwapSpec()), out)["run_dir"])
     else:
         job = ProfileJob(options=options, script=job_script, launch=job_launch)
-        run_dir = Path(_supervised("opscope.capture.worker", job, out)["run_dir"])
+        # a model file in one process: torch.compile's log (TORCH_TRACE) costs nothing unless the model compiles
+        run_dir = Path(_supervised("opscope.capture.worker", job, out,
+                                   torch_trace=job_script is None and job_launch is None)["run_dir"])
     _run_complete(run_dir)
     from opscope.run.read import read_run
 
@@ -309,7 +315,7 @@ def _with_nsight(options: ProfileOptions, nsight: NsightRequest, tools: dict[str
                                    on_abort=lambda pid: discard_staging(folders, pid))
 
 
-def _supervised(module: str, job: Job, out: Path | None) -> dict[str, Any]:
+def _supervised(module: str, job: Job, out: Path | None, torch_trace: bool = False) -> dict[str, Any]:
     """Runs the child `module` with `job` under supervision, with the progress bar; its result."""
     from opscope.run.model import DEFAULT_REPORTS_DIR
     from opscope.run.write import discard_staging
@@ -330,7 +336,8 @@ def _supervised(module: str, job: Job, out: Path | None) -> dict[str, Any]:
             return run_worker(module, job, listener,
                               what="the code under test" if isinstance(job, SwapJob) else
                                    "the script" if script else "the model's code",
-                              on_abort=lambda pid: discard_staging(folders, pid), forward_stdin=script)
+                              on_abort=lambda pid: discard_staging(folders, pid), forward_stdin=script,
+                              torch_trace=torch_trace)
         except WorkerCrashed as exc:
             from opscope.swap.worker import PHASE_PREFIX
 

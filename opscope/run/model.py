@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 RUN_FILES = ("meta.json", "ops.csv", "findings.json", "summary.json", "trace.json.gz")
 RANKS_FILE = "ranks.csv"  # merged runs of multi-process jobs only (opscope.analysis.ranks)
+TORCH_TRACE_FILE = "torch_trace.log.gz"  # torch.compile's structured log (TORCH_TRACE), profiles that compiled only
 DEFAULT_REPORTS_DIR = Path("reports")
 STAGING_PREFIX = ".opscope-run-"  # + pid + "-": a run being written, renamed into place when complete
 # The working directory when opscope started: a model's code may change it, and paths are shown

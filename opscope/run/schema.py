@@ -109,6 +109,18 @@ class ThreadsChosen(Struct, kw_only=True):
         "set when the ceilings are the cached calibration of this thread count, scaled (a busy machine)")] = None
 
 
+class CompileMeta(Struct, kw_only=True):
+    """A profile of a torch.compile'd model (opscope.capture.compiled)."""
+
+    mode: Annotated[str | None, _doc(
+        "torch.compile's mode (default, reduce-overhead, max-autotune) with --compile; null when the model "
+        "compiled itself")] = None
+    by: Annotated[str | None, _doc(
+        "opscope (--compile), or model (get_model() returned a compiled model, or its code compiles)")] = None
+    first_step_s: Annotated[Number | None, _doc(
+        "the first warm-up step's wall time in seconds, compilation included (never step time)")] = None
+
+
 class RunMeta(Struct, kw_only=True):
     """meta.json: what was measured, where, and against which ceilings."""
 
@@ -129,6 +141,7 @@ class RunMeta(Struct, kw_only=True):
     threads_chosen: ThreadsChosen | None = None
     capture: Capture | None = None
     script: Script | None = None
+    compile: CompileMeta | None = None
     rank: Annotated[int | None, _doc("a rank's own run: its rank")] = None
     world_size: Count | None = None
     distributed: JobMeta | None = None

@@ -1,5 +1,5 @@
-"""Writing the run directory (CONTRACT.md): meta.json, ops.csv, findings.json, summary.json, trace.json.gz, and
-modules.csv when the run has module paths (opscope.run.schema, docs/reference/run-format.md).
+"""Writing the run directory (CONTRACT.md): meta.json, ops.csv, findings.json, summary.json, trace.json.gz,
+modules.csv when the run has module paths, torch_trace.log.gz when the profiled model compiled (opscope.run.schema, docs/reference/run-format.md).
 
 Written atomically: everything goes into a hidden temporary sibling which is renamed into place at the
 end, so an interrupted run never leaves a directory that looks complete, and an existing run is never
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from opscope.errors import OutputError
 from opscope.limits import MAX_TEXT_CHARS, bounded
 from opscope.run.cells import spreadsheet_safe
-from opscope.run.model import DEFAULT_REPORTS_DIR, RANKS_FILE, STAGING_PREFIX, Run
+from opscope.run.model import DEFAULT_REPORTS_DIR, RANKS_FILE, STAGING_PREFIX, TORCH_TRACE_FILE, Run
 from opscope.table import Table
 
 if TYPE_CHECKING:
@@ -257,9 +257,10 @@ def _csv_cell(v: Any) -> Any:
 def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
               compressor: TraceCompressor | None = None, base: Path | None = None,
               extra_files: dict[str, Path] | None = None, extra: Callable[[Path], None] | None = None,
-              extra_texts: dict[str, str] | None = None) -> Path:
+              extra_texts: dict[str, str] | None = None, torch_trace: Path | None = None) -> Path:
     """Writes the run directory atomically and returns its path. `trace_file` is copied (gzipped if it
-    is not already) as trace.json.gz; a `compressor` already gzipping it takes its place. `extra_files`
+    is not already) as trace.json.gz; a `compressor` already gzipping it takes its place. `torch_trace`
+    (torch.compile's structured log) is copied the same way as torch_trace.log.gz. `extra_files`
     ({name in the run: source file}) are copied in too, `extra_texts` ({name: text}, e.g. swap.json)
     written, and `extra(folder)` adds files to the run while it is still hidden (a merged run's ranks/).
     Without `out` the run gets a fresh default name under `base` (default: ./reports). Any OSError (disk
@@ -295,6 +296,8 @@ def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
                 _copy_trace(src, tmp / "trace.json.gz")
         elif trace_file is not None:
             _copy_trace(trace_file, tmp / "trace.json.gz")
+        if torch_trace is not None:
+            _copy_trace(torch_trace, tmp / TORCH_TRACE_FILE)
         for name, src in (extra_files or {}).items():
             shutil.copyfile(src, tmp / name)
         if extra is not None:

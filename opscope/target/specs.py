@@ -38,7 +38,7 @@ class ProfileOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     out: Path | None = None
     debug: bool = False  # tracebacks for errors (--debug)
     nvtx: bool = False  # NVTX ranges around the timed steps and top-level module forwards (for Nsight)
-    compile: str | None = None  # torch.compile the model in the harness: default, reduce-overhead, max-autotune
+    compile: str | None = None  # torch.compile the model with this mode (--compile: default, reduce-overhead, max-autotune)
 
 
 class ScriptSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

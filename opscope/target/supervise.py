@@ -16,6 +16,9 @@ starts `python -c BOOT SPEC_FILE` in a new session with
   {"type": "error", "message", "exit_code"} or {"type": "done", "result": {...}};
 - $TMPDIR pointing to a private folder the parent removes afterwards (the profiler's temporary files,
   whatever the child leaves when it is killed);
+- for a profile (`torch_trace`), $TORCH_TRACE pointing to a folder inside it, where torch writes its
+  structured compile log if the model compiles (torch reads the variable when it is imported; an eager
+  model writes nothing there). A TORCH_TRACE of the user's own is kept: torch writes there as they asked;
 - sys.path[0] set to opscope's own folder instead of the working directory (BOOT), so a file in the
   working directory named like a standard-library module shadows nothing.
 
@@ -55,6 +58,7 @@ from opscope.target.specs import Job, JobT, decode_job, encode_job
 
 CONTROL_FD_ENV = "OPSCOPE_CONTROL_FD"
 CONTROL_FILE_ENV = "OPSCOPE_CONTROL_FILE"  # the channel when a tool (nsys, ncu) starts the child
+TORCH_TRACE_ENV = "TORCH_TRACE"  # where torch writes its structured compile log (read when torch is imported)
 _GRACE_S = 3.0  # how long an ended child may take to exit on SIGTERM before SIGKILL
 _DONE_GRACE_S = 30.0  # how long a child that sent its result may take to exit
 _OPSCOPE_ROOT = str(Path(opscope.__file__).resolve().parent.parent)
@@ -92,7 +96,7 @@ class Listener:
 def run_worker(module: str, job: Job, listener: Listener | None = None, *,
                what: str = "the model's code", on_abort: Callable[[int], None] | None = None,
                wrapper: Sequence[str] | None = None, wrapper_env: dict[str, str] | None = None,
-               tool_log: Path | None = None, forward_stdin: bool = False) -> dict[str, Any]:
+               tool_log: Path | None = None, forward_stdin: bool = False, torch_trace: bool = False) -> dict[str, Any]:
     """Runs `module.main()` in a supervised child with `job` and returns the "done" message's
     result. Raises the child's own OpscopeError (with its message and exit code), WorkerCrashed when it
     ends early, InternalError on a bug in the child. `on_abort(pid)` runs whenever the child did not
@@ -103,7 +107,8 @@ def run_worker(module: str, job: Job, listener: Listener | None = None, *,
     channel is a file (a tool need not pass open file descriptors on to the process it launches), and
     the tool's and the child's output go to `tool_log` (the caller reads the tool's messages there).
     A tool that fails raises ToolFailed. With `forward_stdin` (a script), the child reads opscope's own
-    stdin, as `python train.py < data` would; else it reads nothing (/dev/null).
+    stdin, as `python train.py < data` would; else it reads nothing (/dev/null). With `torch_trace`, the
+    child's $TORCH_TRACE is a private folder (unless the user set one): torch.compile's log for the run.
 
     A child that sent its result and then ended with an error status (an exit handler or a thread of the
     user's code that crashed or called os._exit after the run was complete) still returns the result: the
@@ -125,11 +130,8 @@ def run_worker(module: str, job: Job, listener: Listener | None = None, *,
         env = dict(os.environ, **(wrapper_env or {}), TMPDIR=str(child_tmp), **{CONTROL_FILE_ENV: str(control_file)})
         env.pop(CONTROL_FD_ENV, None)
     _keep_compile_caches(env)
-    if module == "opscope.capture.worker" and "TORCH_TRACE" not in env:
-        # torch's structured compile log (read at torch's import, so set here): what a compiled model's
-        # kernels are made of and where they come from (opscope.analysis.compiled). Nothing is written
-        # unless the model compiles.
-        env["TORCH_TRACE"] = str(private / "torch_trace")
+    if torch_trace and not env.get(TORCH_TRACE_ENV):
+        env[TORCH_TRACE_ENV] = str(private / "torch_trace")
     proc: subprocess.Popen[bytes] | None = None
     command = [*boot_command(module), str(spec_path)]
     try:
@@ -325,13 +327,20 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 def _keep_compile_caches(env: dict[str, str]) -> None:
     """torch.compile keeps its caches under the temporary directory; the child's private $TMPDIR would
-    make every run compile cold. Point inductor at the usual place explicitly."""
+    make every run compile cold. Point inductor at the usual place explicitly.
+
+    Inductor's precompiled C++ header (about 150 MiB, 5-10 s to build on 2 cores) goes under the temporary
+    directory whatever TORCHINDUCTOR_CACHE_DIR says (torch/_inductor/codecache.py _HEADER_DIR), so each
+    child rebuilt it at the first compile, even with every kernel cached: a warm profile of
+    examples/compiled_block.py compiled for 7-10 s instead of 2.6 s. Without the header a cold compile
+    took as long (19-22 s either way), so the children compile without it, unless the user says otherwise."""
     if "TORCHINDUCTOR_CACHE_DIR" not in env:
         try:
             user = os.getlogin()
         except OSError:
             user = str(os.getuid()) if hasattr(os, "getuid") else "user"
         env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
+    env.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
 
 
 # --- the child's side -----------------------------------------------------------------------------

@@ -312,7 +312,7 @@ def _wanted(header: dict[str, Any]) -> bool:
     art = header.get("artifact")
     if isinstance(art, dict):
         return art.get("name") in _KEPT_ARTIFACTS
-    return any(k in header for k in ("inductor_output_code", "dynamo_output_graph"))
+    return any(k in header for k in ("inductor_output_code", "dynamo_output_graph", "inductor_post_grad_graph"))
 
 
 def _compile_id(header: dict[str, Any]) -> str:
@@ -333,6 +333,9 @@ def _keep(log: TorchTraceLog, header: dict[str, Any], payload: str) -> None:
         log.dynamo_inputs[cid] = [name for name, _ in _PLACEHOLDER_RE.findall(_forward_signature(payload))]
         return
     art = header.get("artifact")
+    if "inductor_post_grad_graph" in header:  # a graph served from inductor's cache logs it this way
+        _add_graph(log, _read_graph(cid, payload))
+        return
     if "inductor_output_code" in header:
         graph = _current(log, cid)
         if graph is not None:
@@ -342,7 +345,7 @@ def _keep(log: TorchTraceLog, header: dict[str, Any], payload: str) -> None:
         return
     name = art.get("name")
     if name == "inductor_post_grad_graph":
-        log.graphs.append(_read_graph(cid, payload))
+        _add_graph(log, _read_graph(cid, payload))
         return
     if name == "dynamo_graph_break_reason":
         log.graph_breaks.append(_graph_break(cid, payload))
@@ -375,6 +378,14 @@ def _keep(log: TorchTraceLog, header: dict[str, Any], payload: str) -> None:
                 kernel = _kernel(graph, str(handle))
                 if isinstance(traces, list):
                     kernel.stacks = tuple(_frames(str(t)) for t in traces)
+
+
+def _add_graph(log: TorchTraceLog, graph: CompiledGraph) -> None:
+    """A new graph, unless it is the one just logged under its other record name (the same graph twice)."""
+    last = _current(log, graph.compile_id)
+    if last is not None and not last.kernels and list(last.nodes) == list(graph.nodes):
+        return
+    log.graphs.append(graph)
 
 
 def _current(log: TorchTraceLog, cid: str) -> CompiledGraph | None:

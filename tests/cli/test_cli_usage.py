@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import assert_clean_error, run_cli
+from conftest import assert_clean_error, run_cli, write_model
 
 
 @pytest.mark.parametrize("args,needles", [
@@ -14,6 +14,7 @@ from conftest import assert_clean_error, run_cli
     (("calibrate", "--threads", "99999999999"), ("--threads",)),
     (("profile", "x.py", "--steps", "0"), ("--steps",)),
     (("profile", "x.py", "--warmup", "-1"), ("--warmup",)),
+    (("profile", "x.py", "--compile", "fastest"), ("--compile", "'fastest' is not one of", "max-autotune")),
     (("profile", "x.py", "--bogus"), ("--bogus",)),
     (("analyze",), ("Missing argument",)),
     (("nosuch",), ("No such command",)),
@@ -22,6 +23,18 @@ from conftest import assert_clean_error, run_cli
 def test_usage_errors_are_one_line(tmp_path, args, needles):
     line = assert_clean_error(run_cli(*args, cwd=tmp_path), *needles)
     assert line.endswith("--help`)") and "opscope " in line
+
+
+@pytest.mark.parametrize("extra,needle", [(("--script",), "not to a script"),
+                                          (("--nproc-per-node", "2"), "does not apply to --nproc-per-node"),
+                                          (("--try-swaps",), "cannot be combined with --compile")])
+def test_compile_applies_to_a_model_file_in_one_process(tmp_path, extra, needle):
+    model = write_model(tmp_path, """
+        def get_model(): ...
+        def get_inputs(): ...
+    """)
+    assert_clean_error(run_cli("profile", str(model), "--compile", "default", *extra, cwd=tmp_path), "--compile", needle)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.py"]
 
 
 def test_help_and_version_still_work(tmp_path):

@@ -215,3 +215,21 @@ def test_a_profiled_model_path_is_shown_normalised(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "work/.." not in proc.stdout and "run directory: run" in proc.stdout
     assert json.loads((tmp_path / "run" / "meta.json").read_text())["target"] == str(tmp_path / "model.py")
+
+
+def test_a_compile_log_is_kept_gzipped_and_a_failed_copy_leaves_nothing(tmp_path):
+    """write_run(torch_trace=LOG): torch.compile's structured log lands as torch_trace.log.gz, gzipped
+    (a log already gzipped is copied as it is); a log that cannot be read is one line, nothing written."""
+    log = tmp_path / "dedicated_log_torch_trace_x.log"
+    log.write_text('V1205 12:00:00.000000 1 torch/_dynamo/x.py:1] {"dynamo_start": {}}\n')
+    run_dir = write_run(_tiny_run(), tmp_path / "run", "m", None, torch_trace=log)
+    assert gzip.decompress((run_dir / "torch_trace.log.gz").read_bytes()) == log.read_bytes()
+    packed = tmp_path / "log.gz"
+    packed.write_bytes(gzip.compress(log.read_bytes()))
+    again = write_run(_tiny_run(), tmp_path / "run2", "m", None, torch_trace=packed)
+    assert (again / "torch_trace.log.gz").read_bytes() == packed.read_bytes()
+    with pytest.raises(OutputError) as info:
+        write_run(_tiny_run(), tmp_path / "run3", "m", None, torch_trace=tmp_path / "gone.log")
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "run3").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dedicated_log_torch_trace_x.log", "log.gz", "run", "run2"]

@@ -158,3 +158,16 @@ def test_the_recompile_limit_and_cudagraph_skips_come_from_the_compile_metrics()
     skip = read_torch_trace(COMPILE / "cudagraph_skip.torch_trace.log.gz")
     assert skip.cudagraph_skips == ["skipping cudagraphs due to cpp-wrapper does not support graph partition yet"]
     assert skip.metrics[0].cudagraph_skip_reason == skip.cudagraph_skips[0]
+
+
+def test_a_cached_graph_logged_as_a_top_level_record_is_read_once(tmp_path: Path) -> None:
+    graph = ('def forward(self, arg0_1: "f32[4, 8][8, 1]cpu"):\n'
+             '    relu: "f32[4, 8][8, 1]cpu" = torch.ops.aten.relu.default(arg0_1);  arg0_1 = None\n'
+             '    return (relu,)\n')
+    records = [_record({"inductor_post_grad_graph": {}}, graph),
+               _record({"artifact": {"name": "inductor_post_grad_graph", "encoding": "string"}}, graph),
+               _record({"artifact": {"name": "inductor_provenance_tracking_node_mappings", "encoding": "json"}},
+                       json.dumps({"cppCodeToPost": {"cpp_fused_relu_0:1": ["relu"]}}))]
+    log = read_torch_trace(_write(tmp_path / "t.log", records))
+    (g,) = log.graphs
+    assert g.kernels["cpp_fused_relu_0:1"].nodes == ("relu",)
