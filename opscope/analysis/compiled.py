@@ -435,6 +435,9 @@ def place_compiled(ev: Table, log: TorchTraceLog | None, *, inductor_cache: Path
                         flops[j], nbytes[j], family[j], dtype[j] = cost.flops, cost.nbytes, cost.family, cost.dtype
                         note[j] = _with_estimates(ev, j, cost)
                         stats["costed_from_log"] += 1
+                    else:
+                        note[j] = ("inductor kernel: no cost: the TORCH_TRACE log names no graph nodes for it (a "
+                                   "backward graph compiled at the first backward() logs none) or a shape is symbolic")
                     if placement.lines:
                         note[j] += f"; fuses the ops of {', '.join(placement.lines)}"
 

@@ -387,7 +387,7 @@ def _compiled_costs(rows: Table) -> None:
         if flops[i] == flops[i] or nbytes[i] == nbytes[i]:
             continue  # costed by opscope.analysis.compiled
         flops[i], nbytes[i], family[i] = NAN, NAN, ""
-        note[i] = GRAPH_NOTE if kinds[i] == "graph" else KERNEL_NOTE
+        note[i] = GRAPH_NOTE if kinds[i] == "graph" else (note[i] if note[i] else KERNEL_NOTE)
         if not has_estimates or kinds[i] != "kernel":
             continue
         # inductor reports 0 where it has no estimate (its FLOP count covers matmul-like nodes only)
