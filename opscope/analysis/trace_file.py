@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from opscope import __version__, units
+from opscope import units
 from opscope.analysis.annotations import ANNOTATION_KEY, Block, BlockError, embedded_lines, read_block
 from opscope.analysis.capture_merge import merge_capture
 from opscope.analysis.pipeline import analyze
@@ -21,6 +21,7 @@ from opscope.run.write import TraceCompressor, check_out_dir, write_run
 from opscope.table import nrows
 from opscope.trace.kernel_names import architecture_from_kernels, short_kernel_name
 from opscope.trace.reader import TraceData, load_trace, max_trace_bytes, read_bytes
+from opscope.version import __version__
 
 UNKNOWN_GPU = "unknown GPU (not recorded in the trace)"
 

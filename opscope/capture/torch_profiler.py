@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from opscope import __version__
 from opscope.analysis.annotations import embed, make_block
 from opscope.analysis.events import build_events
 from opscope.analysis.memory import MemoryProfile, memory_profile
@@ -43,9 +42,10 @@ from opscope.machine.threads import busy, idle_threads, scaled_calibration
 from opscope.run.model import DEFAULT_REPORTS_DIR, Run
 from opscope.run.schema import FORMAT_VERSION
 from opscope.run.write import check_out_dir, write_run
-from opscope.target.model_file import load_target
+from opscope.target.model_file import Target, load_target
 from opscope.target.specs import ProfileOptions
 from opscope.trace.reader import NothingRecorded, TraceData, load_trace
+from opscope.version import __version__
 
 
 @dataclass
@@ -221,7 +221,8 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
                    sink: Callable[[Run, Path], None] | None = None, *, device: torch.device | None = None,
                    prepare: Callable[[Harness], None] | None = None, peaks: Peaks | None = None,
                    finish: Callable[[Run, TraceData], None] | None = None,
-                   extra: Callable[[Harness, Run], dict[str, str]] | None = None) -> tuple[Run, ProfileTimings]:
+                   extra: Callable[[Harness, Run], dict[str, str]] | None = None,
+                   target: Target | None = None) -> tuple[Run, ProfileTimings]:
     """Profiles and analyzes, then writes the run directory, or with `sink` hands the run and its
     trace file to sink(run, trace_path) instead (`profile --nsys/--ncu` adds measurements first).
     A rank of a multi-process job (opscope.capture.distributed) passes its `device`, `prepare` (wraps
@@ -229,7 +230,8 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
     (`peaks`) and `finish` (adds the rank's numbers before the run is written).
     `extra(harness, run)`, when given, runs after the analysis with the loaded model, its weights as
     loaded (train mode's steps undone; opscope swap), and returns more files ({name: text}) for the run
-    directory; it cannot be combined with `sink`."""
+    directory; it cannot be combined with `sink`. `target`: the model and inputs already in this process
+    (opscope.profile of a model object), instead of loading opts.target's file."""
     if extra is not None and sink is not None:
         raise ValueError("profile_target: extra files and a sink cannot be combined")
     progress = progress or Progress()
@@ -248,8 +250,9 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
     loading = sampler.sample()  # other processes' CPU use is measured from here to the thread choice
     progress.phase("loading model")
     compile_log = TorchTraceLog()  # before the model's code runs: it may compile at once
-    with module_origins(), process_state_kept(keep_additions=True):
-        target = load_target(opts.target, opts.entry)
+    if target is None:
+        with module_origins(), process_state_kept(keep_additions=True):
+            target = load_target(opts.target, opts.entry)
     harness = Harness(target, mode=opts.mode, device=device, dtype=opts.dtype, compile=opts.compile)
     for note in harness.compiled.notes if harness.compiled is not None else []:
         progress.warn(note)

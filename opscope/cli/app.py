@@ -10,22 +10,21 @@ import sys
 import traceback
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
-from opscope import __version__
+from opscope.capture.options import Progress
 from opscope.errors import OpscopeError
 from opscope.machine.peaks import dtype_names
+from opscope.version import __version__
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
 
-    from opscope.nsight.session import NsightRequest
     from opscope.run.model import Run
-    from opscope.target.specs import Job, ProfileOptions
 
 app = typer.Typer(
     add_completion=False,
@@ -115,7 +114,14 @@ def _warn(message: str, console: Console | None = None) -> None:
     (console or stderr).print(text, highlight=False, soft_wrap=True)
 
 
-class _RichProgress:
+class _WarnOnly(Progress):
+    """Warnings on stderr, as they come; no progress bar (analysis is quick)."""
+
+    def warn(self, message: str) -> None:
+        _warn(message)
+
+
+class _RichProgress(Progress):
     """Phase progress on stderr. Never refreshes on its own: nothing runs during timed steps."""
 
     def __init__(self, console: Console) -> None:
@@ -222,128 +228,27 @@ def profile(
     process or several (--nproc-per-node): per-op FLOPs, bytes, roofline and findings; writes a run
     directory."""
     _state["debug"] = debug
-    from opscope.nsight.commands import split_tool_args
-    from opscope.nsight.session import NsightRequest, check_request
-    from opscope.target.jobs import check_tool_options, launch_spec, script_spec
-    from opscope.target.specs import ProfileJob, SwapJob, SwapSpec
+    from opscope.api import profile_file
 
-    options = _profile_options(target, entry, device, dtype, mode, warmup, steps, threads, peak_bw, peak_flops, out,
-                               debug)
-    job_script = script_spec(target, script=script, entry=entry, args=list(script_args or []), step_fn=step_fn,
-                             stop_after=stop_after, dtype=dtype.value if dtype else None, mode=mode.value)
-    job_launch = launch_spec(nproc_per_node, nnodes, node_rank, master_addr, master_port)
-    check_tool_options(job_script, job_launch, nsys=nsys, ncu=ncu, nvtx=nvtx)
-    if compile_mode is not None:
-        if job_script is not None:
-            raise OpscopeError("--compile applies to a model file (get_model/Model + get_inputs), not to a script "
-                               "(script mode): a script calls torch.compile itself")
-        if job_launch is not None:
-            raise OpscopeError("--compile does not apply to --nproc-per-node yet: return torch.compile(model) from "
-                               "get_model() instead")
-        if try_swaps:
-            raise OpscopeError("--try-swaps cannot be combined with --compile: a swap replaces an op of the eager "
-                               "model; run them as two profiles")
-        options.compile = compile_mode.value
-    if try_swaps and (job_script or job_launch):
-        raise OpscopeError("--try-swaps works on a model file in one process: run `opscope swap` on the model "
-                           "file" + (" instead of the script" if job_script else ", without --nproc-per-node"))
-    if nsys_args is not None and not nsys:
-        raise OpscopeError("--nsys-args passes arguments to nsys: use it with --nsys")
-    nsight = NsightRequest(nsys=nsys, nsys_args=split_tool_args(nsys_args, "--nsys-args"), ncu=ncu,
-                           ncu_top=ncu_top, nvtx_ops=nvtx_ops)
-    if try_swaps and nsight.wanted:
-        raise OpscopeError("--try-swaps cannot be combined with --nsys/--ncu yet: run them as two profiles")
-    tools = check_request(nsight, device.value)  # GPU, tools on PATH, flags: before anything runs
-    options.nvtx = nvtx or nsight.wanted
-    if nsight.wanted:
-        run_dir = _with_nsight(options, nsight, tools, target, out)
-    elif try_swaps:
-        run_dir = Path(_supervised("opscope.swap.worker", SwapJob(options=options, swap=SwapSpec()), out)["run_dir"])
-    else:
-        job = ProfileJob(options=options, script=job_script, launch=job_launch)
-        # a model file in one process: torch.compile's log (TORCH_TRACE) costs nothing unless the model compiles
-        run_dir = Path(_supervised("opscope.capture.worker", job, out,
-                                   torch_trace=job_script is None and job_launch is None)["run_dir"])
-    _run_complete(run_dir)
-    from opscope.run.read import read_run
-
-    run = read_run(run_dir)
-    _emit(run, json_out, top)
+    with _RichProgress(stderr) as progress:
+        run = profile_file(target, entry=entry, device=device.value, dtype=dtype.value if dtype else None,
+                           mode=mode.value, warmup=warmup, steps=steps, threads=threads, peak_bw=peak_bw,
+                           peak_flops=list(peak_flops or []), out=out,
+                           compile=compile_mode.value if compile_mode is not None else None, try_swaps=try_swaps,
+                           nvtx=nvtx, nsys=nsys, nsys_args=nsys_args, ncu=ncu, ncu_top=ncu_top, nvtx_ops=nvtx_ops,
+                           script=script, script_args=list(script_args or []), step_fn=step_fn,
+                           stop_after=stop_after, nproc_per_node=nproc_per_node, nnodes=nnodes,
+                           node_rank=node_rank, master_addr=master_addr, master_port=master_port, debug=debug,
+                           progress=progress, on_written=_run_complete)
+    _emit(run.internal, json_out, top)
     if try_swaps and not json_out:
         from opscope.render.console_report import swap_group
         from opscope.render.text import cleaned_run
 
-        section = swap_group(cleaned_run(run))
+        section = swap_group(cleaned_run(run.internal))
         console = _console()
         console.print(section if section is not None else Text("no swap candidates: no bundled kernel matches an op "
                                                                "of this model"))
-
-
-def _profile_options(target: Path, entry: str | None, device: Device, dtype: DType | None, mode: Mode, warmup: int,
-                     steps: int, threads: int | None, peak_bw: float | None, peak_flops: list[str] | None,
-                     out: Path | None, debug: bool) -> ProfileOptions:
-    """The options of a child's job, after every check that needs no torch (so that they are one line
-    before the child starts and imports torch)."""
-    from opscope.machine.peaks import apply_overrides
-    from opscope.run.model import DEFAULT_REPORTS_DIR
-    from opscope.run.write import check_out_dir
-    from opscope.target.model_file import check_target_file
-    from opscope.target.specs import ProfileOptions
-
-    check_target_file(target)
-    check_out_dir(out.absolute() if out else None, DEFAULT_REPORTS_DIR.absolute())
-    apply_overrides(None, peak_bw, list(peak_flops or []))  # a bad --peak-* is one line now, not later
-    return ProfileOptions(target=target.absolute(), entry=entry, device=device.value,
-                          dtype=dtype.value if dtype else None, mode=mode.value, warmup=warmup, steps=steps,
-                          threads=threads, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
-                          out=out.absolute() if out else None, debug=debug)
-
-
-def _with_nsight(options: ProfileOptions, nsight: NsightRequest, tools: dict[str, str], target: Path,
-                 out: Path | None) -> Path:
-    """`profile --nsys/--ncu` (opscope.nsight.session), with the progress bar; the run directory."""
-    from opscope.nsight.session import profile_with_nsight
-    from opscope.run.model import DEFAULT_REPORTS_DIR
-    from opscope.run.write import discard_staging
-    from opscope.target.supervise import Listener
-
-    folders = [out.absolute().parent if out else DEFAULT_REPORTS_DIR.absolute()]
-    with _RichProgress(stderr) as progress:
-        listener = Listener(phase=progress.phase, advance=progress.advance, warn=progress.warn)
-        return profile_with_nsight(options, nsight, tools, listener, out=out.absolute() if out else None,
-                                   reports=DEFAULT_REPORTS_DIR.absolute(), stem=target.stem,
-                                   on_abort=lambda pid: discard_staging(folders, pid))
-
-
-def _supervised(module: str, job: Job, out: Path | None, torch_trace: bool = False) -> dict[str, Any]:
-    """Runs the child `module` with `job` under supervision, with the progress bar; its result."""
-    from opscope.run.model import DEFAULT_REPORTS_DIR
-    from opscope.run.write import discard_staging
-    from opscope.target.specs import ProfileJob, SwapJob
-    from opscope.target.supervise import Listener, WorkerCrashed, run_worker
-
-    folders = [out.absolute().parent if out else DEFAULT_REPORTS_DIR.absolute()]
-    phases: list[str] = []
-    with _RichProgress(stderr) as progress:
-        def phase(name: str, total: int | None) -> None:
-            phases.append(name)
-            progress.phase(name, total)
-
-        listener = Listener(phase=phase, advance=progress.advance, warn=progress.warn,
-                            done=lambda result: _run_complete(result.get("run_dir")))
-        script = isinstance(job, ProfileJob) and job.script is not None
-        try:
-            return run_worker(module, job, listener,
-                              what="the code under test" if isinstance(job, SwapJob) else
-                                   "the script" if script else "the model's code",
-                              on_abort=lambda pid: discard_staging(folders, pid), forward_stdin=script,
-                              torch_trace=torch_trace)
-        except WorkerCrashed as exc:
-            from opscope.swap.worker import PHASE_PREFIX
-
-            if phases and phases[-1].startswith(PHASE_PREFIX):  # a swapped kernel crashed: a failed check
-                exc.exit_code = 1
-            raise
 
 
 @app.command()
@@ -379,49 +284,12 @@ def analyze(
     """Analyze an existing torch.profiler trace (CPU, CUDA or ROCm), or Nsight results, into a run directory;
     a folder of per-rank traces (or a run's ranks/) into one merged run of the job."""
     _state["debug"] = debug
-    if trace.is_dir():
-        from opscope.analysis.ranks import analyze_rank_folder
+    from opscope.api import analyze as analyze_trace
 
-        if capture is not None or nsys is not None or ncu is not None or torch_trace is not None or \
-                inductor_cache is not None:
-            given = "/".join(f for f, v in (("--capture", capture), ("--nsys", nsys), ("--ncu", ncu),
-                                            ("--torch-trace", torch_trace), ("--inductor-cache", inductor_cache))
-                             if v is not None)
-            raise OpscopeError(f"{given} appl{'ies' if '/' not in given else 'y'} to one trace, not to a folder "
-                               "of ranks")
-        _emit(analyze_rank_folder(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []), warn=_warn,
-                                  max_trace_gb=max_trace_gb), json_out, top)
-        return
-    # A plain trace imports neither pandas nor numpy (the Nsight modules do: imported only when used).
-    from opscope.nsight.imports import check_measurement_files, nsight_kind
-
-    if nsight_kind(trace) is not None:
-        from opscope.nsight.imports import analyze_nsight_file
-
-        if nsys is not None or ncu is not None or capture is not None or torch_trace is not None or \
-                inductor_cache is not None:
-            raise OpscopeError(f"--nsys/--ncu/--capture/--torch-trace/--inductor-cache go with a torch.profiler trace; {trace} is itself an "
-                               "Nsight file (analyze each on its own)")
-        run = analyze_nsight_file(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []), warn=_warn)
-        _emit(run, json_out, top)
-        return
-    check_measurement_files(nsys, ncu)
-    if inductor_cache is not None and not inductor_cache.is_dir():
-        raise OpscopeError(f"--inductor-cache {inductor_cache}: not a directory")
-    import tempfile
-
-    from opscope.analysis.trace_file import analyze_trace_file
-
-    with tempfile.TemporaryDirectory(prefix="opscope-nsight-") as tmp:
-        measure = None
-        if nsys is not None or ncu is not None:
-            from opscope.nsight.imports import measurement_hook
-
-            measure = measurement_hook(nsys, ncu, Path(tmp), _warn)
-        run = analyze_trace_file(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
-                                 warn=_warn, max_trace_gb=max_trace_gb, capture=capture, measure=measure,
-                                 torch_trace=torch_trace, inductor_cache=inductor_cache)
-    _emit(run, json_out, top)
+    run = analyze_trace(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []), max_trace_gb=max_trace_gb,
+                        capture=capture, nsys=nsys, ncu=ncu, torch_trace=torch_trace, inductor_cache=inductor_cache,
+                        progress=_WarnOnly())
+    _emit(run.internal, json_out, top)
 
 
 @app.command()
@@ -443,20 +311,19 @@ def report(
 ) -> None:
     """Print a saved run (summary, verdict, top ops, breakdowns, findings), or write it as one HTML file."""
     _state["debug"] = debug
-    from opscope.run.read import find_latest_run, read_run
+    from opscope.api import compare as compare_runs
+    from opscope.api import load
     from opscope.run.write import dumps
 
     if output is not None and not html:
         raise OpscopeError("-o/--output names the HTML file: use it with --html")
     if force and output is None:
         raise OpscopeError("--force lets -o replace an existing file: use it with --html -o FILE")
-    run_path = run_dir if run_dir is not None else find_latest_run()
-    run = read_run(run_path)
-    comparison = None
-    if baseline is not None:
-        from opscope.run.compare import compare_runs
-
-        comparison = compare_runs(read_run(baseline), run)
+    loaded = load(run_dir)
+    run = loaded.internal
+    run_path = loaded.dir
+    assert run_path is not None  # a loaded run knows its directory
+    comparison = compare_runs(load(baseline), loaded) if baseline is not None else None
     if html:
         from rich.text import Text
 
@@ -497,13 +364,13 @@ def compare(
     """Compare two run directories op by op: time per op and in total, ops that appeared or vanished,
     findings fixed and introduced; changes inside the runs' noise are marked as such."""
     _state["debug"] = debug
-    from opscope.run.compare import compare_runs, regressed
-    from opscope.run.read import read_run
+    from opscope.api import compare as compare_runs
+    from opscope.run.compare import regressed
     from opscope.run.write import dumps
 
     if fail_above is not None and not (fail_above > 0 and fail_above < float("inf")):
         raise OpscopeError(f"--fail-above must be a positive ratio such as 1.10, not {fail_above:g}")
-    comparison = compare_runs(read_run(run_a), read_run(run_b))
+    comparison = compare_runs(run_a, run_b)
     if fail_above is not None and comparison.step_ratio is None:
         raise OpscopeError("--fail-above needs the step time of both runs; one of them has none")
     if json_out:
@@ -629,26 +496,22 @@ def swap(
     the five custom-op traps), then measure the op-level and end-to-end speedup. Exit 1 when a
     verification fails or a kernel crashes."""
     _state["debug"] = debug
-    from opscope.kernels.catalog import parse_requests
+    from opscope.api import swap as swap_kernels
 
-    requests = parse_requests(list(kernel or []), op, module) if kernel else None
-    if not kernel and (op is not None or module is not None):
-        raise OpscopeError("--op and --module say what a user kernel replaces: give it with --kernel FILE.py:FUNC")
-    from opscope.target.specs import SwapJob, SwapSpec
-
-    options = _profile_options(target, entry, device, dtype, mode, warmup, steps, threads, peak_bw, peak_flops, out,
-                               debug)
-    swaps = SwapSpec(requests=[r.to_json() for r in requests] if requests is not None else None, repeats=repeats)
-    run_dir = Path(_supervised("opscope.swap.worker", SwapJob(options=options, swap=swaps), out)["run_dir"])
-    _run_complete(run_dir)
+    with _RichProgress(stderr) as progress:
+        swapped = swap_kernels(target, kernels=list(kernel or []), op=op, module=module, entry=entry,
+                               device=device.value, dtype=dtype.value if dtype else None, mode=mode.value,
+                               warmup=warmup, steps=steps, repeats=repeats, threads=threads, peak_bw=peak_bw,
+                               peak_flops=list(peak_flops or []), out=out, debug=debug, progress=progress,
+                               on_written=_run_complete)
+    run_dir = swapped.dir
+    assert run_dir is not None  # a swap writes its run
     from opscope.render.report_data import swap_results
     from opscope.render.text import clean, cleaned_run
     from opscope.run.model import shown_path
-    from opscope.run.read import read_run
     from opscope.run.write import dumps
 
-    run = read_run(run_dir)
-
+    run = swapped.internal
     doc = swap_results(run)
     if json_out:
         from opscope.run.swap_results import read_swap

@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opscope import __version__
 from opscope.errors import OpscopeError
 from opscope.run.cells import spreadsheet_safe
 from opscope.run.write import make_folders
+from opscope.version import __version__
 
 WARMUP = 3
 GOALS = {  # kernel -> [(ratio key, minimum)], from the issue that introduced the kernels

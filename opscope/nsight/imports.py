@@ -152,7 +152,6 @@ def _ncu_run(path: Path, table: NcuTable, folder: Path, peak_bw: float | None, p
              warn: Callable[[str], None]) -> tuple[Run, dict[str, Path]]:
     """One op row per kernel (by its full name): calls, time, and the measured_* columns; FLOPs and
     bytes per call stay empty (they are the cost model's) and the bound unknown."""
-    from opscope import __version__
     from opscope.analysis.ops_table import (
         CONTRACT_COLUMNS,
         EXTRA_COLUMNS,
@@ -165,6 +164,7 @@ def _ncu_run(path: Path, table: NcuTable, folder: Path, peak_bw: float | None, p
     from opscope.nsight.measured import TIME, attach_ncu, ncu_kernels_table
     from opscope.table import NAN, pairwise_sum, take
     from opscope.trace.kernel_names import kernel_family
+    from opscope.version import __version__
 
     meas = table.kernels
     peaks = apply_overrides(None, peak_bw, peak_flops)

@@ -28,7 +28,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from opscope import __version__, units
+from opscope import units
 from opscope.errors import OpscopeError, OutputError
 from opscope.render.console import ABOVE_PEAK_MARK, SUMS_NOTE, ceiling_warnings, threads_line
 from opscope.render.ranks import STRAGGLER_MARK, collectives_line, header_line, rank_rows, straggler_line
@@ -65,6 +65,7 @@ from opscope.run.write import json_safe
 from opscope.table import nrows, records
 from opscope.units import UNKNOWN
 from opscope.units import number as num
+from opscope.version import __version__
 
 PAGE_ROWS = 200  # table rows put in the DOM at a time; more as the reader scrolls
 HOVER_TEXT_MAX = 160  # characters of one shape/stride/path line in a point's hover label

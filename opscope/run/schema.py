@@ -145,6 +145,9 @@ class RunMeta(Struct, kw_only=True):
     rank: Annotated[int | None, _doc("a rank's own run: its rank")] = None
     world_size: Count | None = None
     distributed: JobMeta | None = None
+    api: Annotated[str | None, _doc(
+        "runs made in the caller's process by the Python API: profile (a model object) or profiling (a block "
+        "of code); null otherwise")] = None
 
 
 # --- summary.json -----------------------------------------------------------------------------------

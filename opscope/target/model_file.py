@@ -155,13 +155,13 @@ def load_target(path: str | Path, entry: str | None = None) -> Target:
         raise TargetError(f"{path.name} has none of the accepted shapes: looked for {ACCEPTED}")
     if not isinstance(model, torch.nn.Module):
         raise TargetError(f"the model must be a torch.nn.Module; got {type(model).__name__}")
-    args, kwargs = _split_inputs(inputs, source)
+    args, kwargs = split_inputs(inputs, source)
     loss_fn = getattr(module, "loss_fn", None)
     return Target(path=path, module=module, model=model, args=args, kwargs=kwargs,
                   loss_fn=loss_fn if callable(loss_fn) else None)
 
 
-def _split_inputs(inputs: Any, source: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def split_inputs(inputs: Any, source: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
     import torch
 
     if isinstance(inputs, dict):

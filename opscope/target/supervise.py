@@ -52,7 +52,7 @@ from typing import Any
 
 import msgspec
 
-import opscope
+import opscope.errors
 from opscope.errors import OpscopeError, TargetError
 from opscope.target.specs import Job, JobT, decode_job, encode_job
 
@@ -61,7 +61,7 @@ CONTROL_FILE_ENV = "OPSCOPE_CONTROL_FILE"  # the channel when a tool (nsys, ncu)
 TORCH_TRACE_ENV = "TORCH_TRACE"  # where torch writes its structured compile log (read when torch is imported)
 _GRACE_S = 3.0  # how long an ended child may take to exit on SIGTERM before SIGKILL
 _DONE_GRACE_S = 30.0  # how long a child that sent its result may take to exit
-_OPSCOPE_ROOT = str(Path(opscope.__file__).resolve().parent.parent)
+_OPSCOPE_ROOT = str(Path(opscope.errors.__file__).resolve().parent.parent)
 _BOOT = ("import sys; sys.path[0] = {root!r}; "
          "from {module} import main; main()")
 

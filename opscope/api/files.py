@@ -1,0 +1,123 @@
+"""Runs from files: analyze a trace (or Nsight file, or a folder of rank traces), load a run directory,
+compare two runs. No torch, no pandas (the Nsight readers import pandas when an Nsight file is given)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from opscope.api.run import Run
+from opscope.capture.options import Progress
+from opscope.errors import OpscopeError
+from opscope.limits import bounded, path_problem
+from opscope.run.compare import Comparison
+
+PathLike = str | os.PathLike[str]
+# URL schemes `analyze` recognises so that it can say what it cannot do yet, not "no such file"
+_URL_SCHEMES = ("http://", "https://", "s3://", "gs://", "gcs://", "az://", "abfs://", "hf://")
+
+def user_path(value: PathLike | None, what: str = "") -> Path | None:
+    """A path given by the user, refused in one line (OpscopeError) where the OS would refuse it."""
+    if value is None:
+        return None
+    text = os.fspath(value)
+    if text.startswith(_URL_SCHEMES):
+        raise OpscopeError(f"{bounded(text, 80)}: reading {what or 'files'} from a URL is not supported yet; "
+                           "copy it to a local file first")
+    if text.startswith("file://"):
+        text = text[len("file://"):]
+    problem = path_problem(text)
+    if problem is not None:
+        raise OpscopeError(f"{bounded(text, 80)}: {problem}")
+    return Path(text)
+
+class Collected:
+    """Warnings kept for the Run and passed on to the caller's progress hook, if any."""
+
+    def __init__(self, progress: Progress | None = None) -> None:
+        self.messages: list[str] = []
+        self.progress = progress
+
+    def __call__(self, message: str) -> None:
+        self.messages.append(message)
+        if self.progress is not None:
+            self.progress.warn(message)
+
+def load(run_dir: PathLike | None = None) -> Run:
+    """The run directory `run_dir` read back (default: the newest run under ./reports). Anything damaged
+    is an OpscopeError naming the file."""
+    from opscope.run.read import find_latest_run, read_run
+
+    path = user_path(run_dir)
+    return Run(read_run(path if path is not None else find_latest_run()))
+
+def analyze(trace: PathLike, *, out: PathLike | None = None, peak_bw: float | None = None,
+            peak_flops: Sequence[str] | str | None = None, max_trace_gb: float | None = None,
+            capture: PathLike | None = None, nsys: PathLike | None = None, ncu: PathLike | None = None,
+            torch_trace: PathLike | None = None, inductor_cache: PathLike | None = None,
+            progress: Progress | None = None) -> Run:
+    """Analyzes a torch.profiler Chrome trace (.json/.json.gz; CPU, CUDA or ROCm), an Nsight file, or a
+    folder of per-rank traces or run directories (merged into one run of the job), and writes the run
+    directory (`out`, default a new folder under ./reports). As `opscope analyze`; the keyword arguments
+    are its options (`peak_flops`: "GFLOPS" or "DTYPE=GFLOPS", one or a list).
+
+    `capture`: a trace recorded while CUDA/HIP graphs were captured; `nsys`/`ncu`: Nsight measurements of
+    the same model; `torch_trace`: the same run's TORCH_TRACE log (torch.compile's kernels costed and
+    placed); `inductor_cache`: inductor's cache directory of the recording machine. `progress` receives
+    the warnings as they come (they are also in `run.warnings`)."""
+    path = user_path(trace, "traces")
+    assert path is not None
+    out_dir = user_path(out)
+    capture_path, nsys_path, ncu_path = user_path(capture), user_path(nsys), user_path(ncu)
+    torch_trace_path, cache_path = user_path(torch_trace), user_path(inductor_cache)
+    flops = [peak_flops] if isinstance(peak_flops, str) else list(peak_flops or [])
+    warn = Collected(progress)
+    if path.is_dir():
+        from opscope.analysis.ranks import analyze_rank_folder
+
+        given = [f for f, v in (("capture", capture_path), ("nsys", nsys_path), ("ncu", ncu_path),
+                                ("torch_trace", torch_trace_path), ("inductor_cache", cache_path)) if v is not None]
+        if given:
+            raise OpscopeError(f"--{'/--'.join(g.replace('_', '-') for g in given)} "
+                               f"appl{'ies' if len(given) == 1 else 'y'} to one trace, not to a folder of ranks")
+        return Run(analyze_rank_folder(path, out=out_dir, peak_bw=peak_bw, peak_flops=flops, warn=warn,
+                                       max_trace_gb=max_trace_gb), warn.messages)
+    # A plain trace imports neither pandas nor numpy (the Nsight modules do: imported only when used).
+    from opscope.nsight.imports import check_measurement_files, nsight_kind
+
+    if nsight_kind(path) is not None:
+        from opscope.nsight.imports import analyze_nsight_file
+
+        if any(v is not None for v in (nsys_path, ncu_path, capture_path, torch_trace_path, cache_path)):
+            raise OpscopeError(f"--nsys/--ncu/--capture/--torch-trace/--inductor-cache go with a torch.profiler "
+                               f"trace; {path} is itself an Nsight file (analyze each on its own)")
+        return Run(analyze_nsight_file(path, out=out_dir, peak_bw=peak_bw, peak_flops=flops, warn=warn),
+                   warn.messages)
+    check_measurement_files(nsys_path, ncu_path)
+    if cache_path is not None and not cache_path.is_dir():
+        raise OpscopeError(f"--inductor-cache {cache_path}: not a directory")
+    from opscope.analysis.trace_file import analyze_trace_file
+
+    with tempfile.TemporaryDirectory(prefix="opscope-nsight-") as tmp:
+        measure = None
+        if nsys_path is not None or ncu_path is not None:
+            from opscope.nsight.imports import measurement_hook
+
+            measure = measurement_hook(nsys_path, ncu_path, Path(tmp), warn)
+        data = analyze_trace_file(path, out=out_dir, peak_bw=peak_bw, peak_flops=flops, warn=warn,
+                                  max_trace_gb=max_trace_gb, capture=capture_path, measure=measure,
+                                  torch_trace=torch_trace_path, inductor_cache=cache_path)
+    return Run(data, warn.messages)
+
+def compare(a: Run | PathLike, b: Run | PathLike) -> Comparison:
+    """Compares run B with the baseline A op by op (runs or run directories): step and op time, ops that
+    appeared or vanished, modules, findings fixed and introduced; changes inside the runs' noise are
+    marked as such. As `opscope compare`; `.to_json()` gives its JSON."""
+    from opscope.run.compare import compare_runs
+
+    return compare_runs(_run_of(a).internal, _run_of(b).internal)
+
+def _run_of(value: Run | PathLike) -> Run:
+    return value if isinstance(value, Run) else load(value)
