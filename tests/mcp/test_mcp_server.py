@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
-from conftest import TRACES, run_cli
+from conftest import TRACES, run_cli, write_model
 
 pytest.importorskip("mcp")
 
@@ -181,3 +181,35 @@ def run_cli_code(code: str, cwd: Path):
     import subprocess
 
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_profile_a_model_file_under_the_root(root: Path, tmp_path: Path) -> None:
+    write_model(root, """
+        import torch
+
+        def get_model():
+            return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Softmax(dim=-1))
+
+        def get_inputs():
+            return (torch.randn(8, 64),)
+    """)
+
+    async def body(client: ClientSession) -> None:
+        phases: list[str | None] = []
+
+        async def on_progress(value: float, total: float | None, message: str | None) -> None:
+            phases.append(message)
+
+        result = await client.call_tool("profile", {"model": "model.py", "device": "cpu", "steps": 2, "warmup": 1,
+                                                    "threads": 1, "out": "runs/mlp"}, progress_callback=on_progress)
+        assert not result.is_error, result.content
+        run = result.structured_content
+        assert run is not None and run["run"] == "runs/mlp"
+        assert {r["op"] for r in run["top_ops"]} & {"aten::addmm", "aten::_softmax"}
+        assert run["summary"]["steps"] == 2
+        assert len(set(phases)) >= 2  # the child's phases came through as progress
+        explained = await call(client, "explain_op", run="runs/mlp", row="aten::addmm")
+        assert explained["flops_per_call"] == 2 * 8 * 64 * 64
+
+    session(root, tmp_path, body)
