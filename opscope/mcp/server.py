@@ -17,7 +17,7 @@ import math
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import anyio
 import anyio.from_thread
@@ -26,6 +26,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError
 from mcp.server.mcpserver.resources import FunctionResource
 from mcp.types import CallToolResult, TextContent
+from pydantic import Field
 
 from opscope import __version__
 from opscope.capture.options import Progress
@@ -52,6 +53,13 @@ Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["float32", "bfloat16", "float16"]
 Mode = Literal["inference", "train"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune"]
+# the CLI's bounds (opscope.cli.app: MAX_STEPS, MAX_THREADS)
+Steps = Annotated[int, Field(ge=1, le=100_000)]
+Warmup = Annotated[int, Field(ge=0, le=100_000)]
+Threads = Annotated[int, Field(ge=1, le=4096)]
+Repeats = Annotated[int, Field(ge=5, le=1000)]
+Count = Annotated[int, Field(ge=0, le=MAX_ROWS)]
+First = Annotated[int, Field(ge=0)]
 
 
 class Root:
@@ -250,10 +258,10 @@ class OpscopeServer:
 
     # --- tools -----------------------------------------------------------------------------------------
 
-    async def profile(self, model: str, ctx: Context, mode: Mode = "inference", steps: int = 5, warmup: int = 2,
+    async def profile(self, model: str, ctx: Context, mode: Mode = "inference", steps: Steps = 5, warmup: Warmup = 2,
                       device: Device = "auto", dtype: DType | None = None, entry: str | None = None,
-                      compile: CompileMode | None = None, threads: int | None = None, out: str | None = None,
-                      top: int = 10) -> dict[str, Any]:
+                      compile: CompileMode | None = None, threads: Threads | None = None, out: str | None = None,
+                      top: Count = 10) -> dict[str, Any]:
         """Profile a model file under the root (a Python file defining get_model()/Model and get_inputs(), or
         `entry`, a function returning (model, inputs)) in opscope's supervised child process: per-op FLOPs,
         bytes, roofline and findings. Writes a run directory (default ROOT/reports/...; `out`: a new folder
@@ -266,7 +274,7 @@ class OpscopeServer:
         return self._run_result(run, warnings, top)
 
     async def analyze(self, trace: str, ctx: Context, out: str | None = None, peak_bw: float | None = None,
-                      peak_flops: list[str] | None = None, torch_trace: str | None = None, top: int = 10) -> dict[str, Any]:
+                      peak_flops: list[str] | None = None, torch_trace: str | None = None, top: Count = 10) -> dict[str, Any]:
         """Analyze a torch.profiler trace under the root (.json or .json.gz, CPU, CUDA or ROCm) into a run
         directory (default ROOT/reports/...; `out`: a new folder under the root). `peak_bw` (GB/s) and
         `peak_flops` ("[DTYPE=]GFLOPS" each) override the ceilings; `torch_trace`: the same run's
@@ -279,7 +287,7 @@ class OpscopeServer:
             path, out=out_path, peak_bw=peak_bw, peak_flops=peak_flops, torch_trace=log, progress=progress))
         return self._run_result(run, warnings, top)
 
-    async def top_ops(self, run: str, n: int = 10, first: int = 0, bound: str | None = None,
+    async def top_ops(self, run: str, n: Count = 10, first: First = 0, bound: str | None = None,
                       module: str | None = None) -> dict[str, Any]:
         """The rows of a run's ops.csv (slowest first), `n` of them from row `first`: op, inputs, source line,
         module, calls, time, FLOPs and bytes per call, intensity, achieved rates, % of peak, bound. `bound`
@@ -291,9 +299,8 @@ class OpscopeServer:
             rows = [r for r in rows if r.get("bound") == bound]
         if module is not None:
             rows = [r for r in rows if str(r.get("module") or "").startswith(module)]
-        count = max(0, min(n, MAX_ROWS))
         return {"run": self.root.relative(loaded.dir) if loaded.dir else run, "rows": nrows(ops),
-                "matching": len(rows), "ops": rows[max(first, 0):max(first, 0) + count]}
+                "matching": len(rows), "ops": rows[first:first + n]}
 
     async def findings(self, run: str, rule: str | None = None, severity: str | None = None) -> dict[str, Any]:
         """A run's findings (findings.json: rule, severity, message, suggestion, op, source_location,
@@ -304,7 +311,7 @@ class OpscopeServer:
                  if (rule is None or f.get("rule") == rule) and (severity is None or f.get("severity") == severity)]
         return {"run": self.root.relative(loaded.dir) if loaded.dir else run, "findings": clean(found)}
 
-    async def modules(self, run: str, n: int = 30, prefix: str | None = None) -> dict[str, Any]:
+    async def modules(self, run: str, n: Count = 30, prefix: str | None = None) -> dict[str, Any]:
         """A run's module tree (modules.csv: per module its inclusive time, own time, FLOPs, bytes and
         bound), `n` rows; `prefix` keeps the modules whose path starts with it."""
         loaded = await self._call(lambda: self._load(run))
@@ -313,7 +320,7 @@ class OpscopeServer:
         if prefix is not None:
             rows = [r for r in rows if str(r.get("module") or "").startswith(prefix)]
         return {"run": self.root.relative(loaded.dir) if loaded.dir else run, "has_modules": table is not None,
-                "modules": rows[:max(0, min(n, MAX_ROWS))]}
+                "modules": rows[:n]}
 
     async def compare(self, run_a: str, run_b: str) -> dict[str, Any]:
         """Compare two runs op by op (A the baseline): step times and their ratio, per-op and per-module
@@ -325,8 +332,8 @@ class OpscopeServer:
 
     async def swap(self, model: str, ctx: Context, kernels: list[str] | None = None, op: str | None = None,
                    module: str | None = None, entry: str | None = None, device: Device = "auto",
-                   dtype: DType | None = None, mode: Mode = "inference", warmup: int = 2, steps: int = 5,
-                   repeats: int = 15, out: str | None = None) -> dict[str, Any]:
+                   dtype: DType | None = None, mode: Mode = "inference", warmup: Warmup = 2, steps: Steps = 5,
+                   repeats: Repeats = 15, out: str | None = None) -> dict[str, Any]:
         """Put a kernel in place of part of a model file under the root, verify the model is still right
         (outputs, gradients in train mode), and measure the op-level and end-to-end speedup. `kernels`:
         bundled kernel names (see the run's summary.swap_candidates; `a+b` applies two together), `compile`,

@@ -149,6 +149,8 @@ def test_paths_outside_the_root_are_refused(root: Path, tmp_path: Path) -> None:
         ok = await call(client, "analyze", trace=f"traces/{TRACE}", out="runs/bert", top=1)
         assert ok["run"] == "runs/bert"
         assert "row 100000" in await error(client, "explain_op", run="runs/bert", row=100000)
+        bad = await client.call_tool("profile", {"model": "m.py", "steps": 0})  # the CLI's bounds (the SDK's message)
+        assert bad.is_error and "steps" in bad.content[0].text
 
     session(root, tmp_path, body)
     assert not list(tmp_path.glob("reports"))  # nothing written outside the root (the server's cwd)
