@@ -34,13 +34,14 @@ if TYPE_CHECKING:
         Session,
         analyze,
         compare,
+        explain_op,
         load,
         profile,
         profiling,
         swap,
     )
 
-_LAZY = frozenset({"Comparison", "Finding", "Progress", "Rows", "Run", "Session", "analyze", "compare", "load",
+_LAZY = frozenset({"Comparison", "Finding", "Progress", "Rows", "Run", "Session", "analyze", "compare", "explain_op", "load",
                    "profile", "profiling", "swap"})
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "__version__",
     "analyze",
     "compare",
+    "explain_op",
     "load",
     "profile",
     "profiling",

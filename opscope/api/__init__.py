@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opscope.api.capture import Session, profiling
+from opscope.api.explain import explain_op
 from opscope.api.files import analyze, compare, load
 from opscope.api.jobs import profile_file, swap
 from opscope.api.run import Finding, Rows, Run
@@ -73,6 +74,7 @@ __all__ = [
     "Session",
     "analyze",
     "compare",
+    "explain_op",
     "load",
     "profile",
     "profile_file",

@@ -74,6 +74,8 @@ def analyze(trace: PathLike, *, out: PathLike | None = None, peak_bw: float | No
     torch_trace_path, cache_path = user_path(torch_trace), user_path(inductor_cache)
     flops = [peak_flops] if isinstance(peak_flops, str) else list(peak_flops or [])
     warn = Collected(progress)
+    if progress is not None:
+        progress.phase("analyzing")
     if path.is_dir():
         from opscope.analysis.ranks import analyze_rank_folder
 

@@ -536,6 +536,26 @@ def swap(
         sys.exit(1)
 
 
+@app.command()
+def mcp(
+    root: Path = typer.Option(..., "--root", metavar="DIR", parser=_user_path,
+                              help="The folder the agent works in: model files, traces and runs; paths outside it "
+                                   "are refused."),
+    debug: bool = DEBUG,
+) -> None:
+    """Serve opscope to AI agents: a Model Context Protocol server on stdio (tools profile, analyze, top_ops,
+    findings, modules, compare, swap, explain_op; runs as resources). Needs the extra: pip install
+    'opscope[mcp]'."""
+    _state["debug"] = debug
+    try:
+        from opscope.mcp.server import serve
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in ("mcp", "mcp_types"):
+            raise
+        raise OpscopeError("opscope mcp needs the MCP SDK: pip install 'opscope[mcp]'") from None
+    serve(root, debug=debug)
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"opscope {__version__}")
