@@ -129,7 +129,7 @@ def profile_model(model: torch.nn.Module, inputs: Any, *, mode: str = "inference
         restore.restore()
         if torch.get_num_threads() != threads_before:
             torch.set_num_threads(threads_before)
-    return Run(data, kept.warnings)
+    return Run.written(data, kept.warnings)
 
 
 class Session:
@@ -290,7 +290,7 @@ class Session:
         meta["api"] = "profiling"
         write_run(data, self._out.absolute() if self._out else None, str(self._opts.target), trace_path,
                   base=DEFAULT_REPORTS_DIR.absolute())
-        return Run(data, progress.warnings)
+        return Run.written(data, progress.warnings)
 
 
 def _rename_last_step(path: Path, index: int) -> None:

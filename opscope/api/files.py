@@ -84,7 +84,7 @@ def analyze(trace: PathLike, *, out: PathLike | None = None, peak_bw: float | No
         if given:
             raise OpscopeError(f"--{'/--'.join(g.replace('_', '-') for g in given)} "
                                f"appl{'ies' if len(given) == 1 else 'y'} to one trace, not to a folder of ranks")
-        return Run(analyze_rank_folder(path, out=out_dir, peak_bw=peak_bw, peak_flops=flops, warn=warn,
+        return Run.written(analyze_rank_folder(path, out=out_dir, peak_bw=peak_bw, peak_flops=flops, warn=warn,
                                        max_trace_gb=max_trace_gb), warn.messages)
     # A plain trace imports neither pandas nor numpy (the Nsight modules do: imported only when used).
     from opscope.nsight.imports import check_measurement_files, nsight_kind
@@ -95,7 +95,7 @@ def analyze(trace: PathLike, *, out: PathLike | None = None, peak_bw: float | No
         if any(v is not None for v in (nsys_path, ncu_path, capture_path, torch_trace_path, cache_path)):
             raise OpscopeError(f"--nsys/--ncu/--capture/--torch-trace/--inductor-cache go with a torch.profiler "
                                f"trace; {path} is itself an Nsight file (analyze each on its own)")
-        return Run(analyze_nsight_file(path, out=out_dir, peak_bw=peak_bw, peak_flops=flops, warn=warn),
+        return Run.written(analyze_nsight_file(path, out=out_dir, peak_bw=peak_bw, peak_flops=flops, warn=warn),
                    warn.messages)
     check_measurement_files(nsys_path, ncu_path)
     if cache_path is not None and not cache_path.is_dir():
@@ -111,7 +111,7 @@ def analyze(trace: PathLike, *, out: PathLike | None = None, peak_bw: float | No
         data = analyze_trace_file(path, out=out_dir, peak_bw=peak_bw, peak_flops=flops, warn=warn,
                                   max_trace_gb=max_trace_gb, capture=capture_path, measure=measure,
                                   torch_trace=torch_trace_path, inductor_cache=cache_path)
-    return Run(data, warn.messages)
+    return Run.written(data, warn.messages)
 
 def compare(a: Run | PathLike, b: Run | PathLike) -> Comparison:
     """Compares run B with the baseline A op by op (runs or run directories): step and op time, ops that

@@ -117,8 +117,21 @@ class Run:
     - `print(top=15)`, `html(path=None)`, `to_pandas(name)`; in Jupyter the run shows as its HTML report.
     """
 
-    def __init__(self, data: RunData, warnings: Sequence[str] = ()) -> None:
+    @classmethod
+    def written(cls, data: RunData, warnings: Sequence[str] = ()) -> Run:
+        """The run `data` as its directory holds it (read back, so that a Run made now and one loaded later
+        hold the same values, typed as the files type them); `data` itself when it was not written."""
+        if data.path is None:
+            return cls(data, warnings)
+        from opscope.run.read import read_run
+
+        return cls(read_run(data.path), warnings, analyzed=data)
+
+    def __init__(self, data: RunData, warnings: Sequence[str] = (), *, analyzed: RunData | None = None) -> None:
         self.internal = data  # the table-dict Run the renderers read
+        # the analysis' own run, when this one was just made: with the events and kernels tables, which no
+        # file holds
+        self.analyzed = analyzed or data
         self.warnings = list(warnings)
         self._swap: dict[str, Any] | None = None
         self._swap_read = False
@@ -164,8 +177,11 @@ class Run:
         return float(value) if isinstance(value, (int, float)) else None
 
     def to_pandas(self, name: str = "ops") -> pd.DataFrame:
-        """The table `name` (ops, modules, ranks) as a pandas DataFrame (imports pandas). KeyError for a
-        table the run does not have."""
+        """The table `name` (ops, modules, ranks; for a run just made also events and kernels, the trace's
+        events and GPU kernels) as a pandas DataFrame (imports pandas). KeyError for a table the run does
+        not have."""
+        if name in ("events", "kernels"):
+            return self.analyzed.to_pandas(name)
         return self.internal.to_pandas(name)
 
     def print(self, top: int = 15, *, findings: int = 10, file: IO[str] | None = None, width: int | None = None) -> None:

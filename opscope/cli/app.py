@@ -289,7 +289,7 @@ def analyze(
     run = analyze_trace(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []), max_trace_gb=max_trace_gb,
                         capture=capture, nsys=nsys, ncu=ncu, torch_trace=torch_trace, inductor_cache=inductor_cache,
                         progress=_WarnOnly())
-    _emit(run.internal, json_out, top)
+    _emit(run.analyzed, json_out, top)  # as analyzed (its events), not as read back
 
 
 @app.command()

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from chromium import Chromium, find_chromium
+from chromium import Chromium, Page, find_chromium
 from conftest import EXAMPLES, PEAKS, REPO, TRACES, run_cli
 from opscope.render.html import BOUND_COLORS, PAGE_ROWS, write_html
 from opscope.render.report_data import verdict_line
@@ -251,3 +251,34 @@ def test_large_report_renders_progressively(browser, reports):
     table_ms, drawn_ms = page.evaluate("[window.opscopeReport.tableMs, window.opscopeReport.drawnMs]")
     print(f"\n{rows} rows, {path.stat().st_size / 1e6:.1f} MB: table drawn {table_ms / 1e3:.2f} s, plots "
           f"{drawn_ms / 1e3:.2f} s after navigation; {seconds:.2f} s from opening a tab (load {os.getloadavg()[0]:.1f})")
+
+
+def _frame_session(page) -> str:
+    """The DevTools session of the page's one child frame (the notebook view's sandboxed report: Chromium
+    runs a sandboxed frame as a target of its own)."""
+    page.send("Target.setAutoAttach", {"autoAttach": True, "waitForDebuggerOnStart": False, "flatten": True})
+    page.evaluate("1")  # collect the events so far
+    frames = [e["params"] for e in page.browser.events
+              if e.get("sessionId") == page.session and e.get("method") == "Target.attachedToTarget"]
+    frames = [f["sessionId"] for f in frames if f.get("targetInfo", {}).get("type") == "iframe"]
+    assert len(frames) == 1, page.browser.events[-5:]
+    return frames[0]
+
+
+def test_notebook_view_shows_the_report_in_a_sandboxed_frame(browser, reports, tmp_path):
+    """Run._repr_html_ (what Jupyter shows for a Run) in a page standing in for the notebook: the report's
+    scripts run inside the frame under its own CSP and plot the roofline; the page cannot reach into it."""
+    import opscope
+
+    run = opscope.load(reports["runs"]["cpu"])
+    notebook = tmp_path / "notebook.html"
+    notebook.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'><title>notebook</title></head><body>"
+                        f"<div class='cell'>In [1]: run</div>{run._repr_html_()}</body></html>", encoding="utf-8")
+    page = browser.open(notebook, height=900)
+    frame = Page(browser, _frame_session(page))
+    frame.wait_for(READY)
+    points = frame.evaluate(POINTS_JS)["points"]
+    assert sorted(p["row"] for p in points) == sorted(plotted_rows(reports["runs"]["cpu"]))
+    assert page.evaluate("document.querySelector('iframe').contentDocument") is None  # sandboxed: no way in
+    assert page.evaluate("document.querySelector('iframe').getBoundingClientRect().height") < 600  # fits a cell
+    assert page.errors() == [] and page.dialogs() == []
