@@ -118,7 +118,7 @@ def profile_model(model: torch.nn.Module, inputs: Any, *, mode: str = "inference
     threads_before = torch.get_num_threads()
     from opscope.capture.compiled import holds_compiled
 
-    if holds_compiled(model) and not os.environ.get("TORCH_TRACE"):
+    if (compile is not None or holds_compiled(model)) and not os.environ.get("TORCH_TRACE"):
         kept.warn("the model is torch.compile'd: in this process inductor's kernels get no FLOPs, bytes or source "
                   "lines (torch.compile's log, TORCH_TRACE, must be set before torch is imported); profile its "
                   "model file with opscope.profile('model.py') or `opscope profile` for those")
