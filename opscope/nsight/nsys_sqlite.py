@@ -470,7 +470,7 @@ def _op_table(names: list[str], gtids: list[int], dims: list[str], seqs: list[in
         "input_dtypes": [""] * n, "input_strides": [""] * n, "concrete_inputs": [""] * n, "call_stack": [""] * n,
         "ts": [us(s) for s in starts], "dur": [(e - s) / 1e3 for s, e in zip(starts, ends, strict=True)],
         "ext_id": [-1] * n, "seq": seqs, "fwd_tid": [-1] * n,
-        "kernel_backend": [""] * n, "kernel_flop": [NAN] * n, "kernel_num_gb": [NAN] * n}
+        "kernel_backend": [""] * n, "kernel_flop": [NAN] * n, "kernel_num_gb": [NAN] * n, "kernel_file": [""] * n}
 
 
 def to_trace_data(data: NsysData) -> TraceData:
