@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from opscope.api.run import Run
 from opscope.costmodel import REGISTRY, OpCall, UnreadableCall, estimate
 from opscope.costmodel.base import BIAS_COPIED_BY_CHILD, DELEGATES_TO_ANY_CHILD
 from opscope.errors import OpscopeError
@@ -24,7 +25,7 @@ from opscope.table import nrows
 _INPUT_COLUMNS = ("input_dims", "input_dtypes", "input_strides", "concrete_inputs")
 
 
-def explain_op(run: Any, row: int | str) -> dict[str, Any]:
+def explain_op(run: Run | TableRun | str | os.PathLike[str], row: int | str) -> dict[str, Any]:
     """The row `row` of the run's ops.csv (an index in ops.csv order, or an op name: its first row, the
     one with the most time) explained: the op and its inputs, calls and time, FLOPs and bytes per call and
     in total, arithmetic intensity, the achieved rates, the ceiling that binds and the percent of it, the
@@ -73,12 +74,12 @@ def explain_op(run: Any, row: int | str) -> dict[str, Any]:
     return out
 
 
-def _table_run(run: Any) -> TableRun:
+def _table_run(run: Run | TableRun | str | os.PathLike[str]) -> TableRun:
     if isinstance(run, (str, os.PathLike)):
         from opscope.run.read import read_run
 
         return read_run(Path(run))
-    internal = getattr(run, "internal", run)
+    internal = run.internal if isinstance(run, Run) else run
     if not isinstance(internal, TableRun):
         raise OpscopeError(f"explain_op needs a run (opscope.api.Run or a run directory), not {type(run).__name__}")
     return internal
