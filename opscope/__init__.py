@@ -41,9 +41,6 @@ if TYPE_CHECKING:
         swap,
     )
 
-_LAZY = frozenset({"Comparison", "Finding", "Progress", "Rows", "Run", "Session", "analyze", "compare", "explain_op", "load",
-                   "profile", "profiling", "swap"})
-
 __all__ = [
     "Comparison",
     "Finding",
@@ -61,6 +58,10 @@ __all__ = [
     "profiling",
     "swap",
 ]
+
+
+# opscope.api's names, imported on first use
+_LAZY = frozenset(__all__) - {"OpscopeError", "__version__"}
 
 
 def __getattr__(name: str) -> Any:
