@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         explain_op,
         load,
         profile,
+        profile_file,
         profiling,
         swap,
     )
@@ -55,6 +56,7 @@ __all__ = [
     "explain_op",
     "load",
     "profile",
+    "profile_file",
     "profiling",
     "swap",
 ]
