@@ -91,17 +91,29 @@ COMPILED_PATTERN_SUGGESTIONS = {
 }
 
 
+# What the patterns say on a CPU run where torch's own "fused" op is not one kernel there. torch 2.13's CPU
+# aten::_fused_rms_norm (F.rms_norm, nn.RMSNorm) runs pow, mean, add, rsqrt and mul as child ops: the trace of
+# examples/findings/rms_norm_after.py holds them under it, as many and as slow as the hand-written ones.
+CPU_PATTERN_SUGGESTIONS = {
+    "hand-written RMSNorm": "torch.compile the block (it fuses the norm into one kernel). On CPU "
+                            "torch.nn.functional.rms_norm / nn.RMSNorm runs these same element-wise ops one by one "
+                            "(one fused kernel on GPUs only), so it saves nothing here.",
+}
+
+
 # Patterns one of opscope's bundled fused kernels (reference_kernels/) implements: the suggestion names it.
 FUSED_KERNELS = {"hand-written RMSNorm": "rms_norm", "SiLU gate (SwiGLU)": "swiglu", "bias + GELU": "bias_gelu"}
 
 
-def pattern_for(op_names: set[str], chain: Sequence[str] = (), compiled: bool = False) -> tuple[str, str]:
+def pattern_for(op_names: set[str], chain: Sequence[str] = (), compiled: bool = False,
+                cpu: bool = False) -> tuple[str, str]:
     """(labels of every pattern the run contains, their suggestions), or ("", DEFAULT_SUGGESTION): `op_names`
     the base names of the run's ops, views and composites, `chain` the base names of its working ops in
     execution order. A pattern with a bundled fused kernel also names it and the command that tries it in
     the model. `compiled`: the model already runs compiled, so no suggestion names torch.compile (and
-    without a pattern the suggestion is '')."""
-    hits = [(label, COMPILED_PATTERN_SUGGESTIONS.get(label, suggestion) if compiled else suggestion)
+    without a pattern the suggestion is ''). `cpu`: a CPU run (CPU_PATTERN_SUGGESTIONS)."""
+    hits = [(label, COMPILED_PATTERN_SUGGESTIONS.get(label, suggestion) if compiled else
+             CPU_PATTERN_SUGGESTIONS.get(label, suggestion) if cpu else suggestion)
             for label, need, check, suggestion in PATTERNS if need <= op_names and (check is None or check(chain))]
     if not hits:
         return "", "" if compiled else DEFAULT_SUGGESTION
@@ -301,7 +313,8 @@ def chain_text(key: _Chain) -> str:
 def fusion(ctx: Context) -> Iterator[Finding]:
     for key, g in fusion_groups(ctx).items():
         compiled = compiled_run(ctx)
-        label, suggestion = pattern_for(g["names"], [base_name(n) for n, _ in key], compiled=compiled)
+        label, suggestion = pattern_for(g["names"], [base_name(n) for n, _ in key], compiled=compiled,
+                                        cpu=not ctx.gpu)
         if compiled:  # torch.compile already ran: say why these ops were not fused
             note = INSIDE_COMPILED if in_compiled_graph(ctx, g["events"]) else OUTSIDE_COMPILED
             suggestion = f"{suggestion} {note}".strip()

@@ -191,3 +191,20 @@ def test_parse_requests_without_torch():
                                                                  "aten::add.Tensor", "user")
     with pytest.raises(catalog.SwapRequestError, match="names a kernel twice"):
         catalog.parse_requests(["swiglu+swiglu"])
+
+
+def test_rms_norm_suggestion_on_cpu_is_what_works_there():
+    """On CPU, torch's F.rms_norm runs the hand-written ops as children of aten::_fused_rms_norm (no fused
+    kernel): the CPU suggestion must not send users to it. When torch gains a fused CPU kernel, this test
+    fails and CPU_PATTERN_SUGGESTIONS can go."""
+    import torch
+
+    x, w = torch.randn(64, 256), torch.ones(256)
+    with torch.profiler.profile() as prof:
+        torch.nn.functional.rms_norm(x, (256,), w, 1e-6)
+    names = {e.name for e in prof.events()}
+    assert "aten::_fused_rms_norm" in names and {"aten::pow", "aten::rsqrt"} <= names
+    label, suggestion = pattern_for({"pow", "mean", "add", "rsqrt", "mul"}, cpu=True)
+    assert label == "hand-written RMSNorm"
+    assert "torch.compile the block" in suggestion and "saves nothing here" in suggestion
+    assert "Use torch.nn.functional.rms_norm" in pattern_for({"pow", "mean", "add", "rsqrt", "mul"})[1]
