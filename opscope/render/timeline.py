@@ -4,7 +4,8 @@ findings' ops as a magenta stripe inside their bars, the critical path of whatif
 the top of its lanes, and the memory curve in a subplot under it on the same time axis. Zoom and pan
 act on time only.
 
-Text: every name goes through plot_text (cleaned, HTML-escaped: plotly renders a subset of HTML in
+An edited timeline.json that still follows the format (lists of other lengths, indices out of range)
+draws what it can. Text: every name goes through plot_text (cleaned, HTML-escaped: plotly renders a subset of HTML in
 labels). Size: timeline.json is bounded; the critical path, which a what-if replay may give at any
 length, is merged here to at most CRITICAL_BINS segments per lane.
 """
@@ -50,7 +51,7 @@ def timeline_figure(run: Run) -> tuple[dict[str, Any], str] | None:
     marked: dict[str, list[Any]] = {"x": [], "base": [], "y": [], "customdata": [], "hovertext": []}
     for k, lane in enumerate(lanes):
         for ts, dur, busy, n, name_i, row, finding in zip(lane["ts"], lane["dur"], lane["busy"], lane["n"],
-                                                          lane["name"], lane["row"], lane["finding"], strict=True):
+                                                          lane["name"], lane["row"], lane["finding"], strict=False):
             name = names[name_i] if 0 <= name_i < len(names) else "?"
             kind = "merged" if n > 1 else "copy" if lane["kind"] == "gpu" and _COPY.match(name) else lane["kind"]
             hover = _hover(name, ts, dur, busy, n, row, lane)
@@ -89,7 +90,7 @@ def timeline_figure(run: Run) -> tuple[dict[str, Any], str] | None:
         "yaxis": {"tickvals": list(range(len(lanes))), "ticktext": [plot_text(lane_label(x["id"])) for x in lanes],
                   "autorange": "reversed", "fixedrange": True, "domain": [1.0 - plot_share, 1.0] if memory else [0, 1]},
         "shapes": [{"type": "line", "xref": "x", "yref": "paper", "x0": s[0], "x1": s[0], "y0": 0, "y1": 1,
-                    "line": {"color": "#8a8f99", "width": 1, "dash": "dot"}} for s in (tl.get("steps") or [])[1:]],
+                    "line": {"color": "#8a8f99", "width": 1, "dash": "dot"}} for s in (tl.get("steps") or [])[1:] if s],
         "font": {"size": 12},
     }
     if memory is not None:
@@ -156,7 +157,7 @@ def _memory_trace(memory: Any) -> dict[str, Any] | None:
         return None
     device = plot_text(memory.get("device") or "device")
     hover = [f"{units.si(b, 'B')} allocated ({device}) at {units.time_cell(t)}" for t, b in zip(memory["ts"], memory["bytes"],
-                                                                                       strict=True)]
+                                                                                       strict=False)]
     return {"type": "scatter", "mode": "lines", "name": f"memory allocated ({device})", "uid": "timeline-memory",
             "x": memory["ts"], "y": memory["bytes"], "yaxis": "y2", "hovertext": hover, "hoverinfo": "text",
             "line": {"color": MEMORY_COLOR, "width": 1.5, "shape": "hv"}}
@@ -173,8 +174,12 @@ def _caption(run: Run, tl: dict[str, Any], critical: bool, memory: bool) -> str:
     parts.append("Drag to zoom into time, double-click to zoom out; click a bar to select its op row.")
     parts.append("Magenta: a finding's op." if any(f >= 0 for lane in lanes for f in lane["finding"]) else
                  "No finding's op is on the timeline.")
-    parts.append("Red line: the critical path of the what-if replay (whatif.json)." if critical else
-                 "No critical path: this run has no what-if replay (whatif.json).")
+    if critical:
+        parts.append("Red line: the critical path of the what-if replay (whatif.json).")
+    elif run.whatif is not None:
+        parts.append("No critical path: whatif.json has none on these lanes.")
+    else:
+        parts.append("No critical path: this run has no what-if replay (whatif.json).")
     if memory:
         m = tl["memory"]
         parts.append("Under it: memory allocated" + (" (from profile's memory pass, its steps laid over these)"
