@@ -4,8 +4,8 @@ Lanes: one per CPU thread that ran ops (`cpu:<tid>`), with its outermost op rows
 row encloses: `aten::linear`, not the `aten::addmm` inside it), and one per GPU stream
 (`gpu:<device>:<stream>`), with its kernels, copies and fills. Times are µs from the origin: the first
 ProfilerStep annotation's start, else the trace's first event; what ended before it is left out. Each
-segment names the ops.csv row it belongs to (an op row, or for a kernel the op row that launched it;
--1: none) and the finding whose op it is, if any (a CPU segment: the finding of any op row inside it).
+segment names the ops.csv row it belongs to (an op row, or for a kernel the op row that launched it,
+else its own kernel row; -1: none) and the finding whose op it is, if any (a CPU segment: the finding of any op row inside it).
 
 Bounded whatever the trace's size: at most MAX_LANES lanes (the busiest) and LANE_SEGMENTS segments per
 lane (TOTAL_SEGMENTS in all). Segments shorter than the lane's bin (its span over half its segment
@@ -54,7 +54,7 @@ def build_timeline(trace: TraceData, ev: Table, ops: Table, findings: list[dict[
     ev_rows = _event_rows(ev, ops)
     row_finding = _finding_rows(ops, findings)
     names: dict[str, int] = {}
-    lanes = _cpu_lanes(ev, ev_rows, row_finding, origin) + _gpu_lanes(trace, ev, ev_rows, row_finding, origin)
+    lanes = _cpu_lanes(ev, ev_rows, row_finding, origin) + _gpu_lanes(trace, ev, ops, ev_rows, row_finding, origin)
     dropped = max(len(lanes) - MAX_LANES, 0)
     if dropped:
         keep = sorted(range(len(lanes)), key=lambda i: -lanes[i]["busy_us"])[:MAX_LANES]
@@ -153,13 +153,14 @@ def _cpu_lanes(ev: Table, ev_rows: list[int], row_finding: dict[int, int], origi
     return sorted(lanes, key=lambda lane: lane["first"])
 
 
-def _gpu_lanes(trace: TraceData, ev: Table, ev_rows: list[int], row_finding: dict[int, int],
+def _gpu_lanes(trace: TraceData, ev: Table, ops: Table, ev_rows: list[int], row_finding: dict[int, int],
                origin: float) -> list[dict[str, Any]]:
     k = trace.kernels
     if not nrows(k):
         return []
     launcher = k["op"] if "op" in k else [-1] * nrows(k)
     row_anc = ev["row_anc"] if nrows(ev) else []
+    kernel_rows = _kernel_rows(k, ops)
     by_stream: dict[tuple[int, int], list[int]] = {}
     for j, (t, d) in enumerate(zip(k["ts"], k["dur"], strict=True)):
         if t + d > origin and math.isfinite(t + d):
@@ -169,10 +170,22 @@ def _gpu_lanes(trace: TraceData, ev: Table, ev_rows: list[int], row_finding: dic
         rows = []
         for j in idx:
             op = launcher[j]
-            rows.append(ev_rows[row_anc[op]] if op >= 0 and row_anc[op] >= 0 else -1)
+            rows.append(ev_rows[row_anc[op]] if op >= 0 and row_anc[op] >= 0 else kernel_rows.get(j, -1))
         lanes.append(_lane(f"gpu:{device}:{stream}", "gpu", [k["ts"][j] for j in idx], [k["dur"][j] for j in idx],
                            [k["name"][j] for j in idx], rows, [row_finding.get(r, -1) for r in rows], origin))
     return lanes
+
+
+def _kernel_rows(k: Table, ops: Table) -> dict[int, int]:
+    """Kernel index -> its ops.csv kernel row, for the kernels no op row launched (a CUDA graph replay's):
+    rows named by the kernel, its launcher and the launcher's source line (opscope.analysis.ops_table)."""
+    if "kernel_row" not in k or "launcher_loc" not in k or "launcher" not in ops:
+        return {}
+    index: dict[tuple[str, str, str], int] = {}
+    for i, key in enumerate(zip(ops["op"], ops["source_location"], ops["launcher"], strict=True)):
+        index.setdefault(key, i)
+    return {j: index.get((k["name"][j], k["launcher_loc"][j], k["launcher"][j]), -1)
+            for j, flag in enumerate(k["kernel_row"]) if flag}
 
 
 def _lane(lane_id: str, kind: str, ts: Sequence[float], dur: Sequence[float], names: Sequence[str],

@@ -477,7 +477,7 @@ class TimelineLane(Struct, kw_only=True):
     n: list[Count]
     name: Annotated[list[Count], _doc("index into names")]
     row: Annotated[list[int], _doc("ops.csv row (0-based, file order) of the op or of the op that launched "
-                                   "the kernel; -1: none")]
+                                   "the kernel, else the kernel's own row; -1: none")]
     finding: Annotated[list[int], _doc("index into findings of the finding about this op; -1: none")]
 
 

@@ -150,3 +150,18 @@ def test_bins():
     end = [0.1, 0.3, 0.6, 1.2, 5.0, 6.05, 6.15]
     assert bins(start, end, 1.0) == [(0, 3), (3, 4), (4, 5), (5, 7)]
     assert bins(start, end, 0.01) == [(i, i + 1) for i in range(7)]
+
+
+def test_cuda_graph_kernels_link_to_their_kernel_rows():
+    """The SGLang CUDA-graph decode trace: a graph replay's kernels have no op row of their own; each links
+    to its kernel row (named by the kernel), so every GPU segment names an ops.csv row."""
+    run = analyze_trace_file(TRACES / "sglang_qwen3-8b_decode_cudagraph.json.gz")
+    tl = run.timeline
+    assert tl is not None
+    gpu = [lane for lane in tl["lanes"] if lane["kind"] == "gpu"]
+    assert gpu and all(r >= 0 for lane in gpu for r in lane["row"])
+    graph = [(tl["names"][n], r) for lane in gpu for n, r, c in zip(lane["name"], lane["row"], lane["n"], strict=True)
+             if c == 1 and run.ops["note"][r]]  # kernel rows carry a note
+    assert len(graph) > 100
+    assert all(run.ops["op"][r] == name or name.endswith("…") and run.ops["op"][r].startswith(name[:-1])
+               for name, r in graph)  # names over NAME_CHARS are cut
