@@ -4,12 +4,14 @@ the roofline plots."""
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
-from conftest import TRACES
+from conftest import REPO, TRACES
 from opscope.analysis.modules import module_table
 from opscope.analysis.trace_file import analyze_trace_file
 from opscope.run.read import read_run
@@ -33,8 +35,8 @@ HOSTILE_MODULE = "encoder.</script><b onmouseover=window.__pwned=4>x</b>\u2028.a
 
 def hostile_run(folder: Path) -> Path:
     """The BERT trace with a user frame's path, a kernel name and the device name made hostile, analyzed;
-    then a module column, modules.csv, swap.json and summary keys with hostile text added to its run
-    directory (the files later issues write)."""
+    then a module column, modules.csv, swap.json, summary keys and timeline names with hostile text added
+    to its run directory (the files later issues write)."""
     doc = json.loads(gzip.decompress(BERT.read_bytes()))
     for e in doc["traceEvents"]:
         if e.get("cat") == "python_function" and "modeling_bert.py(364)" in e["name"]:
@@ -58,6 +60,10 @@ def hostile_run(folder: Path) -> Path:
                    memory={"peak_allocated_bytes": 3 << 20, "peak_op": "aten::addmm",
                            "peak_source_location": f"{HOSTILE_PATH}:364", "peak_module": HOSTILE_MODULE})
     (out / "summary.json").write_text(json.dumps(summary))
+    # the timeline cuts names to 120 characters (the hostile kernel's tail with them): hostile ones in full
+    timeline = json.loads((out / "timeline.json").read_text())
+    timeline["names"][:2] = [HOSTILE_KERNEL, HOSTILE_MODULE]
+    (out / "timeline.json").write_text(json.dumps(timeline))
     timing = {"median_ms": 1.0, "p20_ms": 0.9, "p80_ms": 1.2}
     (out / "swap.json").write_text(json.dumps({"format_version": 1, "results": [
         {"label": HOSTILE_KERNEL, "source": "user", "kernels": [], "status": "passed", "message": "",
@@ -98,3 +104,29 @@ def big_run(source: Path, out: Path, rows: int = 2000) -> Path:
     run.ops = from_frame(ops)
     write_run(run, out, "big", None)
     return out
+
+
+def synthetic_trace(path: Path, cpu_ops: int = 32_000) -> Path:
+    """The ~132k-event trace of benchmarks/analyze_scaling.py (the shared H100 ViT trace replicated, with
+    shifted times and fresh ids): 32,000 cpu_ops make 127,010 events."""
+    spec = importlib.util.spec_from_file_location("analyze_scaling_bench", REPO / "benchmarks" / "analyze_scaling.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.replicate(cpu_ops, path)
+    return path
+
+
+def critical_path_from(run_dir: Path, per_lane: int = 6, name: str | None = None) -> list[dict[str, Any]]:
+    """A critical path made of real segments of the run's timeline (the longest ones of each lane), as
+    whatif.json gives it; `name` replaces the first segment's name (hostile text)."""
+    tl = read_run(run_dir).timeline
+    assert tl is not None
+    path = []
+    for lane in tl["lanes"]:
+        longest = sorted(range(len(lane["ts"])), key=lambda i: -lane["dur"][i])[:per_lane]
+        path += [{"lane": lane["id"], "ts": lane["ts"][i], "dur": lane["dur"][i], "name": tl["names"][lane["name"][i]]}
+                 for i in sorted(longest)]
+    if name is not None and path:
+        path[0]["name"] = name
+    return path

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opscope.analysis.events import assign_steps, innermost, thread_keys
+from opscope.analysis.gpu_timeline import Windows, step_windows
 from opscope.table import Table, filled, nrows, take
 from opscope.trace.reader import TraceData
 
@@ -51,6 +52,10 @@ class MemoryProfile:
     # {"step", "op", "source_location", "module", "bytes", "tensors"}
     retained: list[dict[str, Any]] = field(default_factory=list)
     steps: int = 0
+    # (times, allocated bytes after each event) on the recording's own clock, and its steps (ProfilerStep
+    # windows, None without them): the memory curve of the report's timeline (opscope.analysis.timeline)
+    curve: tuple[list[float], list[float]] = field(default_factory=lambda: ([], []))
+    windows: Windows | None = None
 
 
 def memory_profile(trace: TraceData, ev: Table, source: str) -> MemoryProfile | None:
@@ -153,7 +158,8 @@ def memory_profile(trace: TraceData, ev: Table, source: str) -> MemoryProfile | 
             retained[(s, r)] = (got[0] + b, got[1] + 1)
     retained_list = [{"step": s, **who(r), "bytes": b, "tensors": n}
                      for (s, r), (b, n) in sorted(retained.items(), key=lambda kv: (kv[0][0], -kv[1][0]))]
-    return MemoryProfile(per_key=per_key, summary=summary, retained=retained_list, steps=len(step_ids))
+    return MemoryProfile(per_key=per_key, summary=summary, retained=retained_list, steps=len(step_ids),
+                         curve=([float(t) for t in ts], level), windows=step_windows(trace))
 
 
 # Ops that only allocate: inside another op they allocate for it (its output or workspace).

@@ -15,6 +15,7 @@ from opscope.analysis.gpu_timeline import clip, gpu_summary, step_windows
 from opscope.analysis.memory import MemoryProfile, add_memory_columns, memory_profile
 from opscope.analysis.modules import finding_modules, module_table
 from opscope.analysis.ops_table import BOUNDS, JSON_TEXT_COLUMNS, build_ops_table, event_costs
+from opscope.analysis.timeline import build_timeline
 from opscope.findings import Context, run_rules
 from opscope.findings.base import DtypeProbe, LayoutProbe
 from opscope.findings.compiled import first_line
@@ -94,7 +95,8 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
         summary["memory"] = memory.summary
     summary["step_source"] = "annotations" if nrows(trace.steps) else "whole trace"
     return Run(meta=meta, ops=ops, findings=findings, summary=summary, events=ev, kernels=trace.kernels,
-               modules=module_table(ops, findings, module_classes or trace.module_classes))
+               modules=module_table(ops, findings, module_classes or trace.module_classes),
+               timeline=build_timeline(trace, ev, ops, findings, memory))
 
 
 def step_stats(trace: TraceData, ev: Table) -> tuple[int, float]:

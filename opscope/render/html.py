@@ -58,7 +58,8 @@ from opscope.render.report_data import (
     text,
     verdict_line,
 )
-from opscope.render.text import clean, cleaned_run
+from opscope.render.text import clean, cleaned_run, plot_text
+from opscope.render.timeline import timeline_figure
 from opscope.run.compare import APPEARED, FASTER, SAME, SLOWER, VANISHED, Comparison
 from opscope.run.model import Run, shown_path
 from opscope.run.write import json_safe
@@ -68,7 +69,6 @@ from opscope.units import number as num
 from opscope.version import __version__
 
 PAGE_ROWS = 200  # table rows put in the DOM at a time; more as the reader scrolls
-HOVER_TEXT_MAX = 160  # characters of one shape/stride/path line in a point's hover label
 BOUND_COLORS = {"compute": "#2e9a3e", "memory": "#1f77b4", "overhead": "#d9741a", "unknown": "#8a8f99"}
 CEILING_DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 CEILING_COLORS = ("#6c757d", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
@@ -87,14 +87,6 @@ def script_json(obj: Any) -> str:
     doc = json.dumps(json_safe(obj), ensure_ascii=True, allow_nan=False, separators=(",", ":"))  # NaN/inf: null
     return (doc.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
-
-
-def plot_text(value: Any, limit: int = HOVER_TEXT_MAX) -> str:
-    """A label for plotly, which renders <b>, <br>, <a href> ... in its text: escaped, so it shows as is."""
-    s = clean(value)
-    if len(s) > limit:
-        s = s[: limit - 1] + "…"
-    return html.escape(s, quote=True)
 
 
 def _asset(name: str) -> str:
@@ -434,6 +426,14 @@ def _breakdown(run: Run, modules: bool) -> str:
     return f'<section id="breakdown"><h2>Time breakdown</h2><div class="cols">{"".join(parts)}</div>{module_part}</section>'
 
 
+def _timeline(timeline: tuple[dict[str, Any], str] | None) -> str:
+    if timeline is None:
+        return ""
+    return (f'<section id="timeline"><h2>Timeline</h2><p class="caption">{esc(timeline[1])}</p>'
+            '<div id="timeline-plot" role="img" aria-label="step timeline: CPU threads and GPU streams as lanes, '
+            'time across"></div></section>')
+
+
 def _findings(run: Run) -> str:
     if not run.findings:
         return '<section id="findings"><h2>Findings</h2><p class="good">No findings.</p></section>'
@@ -583,17 +583,20 @@ def _document(run: Run, comparison: Comparison | None) -> tuple[str, bytes, str]
     rows = records(run.ops)
     figure, points, caption = roofline_figure(run)
     modules = module_figure(run)
+    timeline = timeline_figure(run)
     data = {
         "page_rows": PAGE_ROWS, "bounds": list(BOUNDS), "columns": columns, "detail_fields": DETAIL_FIELDS,
         "rows": [_table_row(i, row, columns) for i, row in enumerate(rows)],
         "roofline": figure, "roofline_points": points, "modules": modules,
+        "timeline": timeline[0] if timeline is not None else None,
     }
     app_js = _asset("report.js")
     plotly = plotly_bundle()
     if _CLOSES_SCRIPT.search(app_js) or "<!--" in app_js:
         raise AssertionError("report.js must not contain </script or <!--")
     target = clean(run.meta.get("target"))
-    nav = [("roofline", "Roofline"), ("ops", "Ops"), ("breakdown", "Breakdown"), ("findings", "Findings")]
+    nav = [("roofline", "Roofline"), ("ops", "Ops")] + ([("timeline", "Timeline")] if timeline is not None else [])
+    nav += [("breakdown", "Breakdown"), ("findings", "Findings")]
     sections = {"ranks": _ranks(run), "kernels": _kernels(run), "memory": _memory(run), "swap": _swap(run),
                 "comparison": _comparison(comparison)}
     nav += [(k, k.capitalize()) for k, v in sections.items() if v]
@@ -627,6 +630,7 @@ def _document(run: Run, comparison: Comparison | None) -> tuple[str, bytes, str]
 <button type="button" id="ops-more" class="more">show more rows</button>
 <div id="ops-detail" class="detail" aria-live="polite" hidden></div>
 </section>
+{_timeline(timeline)}
 {_breakdown(run, modules is not None)}
 {_findings(run)}
 {"".join(sections.values())}

@@ -5,6 +5,7 @@ HTML later) passes such strings through `clean` (or a run through `cleaned_run`)
 from __future__ import annotations
 
 import dataclasses
+import html
 import re
 from typing import Any
 
@@ -16,6 +17,7 @@ from opscope.table import Table
 # points), plus the Unicode bidi overrides that reorder what a terminal shows.
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _LINE_BREAKS = re.compile("[\t\n]")
+HOVER_TEXT_MAX = 160  # characters of one shape/stride/path line in a plot's hover label
 
 
 def clean(text: Any, *, keep_newlines: bool = False, limit: int | None = DISPLAY_TEXT_CHARS) -> str:
@@ -26,6 +28,14 @@ def clean(text: Any, *, keep_newlines: bool = False, limit: int | None = DISPLAY
         s = bounded(s, limit)
     s = _CONTROL.sub("\ufffd", s)
     return s if keep_newlines else _LINE_BREAKS.sub(" ", s)
+
+
+def plot_text(value: Any, limit: int = HOVER_TEXT_MAX) -> str:
+    """A label for plotly, which renders <b>, <br>, <a href> ... in its text: escaped, so it shows as is."""
+    s = clean(value)
+    if len(s) > limit:
+        s = s[: limit - 1] + "…"
+    return html.escape(s, quote=True)
 
 
 def _deep(value: Any, key: Any = None) -> Any:

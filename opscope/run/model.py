@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 RUN_FILES = ("meta.json", "ops.csv", "findings.json", "summary.json", "trace.json.gz")
 RANKS_FILE = "ranks.csv"  # merged runs of multi-process jobs only (opscope.analysis.ranks)
 TORCH_TRACE_FILE = "torch_trace.log.gz"  # torch.compile's structured log (TORCH_TRACE), profiles that compiled only
+TIMELINE_FILE = "timeline.json"  # the step timeline of the HTML report (opscope.analysis.timeline)
+WHATIF_FILE = "whatif.json"  # the what-if replay of the step (issue 27): its critical path is drawn on the timeline
 DEFAULT_REPORTS_DIR = Path("reports")
 STAGING_PREFIX = ".opscope-run-"  # + pid + "-": a run being written, renamed into place when complete
 # The working directory when opscope started: a model's code may change it, and paths are shown
@@ -53,6 +55,11 @@ class Run:
     ranks: Table | None = None
     # in-memory only: the trace's kernels/memcpy/memset with the event that launched each ("op")
     kernels: Table | None = None
+    # timeline.json (opscope.analysis.timeline): lanes of segments, bounded in size; None when the run has none
+    timeline: dict[str, Any] | None = None
+    # whatif.json: the what-if replay of the step; the report reads its "critical_path" (segments {lane, ts,
+    # dur, name} on the timeline's clock); None when the run has none
+    whatif: dict[str, Any] | None = None
 
     def to_pandas(self, name: str = "ops") -> pd.DataFrame:
         """The table `name` (ops, modules, ranks, events, kernels) as a pandas DataFrame (imports pandas).

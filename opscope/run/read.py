@@ -13,7 +13,7 @@ from typing import Any
 from opscope.errors import OpscopeError
 from opscope.run import schema
 from opscope.run.cells import as_written
-from opscope.run.model import DEFAULT_REPORTS_DIR, RANKS_FILE, RUN_FILES, Run
+from opscope.run.model import DEFAULT_REPORTS_DIR, RANKS_FILE, RUN_FILES, TIMELINE_FILE, WHATIF_FILE, Run
 from opscope.table import NAN, Table
 
 
@@ -43,10 +43,13 @@ def read_run(path: Path) -> Run:
     ops = read_ops_csv(path / "ops.csv")
     modules = read_modules_csv(path / "modules.csv")
     ranks = read_ranks_csv(path / RANKS_FILE) if (path / RANKS_FILE).is_file() else None
-    return Run(meta=meta, ops=ops, findings=findings, summary=summary, path=path, modules=modules, ranks=ranks)
+    timeline = _read_json(path / TIMELINE_FILE, dict) if (path / TIMELINE_FILE).is_file() else None
+    whatif = _read_json(path / WHATIF_FILE, dict, checked=False) if (path / WHATIF_FILE).is_file() else None
+    return Run(meta=meta, ops=ops, findings=findings, summary=summary, path=path, modules=modules, ranks=ranks,
+               timeline=timeline, whatif=whatif)
 
 
-def _read_json(path: Path, kind: type) -> Any:
+def _read_json(path: Path, kind: type, checked: bool = True) -> Any:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -55,7 +58,8 @@ def _read_json(path: Path, kind: type) -> Any:
         raise OpscopeError(f"{path} is damaged: expected a JSON {'object' if kind is dict else 'list'}, "
                            f"got {type(value).__name__}")
     try:
-        schema.check(path.name, value)
+        if checked:
+            schema.check(path.name, value)
     except schema.FormatError as exc:
         raise OpscopeError(f"{path} is damaged: {exc}") from None
     return value

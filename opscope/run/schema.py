@@ -456,6 +456,55 @@ class Finding(Struct, kw_only=True):
         "the innermost module around the finding's rows; \"\" the model itself; null outside it")] = None
 
 
+# --- timeline.json ------------------------------------------------------------------------------------
+
+Time = Annotated[float, Meta(ge=-1e15, le=1e15)]  # µs from the timeline's origin
+
+
+class TimelineLane(Struct, kw_only=True):
+    """One lane: a CPU thread's outermost op rows or a GPU stream's kernels, copies and fills, as columns
+    (one entry per segment, in start order). A segment of n > 1 stands for n shorter ones merged (below
+    the lane's bin): it spans them, `busy` is their summed time and it is named after the longest."""
+
+    id: Annotated[str, _doc("cpu:<tid> or gpu:<device>:<stream>")]
+    kind: Literal["cpu", "gpu"]
+    events: Annotated[Count, _doc("segments before merging")]
+    busy_us: Annotated[Duration, _doc("their summed time")]
+    bin_us: Annotated[Duration, _doc("segments shorter than this were merged")]
+    ts: Annotated[list[Time], _doc("start, µs from the origin")]
+    dur: list[Duration]
+    busy: list[Duration]
+    n: list[Count]
+    name: Annotated[list[Count], _doc("index into names")]
+    row: Annotated[list[int], _doc("ops.csv row (0-based, file order) of the op or of the op that launched "
+                                   "the kernel, else the kernel's own row; -1: none")]
+    finding: Annotated[list[int], _doc("index into findings of the finding about this op; -1: none")]
+
+
+class MemoryCurve(Struct, kw_only=True):
+    """Allocated bytes on the run's device: the highest level in each of up to 1,000 bins."""
+
+    device: str | None = None
+    source: Annotated[str | None, _doc("trace, or memory pass (its steps mapped onto the timed ones)")] = None
+    ts: list[Time]
+    bytes: list[Number]
+
+
+class Timeline(Struct, kw_only=True):
+    """timeline.json: the step timeline of the HTML report, bounded in size whatever the trace's."""
+
+    format_version: int
+    origin_us: Annotated[Number, _doc("the origin on the trace's clock (µs)")]
+    origin: Annotated[str, _doc("first step (its ProfilerStep annotation's start) or first event")]
+    span_us: Duration
+    steps: Annotated[list[list[Time]], _doc("[start, duration] of each profiled step (the first 200)")]
+    names: list[str]
+    findings: Annotated[list[str], _doc("the findings' ids (their index from 1 where they have none)")]
+    lanes: list[TimelineLane]
+    lanes_dropped: Annotated[Count, _doc("lanes left out (the least busy, beyond 32)")] = 0
+    memory: MemoryCurve | None = None
+
+
 # --- swap.json ----------------------------------------------------------------------------------------
 
 SwapStatus = Literal["passed", "failed", "not-applicable", "error"]
@@ -696,7 +745,7 @@ def names(columns: tuple[Column, ...], kind: ColumnKind) -> tuple[str, ...]:
 # --- validation ----------------------------------------------------------------------------------------------
 
 FILE_TYPES: dict[str, Any] = {"meta.json": RunMeta, "summary.json": Summary, "findings.json": list[Finding],
-                              "swap.json": SwapFile}
+                              "swap.json": SwapFile, "timeline.json": Timeline}
 
 
 _FINITE = re.compile(r"Expected `float` [<>]= -?1\.7976931348623157e\+308")
@@ -770,7 +819,7 @@ def kernels_for_rows(swap_candidates: Any, rows: range) -> dict[int, list[str]]:
 
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of the run directory's JSON files: one definition per file under "properties"
-    (meta.json, summary.json, findings.json, swap.json; swap.json's results items are SwapResult)."""
+    (meta.json, summary.json, findings.json, swap.json, timeline.json; swap.json's results items are SwapResult)."""
     types = list(FILE_TYPES.values()) + [SwapResult]
     schemas, components = msgspec.json.schema_components(types, ref_template="#/$defs/{name}")
     files = dict(zip(FILE_TYPES, schemas[:-1], strict=True))

@@ -1,5 +1,5 @@
 """Writing the run directory (CONTRACT.md): meta.json, ops.csv, findings.json, summary.json, trace.json.gz,
-modules.csv when the run has module paths, torch_trace.log.gz when the profiled model compiled (opscope.run.schema, docs/reference/run-format.md).
+modules.csv when the run has module paths, timeline.json when it has a timeline, torch_trace.log.gz when the profiled model compiled (opscope.run.schema, docs/reference/run-format.md).
 
 Written atomically: everything goes into a hidden temporary sibling which is renamed into place at the
 end, so an interrupted run never leaves a directory that looks complete, and an existing run is never
@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING, Any
 from opscope.errors import OutputError
 from opscope.limits import MAX_TEXT_CHARS, bounded
 from opscope.run.cells import spreadsheet_safe
-from opscope.run.model import DEFAULT_REPORTS_DIR, RANKS_FILE, STAGING_PREFIX, TORCH_TRACE_FILE, Run
+from opscope.run.model import (
+    DEFAULT_REPORTS_DIR,
+    RANKS_FILE,
+    STAGING_PREFIX,
+    TIMELINE_FILE,
+    TORCH_TRACE_FILE,
+    Run,
+)
 from opscope.table import Table
 
 if TYPE_CHECKING:
@@ -286,6 +293,8 @@ def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
         ranks = run.ranks
         if ranks is not None:
             write_csv(ranks, tmp / RANKS_FILE)
+        if run.timeline is not None:  # compact: its arrays run to thousands of numbers
+            (tmp / TIMELINE_FILE).write_text(json.dumps(_clean(run.timeline), separators=(",", ":")) + "\n")
         for name, text in (extra_texts or {}).items():
             (tmp / name).write_text(text)
         if compressor is not None:

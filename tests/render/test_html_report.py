@@ -371,3 +371,21 @@ def test_a_percent_of_peak_above_100_is_marked_and_explained_in_html(runs, tmp_p
     doc = render_html(read_run(run_dir))
     assert "above peak" in doc and "faster than the memory-bandwidth ceiling" in doc
     assert re.search(r"102(\.0)?%\*", doc)
+
+
+def test_an_edited_timeline_still_renders(tmp_path):
+    """timeline.json edited within its format (lists of other lengths, indices out of range, an empty step,
+    a critical path naming no lane) renders what it can; the report's timeline is there."""
+    run_dir = tmp_path / "run"
+    analyze_trace_file(TRACES / "h100_bert-small_bf16.json.gz", out=run_dir)
+    doc = json.loads((run_dir / "timeline.json").read_text())
+    lane = doc["lanes"][0]
+    lane["ts"] = lane["ts"][:-3]
+    lane["name"][0], lane["row"][1], lane["finding"][2] = 10**6, 10**6, 10**6
+    doc["steps"].append([])
+    doc["memory"]["bytes"] = doc["memory"]["bytes"][:5]
+    (run_dir / "timeline.json").write_text(json.dumps(doc))
+    (run_dir / "whatif.json").write_text(json.dumps({"critical_path": [{"lane": "gpu:9:9", "ts": 1, "dur": 2},
+                                                                        "not a segment", {"lane": lane["id"]}]}))
+    page = render_html(read_run(run_dir))
+    assert '<section id="timeline">' in page and "whatif.json has none on these lanes" in page

@@ -57,7 +57,7 @@ def read_rows(run_dir):
 
 def check_run_directory(run_dir, steps: int) -> None:
     assert sorted(p.name for p in run_dir.iterdir()) == sorted(
-        ["meta.json", "ops.csv", "findings.json", "summary.json", "trace.json.gz", "modules.csv"])
+        ["meta.json", "ops.csv", "findings.json", "summary.json", "trace.json.gz", "modules.csv", "timeline.json"])
     assert re.fullmatch(r"\d{8}-\d{6}-[\w.-]+", run_dir.name)
     meta = json.loads((run_dir / "meta.json").read_text())
     assert set(meta) >= META_KEYS

@@ -1,5 +1,5 @@
-/* opscope HTML report: the ops table (sortable, filterable, rendered a page at a time), the roofline
-   and module plots, and the link between them. Every string from the run is set as text
+/* opscope HTML report: the ops table (sortable, filterable, rendered a page at a time), the roofline,
+   module and timeline plots, and the links between them. Every string from the run is set as text
    (textContent), never parsed as HTML; plot labels arrive HTML-escaped from opscope. */
 (function () {
   "use strict";
@@ -210,6 +210,7 @@
   // --- plots ---
   var plotDiv = document.getElementById("roofline-plot");
   var moduleDiv = document.getElementById("module-plot");
+  var timelineDiv = document.getElementById("timeline-plot");
   var plotted = false;
 
   function cssVar(name) {
@@ -219,7 +220,7 @@
   function themed(layout) {
     var fg = cssVar("--fg"), grid = cssVar("--grid");
     layout.font = Object.assign({}, layout.font, { color: fg });
-    ["xaxis", "yaxis"].forEach(function (ax) {
+    ["xaxis", "yaxis", "yaxis2"].forEach(function (ax) {
       if (layout[ax]) layout[ax] = Object.assign({}, layout[ax], { gridcolor: grid, linecolor: grid, zerolinecolor: grid });
     });
     layout.paper_bgcolor = "rgba(0,0,0,0)";
@@ -256,10 +257,20 @@
       if (data.modules && moduleDiv) {
         ready.push(Plotly.newPlot(moduleDiv, data.modules.data, themed(data.modules.layout), config));
       }
+      if (data.timeline && timelineDiv) {
+        // time zooms, lanes stay; a click on a bar selects its op row
+        ready.push(Plotly.newPlot(timelineDiv, data.timeline.data, themed(data.timeline.layout), config).then(function () {
+          timelineDiv.on("plotly_click", function (ev) {
+            var pt = ev && ev.points && ev.points[0];
+            if (pt && typeof pt.customdata === "number" && pt.customdata >= 0) selectRow(pt.customdata, { focus: false });
+          });
+        }));
+      }
       if (window.matchMedia) {
         window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", function () {
           Plotly.relayout(plotDiv, themed(plotDiv.layout));
           if (data.modules && moduleDiv) Plotly.relayout(moduleDiv, themed(moduleDiv.layout));
+          if (data.timeline && timelineDiv) Plotly.relayout(timelineDiv, themed(timelineDiv.layout));
         });
       }
     } else if (plotDiv && data.roofline) {
