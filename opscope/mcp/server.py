@@ -40,7 +40,8 @@ T = TypeVar("T")
 # What a run resource may name: the run directory's files (docs/reference/run-format.md).
 RUN_FILES = {"meta.json": "application/json", "summary.json": "application/json",
              "findings.json": "application/json", "swap.json": "application/json",
-             "ops.csv": "text/csv", "modules.csv": "text/csv", "ranks.csv": "text/csv"}
+             "timeline.json": "application/json", "ops.csv": "text/csv", "modules.csv": "text/csv",
+             "ranks.csv": "text/csv"}
 RUN_URI = "opscope://run/{run}/{file}"
 MAX_ROWS = 1000  # rows one top_ops/modules call returns at most
 INSTRUCTIONS = """opscope: per-operator roofline profiling of PyTorch models. Paths are relative to the server's
