@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 RUN_FILES = ("meta.json", "ops.csv", "findings.json", "summary.json", "trace.json.gz")
+WHATIF_FILE = "whatif.json"  # the replayed step's critical paths (opscope.analysis.whatif)
 RANKS_FILE = "ranks.csv"  # merged runs of multi-process jobs only (opscope.analysis.ranks)
 TORCH_TRACE_FILE = "torch_trace.log.gz"  # torch.compile's structured log (TORCH_TRACE), profiles that compiled only
 DEFAULT_REPORTS_DIR = Path("reports")
@@ -53,6 +54,9 @@ class Run:
     ranks: Table | None = None
     # in-memory only: the trace's kernels/memcpy/memset with the event that launched each ("op")
     kernels: Table | None = None
+    # whatif.json (opscope.analysis.whatif): the critical path of the step replayed unchanged
+    # ("critical_path") and with every finding's fix ("critical_path_fixed"); None when the run has none
+    whatif: dict[str, Any] | None = None
 
     def to_pandas(self, name: str = "ops") -> pd.DataFrame:
         """The table `name` (ops, modules, ranks, events, kernels) as a pandas DataFrame (imports pandas).

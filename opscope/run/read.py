@@ -13,7 +13,7 @@ from typing import Any
 from opscope.errors import OpscopeError
 from opscope.run import schema
 from opscope.run.cells import as_written
-from opscope.run.model import DEFAULT_REPORTS_DIR, RANKS_FILE, RUN_FILES, Run
+from opscope.run.model import DEFAULT_REPORTS_DIR, RANKS_FILE, RUN_FILES, WHATIF_FILE, Run
 from opscope.table import NAN, Table
 
 
@@ -43,7 +43,9 @@ def read_run(path: Path) -> Run:
     ops = read_ops_csv(path / "ops.csv")
     modules = read_modules_csv(path / "modules.csv")
     ranks = read_ranks_csv(path / RANKS_FILE) if (path / RANKS_FILE).is_file() else None
-    return Run(meta=meta, ops=ops, findings=findings, summary=summary, path=path, modules=modules, ranks=ranks)
+    whatif = _read_json(path / WHATIF_FILE, dict) if (path / WHATIF_FILE).is_file() else None
+    return Run(meta=meta, ops=ops, findings=findings, summary=summary, path=path, modules=modules, ranks=ranks,
+               whatif=whatif)
 
 
 def _read_json(path: Path, kind: type) -> Any:

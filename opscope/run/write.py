@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING, Any
 from opscope.errors import OutputError
 from opscope.limits import MAX_TEXT_CHARS, bounded
 from opscope.run.cells import spreadsheet_safe
-from opscope.run.model import DEFAULT_REPORTS_DIR, RANKS_FILE, STAGING_PREFIX, TORCH_TRACE_FILE, Run
+from opscope.run.model import (
+    DEFAULT_REPORTS_DIR,
+    RANKS_FILE,
+    STAGING_PREFIX,
+    TORCH_TRACE_FILE,
+    WHATIF_FILE,
+    Run,
+)
 from opscope.table import Table
 
 if TYPE_CHECKING:
@@ -283,6 +290,8 @@ def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
             write_csv(modules, tmp / "modules.csv")
         (tmp / "findings.json").write_text(dumps(run.findings) + "\n")
         (tmp / "summary.json").write_text(dumps(run.summary) + "\n")
+        if run.whatif is not None:
+            (tmp / WHATIF_FILE).write_text(dumps(run.whatif) + "\n")
         ranks = run.ranks
         if ranks is not None:
             write_csv(ranks, tmp / RANKS_FILE)
