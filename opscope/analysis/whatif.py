@@ -20,7 +20,7 @@ from opscope.machine.peaks import Peaks
 from opscope.table import Table
 from opscope.trace.reader import TraceData
 
-TOP = (1, 3, 5)  # summary.json whatif.top: the first N fixes in the recommended order
+TOP = (1, 3, 5)  # summary.json whatif.top: the first N fixes in the recommended order (and all, when fewer)
 
 
 @dataclass
@@ -96,8 +96,9 @@ def run_whatif(trace: TraceData, ev: Table, findings: list[dict[str, Any]], *, p
     fixes = annotate(e, findings)
     steps, fixed = recommend(e, [(k, c) for k, c in fixes if not c.empty])
     order = [s.label for s in steps if s.marginal_us > 0]
+    sizes = sorted({n for n in TOP if n < len(order)} | ({min(len(order), TOP[-1])} if order else set()))
     top: list[dict[str, Any]] = [{"ids": order[:n], "predicted_step_time_us": round(steps[n - 1].predicted_step_us, 3)}
-                                 for n in TOP if n <= len(order)]
+                                 for n in sizes]
     summary = {
         "recorded_step_time_us": round(step_time_us, 3),
         "replayed_step_time_us": round(e.base.mean_step_us, 3),

@@ -37,7 +37,7 @@ def render_whatif(w: dict[str, Any], console: Console, top: int = 10) -> None:
         console.print("no fix applied: give --finding ID, --all, --op-speedup OP=Nx or --remove-gaps")
     path = sorted(w.get("critical_path") or [], key=lambda s: -float(s.get("dur", 0.0)))[:top]
     if path:
-        t = Table(title="critical path (the predicted step's longest segments)", box=box.SIMPLE, title_justify="left")
+        t = Table(title="critical path over the profiled steps, longest segments (at: from the first step's start)", box=box.SIMPLE, title_justify="left")
         t.add_column("lane")
         t.add_column("at", justify="right")
         t.add_column("time", justify="right")
