@@ -40,6 +40,12 @@ class Change:
         return Change(cpu, kernels, self.remove_gaps or other.remove_gaps)
 
     @property
+    def signature(self) -> tuple[Any, ...]:
+        """Equal for two changes that change the same durations the same way."""
+        return (self.remove_gaps, tuple(sorted((k, f) for k, f in self.cpu.items() if f != 1.0)),
+                tuple(sorted((k, f) for k, f in self.kernels.items() if f != 1.0)))
+
+    @property
     def empty(self) -> bool:
         return not self.remove_gaps and all(f == 1.0 for f in self.cpu.values()) and all(
             f == 1.0 for f in self.kernels.values())
@@ -89,7 +95,14 @@ def replay(g: StepGraph, change: Change | None = None) -> Replay:
     ptr, pred, lag, from_start, rec = g.ptr, g.pred, g.lag, g.from_start, g.start
     for i in g.order:
         a, b = ptr[i], ptr[i + 1]
-        if a == b:
+        if b - a == 1:  # most nodes: the piece before on the thread
+            p = pred[a]
+            s = (start[p] if from_start[a] else finish[p]) + lag[a]
+            if s == -math.inf:
+                s = rec[i]
+            else:
+                why[i] = p
+        elif a == b:
             s = rec[i]
         else:
             s = -math.inf

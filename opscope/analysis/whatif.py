@@ -52,40 +52,54 @@ class Step:
     predicted_step_us: float
 
 
-def recommend(e: Engine, fixes: Sequence[tuple[str, Change]]) -> tuple[list[Step], Replay]:
+def recommend(e: Engine, fixes: Sequence[tuple[str, Change]], alone: Sequence[float] | None = None,
+              limit: int | None = None) -> tuple[list[Step], Replay]:
     """The fixes in the order to apply them, greedily: the largest saving on top of those already taken
-    first. Lazy: a fix's saving on top of more fixes is taken to be at most its saving on top of fewer
-    (overlaps only shrink it), so only the leader is replayed again each round. Returns the steps and
-    the replay with all of them."""
+    first. Lazy: each round only the leader by its last known saving (`alone`: each fix's saving on its
+    own, when already known) is replayed on top of the fixes taken, until a leader's saving is current.
+    The savings reported are exact; the order is greedy where a fix does not gain from another (a kernel
+    off the critical path gains once the launch gaps are gone, and is then taken after it). Returns the
+    steps and the replay with all of them; with `limit`, only the first `limit` steps (the replay is still
+    the one with every fix)."""
     current = Change()
     now = e.base
-    bound = {k: e.saving_us(c) for k, (_, c) in enumerate(fixes)}
-    fresh = set(bound)  # bounds computed on top of `current`
+    bound = {k: (alone[k] if alone is not None else e.saving_us(c)) for k, (_, c) in enumerate(fixes)}
+    fresh = set(bound)  # savings computed on top of `current`
+    tried: dict[int, Replay] = {}  # this round's replays of current + fix
     out: list[Step] = []
     while bound:
+        if limit is not None and len(out) >= limit:
+            for k in bound:
+                current = current.combined(fixes[k][1])
+            return out, e.replay(current)
         k = max(bound, key=lambda x: (bound[x], -x))
         if k not in fresh:
-            after = e.replay(current.combined(fixes[k][1]))
-            bound[k] = max(now.total_us - after.total_us, 0.0)
+            tried[k] = e.replay(current.combined(fixes[k][1]))
+            bound[k] = max(now.total_us - tried[k].total_us, 0.0)
             fresh.add(k)
             continue
         current = current.combined(fixes[k][1])
         prev = now
-        now = e.replay(current)
+        now = tried[k] if k in tried else e.replay(current)
         out.append(Step(fixes[k][0], max(prev.total_us - now.total_us, 0.0), now.mean_step_us))
         del bound[k]
-        fresh = set()
+        fresh, tried = set(), {}
     return out, now
 
 
-def annotate(e: Engine, findings: list[dict[str, Any]]) -> list[tuple[str, Change]]:
-    """Adds "id" and "critical_path_saving_us" to every finding; returns (id, change) per finding."""
+def annotate(e: Engine, findings: list[dict[str, Any]]) -> list[tuple[str, Change, float]]:
+    """Adds "id" and "critical_path_saving_us" to every finding; returns (id, change, saving) per finding
+    (one replay per distinct change)."""
     assign_ids(findings)
     fixes = []
+    done: dict[tuple[Any, ...], float] = {}
     for f in findings:
         change = e.fixer.finding(f)
-        f["critical_path_saving_us"] = round(e.saving_us(change), 3)
-        fixes.append((str(f["id"]), change))
+        key = change.signature
+        if key not in done:
+            done[key] = e.saving_us(change)
+        f["critical_path_saving_us"] = round(done[key], 3)
+        fixes.append((str(f["id"]), change, done[key]))
     return fixes
 
 
@@ -93,9 +107,9 @@ def run_whatif(trace: TraceData, ev: Table, findings: list[dict[str, Any]], *, p
                step_time_us: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """Annotates the findings; returns (summary.json "whatif", whatif.json)."""
     e = engine(trace, ev, peaks, gpu)
-    fixes = annotate(e, findings)
-    steps, fixed = recommend(e, [(k, c) for k, c in fixes if not c.empty])
-    order = [s.label for s in steps if s.marginal_us > 0]
+    fixes = [(k, c, saved) for k, c, saved in annotate(e, findings) if not c.empty]
+    steps, fixed = recommend(e, [(k, c) for k, c, _ in fixes], [saved for _, _, saved in fixes], limit=TOP[-1])
+    order = [s.label for s in steps]
     sizes = sorted({n for n in TOP if n < len(order)} | ({min(len(order), TOP[-1])} if order else set()))
     top: list[dict[str, Any]] = [{"ids": order[:n], "predicted_step_time_us": round(steps[n - 1].predicted_step_us, 3)}
                                  for n in sizes]
@@ -103,7 +117,7 @@ def run_whatif(trace: TraceData, ev: Table, findings: list[dict[str, Any]], *, p
         "recorded_step_time_us": round(step_time_us, 3),
         "replayed_step_time_us": round(e.base.mean_step_us, 3),
         "predicted_step_time_us": round(fixed.mean_step_us, 3),
-        "fixes": len(order),
+        "fixes": len(fixes),
         "top": top,
     }
     file = {"critical_path": critical_path(e.graph, e.base), "critical_path_fixed": critical_path(e.graph, fixed)}
