@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from opscope.api.explain import table_run
 from opscope.api.run import Run
 from opscope.errors import OpscopeError
 from opscope.run.model import TORCH_TRACE_FILE
@@ -45,7 +46,7 @@ def whatif(run: Run | TableRun | str | os.PathLike[str], *, findings: Sequence[s
     from opscope.analysis.fixes import parse_op_speedup
 
     speedups = [parse_op_speedup(s) for s in ([op_speedups] if isinstance(op_speedups, str) else op_speedups)]
-    table = _table_run(run)
+    table = table_run(run, "whatif")
     if table.path is None:
         raise OpscopeError("this run has no directory (write it first): whatif reads its trace.json.gz")
     trace_path = table.path / "trace.json.gz"
@@ -70,13 +71,3 @@ def whatif(run: Run | TableRun | str | os.PathLike[str], *, findings: Sequence[s
                   replayed_step_time_us=round(out.replayed_step_us, 3),
                   predicted_step_time_us=round(out.predicted_step_us, 3), steps=out.steps, applied=applied,
                   critical_path=out.critical_path)
-
-
-def _table_run(run: Run | TableRun | str | os.PathLike[str]) -> TableRun:
-    if isinstance(run, (str, os.PathLike)):
-        from opscope.api.files import load
-
-        return load(run).internal
-    if isinstance(run, Run):
-        return run.internal
-    return run
