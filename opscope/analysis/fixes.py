@@ -8,7 +8,9 @@ A finding points at rows of the event table: its op at its source line, inside i
   for rows without a cost model or peak;
 - "remove-copies": the copies removed: the rows when the op is a copy (or a compiled kernel that only
   moves data), else the copy ops called inside them;
-- "remove-gaps": the host work CUDA graphs would replay removed (launch-bound, overhead).
+- "remove-gaps": the host work CUDA graphs would replay removed (launch-bound, overhead);
+- "no-wait": the host waits inside the rows no longer wait for the GPU (host-sync: the value kept on the
+  device); the calls' own time stays.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ FIXES: dict[str, str] = {
     "compile-copy": "remove-copies",
     "launch-bound": "remove-gaps",
     "overhead": "remove-gaps",
+    "host-sync": "no-wait",
 }
 MODULE_PREFIX = "module:"
 _SPEEDUP_RE = re.compile(r"^(?P<target>.+)=(?P<factor>[0-9]*\.?[0-9]+(?:[eE][-+]?\d+)?)x?$")
@@ -131,6 +134,8 @@ class Fixer:
         if kind == "remove-gaps":
             return Change(remove_gaps=True)
         rows = self.rows(f)
+        if kind == "no-wait":
+            return Change(unblocked=frozenset(self._below(rows)))
         if kind == "remove-copies":
             return self.rows_change(self._copies(rows, f), 0.0)
         change = Change()
@@ -140,23 +145,28 @@ class Fixer:
                 change = change.combined(self.rows_change([i], factor, cpu=not self.gpu, gpu=self.gpu))
         return change
 
+    def _below(self, rows: list[int]) -> list[int]:
+        """The rows and every row below them."""
+        inside = set(rows)
+        row_parent = self.ev["row_parent"]
+        out = list(rows)
+        for i, r in enumerate(self.ev["is_row"]):
+            if r and i not in inside:
+                p = row_parent[i]
+                while p >= 0 and p not in inside:
+                    p = row_parent[p]
+                if p >= 0:
+                    out.append(i)
+        return out
+
     def _copies(self, rows: list[int], f: dict[str, Any]) -> list[int]:
         """The copies a copy finding points at: its rows when its op is a copy (or a compiled kernel), else
         the copy ops below its rows."""
         ev = self.ev
         if (f.get("op") or "") in COPY_OPS or any(ev["row_kind"][i] == "kernel" for i in rows):
             return rows
-        inside = set(rows)
-        row_parent = ev["row_parent"]
-        out = []
-        for name in COPY_OPS:
-            for i in self.rows_by_name.get(name, []):
-                p = row_parent[i]
-                while p >= 0 and p not in inside:
-                    p = row_parent[p]
-                if p >= 0:
-                    out.append(i)
-        return sorted(out)
+        names = ev["name"]
+        return [i for i in self._below(rows)[len(rows):] if names[i] in COPY_OPS]
 
     def _achievable_factor(self, i: int) -> float | None:
         """The row's roofline time over its measured time (at most 1); None when not known."""

@@ -16,19 +16,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opscope.analysis.replay_graph import WAIT_END, StepGraph
+from opscope.limits import bounded as bounded_text
 
 MAX_SEGMENTS = 2000  # critical path segments kept (whatif.json; the HTML timeline draws them)
+NAME_CHARS = 200  # a segment's name at most (ROCm's GEMM kernel names run to 600 characters)
 
 
 @dataclass
 class Change:
     """Factors on durations: `cpu` row event -> factor on its self time (its pieces and the runtime calls
     in them), `kernels` trace.kernels row -> factor. Two changes combine by the smaller factor per item,
-    so that two fixes of the same op do not count its time twice."""
+    so that two fixes of the same op do not count its time twice. `unblocked`: row events whose host
+    waits no longer wait for the GPU (the value stays on the device)."""
 
     cpu: dict[int, float] = field(default_factory=dict)
     kernels: dict[int, float] = field(default_factory=dict)
     remove_gaps: bool = False
+    unblocked: frozenset[int] = frozenset()
 
     def combined(self, other: Change) -> Change:
         cpu = dict(self.cpu)
@@ -37,17 +41,17 @@ class Change:
         kernels = dict(self.kernels)
         for k, f in other.kernels.items():
             kernels[k] = min(f, kernels.get(k, f))
-        return Change(cpu, kernels, self.remove_gaps or other.remove_gaps)
+        return Change(cpu, kernels, self.remove_gaps or other.remove_gaps, self.unblocked | other.unblocked)
 
     @property
     def signature(self) -> tuple[Any, ...]:
         """Equal for two changes that change the same durations the same way."""
         return (self.remove_gaps, tuple(sorted((k, f) for k, f in self.cpu.items() if f != 1.0)),
-                tuple(sorted((k, f) for k, f in self.kernels.items() if f != 1.0)))
+                tuple(sorted((k, f) for k, f in self.kernels.items() if f != 1.0)), tuple(sorted(self.unblocked)))
 
     @property
     def empty(self) -> bool:
-        return not self.remove_gaps and all(f == 1.0 for f in self.cpu.values()) and all(
+        return not self.remove_gaps and not self.unblocked and all(f == 1.0 for f in self.cpu.values()) and all(
             f == 1.0 for f in self.kernels.values())
 
 
@@ -93,6 +97,8 @@ def replay(g: StepGraph, change: Change | None = None) -> Replay:
     finish = [0.0] * n
     why = [-1] * n
     ptr, pred, lag, from_start, rec = g.ptr, g.pred, g.lag, g.from_start, g.start
+    # a wait that no longer blocks keeps only its edge from its own start (the first)
+    free = {i for i in g.waits if g.owner[i] in change.unblocked} if change is not None and change.unblocked else set()
     for i in g.order:
         a, b = ptr[i], ptr[i + 1]
         if b - a == 1:  # most nodes: the piece before on the thread
@@ -107,7 +113,7 @@ def replay(g: StepGraph, change: Change | None = None) -> Replay:
         else:
             s = -math.inf
             w = -1
-            for e in range(a, b):
+            for e in range(a, a + 1 if i in free else b):
                 p = pred[e]
                 v = (start[p] if from_start[e] else finish[p]) + lag[e]
                 if v > s:
@@ -192,7 +198,7 @@ def critical_path(g: StepGraph, r: Replay, limit: int = MAX_SEGMENTS) -> list[di
         a, b = max(r.start[node], t0), r.finish[node]
         if b - a <= 0 or g.kind[node] == WAIT_END:
             continue
-        segments.append({"lane": g.lane[node], "ts": a - t0, "dur": b - a, "name": g.name[node]})
+        segments.append({"lane": g.lane[node], "ts": a - t0, "dur": b - a, "name": bounded_text(g.name[node], NAME_CHARS)})
     return bounded(segments, limit)
 
 

@@ -66,6 +66,7 @@ class StepGraph:
     thread_nodes: dict[str, list[int]] = field(default_factory=dict)
     thread_starts: dict[str, list[float]] = field(default_factory=dict)
     kernel_node: dict[int, int] = field(default_factory=dict)  # trace.kernels row -> node
+    waits: list[int] = field(default_factory=list)  # WAIT_END nodes (their owner: the row around the call)
     owner_nodes: dict[int, list[int]] = field(default_factory=dict)  # row event -> its CPU pieces
     # the profiled steps: (lane, recorded start, recorded end); empty: the whole trace is one step
     steps: list[tuple[str, float, float]] = field(default_factory=list)
@@ -158,7 +159,7 @@ class _Cutter:
 
     def thread(self, lane: str, items: list[tuple[float, float, int]]) -> None:
         self.lane = lane
-        items.sort(key=lambda x: (x[0], -x[1], x[2] >= 0))  # parents first; an op before a call at its start
+        items.sort(key=lambda x: (x[0], -x[1], x[2] < 0))  # parents first; an op before a call at its start
         self.nodes: list[int] = []
         self.node_top: list[int] = []
         self.stack: list[tuple[float, int, int]] = []  # (end, id, top-level item index)
@@ -231,6 +232,7 @@ class _Cutter:
                 self.launch_piece.setdefault(j, s)
                 node = g.add(WAIT_END, lane, lname + " (wait)", end, 0.0, owner=key)
                 self.sync_end[j] = (node, cur, end)
+                g.waits.append(node)
                 self.nodes.append(node)
                 self.node_top.append(top)
                 self.edges.append([])  # filled in by _waits

@@ -112,6 +112,19 @@ def test_two_findings_on_one_op_count_once(tiny):
     assert file["critical_path"][0]["name"] == "aten::copy_"
 
 
+def test_a_host_sync_fix_by_hand(tmp_path: Path):
+    """The sync inside aten::_local_scalar_dense no longer waits: it takes its own 5 µs, [21, 26); the
+    step then ends with relu_kernel, at 55 (the time after the sync, 2 µs, runs meanwhile)."""
+    path = tmp_path / "sync.json"
+    path.write_text(json.dumps({"traceEvents": [*EVENTS, _x("cpu_op", "aten::_local_scalar_dense", 21, 39)]}))
+    trace = load_trace(path)
+    ev = build_events(trace)
+    finding = {"rule": "host-sync", "op": "aten::_local_scalar_dense", "source_location": "", "module": None}
+    summary, _ = run_whatif(trace, ev, [finding], peaks=Peaks(None), gpu=True, step_time_us=62.0)
+    assert summary["replayed_step_time_us"] == 62.0
+    assert finding["critical_path_saving_us"] == 7.0
+
+
 def test_recommend_puts_the_largest_marginal_saving_first(tiny):
     trace, ev = tiny
     e = engine(trace, ev, Peaks(None), gpu=True)
