@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         profiling,
         swap,
     )
+    from opscope.api.whatif import whatif  # the function (opscope.api.whatif is also its module's name)
 
 __all__ = [
     "Comparison",
@@ -59,6 +60,7 @@ __all__ = [
     "profile_file",
     "profiling",
     "swap",
+    "whatif",
 ]
 
 

@@ -16,6 +16,7 @@ from opscope.analysis.memory import MemoryProfile, add_memory_columns, memory_pr
 from opscope.analysis.modules import finding_modules, module_table
 from opscope.analysis.ops_table import BOUNDS, JSON_TEXT_COLUMNS, build_ops_table, event_costs
 from opscope.analysis.timeline import build_timeline
+from opscope.analysis.whatif import run_whatif
 from opscope.findings import Context, run_rules
 from opscope.findings.base import DtypeProbe, LayoutProbe
 from opscope.findings.compiled import first_line
@@ -60,17 +61,10 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
              dtype_probe: DtypeProbe | None, module_classes: dict[str, str] | None,
              memory: MemoryProfile | None, noise: dict[str, Any], step_us: list[float] | None,
              log: TorchTraceLog | None, inductor_cache: Path | None) -> Run:
-    ev = build_events(trace, source_override)
+    ev, classes, renamed = prepare_events(trace, source_override, module_classes, log, inductor_cache)
     gpu = trace.has_gpu
-    ev.update(event_costs(ev))
-    classes = module_classes or trace.module_classes
-    if any(m == COMPILE_WRAPPER or m.startswith(COMPILE_WRAPPER + ".") for m in classes):
-        # torch.compile's wrapper (an OptimizedModule holding the user's module as `_orig_mod`): modules are
-        # named as in the user's own module, never after the wrapper
-        ev["module"] = [module_key(m) for m in ev["module"]]
-        classes = {module_key(k): v for k, v in classes.items() if not (k == "" and v == "OptimizedModule")}
+    if renamed:
         module_classes = classes
-    place_compiled(ev, log, inductor_cache=inductor_cache, module_classes=classes, gpu=gpu)
     if source == "trace":
         meta["dtype"] = dominant_dtype(ev)
         meta["mode"] = trace_mode(ev)
@@ -87,6 +81,7 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
                   gpu_timeline=timeline, dtype_probe=dtype_probe, memory=memory, noise=noise, compile_log=log)
     findings = run_rules(ctx)
     finding_modules(findings, ops)
+    whatif, whatif_file = run_whatif(trace, ev, findings, peaks=peaks, gpu=gpu, step_time_us=step_time_us)
     if step_us is None:
         step_us = list(trace.steps["dur"]) if nrows(trace.steps) else [step_time_us]
     summary = summarize(ops, steps=steps, step_time_us=step_time_us, n_findings=len(findings), busy=busy,
@@ -94,9 +89,28 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
     if memory is not None:
         summary["memory"] = memory.summary
     summary["step_source"] = "annotations" if nrows(trace.steps) else "whole trace"
+    summary["whatif"] = whatif
     return Run(meta=meta, ops=ops, findings=findings, summary=summary, events=ev, kernels=trace.kernels,
-               modules=module_table(ops, findings, module_classes or trace.module_classes),
+               modules=module_table(ops, findings, module_classes or trace.module_classes), whatif=whatif_file,
                timeline=build_timeline(trace, ev, ops, findings, memory))
+
+
+def prepare_events(trace: TraceData, source_override: SourceOverride | None, module_classes: dict[str, str] | None,
+                   log: TorchTraceLog | None, inductor_cache: Path | None) -> tuple[Table, dict[str, str], bool]:
+    """The event table the findings read: build_events, costs, module names as in the user's module, and
+    compiled code placed. Returns (events, module classes, whether the classes were renamed)."""
+    ev = build_events(trace, source_override)
+    ev.update(event_costs(ev))
+    classes = module_classes or trace.module_classes
+    renamed = False
+    if any(m == COMPILE_WRAPPER or m.startswith(COMPILE_WRAPPER + ".") for m in classes):
+        # torch.compile's wrapper (an OptimizedModule holding the user's module as `_orig_mod`): modules are
+        # named as in the user's own module, never after the wrapper
+        ev["module"] = [module_key(m) for m in ev["module"]]
+        classes = {module_key(k): v for k, v in classes.items() if not (k == "" and v == "OptimizedModule")}
+        renamed = True
+    place_compiled(ev, log, inductor_cache=inductor_cache, module_classes=classes, gpu=trace.has_gpu)
+    return ev, classes, renamed
 
 
 def step_stats(trace: TraceData, ev: Table) -> tuple[int, float]:

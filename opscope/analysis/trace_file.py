@@ -12,13 +12,13 @@ from typing import Any
 from opscope import units
 from opscope.analysis.annotations import ANNOTATION_KEY, Block, BlockError, embedded_lines, read_block
 from opscope.analysis.capture_merge import merge_capture
-from opscope.analysis.pipeline import analyze
+from opscope.analysis.pipeline import analyze, prepare_events
 from opscope.errors import TraceError
 from opscope.machine.peaks import Peaks, apply_overrides, gpu_from_properties, gpu_peaks, unknown_gpu_warning
 from opscope.run.model import DEFAULT_REPORTS_DIR, Run
 from opscope.run.schema import FORMAT_VERSION
 from opscope.run.write import TraceCompressor, check_out_dir, write_run
-from opscope.table import nrows
+from opscope.table import Table, nrows
 from opscope.trace.kernel_names import architecture_from_kernels, short_kernel_name
 from opscope.trace.reader import TraceData, load_trace, max_trace_bytes, read_bytes
 from opscope.version import __version__
@@ -105,6 +105,23 @@ def _embedded(trace: TraceData, warn: Callable[[str], None]) -> Block | None:
         return None
     warn(f"{trace.path}: saved by `opscope profile`: using the exact source lines, modules and memory it embedded")
     return embedded
+
+
+def trace_events(path: Path, torch_trace: Path | None = None) -> tuple[TraceData, Table]:
+    """A saved trace read again and its event table, exactly as `opscope analyze` builds it (the source
+    lines and modules `opscope profile` embedded, compiled code placed with the run's TORCH_TRACE log):
+    what opscope.analysis.whatif replays."""
+    from opscope.trace.torch_trace import read_torch_trace
+
+    trace = load_trace(path, max_bytes=max_trace_bytes(None))
+    embedded = _embedded(trace, lambda m: None)
+    log = read_torch_trace(torch_trace) if torch_trace is not None else None
+    if embedded is None:
+        ev, _, _ = prepare_events(trace, None, None, log, None)
+    else:
+        by_ext, classes, _memory = embedded
+        ev, _, _ = prepare_events(trace, lambda e: embedded_lines(by_ext, e), classes, log, None)
+    return trace, ev
 
 
 def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | None = None,

@@ -14,6 +14,7 @@ from opscope.api.explain import explain_op
 from opscope.api.files import analyze, compare, load
 from opscope.api.jobs import profile_file, swap
 from opscope.api.run import Finding, Rows, Run
+from opscope.api.whatif import WhatIf, whatif
 from opscope.capture.options import Progress
 from opscope.errors import OpscopeError
 from opscope.run.compare import Comparison
@@ -72,6 +73,7 @@ __all__ = [
     "Rows",
     "Run",
     "Session",
+    "WhatIf",
     "analyze",
     "compare",
     "explain_op",
@@ -80,4 +82,5 @@ __all__ = [
     "profile_file",
     "profiling",
     "swap",
+    "whatif",
 ]

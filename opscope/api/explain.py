@@ -32,8 +32,8 @@ def explain_op(run: Run | TableRun | str | os.PathLike[str], row: int | str) -> 
     bound, the cost family, the cost function that counted it (qualified name, and its docstring's first
     paragraph as the formula) with its own estimate, and the row's note. `run`: an opscope.api Run, the
     table Run the renderers read, or a run directory. An OpscopeError for a row the run does not have."""
-    table_run = _table_run(run)
-    ops = table_run.ops
+    loaded = table_run(run)
+    ops = loaded.ops
     index = _row_index(ops, row)
     rec = {col: values[index] for col, values in ops.items()}
     calls = _number(rec.get("calls"))
@@ -64,7 +64,7 @@ def explain_op(run: Run | TableRun | str | os.PathLike[str], row: int | str) -> 
         "achieved_gbps": _number(rec.get("achieved_gbps")),
         "pct_peak_flops": _number(rec.get("pct_peak_flops")),
         "pct_peak_bandwidth": _number(rec.get("pct_peak_bandwidth")),
-        "ceiling": _ceiling(rec, table_run.meta.get("peaks") or {}),
+        "ceiling": _ceiling(rec, loaded.meta.get("peaks") or {}),
         "bound": _text(rec.get("bound")) or "unknown",
         "family": _text(rec.get("family")),
         "kernels": _text(rec.get("kernels")),
@@ -74,14 +74,16 @@ def explain_op(run: Run | TableRun | str | os.PathLike[str], row: int | str) -> 
     return out
 
 
-def _table_run(run: Run | TableRun | str | os.PathLike[str]) -> TableRun:
+def table_run(run: Run | TableRun | str | os.PathLike[str], caller: str = "explain_op") -> TableRun:
+    """The table Run of an opscope.api Run, a table Run, or a run directory (read); an OpscopeError naming
+    `caller` for anything else."""
     if isinstance(run, (str, os.PathLike)):
         from opscope.run.read import read_run
 
         return read_run(Path(run))
     internal = run.internal if isinstance(run, Run) else run
     if not isinstance(internal, TableRun):
-        raise OpscopeError(f"explain_op needs a run (opscope.api.Run or a run directory), not {type(run).__name__}")
+        raise OpscopeError(f"{caller} needs a run (opscope.api.Run or a run directory), not {type(run).__name__}")
     return internal
 
 

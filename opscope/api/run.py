@@ -78,7 +78,9 @@ class Rows:
 @dataclass(frozen=True)
 class Finding:
     """One finding: the rule that fired, how serious, where (source line, module, op), what is wrong, what
-    to do, and what fixing it saves (µs over all profiled steps, None when not estimated)."""
+    to do, and what fixing it saves (µs over all profiled steps, None when not estimated): `saving` the
+    rule's own estimate, `critical_path_saving` what the step gains from this fix alone once overlaps are
+    accounted (the what-if replay). `id` is stable across runs of the same code (opscope.whatif takes it)."""
 
     rule: str
     severity: str
@@ -88,21 +90,28 @@ class Finding:
     line: str | None = None
     module: str | None = None
     saving: float | None = None
+    id: str = ""
+    critical_path_saving: float | None = None
 
     @classmethod
     def from_dict(cls, entry: dict[str, Any]) -> Finding:
         """A finding from its findings.json entry."""
-        saving = entry.get("est_savings_us")
         return cls(rule=str(entry.get("rule", "")), severity=str(entry.get("severity", "")),
                    message=str(entry.get("message", "")), suggestion=str(entry.get("suggestion", "")),
                    op=entry.get("op"), line=entry.get("source_location"), module=entry.get("module"),
-                   saving=float(saving) if isinstance(saving, (int, float)) and math.isfinite(saving) else None)
+                   saving=_number(entry.get("est_savings_us")), id=str(entry.get("id") or ""),
+                   critical_path_saving=_number(entry.get("critical_path_saving_us")))
 
     def to_dict(self) -> dict[str, Any]:
         """The finding as its findings.json entry."""
         return {"rule": self.rule, "severity": self.severity, "message": self.message,
                 "suggestion": self.suggestion, "op": self.op, "source_location": self.line,
-                "est_savings_us": self.saving, "module": self.module}
+                "est_savings_us": self.saving, "module": self.module, "id": self.id,
+                "critical_path_saving_us": self.critical_path_saving}
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 class Run:

@@ -387,6 +387,38 @@ def compare(
 
 
 @app.command()
+def whatif(
+    run_dir: Path = typer.Argument(..., parser=_user_path, help="Run directory (with its trace.json.gz)."),
+    finding: list[str] | None = typer.Option(None, "--finding", metavar="ID",
+                                              help="Apply this finding's fix (its findings.json id); repeatable."),
+    all_findings: bool = typer.Option(False, "--all", help="Apply every finding's fix."),
+    op_speedup: list[str] | None = typer.Option(
+        None, "--op-speedup", metavar="OP=Nx",
+        help="Divide an op's time by N ('aten::gelu=2x'), or everything in a module's ('module:encoder.layer.3=1.5x'); "
+             "repeatable."),
+    remove_gaps: bool = typer.Option(False, "--remove-gaps",
+                                     help="Remove the host work CUDA graphs would replay (launch gaps)."),
+    top: int = typer.Option(10, "--top", min=1, help="Critical path segments to print."),
+    json_out: bool = typer.Option(False, "--json", help="Print the what-if as one JSON document on stdout."),
+    debug: bool = DEBUG,
+) -> None:
+    """Replay the step with fixes applied: the recorded and predicted step time, the new critical path,
+    and each fix's marginal saving in the order to apply them."""
+    _state["debug"] = debug
+    from opscope.api import whatif as what_if
+    from opscope.run.write import dumps
+
+    result = what_if(run_dir, findings=finding or (), all=all_findings, op_speedups=op_speedup or (),
+                     remove_gaps=remove_gaps)
+    if json_out:
+        sys.stdout.write(dumps(result.to_json()) + "\n")
+        return
+    from opscope.render.whatif import render_whatif
+
+    render_whatif(result.to_json(), _console(), top=top)
+
+
+@app.command()
 def calibrate(
     threads: int | None = typer.Option(None, "--threads", min=1, max=MAX_THREADS, help="Thread count to measure at."),
     json_out: bool = typer.Option(False, "--json", help="Print the measurement as JSON."),

@@ -82,7 +82,21 @@ def summary_panel(run: Run) -> Panel:
     compiled = compile_line(s)
     if compiled:
         lines.append(f"\ncompile {compiled}")
+    fixes = whatif_line(s)
+    if fixes:
+        lines.append(f"\nwhat-if {fixes}", style="bold")
     return Panel(lines, title="opscope", title_align="left", box=box.ROUNDED)
+
+
+def whatif_line(summary: dict[str, Any]) -> str | None:
+    """"fix these N → step X → Y" from summary.json whatif (the step replayed with every finding's fix);
+    None when no fix shortens the step."""
+    w = summary.get("whatif")
+    if not isinstance(w, dict) or not w.get("fixes"):
+        return None
+    n = int(w["fixes"])
+    return (f"fix these {n} finding{'s' if n != 1 else ''} → step {units.duration(w.get('recorded_step_time_us'))} "
+            f"→ {units.duration(w.get('predicted_step_time_us'))} (a replay of the step; `opscope whatif RUN --all`)")
 
 
 def threads_line(meta: dict[str, Any]) -> str | None:

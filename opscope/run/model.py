@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 RUN_FILES = ("meta.json", "ops.csv", "findings.json", "summary.json", "trace.json.gz")
+WHATIF_FILE = "whatif.json"  # the replayed step's critical paths (opscope.analysis.whatif)
 RANKS_FILE = "ranks.csv"  # merged runs of multi-process jobs only (opscope.analysis.ranks)
 TORCH_TRACE_FILE = "torch_trace.log.gz"  # torch.compile's structured log (TORCH_TRACE), profiles that compiled only
 TIMELINE_FILE = "timeline.json"  # the step timeline of the HTML report (opscope.analysis.timeline)
@@ -57,8 +58,9 @@ class Run:
     kernels: Table | None = None
     # timeline.json (opscope.analysis.timeline): lanes of segments, bounded in size; None when the run has none
     timeline: dict[str, Any] | None = None
-    # whatif.json: the what-if replay of the step; the report reads its "critical_path" (segments {lane, ts,
-    # dur, name} on the timeline's clock); None when the run has none
+    # whatif.json (opscope.analysis.whatif): the critical path of the step replayed unchanged
+    # ("critical_path", segments {lane, ts, dur, name} on the timeline's clock, which the report draws) and
+    # with every finding's fix ("critical_path_fixed"); None when the run has none
     whatif: dict[str, Any] | None = None
 
     def to_pandas(self, name: str = "ops") -> pd.DataFrame:

@@ -44,12 +44,12 @@ def read_run(path: Path) -> Run:
     modules = read_modules_csv(path / "modules.csv")
     ranks = read_ranks_csv(path / RANKS_FILE) if (path / RANKS_FILE).is_file() else None
     timeline = _read_json(path / TIMELINE_FILE, dict) if (path / TIMELINE_FILE).is_file() else None
-    whatif = _read_json(path / WHATIF_FILE, dict, checked=False) if (path / WHATIF_FILE).is_file() else None
+    whatif = _read_json(path / WHATIF_FILE, dict) if (path / WHATIF_FILE).is_file() else None
     return Run(meta=meta, ops=ops, findings=findings, summary=summary, path=path, modules=modules, ranks=ranks,
                timeline=timeline, whatif=whatif)
 
 
-def _read_json(path: Path, kind: type, checked: bool = True) -> Any:
+def _read_json(path: Path, kind: type) -> Any:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -58,8 +58,7 @@ def _read_json(path: Path, kind: type, checked: bool = True) -> Any:
         raise OpscopeError(f"{path} is damaged: expected a JSON {'object' if kind is dict else 'list'}, "
                            f"got {type(value).__name__}")
     try:
-        if checked:
-            schema.check(path.name, value)
+        schema.check(path.name, value)
     except schema.FormatError as exc:
         raise OpscopeError(f"{path} is damaged: {exc}") from None
     return value

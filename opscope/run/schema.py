@@ -400,6 +400,35 @@ class CompileEntry(Struct, kw_only=True):
     failed: Annotated[str | None, _doc("why the compilation failed (e.g. the recompile limit); null when it did not")] = None
 
 
+class WhatIfTop(Struct, kw_only=True):
+    ids: Annotated[list[str], _doc("the first N findings' ids in the recommended order")]
+    predicted_step_time_us: Annotated[Duration, _doc("the step replayed with those N fixes")]
+
+
+class WhatIf(Struct, kw_only=True):
+    """The step replayed from its dependency graph (opscope whatif)."""
+
+    recorded_step_time_us: Duration
+    replayed_step_time_us: Annotated[Duration, _doc("the graph replayed unchanged")]
+    predicted_step_time_us: Annotated[Duration, _doc("the graph replayed with every finding's fix")]
+    fixes: Annotated[Count, _doc("findings whose fix shortens the step")] = 0
+    top: list[WhatIfTop] = []
+
+
+class Segment(Struct, kw_only=True):
+    lane: Annotated[str, _doc("cpu:<tid> or gpu:<device>:<stream>, as in the trace")]
+    ts: Annotated[Number, _doc("µs from the first profiled step's start")]
+    dur: Duration
+    name: str
+
+
+class WhatIfFile(Struct, kw_only=True):
+    """whatif.json: the critical paths of the replayed step (at most 2000 segments each)."""
+
+    critical_path: Annotated[list[Segment], _doc("the step replayed unchanged")] = []
+    critical_path_fixed: Annotated[list[Segment], _doc("the step replayed with every finding's fix")] = []
+
+
 class Summary(Struct, kw_only=True):
     """summary.json: the run in numbers."""
 
@@ -437,6 +466,7 @@ class Summary(Struct, kw_only=True):
     ncu: Ncu | None = None
     compile: Annotated[list[CompileEntry] | None, _doc(
         "compiled models with a TORCH_TRACE log: the frame compilations, apart from step time")] = None
+    whatif: Annotated[WhatIf | None, _doc("what fixing the findings does to the step (a replay)")] = None
 
 
 # --- findings.json ------------------------------------------------------------------------------------
@@ -454,6 +484,9 @@ class Finding(Struct, kw_only=True):
     est_savings_us: Annotated[Number | None, _doc("estimated saving over all profiled steps")] = None
     module: Annotated[str | None, _doc(
         "the innermost module around the finding's rows; \"\" the model itself; null outside it")] = None
+    id: Annotated[str | None, _doc("<rule>-<hash of rule, op, source line, module>: the same across runs")] = None
+    critical_path_saving_us: Annotated[Number | None, _doc(
+        "what the step gains from this fix alone, overlaps accounted, over all profiled steps")] = None
 
 
 # --- timeline.json ------------------------------------------------------------------------------------
@@ -745,7 +778,7 @@ def names(columns: tuple[Column, ...], kind: ColumnKind) -> tuple[str, ...]:
 # --- validation ----------------------------------------------------------------------------------------------
 
 FILE_TYPES: dict[str, Any] = {"meta.json": RunMeta, "summary.json": Summary, "findings.json": list[Finding],
-                              "swap.json": SwapFile, "timeline.json": Timeline}
+                              "swap.json": SwapFile, "timeline.json": Timeline, "whatif.json": WhatIfFile}
 
 
 _FINITE = re.compile(r"Expected `float` [<>]= -?1\.7976931348623157e\+308")

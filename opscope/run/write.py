@@ -30,6 +30,7 @@ from opscope.run.model import (
     STAGING_PREFIX,
     TIMELINE_FILE,
     TORCH_TRACE_FILE,
+    WHATIF_FILE,
     Run,
 )
 from opscope.table import Table
@@ -290,6 +291,8 @@ def write_run(run: Run, out: Path | None, stem: str, trace_file: Path | None,
             write_csv(modules, tmp / "modules.csv")
         (tmp / "findings.json").write_text(dumps(run.findings) + "\n")
         (tmp / "summary.json").write_text(dumps(run.summary) + "\n")
+        if run.whatif is not None:
+            (tmp / WHATIF_FILE).write_text(dumps(run.whatif) + "\n")
         ranks = run.ranks
         if ranks is not None:
             write_csv(ranks, tmp / RANKS_FILE)

@@ -129,7 +129,7 @@ def test_vit_trace_and_cli(tmp_path):
     summary = json.loads(proc.stdout)
     assert summary["device_busy_share"] > 0
     assert sorted(p.name for p in (tmp_path / "vit").iterdir()) == sorted(
-        ["meta.json", "ops.csv", "findings.json", "summary.json", "trace.json.gz", "modules.csv", "timeline.json"])
+        ["meta.json", "ops.csv", "findings.json", "summary.json", "trace.json.gz", "modules.csv", "timeline.json", "whatif.json"])
     assert (tmp_path / "vit" / "trace.json.gz").read_bytes() == VIT_H100.read_bytes()
 
 

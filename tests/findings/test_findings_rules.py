@@ -315,7 +315,7 @@ def test_findings_are_ranked_and_well_formed(bad):
     for f in run.findings:
         assert f["severity"] in ("high", "medium", "low")
         assert set(f) == {"rule", "severity", "op", "source_location", "message", "suggestion", "est_savings_us",
-                          "module"}
+                          "module", "id", "critical_path_saving_us"}
         assert f["message"] and f["suggestion"]
 
 

@@ -57,7 +57,7 @@ def read_rows(run_dir):
 
 def check_run_directory(run_dir, steps: int) -> None:
     assert sorted(p.name for p in run_dir.iterdir()) == sorted(
-        ["meta.json", "ops.csv", "findings.json", "summary.json", "trace.json.gz", "modules.csv", "timeline.json"])
+        ["meta.json", "ops.csv", "findings.json", "summary.json", "trace.json.gz", "modules.csv", "timeline.json", "whatif.json"])
     assert re.fullmatch(r"\d{8}-\d{6}-[\w.-]+", run_dir.name)
     meta = json.loads((run_dir / "meta.json").read_text())
     assert set(meta) >= META_KEYS
@@ -107,7 +107,7 @@ def check_run_directory(run_dir, steps: int) -> None:
     findings = json.loads((run_dir / "findings.json").read_text())
     assert isinstance(findings, list) and summary["findings"] == len(findings)
     for f in findings:
-        assert set(f) == FINDING_KEYS | {"module"}
+        assert set(f) == FINDING_KEYS | {"module", "id", "critical_path_saving_us"}
         assert f["severity"] in ("high", "medium", "low")
     savings = [f["est_savings_us"] for f in findings if f["est_savings_us"] is not None]
     assert savings == sorted(savings, reverse=True)

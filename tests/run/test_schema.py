@@ -123,7 +123,7 @@ def test_the_published_schema_and_columns_are_the_modules(tmp_path):
         committed = REPO / "docs" / "generated" / path.name
         assert committed.read_text() == path.read_text(), f"{committed} is stale: run make docs"
     doc = json.loads((tmp_path / "run-format.schema.json").read_text())
-    assert set(doc["properties"]) == {"meta.json", "summary.json", "findings.json", "swap.json", "timeline.json"}
+    assert set(doc["properties"]) == {"meta.json", "summary.json", "findings.json", "swap.json", "timeline.json", "whatif.json"}
     assert doc["$defs"]["Finding"]["required"] == ["rule", "severity", "message", "suggestion"]
 
 

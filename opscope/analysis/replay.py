@@ -1,0 +1,236 @@
+"""A replay of the step's dependency graph (opscope.analysis.replay_graph) with changed durations.
+
+A change scales the CPU self time of row events and the time of kernels (a factor per event or kernel;
+0 removes the work), and can remove the host work that CUDA graphs would replay (`remove_gaps`). Every
+node then starts at the latest of its predecessors (plus the edge's recorded lag) and lasts its new
+duration, in one pass over the graph's topological order: linear in the trace's events. The step's
+time is where the replay puts the ProfilerStep ranges' ends (the whole trace's span without them);
+the critical path is the chain of binding predecessors back from the last step's end.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from typing import Any
+
+from opscope.analysis.replay_graph import WAIT_END, StepGraph
+from opscope.limits import bounded as bounded_text
+
+MAX_SEGMENTS = 2000  # critical path segments kept (whatif.json; the HTML timeline draws them)
+NAME_CHARS = 200  # a segment's name at most (ROCm's GEMM kernel names run to 600 characters)
+
+
+@dataclass
+class Change:
+    """Factors on durations: `cpu` row event -> factor on its self time (its pieces and the runtime calls
+    in them), `kernels` trace.kernels row -> factor. Two changes combine by the smaller factor per item,
+    so that two fixes of the same op do not count its time twice. `unblocked`: row events whose host
+    waits no longer wait for the GPU (the value stays on the device)."""
+
+    cpu: dict[int, float] = field(default_factory=dict)
+    kernels: dict[int, float] = field(default_factory=dict)
+    remove_gaps: bool = False
+    unblocked: frozenset[int] = frozenset()
+
+    def combined(self, other: Change) -> Change:
+        cpu = dict(self.cpu)
+        for k, f in other.cpu.items():
+            cpu[k] = min(f, cpu.get(k, f))
+        kernels = dict(self.kernels)
+        for k, f in other.kernels.items():
+            kernels[k] = min(f, kernels.get(k, f))
+        return Change(cpu, kernels, self.remove_gaps or other.remove_gaps, self.unblocked | other.unblocked)
+
+    @property
+    def signature(self) -> tuple[Any, ...]:
+        """Equal for two changes that change the same durations the same way."""
+        return (self.remove_gaps, tuple(sorted((k, f) for k, f in self.cpu.items() if f != 1.0)),
+                tuple(sorted((k, f) for k, f in self.kernels.items() if f != 1.0)), tuple(sorted(self.unblocked)))
+
+    @property
+    def empty(self) -> bool:
+        return not self.remove_gaps and not self.unblocked and all(f == 1.0 for f in self.cpu.values()) and all(
+            f == 1.0 for f in self.kernels.values())
+
+
+@dataclass
+class Replay:
+    step_us: list[float]  # each profiled step's replayed time
+    start: list[float]
+    finish: list[float]
+    why: list[int]  # the binding predecessor of each node (-1: none)
+    dur: list[float]
+
+    @property
+    def total_us(self) -> float:
+        return math.fsum(self.step_us)
+
+    @property
+    def mean_step_us(self) -> float:
+        return self.total_us / len(self.step_us) if self.step_us else 0.0
+
+
+def durations(g: StepGraph, change: Change | None) -> list[float]:
+    dur = list(g.dur)
+    if change is None:
+        return dur
+    for key, f in change.cpu.items():
+        for node in g.owner_nodes.get(key, ()):
+            dur[node] = g.dur[node] * f
+    for k, f in change.kernels.items():
+        node = g.kernel_node.get(k, -1)
+        if node >= 0:
+            dur[node] = g.dur[node] * f
+    if change.remove_gaps:
+        for node, launching in enumerate(g.launching):
+            if launching:
+                dur[node] = 0.0
+    return dur
+
+
+def replay(g: StepGraph, change: Change | None = None) -> Replay:
+    dur = durations(g, change)
+    n = g.n
+    start = [0.0] * n
+    finish = [0.0] * n
+    why = [-1] * n
+    ptr, pred, lag, from_start, rec = g.ptr, g.pred, g.lag, g.from_start, g.start
+    # a wait that no longer blocks keeps only its edge from its own start (the first)
+    free = {i for i in g.waits if g.owner[i] in change.unblocked} if change is not None and change.unblocked else set()
+    for i in g.order:
+        a, b = ptr[i], ptr[i + 1]
+        if b - a == 1:  # most nodes: the piece before on the thread
+            p = pred[a]
+            s = (start[p] if from_start[a] else finish[p]) + lag[a]
+            if s == -math.inf:
+                s = rec[i]
+            else:
+                why[i] = p
+        elif a == b:
+            s = rec[i]
+        else:
+            s = -math.inf
+            w = -1
+            for e in range(a, a + 1 if i in free else b):
+                p = pred[e]
+                v = (start[p] if from_start[e] else finish[p]) + lag[e]
+                if v > s:
+                    s, w = v, p
+            if w < 0:  # every edge dropped (a cycle in the timestamps)
+                s = rec[i]
+            why[i] = w
+        start[i] = s
+        finish[i] = s + dur[i]
+    out = Replay(step_us=[], start=start, finish=finish, why=why, dur=dur)
+    out.step_us = [b - a for a, b in step_bounds(g, out)]
+    return out
+
+
+def step_bounds(g: StepGraph, r: Replay) -> list[tuple[float, float]]:
+    """Each profiled step's (start, end) in the replay; the whole trace's span without steps."""
+    if not g.steps:
+        work = [i for i in range(g.n) if g.owner[i] >= 0 or g.kernel[i] >= 0] or list(range(g.n))
+        if not work:
+            return [(0.0, 0.0)]
+        return [(min(r.start[i] for i in work), max(r.finish[i] for i in work))]
+    out = []
+    for k, (lane, a, b) in enumerate(g.steps):
+        end = _at(g, r, lane, b)
+        kernels = g.step_kernels[k] if k < len(g.step_kernels) else []
+        if kernels:
+            end = max(end, max(r.finish[x] for x in kernels) - g.step_tail[k])
+        out.append((_at(g, r, lane, a), end))
+    return out
+
+
+def _at(g: StepGraph, r: Replay, lane: str, t: float) -> float:
+    """Where the replay puts recorded time `t` of a thread: the same offset into the piece holding it
+    (scaled with the piece), or past the thread's last piece by the same distance."""
+    starts = g.thread_starts.get(lane)
+    if not starts:
+        return t
+    at = bisect_right(starts, t) - 1
+    if at < 0:
+        node = g.thread_nodes[lane][0]
+        return r.start[node] - (g.start[node] - t)
+    node = g.thread_nodes[lane][at]
+    offset, dur = t - g.start[node], g.dur[node]
+    if offset <= dur:
+        return r.start[node] + (offset * r.dur[node] / dur if dur > 0 else 0.0)
+    return r.finish[node] + offset - dur
+
+
+def _end_node(g: StepGraph, r: Replay) -> int:
+    if g.steps:
+        lane, _, end = g.steps[-1]
+        starts = g.thread_starts.get(lane) or []
+        at = bisect_right(starts, end) - 1
+        if at >= 0:
+            node = g.thread_nodes[lane][at]
+            # a host wait's end sits at the recorded end of its wait: take it when the step ends there
+            return node
+    return max(range(g.n), key=r.finish.__getitem__) if g.n else -1
+
+
+def origin(g: StepGraph, r: Replay) -> float:
+    """The replay's time origin: the first profiled step's start, else the trace's first event."""
+    if g.steps:
+        return step_bounds(g, r)[0][0]
+    return min(r.start) if g.n else 0.0
+
+
+def critical_path(g: StepGraph, r: Replay, limit: int = MAX_SEGMENTS) -> list[dict[str, Any]]:
+    """The chain of nodes that decides the last step's end, back to the first step's start, as segments
+    {"lane", "ts" (µs from the first step's start), "dur", "name"} in time order; consecutive segments on
+    one lane merge first when there are more than `limit`."""
+    node = _end_node(g, r)
+    t0 = origin(g, r)
+    chain: list[int] = []
+    seen = set()
+    while node >= 0 and node not in seen and r.finish[node] > t0:
+        seen.add(node)
+        chain.append(node)
+        node = r.why[node]
+    segments = []
+    for node in reversed(chain):
+        a, b = max(r.start[node], t0), r.finish[node]
+        if b - a <= 0 or g.kind[node] == WAIT_END:
+            continue
+        segments.append({"lane": g.lane[node], "ts": a - t0, "dur": b - a, "name": bounded_text(g.name[node], NAME_CHARS)})
+    return bounded(segments, limit)
+
+
+def bounded(segments: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """At most `limit` segments: while there are more, consecutive segments on one lane merge (named after
+    the longest part) up to a length that doubles each round; when that is not enough (the path switches
+    lanes too often), neighbours on any lane merge the same way, laned after the longest part."""
+    if len(segments) <= limit:
+        return segments
+    span = sum(s["dur"] for s in segments)
+    out = segments
+    for any_lane in (False, True):
+        quantum = span / limit
+        while quantum <= 2 * span:
+            out = _merge(out, quantum, any_lane)
+            if len(out) <= limit:
+                return out
+            quantum *= 2
+    return out
+
+
+def _merge(segments: list[dict[str, Any]], quantum: float, any_lane: bool) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    longest: list[float] = []
+    for s in segments:
+        if out and (any_lane or out[-1]["lane"] == s["lane"]) and out[-1]["dur"] + s["dur"] <= quantum:
+            last = out[-1]
+            if s["dur"] > longest[-1]:
+                longest[-1] = s["dur"]
+                last["name"], last["lane"] = s["name"], s["lane"]
+            last["dur"] = max(last["ts"] + last["dur"], s["ts"] + s["dur"]) - last["ts"]
+            continue
+        out.append(dict(s))
+        longest.append(s["dur"])
+    return out

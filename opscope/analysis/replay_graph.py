@@ -1,0 +1,372 @@
+"""The step's dependency graph, built from a trace and its event table (opscope.analysis.events).
+
+Lanes: each CPU thread is a sequence of pieces (its time cut at every op and runtime-call boundary,
+each piece owned by the innermost event holding it; the time between top-level events is a host gap:
+Python, which stays unless a fix removes it); each GPU stream (device, stream) is its kernels (and
+memcpy/memset) in time order. Edges:
+
+- a piece follows the previous piece on its thread;
+- a kernel starts after the previous kernel on its stream and after its launch (correlation id; every
+  kernel of a CUDA/HIP graph replay after the graph launch);
+- a host wait (cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize, a blocking
+  memcpy, `.item()`'s copy) ends no earlier than the last kernel launched before it on each stream.
+
+Each edge carries the lag it had in the trace after its binding constraint, so that replaying the graph
+with the recorded durations gives back the recorded times (opscope.analysis.replay). A kernel's lag
+behind the constraint that did not bind is capped at the trace's typical value (the median launch
+latency, the median back-to-back gap), so that a change which moves the binding constraint gets the
+delay the trace shows for it. Collectives are ordered per stream only; a stream waiting on another's
+event (cudaStreamWaitEvent) is not an edge.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from statistics import median
+
+from opscope.table import Table, nrows
+from opscope.trace.reader import TraceData
+
+# Runtime calls after which the host waits for the device.
+SYNC_RE = re.compile(r"(Device|Stream|Event|Ctx)Synchronize(_v2)?$|^(cuda|hip|cu)Memcpy(WithStream|2D|3D|DtoH|HtoD)?(_v2)?$")
+# A synchronizing call's own cost when it waited: the rest of it was the wait.
+SYNC_CALL_US = 5.0
+DEFAULT_GAP_US = 1.0  # back-to-back kernels' gap on a stream when the trace shows none
+DEFAULT_LAUNCH_US = 5.0  # launch-to-start latency when the trace shows none
+
+GAP = -1  # owner of a host gap piece
+CPU, KERNEL, WAIT_START, WAIT_END = 0, 1, 2, 3  # node kinds
+
+
+@dataclass
+class StepGraph:
+    """Nodes in a topological order's numbering-free arrays. A node starts at the latest of its
+    predecessors' start (`from_start`) or finish plus the edge's lag (its recorded start when it has
+    none), and finishes its duration later."""
+
+    kind: list[int] = field(default_factory=list)
+    lane: list[str] = field(default_factory=list)  # "cpu:<tid>" | "gpu:<device>:<stream>"
+    name: list[str] = field(default_factory=list)
+    start: list[float] = field(default_factory=list)  # recorded
+    dur: list[float] = field(default_factory=list)  # recorded
+    owner: list[int] = field(default_factory=list)  # CPU piece: the row event whose self time it is (-1: none)
+    kernel: list[int] = field(default_factory=list)  # KERNEL node: its row in trace.kernels
+    gap: list[bool] = field(default_factory=list)  # a host gap piece
+    launching: list[bool] = field(default_factory=list)  # host work that CUDA graphs would replay
+    # predecessor edges, CSR by node: pred[ptr[i]:ptr[i+1]]
+    ptr: list[int] = field(default_factory=lambda: [0])
+    pred: list[int] = field(default_factory=list)
+    lag: list[float] = field(default_factory=list)
+    from_start: list[bool] = field(default_factory=list)
+    order: list[int] = field(default_factory=list)  # topological
+    # per thread (lane name): its pieces' node ids in time order, and their recorded starts
+    thread_nodes: dict[str, list[int]] = field(default_factory=dict)
+    thread_starts: dict[str, list[float]] = field(default_factory=dict)
+    kernel_node: dict[int, int] = field(default_factory=dict)  # trace.kernels row -> node
+    waits: list[int] = field(default_factory=list)  # WAIT_END nodes (their owner: the row around the call)
+    owner_nodes: dict[int, list[int]] = field(default_factory=dict)  # row event -> its CPU pieces
+    # the profiled steps: (lane, recorded start, recorded end); empty: the whole trace is one step
+    steps: list[tuple[str, float, float]] = field(default_factory=list)
+    # per step: the kernels launched in it, and how far past the step's end the last of them ran in the
+    # trace (0 when it ended inside the step): a step ends no earlier than its GPU work, less that tail
+    step_kernels: list[list[int]] = field(default_factory=list)
+    step_tail: list[float] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.kind)
+
+    def add(self, kind: int, lane: str, name: str, start: float, dur: float, *, owner: int = -1,
+            kernel: int = -1, gap: bool = False) -> int:
+        self.kind.append(kind)
+        self.lane.append(lane)
+        self.name.append(name)
+        self.start.append(start)
+        self.dur.append(dur)
+        self.owner.append(owner)
+        self.kernel.append(kernel)
+        self.gap.append(gap)
+        self.launching.append(False)
+        return len(self.kind) - 1
+
+
+def cpu_lane(tid: object) -> str:
+    return f"cpu:{tid}"
+
+
+def gpu_lane(device: object, stream: object) -> str:
+    return f"gpu:{device}:{stream}"
+
+
+def build_graph(trace: TraceData, ev: Table) -> StepGraph:
+    """The dependency graph of the whole trace (every profiled step and what ran around them). `ev` is
+    build_events(trace)'s table; trace.kernels then carries its attribution columns."""
+    g = StepGraph()
+    edges: list[list[tuple[int, float, bool]]] = []
+    launch_piece, sync_end = _cpu_lanes(trace, ev, g, edges)
+    _gpu_lanes(trace, g, edges, launch_piece)
+    _waits(trace, g, edges, sync_end)
+    for es in edges:
+        for p, lag, fs in es:
+            g.pred.append(p)
+            g.lag.append(lag)
+            g.from_start.append(fs)
+        g.ptr.append(len(g.pred))
+    g.order = _topological(g)
+    if nrows(trace.steps):
+        for tid, ts, dur in zip(trace.steps["tid"], trace.steps["ts"], trace.steps["dur"], strict=True):
+            g.steps.append((cpu_lane(tid), float(ts), float(ts) + float(dur)))
+        _step_kernels(g)
+    return g
+
+
+def _cpu_lanes(trace: TraceData, ev: Table, g: StepGraph,
+               edges: list[list[tuple[int, float, bool]]]) -> tuple[dict[int, int], dict[int, tuple[int, float, float]]]:
+    """Cuts each thread's time into pieces. Returns {launch row: its first piece's node} and {sync launch
+    row: (its wait-end node, piece start, piece end)}."""
+    n_ev = nrows(ev)
+    live = [not c for c in ev["captured"]] if "captured" in ev else [True] * n_ev
+    la = trace.launches
+    launched = set(trace.kernels["correlation"]) if nrows(trace.kernels) else set()
+    # intervals per thread: (start, end, id) with id >= 0 an event, id < 0 launch -(j + 2)
+    per_thread: dict[tuple[object, object], list[tuple[float, float, int]]] = {}
+    for i in range(n_ev):
+        if live[i]:
+            per_thread.setdefault((ev["pid"][i], ev["tid"][i]), []).append(
+                (float(ev["ts"][i]), float(ev["end"][i]), i))
+    for j in range(nrows(la)):
+        ts = float(la["ts"][j])
+        per_thread.setdefault((la["pid"][j], la["tid"][j]), []).append((ts, ts + float(la["dur"][j]), -(j + 2)))
+    cutter = _Cutter(g, edges, ev, la, launched)
+    for (_pid, tid), items in sorted(per_thread.items(), key=lambda kv: str(kv[0])):
+        cutter.thread(cpu_lane(tid), items)
+    return cutter.launch_piece, cutter.sync_end
+
+
+class _Cutter:
+    """Cuts one thread at a time into pieces, each owned by the innermost event holding it."""
+
+    def __init__(self, g: StepGraph, edges: list[list[tuple[int, float, bool]]], ev: Table, la: Table,
+                 launched: set[int]) -> None:
+        self.g, self.edges, self.la, self.launched = g, edges, la, launched
+        self.row_anc, self.names = ev["row_anc"], ev["name"]
+        self.is_sync = [bool(SYNC_RE.search(x)) for x in la["name"]]
+        self.launch_piece: dict[int, int] = {}
+        self.sync_end: dict[int, tuple[int, float, float]] = {}
+
+    def thread(self, lane: str, items: list[tuple[float, float, int]]) -> None:
+        self.lane = lane
+        items.sort(key=lambda x: (x[0], -x[1], x[2] < 0))  # parents first; an op before a call at its start
+        self.nodes: list[int] = []
+        self.node_top: list[int] = []
+        self.stack: list[tuple[float, int, int]] = []  # (end, id, top-level item index)
+        top_launches: list[bool] = []
+        self.cur = items[0][0]
+        self.prev = -1
+        stack = self.stack
+        for s, e, ident in items:
+            while stack and stack[-1][0] <= s:
+                self._emit(stack[-1][0], stack[-1][1], stack[-1][2])
+                stack.pop()
+            if s > self.cur:
+                self._emit(s, stack[-1][1] if stack else GAP, stack[-1][2] if stack else -1)
+            self.cur = max(self.cur, s)
+            if stack:
+                e = min(e, stack[-1][0])
+                top = stack[-1][2]
+            else:
+                top = len(top_launches)
+                top_launches.append(False)
+            if ident < -1 and int(self.la["correlation"][-ident - 2]) in self.launched:
+                top_launches[top] = True
+            stack.append((e, ident, top))
+        while stack:
+            self._emit(stack[-1][0], stack[-1][1], stack[-1][2])
+            stack.pop()
+        # CUDA graphs would replay the host work from the first top-level item that launches GPU work to
+        # the last, everything between included (Python, view ops): a wait breaks the graph, so it stays
+        # and the stretches between waits are taken one by one.
+        g, nodes, node_top = self.g, self.nodes, self.node_top
+        first = last = -1
+        for k, node in enumerate([*nodes, -1]):
+            if node < 0 or g.kind[node] != CPU:
+                for x in nodes[first:last + 1] if first >= 0 else ():
+                    g.launching[x] = g.kind[x] == CPU
+                first = last = -1
+                continue
+            if node_top[k] >= 0 and top_launches[node_top[k]]:
+                first = k if first < 0 else first
+                last = k
+        g.thread_nodes[lane] = nodes
+        g.thread_starts[lane] = [g.start[x] for x in nodes]
+
+    def _append(self, node: int, top: int) -> None:
+        self.edges.append([(self.prev, 0.0, False)] if self.prev >= 0 else [])
+        self.nodes.append(node)
+        self.node_top.append(top)
+        self.prev = node
+
+    def _emit(self, end: float, owner_id: int, top: int) -> None:
+        g, cur, lane, row_anc = self.g, self.cur, self.lane, self.row_anc
+        dur = end - cur
+        j = -owner_id - 2
+        if dur <= 0 and not (owner_id < -1 and self.is_sync[j]):
+            return
+        if owner_id == GAP:
+            self._append(g.add(CPU, lane, "host gap", cur, dur, gap=True), -1)
+        elif owner_id >= 0:
+            key = row_anc[owner_id] if row_anc[owner_id] >= 0 else owner_id
+            node = g.add(CPU, lane, self.names[key], cur, dur, owner=key)
+            g.owner_nodes.setdefault(key, []).append(node)
+            self._append(node, top)
+        else:
+            encl = self.stack[-2][1] if len(self.stack) >= 2 else GAP
+            key = (row_anc[encl] if row_anc[encl] >= 0 else encl) if encl >= 0 else -1
+            lname = self.la["name"][j]
+            if self.is_sync[j] and j not in self.sync_end:
+                s = g.add(WAIT_START, lane, lname, cur, 0.0, owner=key)
+                self._append(s, top)
+                self.launch_piece.setdefault(j, s)
+                node = g.add(WAIT_END, lane, lname + " (wait)", end, 0.0, owner=key)
+                self.sync_end[j] = (node, cur, end)
+                g.waits.append(node)
+                self.nodes.append(node)
+                self.node_top.append(top)
+                self.edges.append([])  # filled in by _waits
+                self.prev = node
+            else:
+                node = g.add(CPU, lane, lname, cur, dur, owner=key)
+                if key >= 0:
+                    g.owner_nodes.setdefault(key, []).append(node)
+                self.launch_piece.setdefault(j, node)
+                self._append(node, top)
+        self.cur = end
+
+
+def _gpu_lanes(trace: TraceData, g: StepGraph, edges: list[list[tuple[int, float, bool]]],
+               launch_piece: dict[int, int]) -> None:
+    k = trace.kernels
+    nk = nrows(k)
+    if not nk:
+        return
+    la = trace.launches
+    corr_to_launch = {int(c): j for j, c in enumerate(la["correlation"])} if nrows(la) else {}
+    captured = k.get("captured") or [False] * nk
+    streams: dict[tuple[object, object], list[int]] = {}
+    for i in range(nk):
+        if not captured[i]:
+            streams.setdefault((k["device"][i], k["stream"][i]), []).append(i)
+    ts = [float(x) for x in k["ts"]]
+    end = [t + float(d) for t, d in zip(ts, k["dur"], strict=True)]
+    # first pass: which constraint bound each kernel, for the typical lags
+    plans: list[tuple[int, int, int, float, float]] = []  # kernel, prev kernel, launch node, A, B
+    stream_lags: list[float] = []
+    launch_lags: list[float] = []
+    for members in streams.values():
+        members.sort(key=lambda i: (ts[i], end[i]))
+        prev = -1
+        for i in members:
+            j = corr_to_launch.get(int(k["correlation"][i]), -1)
+            node = launch_piece.get(j, -1) if j >= 0 else -1
+            a = end[prev] if prev >= 0 else -math.inf
+            b = g.start[node] if node >= 0 else -math.inf
+            if prev >= 0 and a >= b:
+                stream_lags.append(ts[i] - a)
+            elif node >= 0:
+                launch_lags.append(ts[i] - b)
+            plans.append((i, prev, node, a, b))
+            prev = i
+    gap_us = max(median(stream_lags), 0.0) if stream_lags else DEFAULT_GAP_US
+    launch_us = max(median(launch_lags), 0.0) if launch_lags else DEFAULT_LAUNCH_US
+    for i, prev, node, a, b in plans:
+        lane = gpu_lane(k["device"][i], k["stream"][i])
+        me = g.add(KERNEL, lane, str(k["name"][i]), ts[i], end[i] - ts[i], kernel=i)
+        g.kernel_node[i] = me
+        es: list[tuple[int, float, bool]] = []
+        stream_bound = prev >= 0 and a >= b
+        if prev >= 0:
+            es.append((g.kernel_node[prev], ts[i] - a if stream_bound else min(ts[i] - a, gap_us), False))
+        if node >= 0:
+            es.append((node, ts[i] - b if not stream_bound else min(ts[i] - b, launch_us), True))
+        edges.append(es)
+
+
+def _waits(trace: TraceData, g: StepGraph, edges: list[list[tuple[int, float, bool]]],
+           sync_end: dict[int, tuple[int, float, float]]) -> None:
+    """A host wait ends after the last kernel launched at or before it on each stream (correlation ids
+    grow with each launch)."""
+    la = trace.launches
+    per_stream: dict[str, tuple[list[int], list[int]]] = {}  # lane -> (running max correlation, nodes)
+    for i, node in sorted(g.kernel_node.items(), key=lambda kv: (g.lane[kv[1]], g.start[kv[1]])):
+        corr, nodes = per_stream.setdefault(g.lane[node], ([], []))
+        c = int(trace.kernels["correlation"][i])
+        corr.append(max(c, corr[-1]) if corr else c)
+        nodes.append(node)
+    for j, (node, start, end) in sync_end.items():
+        c = int(la["correlation"][j])
+        targets = []
+        for corr, nodes in per_stream.values():
+            at = bisect_right(corr, c) - 1
+            if at >= 0:
+                targets.append(nodes[at])
+        waited = [t for t in targets if g.start[t] + g.dur[t] > start]
+        me = edges[node]
+        pred_start = node - 1  # its WAIT_START node, added just before it
+        if waited:
+            latest = max(g.start[t] + g.dur[t] for t in waited)
+            me.append((pred_start, min(end - start, SYNC_CALL_US), False))
+            me.extend((t, end - latest, False) for t in waited)
+        else:
+            me.append((pred_start, end - start, False))
+            me.extend((t, 0.0, False) for t in targets)
+
+
+def _step_kernels(g: StepGraph) -> None:
+    """Each step's kernels: those launched inside it (by their launch's start; a kernel without a launch
+    by its own)."""
+    launched_at: dict[int, float] = {}
+    for node in g.kernel_node.values():
+        at = g.start[node]
+        for e in range(g.ptr[node], g.ptr[node + 1]):
+            if g.from_start[e]:
+                at = g.start[g.pred[e]]
+        launched_at[node] = at
+    for _, a, b in g.steps:
+        mine = [k for k, at in launched_at.items() if a <= at < b]
+        g.step_kernels.append(mine)
+        last = max((g.start[k] + g.dur[k] for k in mine), default=b)
+        g.step_tail.append(max(last - b, 0.0))
+
+
+def _topological(g: StepGraph) -> list[int]:
+    """Kahn's order over the edges; an edge that closes a cycle (timestamps that contradict each other)
+    is dropped: its lag becomes -inf."""
+    n = g.n
+    indeg = [g.ptr[i + 1] - g.ptr[i] for i in range(n)]
+    succ: list[list[int]] = [[] for _ in range(n)]
+    for i in range(n):
+        for e in range(g.ptr[i], g.ptr[i + 1]):
+            succ[g.pred[e]].append(i)
+    order = [i for i in range(n) if indeg[i] == 0]
+    pos = 0
+    while True:
+        while pos < len(order):
+            i = order[pos]
+            pos += 1
+            for s in succ[i]:
+                indeg[s] -= 1
+                if indeg[s] == 0:
+                    order.append(s)
+        if len(order) == n:
+            return order
+        # a cycle: release the earliest recorded node still waiting, dropping its unresolved edges
+        done = set(order)
+        stuck = min((i for i in range(n) if i not in done), key=lambda i: (g.start[i], i))
+        for e in range(g.ptr[stuck], g.ptr[stuck + 1]):
+            if g.pred[e] not in done:
+                g.lag[e] = -math.inf
+        indeg[stuck] = 0
+        order.append(stuck)  # the dropped edges' sources, processed later, take its count below 0: no re-entry

@@ -1,0 +1,160 @@
+"""What-if: savings that add up. Builds the step's graph once (opscope.analysis.replay_graph), replays it
+unchanged, with each finding's fix alone, and with all of them (opscope.analysis.replay); each replay is
+one pass over the graph, so a run's findings cost a pass each, not an analysis each.
+
+Gives every finding its `id` and `critical_path_saving_us` (the profiled steps' time the fix alone
+saves, overlaps accounted), summary.json's `whatif` and whatif.json (the critical paths).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from opscope.analysis.fixes import Fixer, OpSpeedup, assign_ids
+from opscope.analysis.replay import Change, Replay, critical_path, replay
+from opscope.analysis.replay_graph import StepGraph, build_graph
+from opscope.errors import OpscopeError
+from opscope.machine.peaks import Peaks
+from opscope.table import Table
+from opscope.trace.reader import TraceData
+
+TOP = (1, 3, 5)  # summary.json whatif.top: the first N fixes in the recommended order (and all, when fewer)
+
+
+@dataclass
+class Engine:
+    graph: StepGraph
+    fixer: Fixer
+    base: Replay  # the unchanged replay
+
+    def replay(self, change: Change | None) -> Replay:
+        return self.base if change is None or change.empty else replay(self.graph, change)
+
+    def saving_us(self, change: Change) -> float:
+        """Over all profiled steps, what the change saves on the unchanged replay (never below 0: a
+        shorter duration cannot delay the step; what is left is rounding)."""
+        return max(self.base.total_us - self.replay(change).total_us, 0.0)
+
+
+def engine(trace: TraceData, ev: Table, peaks: Peaks, gpu: bool) -> Engine:
+    g = build_graph(trace, ev)
+    return Engine(graph=g, fixer=Fixer(ev, trace.kernels, peaks, gpu), base=replay(g))
+
+
+@dataclass
+class Step:
+    """One fix of a recommendation: what it saves on top of those before it, and the step after it."""
+
+    label: str
+    marginal_us: float
+    predicted_step_us: float
+
+
+def recommend(e: Engine, fixes: Sequence[tuple[str, Change]], alone: Sequence[float] | None = None,
+              limit: int | None = None) -> tuple[list[Step], Replay]:
+    """The fixes in the order to apply them, greedily: the largest saving on top of those already taken
+    first. Lazy: each round only the leader by its last known saving (`alone`: each fix's saving on its
+    own, when already known) is replayed on top of the fixes taken, until a leader's saving is current.
+    The savings reported are exact; the order is greedy where a fix does not gain from another (a kernel
+    off the critical path gains once the launch gaps are gone, and is then taken after it). Returns the
+    steps and the replay with all of them; with `limit`, only the first `limit` steps (the replay is still
+    the one with every fix)."""
+    current = Change()
+    now = e.base
+    bound = {k: (alone[k] if alone is not None else e.saving_us(c)) for k, (_, c) in enumerate(fixes)}
+    fresh = set(bound)  # savings computed on top of `current`
+    tried: dict[int, Replay] = {}  # this round's replays of current + fix
+    out: list[Step] = []
+    while bound:
+        if limit is not None and len(out) >= limit:
+            for k in bound:
+                current = current.combined(fixes[k][1])
+            return out, e.replay(current)
+        k = max(bound, key=lambda x: (bound[x], -x))
+        if k not in fresh:
+            tried[k] = e.replay(current.combined(fixes[k][1]))
+            bound[k] = max(now.total_us - tried[k].total_us, 0.0)
+            fresh.add(k)
+            continue
+        current = current.combined(fixes[k][1])
+        prev = now
+        now = tried[k] if k in tried else e.replay(current)
+        out.append(Step(fixes[k][0], max(prev.total_us - now.total_us, 0.0), now.mean_step_us))
+        del bound[k]
+        fresh, tried = set(), {}
+    return out, now
+
+
+def annotate(e: Engine, findings: list[dict[str, Any]]) -> list[tuple[str, Change, float]]:
+    """Adds "id" and "critical_path_saving_us" to every finding; returns (id, change, saving) per finding
+    (one replay per distinct change)."""
+    assign_ids(findings)
+    fixes = []
+    done: dict[tuple[Any, ...], float] = {}
+    for f in findings:
+        change = e.fixer.finding(f)
+        key = change.signature
+        if key not in done:
+            done[key] = e.saving_us(change)
+        f["critical_path_saving_us"] = round(done[key], 3)
+        fixes.append((str(f["id"]), change, done[key]))
+    return fixes
+
+
+def run_whatif(trace: TraceData, ev: Table, findings: list[dict[str, Any]], *, peaks: Peaks, gpu: bool,
+               step_time_us: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Annotates the findings; returns (summary.json "whatif", whatif.json)."""
+    e = engine(trace, ev, peaks, gpu)
+    fixes = [(k, c, saved) for k, c, saved in annotate(e, findings) if not c.empty]
+    steps, fixed = recommend(e, [(k, c) for k, c, _ in fixes], [saved for _, _, saved in fixes], limit=TOP[-1])
+    order = [s.label for s in steps]
+    sizes = sorted({n for n in TOP if n < len(order)} | ({min(len(order), TOP[-1])} if order else set()))
+    top: list[dict[str, Any]] = [{"ids": order[:n], "predicted_step_time_us": round(steps[n - 1].predicted_step_us, 3)}
+                                 for n in sizes]
+    summary = {
+        "recorded_step_time_us": round(step_time_us, 3),
+        "replayed_step_time_us": round(e.base.mean_step_us, 3),
+        "predicted_step_time_us": round(fixed.mean_step_us, 3),
+        "fixes": len(fixes),
+        "top": top,
+    }
+    file = {"critical_path": critical_path(e.graph, e.base), "critical_path_fixed": critical_path(e.graph, fixed)}
+    return summary, file
+
+
+@dataclass
+class Outcome:
+    """A what-if: the fixes applied in the recommended order and the step after them."""
+
+    recorded_step_us: float
+    replayed_step_us: float
+    predicted_step_us: float
+    steps: int
+    applied: list[Step]
+    critical_path: list[dict[str, Any]]
+
+
+def what_if(trace: TraceData, ev: Table, findings: list[dict[str, Any]], fixes: Sequence[str], *, peaks: Peaks,
+            recorded_step_us: float, speedups: Sequence[OpSpeedup] = (), remove_gaps: bool = False) -> Outcome:
+    """Replays the step with the given findings' fixes (by id; "all" for every finding), the op
+    speedups and the launch gaps removed; an OpscopeError names an id the run does not have."""
+    if any("id" not in f for f in findings):
+        assign_ids(findings)
+    by_id = {str(f["id"]): f for f in findings}
+    wanted = list(by_id) if "all" in fixes else list(dict.fromkeys(fixes))
+    unknown = [k for k in wanted if k not in by_id]
+    if unknown:
+        known = ", ".join(list(by_id)[:5]) + (", ..." if len(by_id) > 5 else "")
+        raise OpscopeError(f"no finding {unknown[0]!r} in this run (its findings: {known or 'none'}; see "
+                           "findings.json \"id\")")
+    e = engine(trace, ev, peaks, trace.has_gpu)
+    changes = [(k, e.fixer.finding(by_id[k])) for k in wanted]
+    changes += [(s.text, e.fixer.speedup(s)) for s in speedups]
+    if remove_gaps:
+        changes.append(("remove-gaps", Change(remove_gaps=True)))
+    steps, fixed = recommend(e, changes)
+    return Outcome(recorded_step_us=recorded_step_us, replayed_step_us=e.base.mean_step_us,
+                   predicted_step_us=fixed.mean_step_us, steps=len(e.base.step_us), applied=steps,
+                   critical_path=critical_path(e.graph, fixed))

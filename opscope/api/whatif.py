@@ -1,0 +1,73 @@
+"""whatif: the step replayed with fixes applied (`opscope whatif`): the run's trace read again, its
+dependency graph replayed with the findings' fixes, op speedups and launch gaps removed
+(opscope.analysis.whatif). A script can call it as `opscope.api.whatif(run_dir, op_speedups=[...])`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opscope.api.explain import table_run
+from opscope.api.run import Run
+from opscope.errors import OpscopeError
+from opscope.run.model import TORCH_TRACE_FILE
+from opscope.run.model import Run as TableRun
+
+
+@dataclass
+class WhatIf:
+    """What the fixes do to the step. Times in µs per step; `applied` in the recommended order (the
+    largest saving on top of those before it first), each {"fix", "saving_us_per_step", "saving_us" (over
+    all profiled steps), "predicted_step_time_us"}; `critical_path` the replayed step's, as whatif.json's
+    segments."""
+
+    recorded_step_time_us: float
+    replayed_step_time_us: float
+    predicted_step_time_us: float
+    steps: int
+    applied: list[dict[str, Any]] = field(default_factory=list)
+    critical_path: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"recorded_step_time_us": self.recorded_step_time_us,
+                "replayed_step_time_us": self.replayed_step_time_us,
+                "predicted_step_time_us": self.predicted_step_time_us, "steps": self.steps,
+                "applied": self.applied, "critical_path": self.critical_path}
+
+
+def whatif(run: Run | TableRun | str | os.PathLike[str], *, findings: Sequence[str] | None = None,
+           all: bool = False, op_speedups: Sequence[str] = (), remove_gaps: bool = False) -> WhatIf:
+    """The run's step replayed with fixes: `findings` (ids from findings.json), `all` (every finding's
+    fix), `op_speedups` ("aten::gelu=2x", "module:encoder.layer.3=1.5x") and `remove_gaps` (the host work
+    CUDA graphs would replay removed). `run`: a Run, the table Run the renderers read, or a run directory.
+    An OpscopeError for an unknown finding id, a malformed speedup or a run without its trace."""
+    from opscope.analysis.fixes import parse_op_speedup
+
+    speedups = [parse_op_speedup(s) for s in ([op_speedups] if isinstance(op_speedups, str) else op_speedups)]
+    table = table_run(run, "whatif")
+    if table.path is None:
+        raise OpscopeError("this run has no directory (write it first): whatif reads its trace.json.gz")
+    trace_path = table.path / "trace.json.gz"
+    if not trace_path.is_file():
+        raise OpscopeError(f"{table.path} has no trace.json.gz: whatif replays the run's trace")
+    from opscope.analysis.trace_file import trace_events
+    from opscope.analysis.whatif import what_if
+    from opscope.machine.peaks import Peaks
+
+    wanted = ["all"] if all else [str(x) for x in (findings or ())]
+    torch_trace = table.path / TORCH_TRACE_FILE
+    trace, ev = trace_events(trace_path, torch_trace if torch_trace.is_file() else None)
+    steps = table.summary.get("step_time_us")
+    out = what_if(trace, ev, [dict(f) for f in table.findings], wanted,
+                  peaks=Peaks.from_json(table.meta.get("peaks") or {}),
+                  recorded_step_us=float(steps) if isinstance(steps, (int, float)) else 0.0,
+                  speedups=speedups, remove_gaps=remove_gaps)
+    n = max(out.steps, 1)
+    applied = [{"fix": s.label, "saving_us_per_step": round(s.marginal_us / n, 3), "saving_us": round(s.marginal_us, 3),
+                "predicted_step_time_us": round(s.predicted_step_us, 3)} for s in out.applied]
+    return WhatIf(recorded_step_time_us=round(out.recorded_step_us, 3),
+                  replayed_step_time_us=round(out.replayed_step_us, 3),
+                  predicted_step_time_us=round(out.predicted_step_us, 3), steps=out.steps, applied=applied,
+                  critical_path=out.critical_path)

@@ -1,0 +1,196 @@
+"""The what-if replay (opscope.analysis.replay_graph, replay, fixes, whatif): a tiny synthetic trace whose
+replays are computed by hand, and the shared real traces replayed unchanged and with launch gaps removed."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import TESTS, TRACES
+from opscope.analysis.events import build_events
+from opscope.analysis.fixes import Fixer, OpSpeedup, assign_ids, finding_id, parse_op_speedup
+from opscope.analysis.pipeline import device_busy_share, step_stats
+from opscope.analysis.replay import Change, bounded, critical_path, replay
+from opscope.analysis.replay_graph import build_graph
+from opscope.analysis.whatif import engine, recommend, run_whatif
+from opscope.errors import OpscopeError
+from opscope.machine.peaks import Peaks
+from opscope.trace.reader import load_trace
+
+T0 = 1000.0
+
+
+def _x(cat: str, name: str, ts: float, dur: float, **args: object) -> dict[str, object]:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": T0 + ts, "dur": dur, "args": args}
+
+
+def _kernel(name: str, ts: float, dur: float, corr: int) -> dict[str, object]:
+    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": T0 + ts, "dur": dur,
+            "args": {"correlation": corr, "stream": 7, "device": 0}}
+
+
+# One step [0, 62): aten::copy_ [0, 10) launches `copy_kernel` (its launch call [2, 4)), 5 µs of Python,
+# aten::relu [15, 20) launches `relu_kernel` ([16, 18)), 1 µs, then cudaDeviceSynchronize [21, 60)
+# waits for the GPU: copy_kernel ran [5, 30), relu_kernel [30, 55) on stream 7.
+EVENTS = [
+    _x("cpu_op", "ProfilerStep#1", 0, 62),
+    _x("cpu_op", "aten::copy_", 0, 10, **{"External id": 1}),
+    _x("cuda_runtime", "cudaLaunchKernel", 2, 2, correlation=10),
+    _x("cpu_op", "aten::relu", 15, 5, **{"External id": 2}),
+    _x("cuda_runtime", "cudaLaunchKernel", 16, 2, correlation=11),
+    _x("cuda_runtime", "cudaDeviceSynchronize", 21, 39, correlation=12),
+    _kernel("copy_kernel", 5, 25, 10),
+    _kernel("relu_kernel", 30, 25, 11),
+]
+
+
+@pytest.fixture
+def tiny(tmp_path: Path):
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps({"traceEvents": EVENTS}))
+    trace = load_trace(path)
+    return trace, build_events(trace)
+
+
+def test_an_unchanged_replay_gives_back_the_recorded_step(tiny):
+    trace, ev = tiny
+    g = build_graph(trace, ev)
+    r = replay(g)
+    assert r.step_us == [pytest.approx(62.0)]
+    assert r.start == pytest.approx(g.start)
+
+
+def test_the_critical_path_by_hand(tiny):
+    """The wait ends 5 µs after relu_kernel, which followed copy_kernel, which waited for its launch, which
+    followed the start of aten::copy_: the lag edges are no segments, the wait is its kernels."""
+    trace, ev = tiny
+    g = build_graph(trace, ev)
+    path = critical_path(g, replay(g))
+    assert [(s["lane"], s["ts"], s["dur"], s["name"]) for s in path] == [
+        ("cpu:1", 0.0, 2.0, "aten::copy_"), ("cpu:1", 2.0, 2.0, "cudaLaunchKernel"),
+        ("gpu:0:7", 5.0, 25.0, "copy_kernel"), ("gpu:0:7", 30.0, 25.0, "relu_kernel")]
+
+
+def test_an_op_speedup_by_hand(tiny):
+    """aten::copy_=2x: the op takes [0, 5) (its launch call [1, 2)); copy_kernel starts 3 µs after its launch
+    as recorded (the trace's launch latency), at 4, and lasts 12.5; Python [5, 10), aten::relu [10, 15) with
+    its launch at 11: relu_kernel waits for copy_kernel's end, 16.5, and ends at 41.5; the sync starts at
+    16 and returns 5 µs after relu_kernel (as recorded), at 46.5; the step ends 2 µs later: 48.5."""
+    trace, ev = tiny
+    g = build_graph(trace, ev)
+    fixer = Fixer(ev, trace.kernels, Peaks(None), gpu=True)
+    r = replay(g, fixer.speedup(parse_op_speedup("aten::copy_=2x")))
+    assert r.step_us == [pytest.approx(48.5)]
+
+
+def test_removing_gaps_by_hand(tiny):
+    """CUDA graphs replay the host work from aten::copy_ to aten::relu: both launches at 0; copy_kernel
+    [3, 28), relu_kernel [28, 53); the Python after aten::relu stays (1 µs), the sync returns at 58, the
+    step ends at 60: between the GPU's busy time (50) and the recorded step (62)."""
+    trace, ev = tiny
+    g = build_graph(trace, ev)
+    assert replay(g, Change(remove_gaps=True)).step_us == [pytest.approx(60.0)]
+
+
+def test_two_findings_on_one_op_count_once(tiny):
+    """Both findings remove aten::copy_ (its self time and copy_kernel): alone, each saves 21 µs (the
+    step ends at 41: relu_kernel [9, 34), the sync returns at 39); together, still 21."""
+    trace, ev = tiny
+    findings = [{"rule": "implicit-copy", "op": "aten::copy_", "source_location": "", "module": None},
+                {"rule": "contiguous-call", "op": "aten::copy_", "source_location": "", "module": None}]
+    summary, file = run_whatif(trace, ev, findings, peaks=Peaks(None), gpu=True, step_time_us=62.0)
+    assert [f["critical_path_saving_us"] for f in findings] == [21.0, 21.0]
+    assert summary["replayed_step_time_us"] == 62.0
+    assert summary["predicted_step_time_us"] == 41.0
+    assert summary["fixes"] == 2
+    first, both = [findings[0]["id"]], [findings[0]["id"], findings[1]["id"]]
+    assert summary["top"] == [{"ids": first, "predicted_step_time_us": 41.0},
+                              {"ids": both, "predicted_step_time_us": 41.0}]
+    assert file["critical_path"][0]["name"] == "aten::copy_"
+
+
+def test_a_host_sync_fix_by_hand(tmp_path: Path):
+    """The sync inside aten::_local_scalar_dense no longer waits: it takes its own 5 µs, [21, 26); the
+    step then ends with relu_kernel, at 55 (the time after the sync, 2 µs, runs meanwhile)."""
+    path = tmp_path / "sync.json"
+    path.write_text(json.dumps({"traceEvents": [*EVENTS, _x("cpu_op", "aten::_local_scalar_dense", 21, 39)]}))
+    trace = load_trace(path)
+    ev = build_events(trace)
+    finding = {"rule": "host-sync", "op": "aten::_local_scalar_dense", "source_location": "", "module": None}
+    summary, _ = run_whatif(trace, ev, [finding], peaks=Peaks(None), gpu=True, step_time_us=62.0)
+    assert summary["replayed_step_time_us"] == 62.0
+    assert finding["critical_path_saving_us"] == 7.0
+
+
+def test_recommend_puts_the_largest_marginal_saving_first(tiny):
+    trace, ev = tiny
+    e = engine(trace, ev, Peaks(None), gpu=True)
+    fixer = e.fixer
+    small = fixer.speedup(OpSpeedup("aten::relu", 2.0))
+    big = fixer.speedup(OpSpeedup("aten::copy_", 2.0))
+    steps, after = recommend(e, [("small", small), ("big", big)])
+    assert [s.label for s in steps] == ["big", "small"]
+    assert steps[0].marginal_us == pytest.approx(62.0 - 48.5)
+    assert sum(s.marginal_us for s in steps) == pytest.approx(62.0 - after.mean_step_us)
+
+
+def test_finding_ids_are_stable_and_distinct():
+    f = {"rule": "fusion", "op": "aten::add", "source_location": "m.py:3", "module": "encoder"}
+    assert finding_id(f) == finding_id(dict(f)) == "fusion-" + finding_id(f).split("-")[1]
+    twins = [dict(f), dict(f), {**f, "module": "decoder"}]
+    assign_ids(twins)
+    assert twins[1]["id"] == twins[0]["id"] + "-2"
+    assert len({t["id"] for t in twins}) == 3
+
+
+@pytest.mark.parametrize("text", ["aten::gelu=0x", "=2x", "foo", "aten::gelu=-1x", "module:=2x", "aten::gelu=x"])
+def test_malformed_speedups_are_refused(text):
+    with pytest.raises(OpscopeError, match="--op-speedup"):
+        parse_op_speedup(text)
+
+
+def test_speedups_parse():
+    assert parse_op_speedup("aten::gelu=2x") == OpSpeedup("aten::gelu", 2.0)
+    assert parse_op_speedup("module:encoder.layer.3=1.5x") == OpSpeedup("module:encoder.layer.3", 1.5)
+
+
+def test_a_long_critical_path_is_bounded():
+    segments = [{"lane": f"cpu:{i % 3 // 2}", "ts": float(i), "dur": 1.0, "name": f"op{i}"} for i in range(5000)]
+    out = bounded(segments, 100)
+    assert len(out) <= 100
+    assert sum(s["dur"] for s in out) == pytest.approx(5000.0)
+
+
+GPU_TRACES = sorted(TRACES.glob("*.json.gz")) + sorted((TESTS / "fixtures" / "h200").glob("*_bf16.json.gz"))
+CPU_TRACES = sorted((TESTS / "fixtures" / "cpu_traces").glob("*.json.gz")) + [
+    TESTS / "fixtures" / "compile" / "cpu_compiled_inference.json.gz"]
+
+
+@pytest.mark.parametrize("path", GPU_TRACES + CPU_TRACES, ids=lambda p: p.name.removesuffix(".json.gz"))
+def test_real_traces_replay_to_their_recorded_step(path: Path):
+    trace = load_trace(path)
+    ev = build_events(trace)
+    _, recorded = step_stats(trace, ev)
+    r = replay(build_graph(trace, ev))
+    assert r.mean_step_us == pytest.approx(recorded, rel=0.02)
+
+
+@pytest.mark.parametrize("name", ["sglang_qwen3-8b_decode_cudagraph", "h100_bert-small_bf16", "mi300x_bert-small_bf16"])
+def test_removing_gaps_lands_between_gpu_busy_and_the_recorded_step(name: str):
+    trace = load_trace(TRACES / f"{name}.json.gz")
+    ev = build_events(trace)
+    steps, recorded = step_stats(trace, ev)
+    busy = device_busy_share(trace, steps, recorded) * recorded
+    predicted = replay(build_graph(trace, ev), Change(remove_gaps=True)).mean_step_us
+    assert busy <= predicted < recorded
+
+
+def test_gzip_round_trip_of_the_tiny_trace(tmp_path: Path):
+    """The synthetic trace reads the same gzipped (as run directories hold it)."""
+    path = tmp_path / "tiny.json.gz"
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": EVENTS}).encode()))
+    trace = load_trace(path)
+    assert replay(build_graph(trace, build_events(trace))).step_us == [pytest.approx(62.0)]
