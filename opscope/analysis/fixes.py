@@ -10,7 +10,11 @@ A finding points at rows of the event table: its op at its source line, inside i
   moves data), else the copy ops called inside them;
 - "remove-gaps": the host work CUDA graphs would replay removed (launch-bound, overhead);
 - "no-wait": the host waits inside the rows no longer wait for the GPU (host-sync: the value kept on the
-  device); the calls' own time stays.
+  device); the calls' own time stays;
+- "fuse-chain" (fusion): the chain as one op that moves only the fused bytes at the chain's achieved
+  bandwidth: the memory-bound rows at the finding's line (and module) scaled together so that they take
+  the rule's saving (est_savings_us: the intermediate bytes skipped at that bandwidth) less time. A chain
+  that spans several lines is only shortened by what its first line's rows can give.
 """
 
 from __future__ import annotations
@@ -35,7 +39,10 @@ FIXES: dict[str, str] = {
     "launch-bound": "remove-gaps",
     "overhead": "remove-gaps",
     "host-sync": "no-wait",
+    "fusion": "fuse-chain",
 }
+# Op families a fused element-wise chain does not absorb (the fusion rule's chains are memory-bound ops)
+_NOT_FUSED = frozenset({"matmul", "conv", "attention"})
 MODULE_PREFIX = "module:"
 _SPEEDUP_RE = re.compile(r"^(?P<target>.+)=(?P<factor>[0-9]*\.?[0-9]+(?:[eE][-+]?\d+)?)x?$")
 
@@ -138,12 +145,31 @@ class Fixer:
             return Change(unblocked=frozenset(self._below(rows)))
         if kind == "remove-copies":
             return self.rows_change(self._copies(rows, f), 0.0)
+        if kind == "fuse-chain":
+            return self._fused(f)
         change = Change()
         for i in rows:
             factor = self._achievable_factor(i)
             if factor is not None:
                 change = change.combined(self.rows_change([i], factor, cpu=not self.gpu, gpu=self.gpu))
         return change
+
+    def _fused(self, f: dict[str, Any]) -> Change:
+        """The fusion finding's chain at its line as one pass: those rows' time less the rule's saving."""
+        ev = self.ev
+        loc, module = f.get("source_location") or "", f.get("module") or ""
+        saving = f.get("est_savings_us")
+        if not loc or not isinstance(saving, (int, float)) or saving <= 0:
+            return Change()
+        time = ev["device_us"] if self.gpu else ev["self_us"]
+        rows = [i for i, (r, where, mod, family) in enumerate(zip(ev["is_row"], ev["source_location"], ev["module"],
+                                                                 ev["family"], strict=True))
+                if r and where == loc and _in_module(mod, module) and family not in _NOT_FUSED]
+        total = sum(float(time[i]) for i in rows)
+        if total <= 0:
+            return Change()
+        factor = max(0.0, 1.0 - float(saving) / total)
+        return self.rows_change(rows, factor, cpu=not self.gpu, gpu=self.gpu)
 
     def _below(self, rows: list[int]) -> list[int]:
         """The rows and every row below them."""
@@ -160,13 +186,14 @@ class Fixer:
         return out
 
     def _copies(self, rows: list[int], f: dict[str, Any]) -> list[int]:
-        """The copies a copy finding points at: its rows when its op is a copy (or a compiled kernel), else
-        the copy ops below its rows."""
+        """The copies a copy finding points at: the copy ops below its rows, and its rows themselves when
+        its op is a copy (aten::contiguous's own time and its clone/copy_ children's) or a compiled kernel."""
         ev = self.ev
-        if (f.get("op") or "") in COPY_OPS or any(ev["row_kind"][i] == "kernel" for i in rows):
-            return rows
         names = ev["name"]
-        return [i for i in self._below(rows)[len(rows):] if names[i] in COPY_OPS]
+        below = [i for i in self._below(rows)[len(rows):] if names[i] in COPY_OPS]
+        if (f.get("op") or "") in COPY_OPS or any(ev["row_kind"][i] == "kernel" for i in rows):
+            return rows + below
+        return below
 
     def _achievable_factor(self, i: int) -> float | None:
         """The row's roofline time over its measured time (at most 1); None when not known."""

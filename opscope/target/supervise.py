@@ -130,6 +130,8 @@ def run_worker(module: str, job: Job, listener: Listener | None = None, *,
         env = dict(os.environ, **(wrapper_env or {}), TMPDIR=str(child_tmp), **{CONTROL_FILE_ENV: str(control_file)})
         env.pop(CONTROL_FD_ENV, None)
     _keep_compile_caches(env)
+    if not job.options.debug:  # libkineto's "USDT: profiler_start/stop" lines on every profile (6 silences them)
+        env.setdefault("KINETO_LOG_LEVEL", "6")
     if torch_trace and not env.get(TORCH_TRACE_ENV):
         env[TORCH_TRACE_ENV] = str(private / "torch_trace")
     proc: subprocess.Popen[bytes] | None = None
