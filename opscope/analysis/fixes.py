@@ -14,7 +14,9 @@ A finding points at rows of the event table: its op at its source line, inside i
 - "fuse-chain" (fusion): the chain as one op that moves only the fused bytes at the chain's achieved
   bandwidth: the memory-bound rows at the finding's line (and module) scaled together so that they take
   the rule's saving (est_savings_us: the intermediate bytes skipped at that bandwidth) less time. A chain
-  that spans several lines is only shortened by what its first line's rows can give.
+  that spans several lines is only shortened by what its first line's rows can give;
+- "measured-saving" (channels-last): the finding's rows take the rule's saving less time, where that saving
+  is a measurement (channels-last: the layout probe timed the op in both layouts on this machine).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ FIXES: dict[str, str] = {
     "overhead": "remove-gaps",
     "host-sync": "no-wait",
     "fusion": "fuse-chain",
+    "channels-last": "measured-saving",
 }
 # Op families a fused element-wise chain does not absorb (the fusion rule's chains are memory-bound ops)
 _NOT_FUSED = frozenset({"matmul", "conv", "attention"})
@@ -147,6 +150,8 @@ class Fixer:
             return self.rows_change(self._copies(rows, f), 0.0)
         if kind == "fuse-chain":
             return self._fused(f)
+        if kind == "measured-saving":  # the op's whole time: a composite's (aten::convolution's) is in its children
+            return self._less_by_saving(self._below(rows), f)
         change = Change()
         for i in rows:
             factor = self._achievable_factor(i)
@@ -158,13 +163,20 @@ class Fixer:
         """The fusion finding's chain at its line as one pass: those rows' time less the rule's saving."""
         ev = self.ev
         loc, module = f.get("source_location") or "", f.get("module") or ""
-        saving = f.get("est_savings_us")
-        if not loc or not isinstance(saving, (int, float)) or saving <= 0:
+        if not loc:
             return Change()
-        time = ev["device_us"] if self.gpu else ev["self_us"]
         rows = [i for i, (r, where, mod, family) in enumerate(zip(ev["is_row"], ev["source_location"], ev["module"],
                                                                  ev["family"], strict=True))
                 if r and where == loc and _in_module(mod, module) and family not in _NOT_FUSED]
+        return self._less_by_saving(rows, f)
+
+    def _less_by_saving(self, rows: list[int], f: dict[str, Any]) -> Change:
+        """`rows` scaled together so that they take the finding's est_savings_us (over all profiled steps,
+        as their times are) less time; no change without a saving."""
+        saving = f.get("est_savings_us")
+        if not isinstance(saving, (int, float)) or saving <= 0:
+            return Change()
+        time = self.ev["device_us"] if self.gpu else self.ev["self_us"]
         total = sum(float(time[i]) for i in rows)
         if total <= 0:
             return Change()
