@@ -30,7 +30,7 @@ from typing import Any
 
 from opscope import units
 from opscope.errors import OpscopeError, OutputError
-from opscope.render.console import ABOVE_PEAK_MARK, SUMS_NOTE, ceiling_warnings, threads_line
+from opscope.render.console import ABOVE_PEAK_MARK, SUMS_NOTE, ceiling_warnings, threads_line, whatif_line
 from opscope.render.ranks import STRAGGLER_MARK, collectives_line, header_line, rank_rows, straggler_line
 from opscope.render.report_data import (
     BOUNDS,
@@ -399,6 +399,9 @@ def _header(run: Run) -> str:
     busy = num(s.get("device_busy_share"))
     if busy is not None:
         facts.append(("GPU busy", f'<span class="{"bad" if busy < 0.5 else ""}">{esc(units.percent(busy, 100))} of the step</span>'))
+    fixes = whatif_line(s)
+    if fixes is not None:
+        facts.append(("what-if", f'<span id="whatif">{esc(fixes)}</span>'))
     dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
     return (f'<header><h1>opscope report</h1><p class="target mono">{esc(m.get("target"))}</p>'
             f'<p id="verdict" class="verdict">{esc(verdict_line(run))}</p><dl class="facts">{dl}</dl></header>')

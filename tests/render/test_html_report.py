@@ -391,3 +391,18 @@ def test_an_edited_timeline_still_renders(tmp_path):
                                                                         "name": "elsewhere"}]}))
     page = render_html(read_run(run_dir))
     assert '<section id="timeline">' in page and "whatif.json has none on these lanes" in page
+
+
+def test_header_says_what_fixing_the_findings_gives(tmp_path):
+    """The report's header has the console's "fix these N → step X → Y" line, from summary.json whatif."""
+    from opscope.render.console import whatif_line
+    from opscope.run.read import read_run
+
+    run_dir = tmp_path / "run"
+    analyze_trace_file(TRACES / "h100_bert-small_bf16.json.gz", out=run_dir)
+    run = read_run(run_dir)
+    w = run.summary["whatif"]
+    assert w["fixes"] > 0 and w["predicted_step_time_us"] < w["recorded_step_time_us"]
+    line = whatif_line(run.summary)
+    assert line is not None and line.startswith(f"fix these {w['fixes']} findings → step ")
+    assert f'<span id="whatif">{html.escape(line)}</span>' in render_html(run)
