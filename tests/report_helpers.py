@@ -7,7 +7,6 @@ import gzip
 import importlib.util
 import json
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -114,19 +113,4 @@ def synthetic_trace(path: Path, cpu_ops: int = 32_000) -> Path:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.replicate(cpu_ops, path)
-    return path
-
-
-def critical_path_from(run_dir: Path, per_lane: int = 6, name: str | None = None) -> list[dict[str, Any]]:
-    """A critical path made of real segments of the run's timeline (the longest ones of each lane), as
-    whatif.json gives it; `name` replaces the first segment's name (hostile text)."""
-    tl = read_run(run_dir).timeline
-    assert tl is not None
-    path = []
-    for lane in tl["lanes"]:
-        longest = sorted(range(len(lane["ts"])), key=lambda i: -lane["dur"][i])[:per_lane]
-        path += [{"lane": lane["id"], "ts": lane["ts"][i], "dur": lane["dur"][i], "name": tl["names"][lane["name"][i]]}
-                 for i in sorted(longest)]
-    if name is not None and path:
-        path[0]["name"] = name
     return path

@@ -53,14 +53,16 @@ class Step:
 
 
 def recommend(e: Engine, fixes: Sequence[tuple[str, Change]], alone: Sequence[float] | None = None,
-              limit: int | None = None) -> tuple[list[Step], Replay]:
+              limit: int | None = None, exact: bool = False) -> tuple[list[Step], Replay]:
     """The fixes in the order to apply them, greedily: the largest saving on top of those already taken
     first. Lazy: each round only the leader by its last known saving (`alone`: each fix's saving on its
     own, when already known) is replayed on top of the fixes taken, until a leader's saving is current.
     The savings reported are exact; the order is greedy where a fix does not gain from another (a kernel
     off the critical path gains once the launch gaps are gone, and is then taken after it). Returns the
     steps and the replay with all of them; with `limit`, only the first `limit` steps (the replay is still
-    the one with every fix)."""
+    the one with every fix). `exact`: every round replays every fix left on top of those taken (n²/2
+    replays: for `opscope whatif`, where the order is the answer), so a fix that gains only after another
+    is ranked by what it gains then."""
     current = Change()
     now = e.base
     bound = {k: (alone[k] if alone is not None else e.saving_us(c)) for k, (_, c) in enumerate(fixes)}
@@ -72,6 +74,12 @@ def recommend(e: Engine, fixes: Sequence[tuple[str, Change]], alone: Sequence[fl
             for k in bound:
                 current = current.combined(fixes[k][1])
             return out, e.replay(current)
+        if exact:
+            for x in bound:
+                if x not in fresh:
+                    tried[x] = e.replay(current.combined(fixes[x][1]))
+                    bound[x] = max(now.total_us - tried[x].total_us, 0.0)
+                    fresh.add(x)
         k = max(bound, key=lambda x: (bound[x], -x))
         if k not in fresh:
             tried[k] = e.replay(current.combined(fixes[k][1]))
@@ -154,7 +162,7 @@ def what_if(trace: TraceData, ev: Table, findings: list[dict[str, Any]], fixes: 
     changes += [(s.text, e.fixer.speedup(s)) for s in speedups]
     if remove_gaps:
         changes.append(("remove-gaps", Change(remove_gaps=True)))
-    steps, fixed = recommend(e, changes)
+    steps, fixed = recommend(e, changes, exact=True)
     return Outcome(recorded_step_us=recorded_step_us, replayed_step_us=e.base.mean_step_us,
                    predicted_step_us=fixed.mean_step_us, steps=len(e.base.step_us), applied=steps,
                    critical_path=critical_path(e.graph, fixed))
