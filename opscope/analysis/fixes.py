@@ -12,9 +12,10 @@ A finding points at rows of the event table: its op at its source line, inside i
 - "no-wait": the host waits inside the rows no longer wait for the GPU (host-sync: the value kept on the
   device); the calls' own time stays;
 - "fuse-chain" (fusion): the chain as one op that moves only the fused bytes at the chain's achieved
-  bandwidth: the memory-bound rows at the finding's line (and module) scaled together so that they take
-  the rule's saving (est_savings_us: the intermediate bytes skipped at that bandwidth) less time. A chain
-  that spans several lines is only shortened by what its first line's rows can give;
+  bandwidth: the memory-bound rows at the chain's lines (the finding's "lines", else its line) in its
+  module scaled together to the time one op moving the fused bytes (the chain's bytes less the
+  intermediates the rule counts as skipped) takes at the measured bandwidth ceiling, as the roofline fix
+  puts an op; never slower than the rule's own estimate (est_savings_us less time);
 - "measured-saving" (channels-last): the finding's rows take the rule's saving less time, where that saving
   is a measurement (channels-last: the layout probe timed the op in both layouts on this machine).
 """
@@ -162,13 +163,25 @@ class Fixer:
     def _fused(self, f: dict[str, Any]) -> Change:
         """The fusion finding's chain at its line as one pass: those rows' time less the rule's saving."""
         ev = self.ev
-        loc, module = f.get("source_location") or "", f.get("module") or ""
-        if not loc:
+        lines = set(f.get("lines") or [f.get("source_location") or ""]) - {""}
+        module = f.get("module") or ""
+        if not lines:
             return Change()
         rows = [i for i, (r, where, mod, family) in enumerate(zip(ev["is_row"], ev["source_location"], ev["module"],
                                                                  ev["family"], strict=True))
-                if r and where == loc and _in_module(mod, module) and family not in _NOT_FUSED]
-        return self._less_by_saving(rows, f)
+                if r and where in lines and _in_module(mod, module) and family not in _NOT_FUSED]
+        change = self._less_by_saving(rows, f)
+        saving, bw = f.get("est_savings_us"), self.peaks.memory_bandwidth_gbps
+        time = self.ev["device_us"] if self.gpu else self.ev["self_us"]
+        total_t = sum(float(time[i]) for i in rows)
+        total_b = sum(float(b) for b in (self.ev["bytes"][i] for i in rows) if b == b)
+        if change.empty or not bw or bw <= 0 or total_t <= 0 or total_b <= 0 or not isinstance(saving, (int, float)):
+            return change
+        # one op moving the fused bytes (the chain's less the intermediates the rule counts as skipped) at the
+        # measured bandwidth ceiling, as the roofline fix puts any op; never slower than the rule's estimate
+        fused_b = total_b * max(0.0, 1.0 - float(saving) / total_t)
+        fused_t = min(fused_b / (bw * 1e3), total_t - float(saving))
+        return self.rows_change(rows, max(fused_t, 0.0) / total_t, cpu=not self.gpu, gpu=self.gpu)
 
     def _less_by_saving(self, rows: list[int], f: dict[str, Any]) -> Change:
         """`rows` scaled together so that they take the finding's est_savings_us (over all profiled steps,

@@ -24,9 +24,13 @@ class Finding:
     message: str
     suggestion: str
     est_savings_us: float | None
+    # every source line of a finding whose ops span several (fusion's chain), in order; None when it has one
+    lines: list[str] | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
+        if d["lines"] is None:
+            del d["lines"]
         if d["est_savings_us"] is not None:
             v = float(d["est_savings_us"])
             d["est_savings_us"] = round(v, 3) if math.isfinite(v) else None

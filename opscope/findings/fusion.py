@@ -328,5 +328,7 @@ def fusion(ctx: Context) -> Iterator[Finding]:
                    f"{units.duration(g['saving'])} in all.")
         # the run's first op with a source line names it (a mask add_ inside SDPA may have none of its own)
         where = next(((op, loc) for op, loc in key if loc), key[0])
+        lines = list(dict.fromkeys(loc for _, loc in key if loc))
         yield Finding(rule="fusion", severity=severity(g["saving"], ctx), op=where[0], source_location=where[1],
-                      message=message, suggestion=suggestion, est_savings_us=g["saving"])
+                      message=message, suggestion=suggestion, est_savings_us=g["saving"],
+                      lines=lines if len(lines) > 1 else None)

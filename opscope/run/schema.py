@@ -484,6 +484,8 @@ class Finding(Struct, kw_only=True):
     est_savings_us: Annotated[Number | None, _doc("estimated saving over all profiled steps")] = None
     module: Annotated[str | None, _doc(
         "the innermost module around the finding's rows; \"\" the model itself; null outside it")] = None
+    lines: Annotated[list[str] | None, _doc(
+        "every source line of a finding whose ops span several (fusion's chain), in order; absent for one")] = None
     id: Annotated[str | None, _doc("<rule>-<hash of rule, op, source line, module>: the same across runs")] = None
     critical_path_saving_us: Annotated[Number | None, _doc(
         "what the step gains from this fix alone, overlaps accounted, over all profiled steps")] = None
