@@ -134,15 +134,19 @@ def critical_trace(run: Run, lanes: dict[str, int], span: float) -> dict[str, An
     hover: list[str] = []
     for k, segs in sorted(by_lane.items()):
         segs.sort()
-        merged: list[list[Any]] = []
+        merged: list[list[Any]] = []  # [start, end, the longest segment's name, count, its length]
         for s, e, name in segs:
             if merged and s - merged[-1][1] <= gap:
-                merged[-1][1] = max(merged[-1][1], e)
-                merged[-1][3] += 1
+                last = merged[-1]
+                last[1] = max(last[1], e)
+                last[3] += 1
+                if e - s > last[4]:
+                    last[2], last[4] = name, e - s
             else:
-                merged.append([s, e, name, 1])
-        for s, e, name, n in merged:
-            label = (f"<b>critical path</b><br>{plot_text(name)}" if n == 1 else f"<b>critical path</b><br>{n} segments")
+                merged.append([s, e, name, 1, e - s])
+        for s, e, name, n, _ in merged:
+            label = (f"<b>critical path</b><br>{plot_text(name)}" if n == 1 else
+                     f"<b>critical path</b><br>{n} segments, the longest {plot_text(name)}")
             label += f"<br>{units.time_cell(s)} to {units.time_cell(e)}"
             x += [s, e, None]
             y += [k - 0.42, k - 0.42, None]
