@@ -18,6 +18,9 @@ A finding points at rows of the event table: its op at its source line, inside i
   puts an op; never slower than the rule's own estimate (est_savings_us less time);
 - "measured-saving" (channels-last): the finding's rows take the rule's saving less time, where that saving
   is a measurement (channels-last: the layout probe timed the op in both layouts on this machine).
+
+Beside the findings, a swap that passed verification (swap.json) is a fix of its own (`measured_swap`): the
+op rows its kernel replaces take swap's measured op-level saving less time.
 """
 
 from __future__ import annotations
@@ -183,11 +186,23 @@ class Fixer:
         fused_t = min(fused_b / (bw * 1e3), total_t - float(saving))
         return self.rows_change(rows, max(fused_t, 0.0) / total_t, cpu=not self.gpu, gpu=self.gpu)
 
+    def measured_swap(self, keys: Iterable[tuple[str, ...]], saving_us: float) -> Change:
+        """A bundled kernel in place of the op rows with these ops.csv keys (ops_table.KEY: op, input dims,
+        dtypes, strides, concrete inputs, source line, module): their time less `saving_us` (over all
+        profiled steps: swap's measured op-level saving; negative for a kernel that loses)."""
+        ev = self.ev
+        wanted = set(keys)
+        rows = [i for i, key in enumerate(zip(ev["name"], ev["input_dims"], ev["input_dtypes"], ev["input_strides"],
+                                               ev["concrete_inputs"], ev["source_location"], ev["module"],
+                                               strict=True))
+                if ev["is_row"][i] and key in wanted]
+        return self._less_by_saving(rows, {"est_savings_us": saving_us})
+
     def _less_by_saving(self, rows: list[int], f: dict[str, Any]) -> Change:
         """`rows` scaled together so that they take the finding's est_savings_us (over all profiled steps,
-        as their times are) less time; no change without a saving."""
+        as their times are) less time (more, for a negative saving); no change without a saving."""
         saving = f.get("est_savings_us")
-        if not isinstance(saving, (int, float)) or saving <= 0:
+        if not isinstance(saving, (int, float)) or saving == 0 or saving != saving:
             return Change()
         time = self.ev["device_us"] if self.gpu else self.ev["self_us"]
         total = sum(float(time[i]) for i in rows)

@@ -145,9 +145,11 @@ class Outcome:
 
 
 def what_if(trace: TraceData, ev: Table, findings: list[dict[str, Any]], fixes: Sequence[str], *, peaks: Peaks,
-            recorded_step_us: float, speedups: Sequence[OpSpeedup] = (), remove_gaps: bool = False) -> Outcome:
+            recorded_step_us: float, speedups: Sequence[OpSpeedup] = (), remove_gaps: bool = False,
+            swaps: Sequence[tuple[str, list[tuple[str, ...]], float]] = ()) -> Outcome:
     """Replays the step with the given findings' fixes (by id; "all" for every finding), the op
-    speedups and the launch gaps removed; an OpscopeError names an id the run does not have."""
+    speedups, the launch gaps removed and the swaps (label, the ops.csv keys of the rows its kernel replaces,
+    its measured saving over all profiled steps); an OpscopeError names an id the run does not have."""
     if any("id" not in f for f in findings):
         assign_ids(findings)
     by_id = {str(f["id"]): f for f in findings}
@@ -160,6 +162,7 @@ def what_if(trace: TraceData, ev: Table, findings: list[dict[str, Any]], fixes: 
     e = engine(trace, ev, peaks, trace.has_gpu)
     changes = [(k, e.fixer.finding(by_id[k])) for k in wanted]
     changes += [(s.text, e.fixer.speedup(s)) for s in speedups]
+    changes += [(f"swap:{label}", e.fixer.measured_swap(keys, saving)) for label, keys, saving in swaps]
     if remove_gaps:
         changes.append(("remove-gaps", Change(remove_gaps=True)))
     steps, fixed = recommend(e, changes, exact=True)

@@ -38,11 +38,14 @@ class WhatIf:
 
 
 def whatif(run: Run | TableRun | str | os.PathLike[str], *, findings: Sequence[str] | None = None,
-           all: bool = False, op_speedups: Sequence[str] = (), remove_gaps: bool = False) -> WhatIf:
+           all: bool = False, op_speedups: Sequence[str] = (), remove_gaps: bool = False,
+           swaps: Sequence[str] = ()) -> WhatIf:
     """The run's step replayed with fixes: `findings` (ids from findings.json), `all` (every finding's
-    fix), `op_speedups` ("aten::gelu=2x", "module:encoder.layer.3=1.5x") and `remove_gaps` (the host work
-    CUDA graphs would replay removed). `run`: a Run, the table Run the renderers read, or a run directory.
-    An OpscopeError for an unknown finding id, a malformed speedup or a run without its trace."""
+    fix), `op_speedups` ("aten::gelu=2x", "module:encoder.layer.3=1.5x"), `remove_gaps` (the host work
+    CUDA graphs would replay removed) and `swaps` (labels of swaps in the run's swap.json that passed
+    verification, e.g. "bias_gelu": the rows its kernel replaces at swap's measured op-level time). `run`: a
+    Run, the table Run the renderers read, or a run directory. An OpscopeError for an unknown finding id or
+    swap, a malformed speedup or a run without its trace."""
     from opscope.analysis.fixes import parse_op_speedup
 
     speedups = [parse_op_speedup(s) for s in ([op_speedups] if isinstance(op_speedups, str) else op_speedups)]
@@ -63,7 +66,8 @@ def whatif(run: Run | TableRun | str | os.PathLike[str], *, findings: Sequence[s
     out = what_if(trace, ev, [dict(f) for f in table.findings], wanted,
                   peaks=Peaks.from_json(table.meta.get("peaks") or {}),
                   recorded_step_us=float(steps) if isinstance(steps, (int, float)) else 0.0,
-                  speedups=speedups, remove_gaps=remove_gaps)
+                  speedups=speedups, remove_gaps=remove_gaps,
+                  swaps=[measured_swap(table, label) for label in ([swaps] if isinstance(swaps, str) else swaps)])
     n = max(out.steps, 1)
     applied = [{"fix": s.label, "saving_us_per_step": round(s.marginal_us / n, 3), "saving_us": round(s.marginal_us, 3),
                 "predicted_step_time_us": round(s.predicted_step_us, 3)} for s in out.applied]
@@ -71,3 +75,37 @@ def whatif(run: Run | TableRun | str | os.PathLike[str], *, findings: Sequence[s
                   replayed_step_time_us=round(out.replayed_step_us, 3),
                   predicted_step_time_us=round(out.predicted_step_us, 3), steps=out.steps, applied=applied,
                   critical_path=out.critical_path)
+
+
+def measured_swap(table: TableRun, label: str) -> tuple[str, list[tuple[str, ...]], float]:
+    """(label, the ops.csv keys of the rows the swap's kernels replace, its measured saving over all profiled
+    steps) for a swap of the run's swap.json that passed verification: per op-level site, (original - swapped
+    median) x calls per step x steps."""
+    from opscope.analysis.ops_table import KEY
+    from opscope.run.swap_results import read_swap
+
+    assert table.path is not None
+    doc = read_swap(table.path / "swap.json") or {}
+    results = {str(r.get("label")): r for r in doc.get("results", [])}
+    result = results.get(label)
+    if result is None:
+        known = ", ".join(results) or "none (run `opscope profile --try-swaps` or `opscope swap`)"
+        raise OpscopeError(f"no swap {label!r} in this run's swap.json (its swaps: {known})")
+    if result.get("status") != "passed":
+        raise OpscopeError(f"swap {label!r} did not pass verification ({result.get('status')}): it is no fix")
+    steps = int(table.summary.get("steps") or 1)
+    saving = 0.0
+    for row in result.get("op_level") or []:
+        orig, new = (row.get("original") or {}).get("median_ms"), (row.get("swapped") or {}).get("median_ms")
+        calls = row.get("calls_per_step")
+        if isinstance(orig, (int, float)) and isinstance(new, (int, float)) and isinstance(calls, (int, float)):
+            saving += (orig - new) * 1e3 * calls * steps
+    kernels = set(result.get("kernels") or label.split("+"))
+    ops = table.ops
+    keys = [tuple(str(ops[c][i]) for c in KEY) for cand in table.summary.get("swap_candidates") or []
+            if cand.get("kernel") in kernels for i in cand.get("rows") or [] if 0 <= i < len(ops["op"])]
+    if not keys:
+        raise OpscopeError(f"swap {label!r}: the run's summary names no op rows its kernels replace "
+                           "(swap_candidates)")
+    return label, keys, saving
+

@@ -398,6 +398,9 @@ def whatif(
              "repeatable."),
     remove_gaps: bool = typer.Option(False, "--remove-gaps",
                                      help="Remove the host work CUDA graphs would replay (launch gaps)."),
+    swap: list[str] | None = typer.Option(
+        None, "--swap", metavar="LABEL", help="Apply a swap of the run's swap.json that passed verification (e.g. "
+        "bias_gelu): the ops its kernel replaces at swap's measured time; repeatable."),
     top: int = typer.Option(10, "--top", min=1, help="Critical path segments to print."),
     json_out: bool = typer.Option(False, "--json", help="Print the what-if as one JSON document on stdout."),
     debug: bool = DEBUG,
@@ -409,7 +412,7 @@ def whatif(
     from opscope.run.write import dumps
 
     result = what_if(run_dir, findings=finding or (), all=all_findings, op_speedups=op_speedup or (),
-                     remove_gaps=remove_gaps)
+                     remove_gaps=remove_gaps, swaps=swap or ())
     if json_out:
         sys.stdout.write(dumps(result.to_json()) + "\n")
         return

@@ -109,3 +109,33 @@ def test_channels_last_fix_takes_the_probes_saving_off_the_whole_op(tmp_path):
     assert found
     for f in found:
         assert f["critical_path_saving_us"] == pytest.approx(f["est_savings_us"], abs=0.01)  # ns rounding
+
+
+@pytest.mark.slow
+def test_a_passed_swap_is_a_fix_at_its_measured_op_level_time(tmp_path):
+    """`opscope whatif RUN --swap LABEL`: the rows a bundled kernel replaces (summary swap_candidates) take
+    swap's measured op-level saving less time: (original - swapped median) x calls per step x steps. The
+    swap.json here is written by hand (its numbers chosen), the run is a real CPU profile."""
+    import opscope
+
+    proc = run_cli("profile", str(EXAMPLES / "transformer_block.py"), "--steps", "2", "--warmup", "1", "--out",
+                   str(tmp_path / "run"), *PEAKS, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run = opscope.load(tmp_path / "run")
+    (cand,) = [c for c in run.summary["swap_candidates"] if c["kernel"] == "layer_norm"]
+    rows_us = sum(run.ops[i]["time_us_total"] for i in cand["rows"])
+    steps = run.summary["steps"]
+    per_call_ms = rows_us / steps / 2 / 1e3  # two calls per step, as the op-level row says below
+    result = {"label": "layer_norm", "status": "passed", "kernels": ["layer_norm"],
+              "op_level": [{"site": "ln", "kernel": "layer_norm", "calls_per_step": 2,
+                            "original": {"median_ms": per_call_ms}, "swapped": {"median_ms": per_call_ms / 4}}]}
+    failed = {"label": "bias_gelu", "status": "failed", "kernels": ["bias_gelu"]}
+    (tmp_path / "run" / "swap.json").write_text(json.dumps({"results": [result, failed]}))
+    w = opscope.whatif(run, swaps=["layer_norm"])
+    (applied,) = w.applied
+    assert applied["fix"] == "swap:layer_norm"
+    assert applied["saving_us"] == pytest.approx(0.75 * rows_us, rel=1e-3)  # 3/4 of the rows' time, all on the path
+    with pytest.raises(opscope.OpscopeError, match="did not pass verification"):
+        opscope.whatif(run, swaps=["bias_gelu"])
+    proc = run_cli("whatif", str(tmp_path / "run"), "--swap", "rms_norm")
+    assert proc.returncode == 2 and "no swap 'rms_norm'" in proc.stderr and proc.stderr.count("\n") == 1
