@@ -86,14 +86,23 @@ def dynamo_frames() -> int:
         return 0
 
 
-def dynamo_compiled() -> bool:
-    """Whether torch._dynamo compiled a frame in this process (a model that compiles a function of its own)."""
+def dynamo_ok_frames() -> int:
+    """How many frames torch._dynamo has compiled successfully in this process; 0 before it is imported."""
     utils = sys.modules.get("torch._dynamo.utils")
     counters = getattr(utils, "counters", None)
+    if counters is None:
+        return 0
     try:
-        return counters is not None and int(counters["frames"]["ok"]) > 0
+        return int(counters["frames"]["ok"])
     except (KeyError, TypeError, ValueError):
-        return False
+        return 0
+
+
+def dynamo_compiled(since: int = 0) -> bool:
+    """Whether torch._dynamo compiled a frame in this process after `since` frames (dynamo_ok_frames() taken
+    before the model ran): a model that compiles a function of its own. In a process that compiled other
+    code before (a notebook, a test session), only what compiled since counts."""
+    return dynamo_ok_frames() > since
 
 
 @dataclass

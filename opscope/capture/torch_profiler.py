@@ -26,6 +26,7 @@ from opscope.capture.compiled import (
     TorchTraceLog,
     dynamo_compiled,
     dynamo_frames,
+    dynamo_ok_frames,
     kept_log,
     warmup_steps,
 )
@@ -250,6 +251,7 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
     loading = sampler.sample()  # other processes' CPU use is measured from here to the thread choice
     progress.phase("loading model")
     compile_log = TorchTraceLog()  # before the model's code runs: it may compile at once
+    compiled_before = dynamo_ok_frames()  # this process may have compiled other code already (API, tests)
     if target is None:
         with module_origins(), process_state_kept(keep_additions=True):
             target = load_target(opts.target, opts.entry)
@@ -322,7 +324,7 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
             meta["calibration"] = calibration
         if threads_chosen is not None:
             meta["threads_chosen"] = threads_chosen
-        compiled = harness.compiled or (CompileInfo(None, "model") if dynamo_compiled() else None)
+        compiled = harness.compiled or (CompileInfo(None, "model") if dynamo_compiled(compiled_before) else None)
         if compiled is not None:
             meta["compile"] = {**compiled.to_json(), "first_step_s": timings.first_step if warmup else None}
         torch_trace, too_big = kept_log(compile_log.path())

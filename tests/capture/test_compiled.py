@@ -321,3 +321,23 @@ def test_inductor_builds_no_precompiled_header_in_the_childs_private_tmpdir(tmp_
     proc = run_cli("profile", str(model), *QUICK, "--out", str(tmp_path / "run"), "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "seen.txt").read_text() == "False"
+
+
+def test_code_compiled_earlier_in_the_process_does_not_mark_an_eager_profile(tmp_path):
+    """A notebook (or a test session) that compiled other code before profiles an eager model in-process:
+    the run is not a compiled model's (meta.compile), and the findings do not talk to a compiled model.
+    Only what dynamo compiles while the model runs counts."""
+    import torch
+
+    from conftest import EXAMPLES
+    from opscope.capture.compiled import dynamo_ok_frames
+    from opscope.capture.torch_profiler import profile_target
+    from opscope.target.specs import ProfileOptions
+
+    torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2))
+    assert dynamo_ok_frames() > 0
+    opts = ProfileOptions(target=EXAMPLES / "mlp.py", out=tmp_path / "run", steps=1, warmup=1, peak_bw=20.0,
+                          peak_flops=["100"])
+    run, _ = profile_target(opts)
+    assert "compile" not in run.meta
+    assert not any("already runs compiled" in f["suggestion"] for f in run.findings)

@@ -169,7 +169,7 @@ def test_profile_with_a_stand_in_nsys(tmp_path, model, monkeypatch, private_tmp)
     assert path == out
     assert sorted(p.name for p in out.iterdir()) == ["findings.json", "meta.json", "modules.csv",
                                                     "nsys.nsys-rep", "nsys_kernels.csv", "ops.csv", "summary.json",
-                                                    "timeline.json", "trace.json.gz"]
+                                                    "timeline.json", "trace.json.gz", "whatif.json"]
     argv = (tmp_path / "nsys-argv.txt").read_text().splitlines()
     assert argv[1:11] == ["profile", "-t", "cuda,nvtx,osrt,cublas,cudnn", "--capture-range=cudaProfilerApi",
                           "--capture-range-end=stop", "-o", argv[7], "-f", "true", "--sample=none"]
