@@ -155,7 +155,7 @@ class Fixer:
         if kind == "fuse-chain":
             return self._fused(f)
         if kind == "measured-saving":  # the op's whole time: a composite's (aten::convolution's) is in its children
-            return self._less_by_saving(self._below(rows), f)
+            return self._less_by_saving(self._below(rows), f.get("est_savings_us"))
         change = Change()
         for i in rows:
             factor = self._achievable_factor(i)
@@ -164,7 +164,7 @@ class Fixer:
         return change
 
     def _fused(self, f: dict[str, Any]) -> Change:
-        """The fusion finding's chain at its line as one pass: those rows' time less the rule's saving."""
+        """The fusion finding's chain (its lines' memory-bound rows) as one op moving the fused bytes."""
         ev = self.ev
         lines = set(f.get("lines") or [f.get("source_location") or ""]) - {""}
         module = f.get("module") or ""
@@ -173,18 +173,7 @@ class Fixer:
         rows = [i for i, (r, where, mod, family) in enumerate(zip(ev["is_row"], ev["source_location"], ev["module"],
                                                                  ev["family"], strict=True))
                 if r and where in lines and _in_module(mod, module) and family not in _NOT_FUSED]
-        change = self._less_by_saving(rows, f)
-        saving, bw = f.get("est_savings_us"), self.peaks.memory_bandwidth_gbps
-        time = self.ev["device_us"] if self.gpu else self.ev["self_us"]
-        total_t = sum(float(time[i]) for i in rows)
-        total_b = sum(float(b) for b in (self.ev["bytes"][i] for i in rows) if b == b)
-        if change.empty or not bw or bw <= 0 or total_t <= 0 or total_b <= 0 or not isinstance(saving, (int, float)):
-            return change
-        # one op moving the fused bytes (the chain's less the intermediates the rule counts as skipped) at the
-        # measured bandwidth ceiling, as the roofline fix puts any op; never slower than the rule's estimate
-        fused_b = total_b * max(0.0, 1.0 - float(saving) / total_t)
-        fused_t = min(fused_b / (bw * 1e3), total_t - float(saving))
-        return self.rows_change(rows, max(fused_t, 0.0) / total_t, cpu=not self.gpu, gpu=self.gpu)
+        return self._less_by_saving(rows, f.get("est_savings_us"), fused_at_ceiling=True)
 
     def measured_swap(self, keys: Iterable[tuple[str, ...]], saving_us: float) -> Change:
         """A bundled kernel in place of the op rows with these ops.csv keys (ops_table.KEY: op, input dims,
@@ -196,20 +185,26 @@ class Fixer:
                                                ev["concrete_inputs"], ev["source_location"], ev["module"],
                                                strict=True))
                 if ev["is_row"][i] and key in wanted]
-        return self._less_by_saving(rows, {"est_savings_us": saving_us})
+        return self._less_by_saving(rows, saving_us)
 
-    def _less_by_saving(self, rows: list[int], f: dict[str, Any]) -> Change:
-        """`rows` scaled together so that they take the finding's est_savings_us (over all profiled steps,
-        as their times are) less time (more, for a negative saving); no change without a saving."""
-        saving = f.get("est_savings_us")
+    def _less_by_saving(self, rows: list[int], saving: Any, *, fused_at_ceiling: bool = False) -> Change:
+        """`rows` scaled together so that they take `saving` (µs over all profiled steps, as their times are)
+        less time (more, for a negative saving); no change without a saving. `fused_at_ceiling` (a fused
+        chain): at most the time one op moving the fused bytes (the rows' bytes less the intermediates the
+        saving stands for) takes at the measured bandwidth ceiling, as the roofline fix puts any op."""
         if not isinstance(saving, (int, float)) or saving == 0 or saving != saving:
             return Change()
         time = self.ev["device_us"] if self.gpu else self.ev["self_us"]
         total = sum(float(time[i]) for i in rows)
         if total <= 0:
             return Change()
-        factor = max(0.0, 1.0 - float(saving) / total)
-        return self.rows_change(rows, factor, cpu=not self.gpu, gpu=self.gpu)
+        target = total - float(saving)
+        bw = self.peaks.memory_bandwidth_gbps
+        if fused_at_ceiling and bw and bw > 0:
+            nbytes = sum(float(b) for b in (self.ev["bytes"][i] for i in rows) if b == b)
+            if nbytes > 0:
+                target = min(target, nbytes * max(0.0, 1.0 - float(saving) / total) / (bw * 1e3))
+        return self.rows_change(rows, max(target, 0.0) / total, cpu=not self.gpu, gpu=self.gpu)
 
     def _below(self, rows: list[int]) -> list[int]:
         """The rows and every row below them."""

@@ -14,8 +14,7 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any
 
-from opscope.api.files import PathLike, user_path
-from opscope.api.jobs import _Kept
+from opscope.api.files import KeptProgress, PathLike, user_path
 from opscope.api.run import Run
 from opscope.capture.options import Progress
 from opscope.errors import OpscopeError, TargetError
@@ -113,7 +112,7 @@ def profile_model(model: torch.nn.Module, inputs: Any, *, mode: str = "inference
     restore = _Restore(model, mode)
     module = sys.modules.get(type(model).__module__) or ModuleType(type(model).__module__)
     target = Target(path=Path(name), module=module, model=model, args=args, kwargs=kwargs, loss_fn=loss_fn)
-    kept = _Kept(progress)
+    kept = KeptProgress(progress)
     _quiet_kineto()
     threads_before = torch.get_num_threads()
     from opscope.capture.compiled import holds_compiled
@@ -148,7 +147,7 @@ class Session:
                                      warmup=skip_steps, steps=1, threads=None, peak_bw=peak_bw,
                                      peak_flops=peak_flops, out=self._out)
         self._skip = skip_steps
-        self._progress = _Kept(progress)
+        self._progress = KeptProgress(progress)
         self._run: Run | None = None
         self._prof: Any = None
         self._range: Any = None

@@ -33,17 +33,23 @@ def user_path(value: PathLike | None, what: str = "") -> Path | None:
         raise OpscopeError(f"{bounded(text, 80)}: {problem}")
     return Path(text)
 
-class Collected:
-    """Warnings kept for the Run and passed on to the caller's progress hook, if any."""
+class KeptProgress(Progress):
+    """Passes every call on to the caller's progress hook (if any) and keeps the warnings for the Run."""
 
-    def __init__(self, progress: Progress | None = None) -> None:
-        self.messages: list[str] = []
-        self.progress = progress
+    def __init__(self, inner: Progress | None = None) -> None:
+        self.inner = inner or Progress()
+        self.warnings: list[str] = []
 
-    def __call__(self, message: str) -> None:
-        self.messages.append(message)
-        if self.progress is not None:
-            self.progress.warn(message)
+    def phase(self, name: str, total: int | None = None) -> None:
+        self.inner.phase(name, total)
+
+    def advance(self, n: int = 1) -> None:
+        self.inner.advance(n)
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+        self.inner.warn(message)
+
 
 def load(run_dir: PathLike | None = None) -> Run:
     """The run directory `run_dir` read back (default: the newest run under ./reports). Anything damaged
@@ -73,9 +79,9 @@ def analyze(trace: PathLike, *, out: PathLike | None = None, peak_bw: float | No
     capture_path, nsys_path, ncu_path = user_path(capture), user_path(nsys), user_path(ncu)
     torch_trace_path, cache_path = user_path(torch_trace), user_path(inductor_cache)
     flops = [peak_flops] if isinstance(peak_flops, str) else list(peak_flops or [])
-    warn = Collected(progress)
-    if progress is not None:
-        progress.phase("analyzing")
+    kept = KeptProgress(progress)
+    warn = kept.warn
+    kept.phase("analyzing")
     if path.is_dir():
         from opscope.analysis.ranks import analyze_rank_folder
 
@@ -85,7 +91,7 @@ def analyze(trace: PathLike, *, out: PathLike | None = None, peak_bw: float | No
             raise OpscopeError(f"--{'/--'.join(g.replace('_', '-') for g in given)} "
                                f"appl{'ies' if len(given) == 1 else 'y'} to one trace, not to a folder of ranks")
         return Run.written(analyze_rank_folder(path, out=out_dir, peak_bw=peak_bw, peak_flops=flops, warn=warn,
-                                       max_trace_gb=max_trace_gb), warn.messages)
+                                       max_trace_gb=max_trace_gb), kept.warnings)
     # A plain trace imports neither pandas nor numpy (the Nsight modules do: imported only when used).
     from opscope.nsight.imports import check_measurement_files, nsight_kind
 
@@ -96,7 +102,7 @@ def analyze(trace: PathLike, *, out: PathLike | None = None, peak_bw: float | No
             raise OpscopeError(f"--nsys/--ncu/--capture/--torch-trace/--inductor-cache go with a torch.profiler "
                                f"trace; {path} is itself an Nsight file (analyze each on its own)")
         return Run.written(analyze_nsight_file(path, out=out_dir, peak_bw=peak_bw, peak_flops=flops, warn=warn),
-                   warn.messages)
+                   kept.warnings)
     check_measurement_files(nsys_path, ncu_path)
     if cache_path is not None and not cache_path.is_dir():
         raise OpscopeError(f"--inductor-cache {cache_path}: not a directory")
@@ -111,7 +117,7 @@ def analyze(trace: PathLike, *, out: PathLike | None = None, peak_bw: float | No
         data = analyze_trace_file(path, out=out_dir, peak_bw=peak_bw, peak_flops=flops, warn=warn,
                                   max_trace_gb=max_trace_gb, capture=capture_path, measure=measure,
                                   torch_trace=torch_trace_path, inductor_cache=cache_path)
-    return Run.written(data, warn.messages)
+    return Run.written(data, kept.warnings)
 
 def compare(a: Run | PathLike, b: Run | PathLike) -> Comparison:
     """Compares run B with the baseline A op by op (runs or run directories): step and op time, ops that

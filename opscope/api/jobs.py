@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from opscope.api.files import PathLike, user_path
+from opscope.api.files import KeptProgress, PathLike, user_path
 from opscope.api.run import Run
 from opscope.capture.options import Progress
 from opscope.errors import OpscopeError
@@ -91,24 +91,6 @@ def run_job(module: str, job: Job, out: Path | None, progress: Progress | None =
     return Path(result["run_dir"])
 
 
-class _Kept(Progress):
-    """Passes every call on to `inner` and keeps the warnings for the Run."""
-
-    def __init__(self, inner: Progress | None) -> None:
-        self.inner = inner or Progress()
-        self.warnings: list[str] = []
-
-    def phase(self, name: str, total: int | None = None) -> None:
-        self.inner.phase(name, total)
-
-    def advance(self, n: int = 1) -> None:
-        self.inner.advance(n)
-
-    def warn(self, message: str) -> None:
-        self.warnings.append(message)
-        self.inner.warn(message)
-
-
 def profile_file(target: PathLike, *, entry: str | None = None, device: str = "auto", dtype: str | None = None,
                  mode: str = "inference", warmup: int = 2, steps: int = 5, threads: int | None = None,
                  peak_bw: float | None = None, peak_flops: Sequence[str] | str | None = None,
@@ -163,7 +145,7 @@ def profile_file(target: PathLike, *, entry: str | None = None, device: str = "a
         raise OpscopeError("--try-swaps cannot be combined with --nsys/--ncu yet: run them as two profiles")
     tools = check_request(nsight, device)  # GPU, tools on PATH, flags: before anything runs
     options.nvtx = nvtx or nsight.wanted
-    kept = _Kept(progress)
+    kept = KeptProgress(progress)
     if nsight.wanted:
         from opscope.nsight.session import profile_with_nsight
         from opscope.run.model import DEFAULT_REPORTS_DIR
@@ -215,7 +197,7 @@ def swap(target: PathLike, *, kernels: Sequence[str] | None = None, op: str | No
     options = profile_options(path, entry=entry, device=device, dtype=dtype, mode=mode, warmup=warmup, steps=steps,
                               threads=threads, peak_bw=peak_bw, peak_flops=peak_flops, out=out_dir, debug=debug)
     swaps = SwapSpec(requests=[r.to_json() for r in requests] if requests is not None else None, repeats=repeats)
-    kept = _Kept(progress)
+    kept = KeptProgress(progress)
     run_dir = run_job("opscope.swap.worker", SwapJob(options=options, swap=swaps), out_dir, kept, on_written=on_written)
     if on_written is not None:
         on_written(run_dir)

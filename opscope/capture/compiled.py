@@ -74,28 +74,26 @@ def holds_compiled(model: Any) -> bool:
     return cls is not None and any(isinstance(m, cls) for m in model.modules())
 
 
-def dynamo_frames() -> int:
-    """How many frames torch._dynamo has compiled (or tried to) in this process; 0 before it is imported."""
+def _dynamo_frame_count(key: str) -> int:
+    """torch._dynamo's frame counter `key` in this process; 0 before torch._dynamo is imported."""
     utils = sys.modules.get("torch._dynamo.utils")
     counters = getattr(utils, "counters", None)
     if counters is None:
         return 0
     try:
-        return int(counters["frames"]["total"])
+        return int(counters["frames"][key])
     except (KeyError, TypeError, ValueError):
         return 0
+
+
+def dynamo_frames() -> int:
+    """How many frames torch._dynamo has compiled (or tried to) in this process."""
+    return _dynamo_frame_count("total")
 
 
 def dynamo_ok_frames() -> int:
-    """How many frames torch._dynamo has compiled successfully in this process; 0 before it is imported."""
-    utils = sys.modules.get("torch._dynamo.utils")
-    counters = getattr(utils, "counters", None)
-    if counters is None:
-        return 0
-    try:
-        return int(counters["frames"]["ok"])
-    except (KeyError, TypeError, ValueError):
-        return 0
+    """How many frames torch._dynamo has compiled successfully in this process."""
+    return _dynamo_frame_count("ok")
 
 
 def dynamo_compiled(since: int = 0) -> bool:
