@@ -64,7 +64,6 @@ class _Restore:
 def _needs_copy(model: torch.nn.Module, device: str, dtype: str | None) -> bool:
     """Whether profiling on `device` in `dtype` would move or cast the caller's model (then a copy is
     profiled: a cast back would not restore the weights' bits)."""
-
     from opscope.capture.harness import DTYPES, resolve_device
 
     want = resolve_device(device)
