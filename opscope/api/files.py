@@ -63,7 +63,8 @@ def analyze(trace: PathLike, *, out: PathLike | None = None, peak_bw: float | No
             peak_flops: Sequence[str] | str | None = None, max_trace_gb: float | None = None,
             capture: PathLike | None = None, nsys: PathLike | None = None, ncu: PathLike | None = None,
             torch_trace: PathLike | None = None, inductor_cache: PathLike | None = None,
-            progress: Progress | None = None) -> Run:
+            progress: Progress | None = None, workers: int | None = None, engine: str = "local",
+            address: str | None = None) -> Run:
     """Analyzes a torch.profiler Chrome trace (.json/.json.gz; CPU, CUDA or ROCm), an Nsight file, or a
     folder of per-rank traces or run directories (merged into one run of the job), and writes the run
     directory (`out`, default a new folder under ./reports). As `opscope analyze`; the keyword arguments
@@ -72,7 +73,14 @@ def analyze(trace: PathLike, *, out: PathLike | None = None, peak_bw: float | No
     `capture`: a trace recorded while CUDA/HIP graphs were captured; `nsys`/`ncu`: Nsight measurements of
     the same model; `torch_trace`: the same run's TORCH_TRACE log (torch.compile's kernels costed and
     placed); `inductor_cache`: inductor's cache directory of the recording machine. `progress` receives
-    the warnings as they come (they are also in `run.warnings`)."""
+    the warnings as they come (they are also in `run.warnings`) and, for a folder, a phase "ranks" with
+    one step per rank done.
+
+    A folder's ranks: `workers` analyzed at once in worker processes (default: the usable cores, at most
+    one per rank; 1: in this process); `engine="ray"`: each rank a Ray task (`pip install
+    'opscope[ray]'`), on the cluster at `address` (else a local Ray of `workers` CPUs), a rank that fails
+    twice named in the merged run's summary ("distributed" "failed_ranks"). The run is the same
+    whichever."""
     path = user_path(trace, "traces")
     assert path is not None
     out_dir = user_path(out)
@@ -81,7 +89,6 @@ def analyze(trace: PathLike, *, out: PathLike | None = None, peak_bw: float | No
     flops = [peak_flops] if isinstance(peak_flops, str) else list(peak_flops or [])
     kept = KeptProgress(progress)
     warn = kept.warn
-    kept.phase("analyzing")
     if path.is_dir():
         from opscope.analysis.ranks import analyze_rank_folder
 
@@ -90,8 +97,23 @@ def analyze(trace: PathLike, *, out: PathLike | None = None, peak_bw: float | No
         if given:
             raise OpscopeError(f"--{'/--'.join(g.replace('_', '-') for g in given)} "
                                f"appl{'ies' if len(given) == 1 else 'y'} to one trace, not to a folder of ranks")
+        if address is not None and engine != "ray":
+            raise OpscopeError("--address is a Ray cluster's: it goes with --engine ray")
+        if address is not None and workers is not None:
+            raise OpscopeError("--workers sets a local Ray's CPUs; a Ray cluster (--address) uses its own")
+
+        def ranks_done(done: int, total: int) -> None:
+            if done == 0:
+                kept.phase("ranks", total)
+            else:
+                kept.advance()
+
         return Run.written(analyze_rank_folder(path, out=out_dir, peak_bw=peak_bw, peak_flops=flops, warn=warn,
-                                       max_trace_gb=max_trace_gb), kept.warnings)
+                                               max_trace_gb=max_trace_gb, workers=workers, engine=engine,
+                                               address=address, on_rank=ranks_done), kept.warnings)
+    if workers is not None or engine != "local" or address is not None:
+        raise OpscopeError("--workers/--engine/--address apply to a folder of ranks, not to one trace")
+    kept.phase("analyzing")
     # A plain trace imports neither pandas nor numpy (the Nsight modules do: imported only when used).
     from opscope.nsight.imports import check_measurement_files, nsight_kind
 

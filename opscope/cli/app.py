@@ -73,6 +73,13 @@ class Mode(str, Enum):
     train = "train"
 
 
+class Engine(str, Enum):
+    """Where the ranks of a folder are analyzed (opscope.analysis.engines)."""
+
+    local = "local"
+    ray = "ray"
+
+
 class CompileMode(str, Enum):
     """torch.compile's modes (opscope.capture.compiled.COMPILE_MODES)."""
 
@@ -279,6 +286,16 @@ def analyze(
         None, "--inductor-cache", metavar="DIR", parser=_user_path,
         help="Inductor's cache directory of the recording machine (TORCHINDUCTOR_CACHE_DIR): its generated "
              "kernels say which buffers a Triton kernel overwrites in place."),
+    workers: int | None = typer.Option(
+        None, "--workers", min=1, metavar="N",
+        help="A folder of ranks: ranks analyzed at once, in worker processes (default: the usable cores; 1: one "
+             "after the other in this process). With --engine ray and no --address: the local Ray's CPUs."),
+    engine: Engine = typer.Option(
+        Engine.local, "--engine",
+        help="A folder of ranks: where they are analyzed. ray: each rank a Ray task, on the cluster at --address "
+             "(else a local Ray), merged here (pip install 'opscope[ray]')."),
+    address: str | None = typer.Option(
+        None, "--address", metavar="ADDR", help="With --engine ray: the Ray cluster's address (ray.init(address=...))."),
     debug: bool = DEBUG,
 ) -> None:
     """Analyze an existing torch.profiler trace (CPU, CUDA or ROCm), or Nsight results, into a run directory;
@@ -286,10 +303,18 @@ def analyze(
     _state["debug"] = debug
     from opscope.api import analyze as analyze_trace
 
-    run = analyze_trace(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []), max_trace_gb=max_trace_gb,
-                        capture=capture, nsys=nsys, ncu=ncu, torch_trace=torch_trace, inductor_cache=inductor_cache,
-                        progress=_WarnOnly())
-    _emit(run.analyzed, json_out, top)  # as analyzed (its events), not as read back
+    def run_analysis(progress: Progress) -> Run:
+        return analyze_trace(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
+                             max_trace_gb=max_trace_gb, capture=capture, nsys=nsys, ncu=ncu, torch_trace=torch_trace,
+                             inductor_cache=inductor_cache, progress=progress, workers=workers, engine=engine.value,
+                             address=address).analyzed
+
+    if trace.is_dir() and stderr.is_terminal:
+        with _RichProgress(stderr) as progress:  # ranks done
+            run = run_analysis(progress)
+    else:
+        run = run_analysis(_WarnOnly())
+    _emit(run, json_out, top)  # as analyzed (its events), not as read back
 
 
 @app.command()

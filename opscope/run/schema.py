@@ -322,6 +322,14 @@ class RankSummary(Struct, kw_only=True):
     collectives: list[Collective] = []
 
 
+class FailedRank(Struct, kw_only=True):
+    """A rank left out of a merged run: its analysis failed on every try (`opscope analyze --engine ray`)."""
+
+    rank: Annotated[int | None, _doc("its number in its file name, else its place in the folder")] = None
+    source: Annotated[str | None, _doc("its trace's or run directory's name in the folder")] = None
+    error: Annotated[str | None, _doc("why the last try failed")] = None
+
+
 class Distributed(Struct, kw_only=True):
     """A merged run of a multi-process job: the ranks side by side and the straggler."""
 
@@ -343,6 +351,8 @@ class Distributed(Struct, kw_only=True):
     idle_time_us: Number | None = None
     comm_compute_overlap_share: Number | None = None
     collectives: list[Collective] = []
+    failed_ranks: Annotated[list[FailedRank] | None, _doc(
+        "ranks whose analysis failed and that the merge lacks (--engine ray); absent when none did")] = None
 
 
 class Nsys(Struct, kw_only=True):

@@ -1,0 +1,166 @@
+"""The ranks of a folder analyzed in worker processes (--workers N) and as Ray tasks (--engine ray): the
+same run files as one after the other, through the real CLI; Ctrl-C while workers run leaves nothing; a
+Ray task that keeps failing is retried once, then its rank is named in the merged run."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_ranks import _load_benchmark
+
+from conftest import PEAKS, TRACES, assert_clean_error, run_cli
+from golden import digest
+from opscope.analysis import engines
+from opscope.errors import OpscopeError
+from opscope.run.read import read_run
+
+SHARED = TRACES / "h100_bert-small_bf16.json.gz"
+
+
+@pytest.fixture(scope="module")
+def job4(tmp_path_factory) -> Path:
+    """4 ranks: copies of a shared trace, times shifted, rank 1 slowed."""
+    folder = tmp_path_factory.mktemp("ranks") / "job"
+    _load_benchmark().synthetic_ranks(SHARED, folder, ranks=4, slowed=1, factor=1.25)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def one_by_one(job4, tmp_path_factory) -> dict[str, str]:
+    out = tmp_path_factory.mktemp("serial") / "run"
+    proc = run_cli("analyze", str(job4), "--out", str(out), "--workers", "1", *PEAKS)
+    assert proc.returncode == 0, proc.stderr
+    return digest(out)
+
+
+def test_two_workers_write_the_run_files_of_one(job4, one_by_one, tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli("analyze", str(job4), "--out", str(out), "--workers", "2", *PEAKS)
+    assert proc.returncode == 0, proc.stderr
+    assert digest(out) == one_by_one  # ranks/<r>/ included
+    assert sorted(p.name for p in (out / "ranks").iterdir()) == ["0", "1", "2", "3"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".opscope")]
+
+
+def test_a_bad_rank_among_workers_is_the_same_one_line(job4, tmp_path):
+    """The first bad rank in the folder's order is the error, whichever worker finishes first."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for p in sorted(job4.iterdir()):
+        (folder / p.name).write_bytes(p.read_bytes())
+    (folder / "rank2.json.gz").write_bytes(gzip.compress(b'{"traceEvents": [{"ph": "X", "name": "oops"'))
+    errors = [assert_clean_error(run_cli("analyze", str(folder), "--out", str(tmp_path / f"o{n}"), "--workers", n,
+                                         *PEAKS)) for n in ("1", "2")]
+    assert errors[0] == errors[1] and "rank2.json.gz" in errors[0]
+    assert not [p for p in tmp_path.iterdir() if p.name != "job"]
+
+
+def test_option_misuse_is_one_line(job4, tmp_path):
+    assert_clean_error(run_cli("analyze", str(job4), "--workers", "0", *PEAKS), "--workers")
+    assert_clean_error(run_cli("analyze", str(job4), "--address", "ray://x:10001", *PEAKS),
+                       "--address", "--engine ray")
+    assert_clean_error(run_cli("analyze", str(SHARED), "--engine", "ray", *PEAKS), "apply to a folder of ranks")
+    assert not (tmp_path / "reports").exists()
+
+
+def test_engine_ray_without_ray_is_one_line(job4, tmp_path, monkeypatch):
+    from opscope.api import analyze
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OpscopeError, match=r"pip install 'opscope\[ray\]'"):
+        analyze(job4, engine="ray", peak_bw=20, peak_flops="100")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_progress_counts_the_ranks_done(job4, tmp_path):
+    from opscope.api import analyze
+    from opscope.capture.options import Progress
+
+    calls: list[tuple[str, object]] = []
+
+    class Seen(Progress):
+        def phase(self, name: str, total: int | None = None) -> None:
+            calls.append(("phase", (name, total)))
+
+        def advance(self, n: int = 1) -> None:
+            calls.append(("advance", n))
+
+    analyze(job4, out=tmp_path / "run", workers=2, peak_bw=20, peak_flops="100", progress=Seen())
+    assert calls == [("phase", ("ranks", 4))] + [("advance", 1)] * 4
+
+
+def test_ctrl_c_while_workers_run_leaves_nothing(tmp_path):
+    """SIGINT once the staging folder exists: the workers are stopped, no run and no staging folder."""
+    folder = tmp_path / "job"
+    _load_benchmark().synthetic_ranks(TRACES / "h100_vit-image-classifier_bf16.json.gz", folder, ranks=12)
+    parent = tmp_path / "out"
+    parent.mkdir()
+    env = dict(os.environ, COLUMNS="120")
+    proc = subprocess.Popen([sys.executable, "-m", "opscope", "analyze", str(folder), "--out", str(parent / "run"),
+                             "--workers", "2", *PEAKS], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        end = time.monotonic() + 120
+        # a rank being written: the staging folder holds a worker's .entry-<i>
+        while not any(parent.glob(".opscope-run-*/ranks/.entry-*")):
+            assert proc.poll() is None and time.monotonic() < end, proc.communicate()
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted by SIGINT; nothing was written" in err and "Traceback" not in err
+    assert list(parent.iterdir()) == []
+
+
+def _flaky(path: str) -> str:
+    """A Ray task that fails on every try, counting them in `path`."""
+    with open(path, "a") as f:
+        f.write("try\n")
+    raise OSError("disk went away")
+
+
+@pytest.mark.slow
+def test_ray_engine_gives_the_local_run_files_and_names_a_failed_rank(job4, one_by_one, tmp_path):
+    """A local Ray (num_cpus=2): the run files of --workers 1; then a rank whose trace is corrupt is tried
+    twice and left out, and the merged run names it."""
+    ray = pytest.importorskip("ray")
+    out = tmp_path / "run"
+    proc = run_cli("analyze", str(job4), "--out", str(out), "--engine", "ray", "--workers", "2", *PEAKS)
+    assert proc.returncode == 0, proc.stderr
+    assert digest(out) == one_by_one
+    assert "Traceback" not in proc.stderr and "Ray" not in proc.stderr  # Ray's start-up notices stay quiet
+
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for p in sorted(job4.iterdir()):
+        (folder / p.name).write_bytes(p.read_bytes())
+    (folder / "rank2.json.gz").write_bytes(gzip.compress(b'{"traceEvents": [{"ph": "X", "name": "oops"'))
+    proc = run_cli("analyze", str(folder), "--out", str(tmp_path / "partial"), "--engine", "ray", "--workers", "2",
+                   *PEAKS, "--json")
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(proc.stdout)["distributed"]
+    assert d["ranks"] == 3 and [f["rank"] for f in d["failed_ranks"]] == [2]
+    assert d["failed_ranks"][0]["source"] == "rank2.json.gz" and d["failed_ranks"][0]["error"]
+    assert "rank2.json.gz (rank 2)" in proc.stderr and "failed 2 times" in proc.stderr
+    assert sorted(p.name for p in (tmp_path / "partial" / "ranks").iterdir()) == ["0", "1", "3"]
+    assert read_run(tmp_path / "partial").summary["distributed"]["failed_ranks"][0]["rank"] == 2  # the format's
+
+    # the retry itself, counted: a task that always fails runs twice, then comes back as Failed
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this test file
+    tries = tmp_path / "tries"
+    with engines.RayEngine(None, cpus=2) as engine:
+        results = list(engine.run(_flaky, [str(tries)], [2**20]))
+    assert results == [(0, engines.Failed("OSError: disk went away", 2))]
+    assert tries.read_text() == "try\n" * 2
