@@ -11,9 +11,11 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import signal
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
+from multiprocessing.context import BaseContext
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
@@ -62,29 +64,39 @@ class InProcess:
             yield i, fn(job)
 
 
-def _ignore_sigint() -> None:
+def _worker_signals() -> None:
     # Ctrl-C reaches the terminal's whole process group: the parent stops the workers itself (terminate),
-    # so that a worker does not die half-way through a file with a traceback of its own
+    # so that a worker does not die half-way through a file with a traceback of its own. SIGTERM (that
+    # terminate) ends a worker at once: a forked one has the CLI's handlers, which raise instead.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None:
+            signal.signal(sig, signal.SIG_DFL)
 
 
 class LocalPool:
-    """Worker processes on this machine. Started by forkserver where there is one (a fork of a process
-    with threads, such as an API user's, can deadlock), else spawn; `preload`: modules the fork server
-    imports once, so that each worker starts with them. Leaving the block by an exception (Ctrl-C
-    included) cancels the jobs not started and terminates the workers before it returns, so no worker
-    writes after the caller removes its staging folder."""
+    """Worker processes on this machine. Forked from this process while it runs only one thread (a
+    worker starts at once, with everything this process imported): a fork of a process with other
+    threads (an API user's, a notebook's) can deadlock on a lock one of them held, so then they are
+    started by forkserver, else spawn; `preload`: modules the fork server imports once, so that each
+    worker starts with them. Leaving the block by an exception (Ctrl-C included) cancels the jobs not
+    started and terminates the workers before it returns, so no worker writes after the caller removes
+    its staging folder."""
 
     def __init__(self, workers: int, preload: Sequence[str] = ()) -> None:
         self.workers = workers
         methods = multiprocessing.get_all_start_methods()
-        self.context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+        if "fork" in methods and threading.active_count() == 1:
+            method = "fork"
+        else:
+            method = "forkserver" if "forkserver" in methods else "spawn"
+        self.context: BaseContext = multiprocessing.get_context(method)
         if self.context.get_start_method() == "forkserver" and preload:
             self.context.set_forkserver_preload(list(preload))
         self.pool: ProcessPoolExecutor | None = None
 
     def __enter__(self) -> LocalPool:
-        self.pool = ProcessPoolExecutor(self.workers, mp_context=self.context, initializer=_ignore_sigint)
+        self.pool = ProcessPoolExecutor(self.workers, mp_context=self.context, initializer=_worker_signals)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,

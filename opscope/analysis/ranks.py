@@ -332,10 +332,19 @@ def _concat_as_pandas(tables: Sequence[Table], columns: Sequence[str]) -> Table:
     return out
 
 
+_PLAIN_NUMBERS: dict[type, str] = {int: "int", float: "float", type(None): "none"}
+
+
 def _number_kind(values: Sequence[Any]) -> str:
     """The numpy type pandas gives a column of these values: "int" (whole numbers only), "float"
     (numbers with a float or NaN among them, whole numbers with None, or no values), "none" (None only),
     or "other" (text, bools, mixed: kept as they are)."""
+    types = set(map(type, values))
+    if _PLAIN_NUMBERS.keys() >= types:  # what ops tables hold: decided by the types alone, in one C pass
+        plain = {_PLAIN_NUMBERS[t] for t in types}
+        if not plain or "float" in plain or plain == {"int", "none"}:
+            return "float"
+        return "int" if plain == {"int"} else "none"
     kinds = set()
     for v in values:
         if v is None:
@@ -572,13 +581,14 @@ def rank_hint(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-# A Ray task's memory (its scheduling declaration): a Python worker with opscope's analysis imported, plus
-# the rank's trace as decoded tables and run files. Measured on the shared H100 ViT trace (1.3 MB gzipped,
-# 6.4x when decompressed) and on a ~132k-event synthetic trace: peak RSS of one rank's analysis is about
-# 150 MiB + 45x the gzipped size (7x the JSON size); declared with headroom.
+# A Ray task's memory (its scheduling declaration): a worker with opscope's analysis imported, plus the
+# rank's trace as decoded tables and run files, in proportion to its JSON. Measured (peak RSS of one rank's
+# analysis less the process's after imports: benchmarks/analyze_workers.py --memory): 5.5 bytes per JSON byte
+# on a copy of the shared H100 ViT trace (1.3 MiB of JSON), 3.8 on the ~132k-event synthetic trace
+# (34 MiB); declared with headroom.
 TASK_BASE_BYTES = 256 * 2**20
-GZIP_EXPANSION = 64  # declared bytes per byte of a gzipped trace
-JSON_EXPANSION = 10  # per byte of an uncompressed trace (or of a run directory's files)
+JSON_EXPANSION = 6
+GZIP_RATIO = 16  # JSON bytes per gzipped byte when the gzip trailer cannot say (a trace over 4 GiB)
 
 
 @dataclass(frozen=True)
@@ -594,7 +604,7 @@ class RankJob:
     # where to write its run directory (the staging folder, on this machine); None: return its files
     # (a Ray task that may run on another machine)
     dest: str | None
-    size: int = 0  # bytes on disk, for the task's declared memory
+    json_bytes: int = 0  # its JSON's size, for the task's declared memory
 
 
 @dataclass
@@ -610,8 +620,7 @@ class RankDone:
 
 def rank_memory(job: RankJob) -> int:
     """Bytes a rank's analysis is declared to need (the constants' comment)."""
-    factor = GZIP_EXPANSION if job.entry.endswith(".gz") else JSON_EXPANSION
-    return TASK_BASE_BYTES + factor * job.size
+    return TASK_BASE_BYTES + JSON_EXPANSION * job.json_bytes
 
 
 def analyze_rank(job: RankJob, warn: Callable[[str], None] | None = None) -> RankDone:
@@ -694,7 +703,7 @@ def analyze_rank_folder(folder: Path, *, out: Path | None = None, peak_bw: float
         ranks_dir = staging / "ranks"
         ranks_dir.mkdir()
         jobs = [RankJob(i, str(entry.absolute()), hint if hint is not None else i, peak_bw, tuple(peak_flops or ()),
-                        max_trace_gb, None if ray else str(ranks_dir / f".entry-{i}"), _size(entry))
+                        max_trace_gb, None if ray else str(ranks_dir / f".entry-{i}"), json_size(entry))
                 for i, (entry, hint) in enumerate(entries)]
         rank_runs: list[RankRun] = []
         sources: dict[int, Path] = {}
@@ -750,12 +759,19 @@ def analyze_rank_folder(folder: Path, *, out: Path | None = None, peak_bw: float
     return merged
 
 
-def _size(entry: Path) -> int:
-    """Bytes on disk of a trace, or of a run directory's files."""
+def json_size(entry: Path) -> int:
+    """A trace's JSON size without reading it (a gzipped one's from its trailer: the size mod 4 GiB), or a
+    run directory's files' size."""
     try:
         if entry.is_dir():
             return sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
-        return entry.stat().st_size
+        size = entry.stat().st_size
+        if not entry.name.endswith(".gz") or size < 18:
+            return size
+        with open(entry, "rb") as f:
+            f.seek(-4, os.SEEK_END)
+            isize = int.from_bytes(f.read(4), "little")
+        return isize if isize >= size else size * GZIP_RATIO  # smaller: wrapped past 4 GiB
     except OSError:
         return 0  # unreadable: the analysis says why
 

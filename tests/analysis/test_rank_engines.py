@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -48,6 +49,22 @@ def test_two_workers_write_the_run_files_of_one(job4, one_by_one, tmp_path):
     assert digest(out) == one_by_one  # ranks/<r>/ included
     assert sorted(p.name for p in (out / "ranks").iterdir()) == ["0", "1", "2", "3"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".opscope")]
+
+
+def test_workers_beside_other_threads_start_by_forkserver_and_write_the_same_files(job4, one_by_one, tmp_path):
+    """An API user's process with threads of its own is not forked (a fork can deadlock there)."""
+    from opscope.api import analyze
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert engines.LocalPool(2).context.get_start_method() == "forkserver"
+        analyze(job4, out=tmp_path / "run", workers=2, peak_bw=20, peak_flops="100")
+    finally:
+        stop.set()
+        other.join()
+    assert digest(tmp_path / "run") == one_by_one
 
 
 def test_a_bad_rank_among_workers_is_the_same_one_line(job4, tmp_path):
