@@ -8,16 +8,19 @@ RayEngine (the optional extra `opscope[ray]`)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
-from multiprocessing.context import BaseContext
+from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as connection_wait
+from multiprocessing.context import ForkContext, ForkServerContext, SpawnContext
+from multiprocessing.process import BaseProcess
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from opscope.errors import OpscopeError
 from opscope.limits import bounded
@@ -36,6 +39,10 @@ class Failed:
 
     message: str
     tries: int
+
+
+class WorkerDied(OpscopeError):
+    """A local worker process ended without a result."""
 
 
 class Engine(Protocol):
@@ -74,14 +81,30 @@ def _worker_signals() -> None:
             signal.signal(sig, signal.SIG_DFL)
 
 
+def _worker(conn: Connection, fn: Callable[[Any], Any]) -> None:
+    """A worker process: (index, job) in, (index, ok, result or exception) out, until None."""
+    _worker_signals()
+    while (item := conn.recv()) is not None:
+        index, job = item
+        try:
+            out: tuple[int, bool, Any] = (index, True, fn(job))
+        except Exception as exc:  # noqa: BLE001 - the parent raises it, in the folder's order
+            out = (index, False, exc)
+        try:
+            conn.send(out)  # pickled whole before a byte is written
+        except Exception as exc:  # an exception that does not pickle: its text
+            conn.send((index, False, RuntimeError(f"{type(out[2]).__name__}: {out[2]} ({exc})")))
+
+
 class LocalPool:
-    """Worker processes on this machine. Forked from this process while it runs only one thread (a
-    worker starts at once, with everything this process imported): a fork of a process with other
-    threads (an API user's, a notebook's) can deadlock on a lock one of them held, so then they are
-    started by forkserver, else spawn; `preload`: modules the fork server imports once, so that each
-    worker starts with them. Leaving the block by an exception (Ctrl-C included) cancels the jobs not
-    started and terminates the workers before it returns, so no worker writes after the caller removes
-    its staging folder."""
+    """Worker processes on this machine, one pipe each and no helper threads, so that stopping them
+    mid-write leaves nothing waiting (concurrent.futures' result thread hangs at exit on a half-sent
+    result). Forked from this process while it runs only one thread (a worker starts at once, with
+    everything this process imported): a fork of a process with other threads (an API user's, a
+    notebook's) can deadlock on a lock one of them held, so then they are started by forkserver, else
+    spawn; `preload`: modules the fork server imports once, so that each worker starts with them.
+    Leaving the block by an exception (Ctrl-C included) terminates the workers and waits for them before
+    it returns, so no worker writes after the caller removes its staging folder."""
 
     def __init__(self, workers: int, preload: Sequence[str] = ()) -> None:
         self.workers = workers
@@ -90,40 +113,63 @@ class LocalPool:
             method = "fork"
         else:
             method = "forkserver" if "forkserver" in methods else "spawn"
-        self.context: BaseContext = multiprocessing.get_context(method)
-        if self.context.get_start_method() == "forkserver" and preload:
+        self.context = cast("ForkContext | ForkServerContext | SpawnContext", multiprocessing.get_context(method))
+        if method == "forkserver" and preload:
             self.context.set_forkserver_preload(list(preload))
-        self.pool: ProcessPoolExecutor | None = None
+        self.processes: list[tuple[BaseProcess, Connection]] = []
 
     def __enter__(self) -> LocalPool:
-        self.pool = ProcessPoolExecutor(self.workers, mp_context=self.context, initializer=_worker_signals)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        pool, self.pool = self.pool, None
-        if pool is None:
-            return
-        if kind is None:
-            pool.shutdown(wait=True)
-            return
-        processes = list(pool._processes.values())  # no public way to stop running workers before 3.14
-        pool.shutdown(wait=False, cancel_futures=True)
-        for p in processes:
-            p.terminate()
-        for p in processes:
+        processes, self.processes = self.processes, []
+        for p, conn in processes:
+            if kind is None:
+                with contextlib.suppress(OSError):
+                    conn.send(None)
+            else:
+                p.terminate()
+        for p, conn in processes:
             p.join()
+            conn.close()
+
+    def _start(self, fn: Callable[[Any], Any]) -> Connection:
+        ours, theirs = self.context.Pipe()
+        p = self.context.Process(target=_worker, args=(theirs, fn), daemon=True)
+        self.processes.append((p, ours))
+        p.start()
+        theirs.close()  # the worker's end is the worker's alone: its exit is our EOF
+        return ours
 
     def run(self, fn: Callable[[J], R], jobs: Sequence[J],
             memory: Sequence[int]) -> Iterator[tuple[int, R | BaseException | Failed]]:
-        assert self.pool is not None, "run inside the with block"
-        futures: dict[Future[R], int] = {self.pool.submit(fn, job): i for i, job in enumerate(jobs)}
-        waiting = set(futures)
-        while waiting:
-            done, waiting = wait(waiting, return_when=FIRST_COMPLETED)
-            for future in sorted(done, key=futures.__getitem__):
-                error = future.exception()
-                yield futures[future], error if error is not None else future.result()
+        queue = list(enumerate(jobs))[::-1]  # popped from the end: in order
+        busy: dict[Connection, int] = {}
+        for _ in range(min(self.workers, len(jobs))):
+            conn = self._start(fn)
+            i, job = queue.pop()
+            conn.send((i, job))
+            busy[conn] = i
+        while busy:
+            for ready in connection_wait(list(busy)):
+                conn = cast(Connection, ready)
+                try:
+                    i, ok, value = conn.recv()
+                except (EOFError, OSError):  # the worker died (killed, out of memory)
+                    i = busy.pop(conn)
+                    if queue:  # a new one takes the next job
+                        conn = self._start(fn)
+                        busy[conn] = queue[-1][0]
+                        conn.send(queue.pop())
+                    yield i, WorkerDied("its worker process died (killed, or out of memory: try fewer --workers)")
+                    continue
+                if queue:
+                    busy[conn] = queue[-1][0]
+                    conn.send(queue.pop())
+                else:
+                    del busy[conn]
+                yield i, value if ok else cast(BaseException, value)
 
 
 def _call(fn: Callable[[J], R], job: J) -> R:
@@ -166,6 +212,9 @@ class RayEngine:
             except (ConnectionError, ValueError, RuntimeError) as exc:
                 raise OpscopeError(f"--engine ray: could not start or reach Ray"
                                    f"{' at ' + self.address if self.address else ''}: {bounded(str(exc), 200)}") from None
+            except BaseException:  # a signal while it starts: stop what did start (a half-started Ray crashes at exit)
+                ray.shutdown()
+                raise
             finally:
                 quiet.setLevel(level)
             self.started = True
@@ -201,17 +250,32 @@ class RayEngine:
 
         self.waiting = [submit(i, 1) for i in range(len(jobs))]
         while self.waiting:
-            done, self.waiting = ray.wait(self.waiting, num_returns=1)
+            with _signals_as_raised():
+                done, self.waiting = ray.wait(self.waiting, num_returns=1)
             for ref in done:
                 i, attempt = refs.pop(ref)
                 try:
-                    result: R | Failed = ray.get(ref)
+                    with _signals_as_raised():
+                        result: R | Failed = ray.get(ref)
                 except ray.exceptions.RayError as exc:
                     if attempt <= RAY_RETRIES:
                         self.waiting.append(submit(i, attempt + 1))
                         continue
                     result = Failed(_failure(exc), attempt)
                 yield i, result
+
+
+@contextlib.contextmanager
+def _signals_as_raised() -> Iterator[None]:
+    """Ray runs the signal handlers while it waits, and turns the exception one raises (KeyboardInterrupt,
+    the CLI's Terminated) into a SystemError: the exception itself again, for the cleanup that expects it."""
+    try:
+        yield
+    except SystemError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, BaseException) and not isinstance(cause, Exception):
+            raise cause from None
+        raise
 
 
 def _failure(exc: BaseException) -> str:

@@ -733,6 +733,8 @@ def analyze_rank_folder(folder: Path, *, out: Path | None = None, peak_bw: float
                     job, result = jobs[following], outcomes.pop(following)
                     entry = entries[following][0]
                     following += 1
+                    if isinstance(result, engines.WorkerDied):
+                        raise OpscopeError(f"{entry}: {result}")
                     if isinstance(result, BaseException):
                         raise result
                     if isinstance(result, engines.Failed):

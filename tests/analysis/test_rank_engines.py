@@ -115,22 +115,22 @@ def test_progress_counts_the_ranks_done(job4, tmp_path):
     assert calls == [("phase", ("ranks", 4))] + [("advance", 1)] * 4
 
 
-def test_ctrl_c_while_workers_run_leaves_nothing(tmp_path):
-    """SIGINT once the staging folder exists: the workers are stopped, no run and no staging folder."""
+def _interrupted(tmp_path: Path, *options: str, started: str, after: float = 0.0) -> str:
+    """`opscope analyze` of 12 ranks sent SIGINT once `started` (a glob in the run's parent folder) exists
+    and `after` more seconds: exit 130, no run, no staging folder. Returns stderr."""
     folder = tmp_path / "job"
     _load_benchmark().synthetic_ranks(TRACES / "h100_vit-image-classifier_bf16.json.gz", folder, ranks=12)
     parent = tmp_path / "out"
     parent.mkdir()
     env = dict(os.environ, COLUMNS="120")
     proc = subprocess.Popen([sys.executable, "-m", "opscope", "analyze", str(folder), "--out", str(parent / "run"),
-                             "--workers", "2", *PEAKS], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                             *options, *PEAKS], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         end = time.monotonic() + 120
-        # a rank being written: the staging folder holds a worker's .entry-<i>
-        while not any(parent.glob(".opscope-run-*/ranks/.entry-*")):
+        while not any(parent.glob(started)):
             assert proc.poll() is None and time.monotonic() < end, proc.communicate()
             time.sleep(0.02)
+        time.sleep(after)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -139,6 +139,42 @@ def test_ctrl_c_while_workers_run_leaves_nothing(tmp_path):
     assert proc.returncode == 130, err
     assert "interrupted by SIGINT; nothing was written" in err and "Traceback" not in err
     assert list(parent.iterdir()) == []
+    return err
+
+
+def test_ctrl_c_while_workers_run_leaves_nothing(tmp_path):
+    """SIGINT while a worker writes its rank (the staging folder holds its .entry-<i>): the workers are
+    stopped, no run and no staging folder."""
+    _interrupted(tmp_path, "--workers", "2", started=".opscope-run-*/ranks/.entry-*")
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_ray_leaves_nothing(tmp_path):
+    """SIGINT while the local Ray starts or runs the tasks: exit 130 (not a crash in Ray's exit), nothing
+    written, Ray shut down."""
+    pytest.importorskip("ray")
+    _interrupted(tmp_path, "--engine", "ray", "--workers", "2", started=".opscope-run-*/ranks", after=3.0)
+
+
+def test_a_worker_that_dies_is_an_error_and_the_other_jobs_still_run():
+    with engines.LocalPool(2) as pool:
+        results = dict(pool.run(os._exit, [3, 3, 3], [0, 0, 0]))  # each job's worker exits at once
+    assert sorted(results) == [0, 1, 2] and all(isinstance(r, engines.WorkerDied) for r in results.values())
+    with engines.LocalPool(2) as pool:
+        assert sorted(pool.run(abs, [-1, -2, -3], [0, 0, 0])) == [(0, 1), (1, 2), (2, 3)]
+
+
+def test_a_task_declares_memory_from_its_json_size(tmp_path):
+    from opscope.analysis.ranks import JSON_EXPANSION, TASK_BASE_BYTES, RankJob, json_size, rank_memory
+
+    doc = json.dumps({"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": i, "dur": 1} for i in range(2000)]})
+    gz = tmp_path / "rank0.json.gz"
+    gz.write_bytes(gzip.compress(doc.encode()))
+    plain = tmp_path / "rank1.json"
+    plain.write_text(doc)
+    assert json_size(gz) == json_size(plain) == len(doc.encode()) > gz.stat().st_size
+    job = RankJob(0, str(gz), 0, None, (), None, None, json_size(gz))
+    assert rank_memory(job) == TASK_BASE_BYTES + JSON_EXPANSION * len(doc.encode())
 
 
 def _flaky(path: str) -> str:
