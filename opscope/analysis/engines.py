@@ -9,6 +9,7 @@ RayEngine (the optional extra `opscope[ray]`)."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import multiprocessing
 import signal
@@ -102,7 +103,8 @@ class LocalPool:
     result). Forked from this process while it runs only one thread (a worker starts at once, with
     everything this process imported): a fork of a process with other threads (an API user's, a
     notebook's) can deadlock on a lock one of them held, so then they are started by forkserver, else
-    spawn; `preload`: modules the fork server imports once, so that each worker starts with them.
+    spawn. `preload`: modules every worker starts with (imported here before a fork, or once by the fork
+    server), not once per worker.
     Leaving the block by an exception (Ctrl-C included) terminates the workers and waits for them before
     it returns, so no worker writes after the caller removes its staging folder."""
 
@@ -116,6 +118,9 @@ class LocalPool:
         self.context = cast("ForkContext | ForkServerContext | SpawnContext", multiprocessing.get_context(method))
         if method == "forkserver" and preload:
             self.context.set_forkserver_preload(list(preload))
+        elif method == "fork":
+            for module in preload:
+                importlib.import_module(module)
         self.processes: list[tuple[BaseProcess, Connection]] = []
 
     def __enter__(self) -> LocalPool:

@@ -712,7 +712,7 @@ def analyze_rank_folder(folder: Path, *, out: Path | None = None, peak_bw: float
         if ray:
             runner = engines.RayEngine(address, cpus=workers or usable_cores())
         elif n > 1:
-            runner = engines.LocalPool(n, preload=[__name__])
+            runner = engines.LocalPool(n, preload=[__name__, "opscope.analysis.trace_file"])
         else:
             runner = engines.InProcess()
         # in this process the warnings come as they are given; from workers, with their rank's result
