@@ -72,7 +72,7 @@ def timing(args: argparse.Namespace) -> None:
         print(f"{args.ranks} ranks of {SOURCE.name}; {len(os.sched_getaffinity(0))} usable cores; "
               f"load average before: {os.getloadavg()[0]:.2f}; two processes get "
               f"{machine_parallelism():.2f}x one's throughput")
-        print(f"{'repeat':>6} " + " ".join(f"{f'--workers {w}':>12}" for w in args.workers))
+        print(f"{'repeat':>6} " + " ".join(f"{f'--workers {w}':>12}" for w in args.workers) + "  ratios (this repeat)")
         for rep in range(args.repeats):
             order = args.workers if rep % 2 == 0 else list(reversed(args.workers))
             for w in order:
@@ -83,7 +83,8 @@ def timing(args: argparse.Namespace) -> None:
                     reference = files
                 elif files != reference:
                     raise SystemExit(f"--workers {w} (repeat {rep}) wrote different run files")
-            print(f"{rep:>6} " + " ".join(f"{walls[w][-1]:>11.2f}s" for w in args.workers))
+            ratios = " ".join(f"{walls[args.workers[0]][-1] / walls[w][-1]:.2f}x" for w in args.workers[1:])
+            print(f"{rep:>6} " + " ".join(f"{walls[w][-1]:>11.2f}s" for w in args.workers) + f"  {ratios}")
         medians = {w: statistics.median(v) for w, v in walls.items()}
         print(f"{'median':>6} " + " ".join(f"{medians[w]:>11.2f}s" for w in args.workers))
         base = args.workers[0]
