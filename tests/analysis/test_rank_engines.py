@@ -164,6 +164,84 @@ def test_a_worker_that_dies_is_an_error_and_the_other_jobs_still_run():
         assert sorted(pool.run(abs, [-1, -2, -3], [0, 0, 0])) == [(0, 1), (1, 2), (2, 3)]
 
 
+class _FakeRay:
+    """Just enough of Ray's API for RayEngine, run in this process: what each task declared, and a job
+    that raises failing its task."""
+
+    class exceptions:  # noqa: N801 - ray.exceptions
+        class RayError(Exception):
+            pass
+
+    def __init__(self, node_memory: float) -> None:
+        self.node_memory = node_memory
+        self.started: dict = {}
+        self.submitted: list[tuple[object, dict]] = []
+        self.shut = False
+
+    def is_initialized(self) -> bool:
+        return bool(self.started)
+
+    def init(self, **options) -> None:
+        self.started = options
+
+    def shutdown(self) -> None:
+        self.shut = True
+
+    def nodes(self) -> list[dict]:
+        return [{"Alive": True, "Resources": {"memory": self.node_memory}}, {"Alive": False, "Resources": {}}]
+
+    def remote(self, fn):
+        ray = self
+
+        class Task:
+            def options(self, **options):
+                class Bound:
+                    def remote(self, f, job):
+                        ray.submitted.append((job, options))
+                        try:
+                            return ("ok", fn(f, job))
+                        except Exception as exc:
+                            return ("error", exc)
+                return Bound()
+        return Task()
+
+    def wait(self, refs, num_returns):
+        return refs[:num_returns], refs[num_returns:]
+
+    def get(self, ref):
+        kind, value = ref
+        if kind == "error":
+            error = self.exceptions.RayError("task failed")
+            error.cause = value
+            raise error
+        return value
+
+    def cancel(self, ref, force):
+        pass
+
+
+def _fails_on_odd(job: int) -> int:
+    if job % 2:
+        raise ValueError(f"job {job} is odd")
+    return job * 10
+
+
+def test_ray_tasks_declare_memory_run_twice_then_fail(monkeypatch):
+    """RayEngine against a stand-in for Ray (no Ray needed): each task declares its memory, capped at
+    the largest node's; a failing task is submitted once more, then comes back as Failed; a local Ray
+    is started quietly and shut down."""
+    fake = _FakeRay(node_memory=3e9)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    with engines.RayEngine(None, cpus=2) as engine:
+        results = dict(engine.run(_fails_on_odd, [0, 1, 2], [10**9, 2 * 10**9, 8 * 10**9]))
+    assert results == {0: 0, 1: engines.Failed("ValueError: job 1 is odd", 2), 2: 20}
+    assert [(job, o["memory"]) for job, o in fake.submitted] == [(0, 10**9), (1, 2 * 10**9), (2, 3 * 10**9),
+                                                                  (1, 2 * 10**9)]
+    assert all(o["num_cpus"] == 1 and o["max_retries"] == 0 for _, o in fake.submitted)
+    assert fake.started == {"num_cpus": 2, "log_to_driver": False, "include_dashboard": False,
+                            "configure_logging": False} and fake.shut
+
+
 def test_a_task_declares_memory_from_its_json_size(tmp_path):
     from opscope.analysis.ranks import JSON_EXPANSION, TASK_BASE_BYTES, RankJob, json_size, rank_memory
 
