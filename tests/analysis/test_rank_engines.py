@@ -49,6 +49,13 @@ def test_two_workers_write_the_run_files_of_one(job4, one_by_one, tmp_path):
     assert digest(out) == one_by_one  # ranks/<r>/ included
     assert sorted(p.name for p in (out / "ranks").iterdir()) == ["0", "1", "2", "3"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".opscope")]
+    # the run's ranks/ again: run directories, read (not analyzed) by the workers
+    again = {}
+    for n in ("1", "2"):
+        proc = run_cli("analyze", str(out / "ranks"), "--out", str(tmp_path / f"again{n}"), "--workers", n, *PEAKS)
+        assert proc.returncode == 0, proc.stderr
+        again[n] = digest(tmp_path / f"again{n}")
+    assert again["1"] == again["2"]
 
 
 def test_workers_beside_other_threads_start_by_forkserver_and_write_the_same_files(job4, one_by_one, tmp_path):
