@@ -82,10 +82,13 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
     findings = run_rules(ctx)
     finding_modules(findings, ops)
     whatif, whatif_file = run_whatif(trace, ev, findings, peaks=peaks, gpu=gpu, step_time_us=step_time_us)
+    measured_steps = step_us is not None  # a profile timed each step itself: kept as samples (opscope gate)
     if step_us is None:
         step_us = list(trace.steps["dur"]) if nrows(trace.steps) else [step_time_us]
     summary = summarize(ops, steps=steps, step_time_us=step_time_us, n_findings=len(findings), busy=busy,
                         step_us=step_us, noise=noise, gpu_keys=timeline, compile_log=ctx.compile_log)
+    if measured_steps:
+        summary["step_times_us"] = [float(t) for t in step_us[:MAX_STEP_SAMPLES]]
     if memory is not None:
         summary["memory"] = memory.summary
     summary["step_source"] = "annotations" if nrows(trace.steps) else "whole trace"
@@ -111,6 +114,10 @@ def prepare_events(trace: TraceData, source_override: SourceOverride | None, mod
         renamed = True
     place_compiled(ev, log, inductor_cache=inductor_cache, module_classes=classes, gpu=trace.has_gpu)
     return ev, classes, renamed
+
+
+# The most per-step wall times summary.json keeps (step_times_us): samples for opscope gate, bounded in size.
+MAX_STEP_SAMPLES = 1000
 
 
 def step_stats(trace: TraceData, ev: Table) -> tuple[int, float]:

@@ -10,7 +10,7 @@ import sys
 import traceback
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -103,6 +103,7 @@ DEBUG = typer.Option(False, "--debug", help="Show Python tracebacks for errors."
 # Bounds on counts: far above any real use, far below what overflows torch's C++ ints.
 MAX_THREADS = 4096
 MAX_STEPS = 100_000
+MAX_REPEAT = 1000
 
 
 def _warn(message: str, console: Console | None = None) -> None:
@@ -223,6 +224,9 @@ def profile(
     node_rank: int = typer.Option(0, "--node-rank", metavar="R", help="This node's rank (torchrun)."),
     master_addr: str | None = typer.Option(None, "--master-addr", metavar="A", help="Host of node 0 (torchrun)."),
     master_port: int | None = typer.Option(None, "--master-port", metavar="P", help="Port on node 0 (torchrun)."),
+    repeat: int = typer.Option(1, "--repeat", min=1, max=MAX_REPEAT, metavar="N",
+                               help="Profile N times, one run directory each (--out OUT: OUT/run-1 ... OUT/run-N): "
+                                    "samples for `opscope baseline save` and `opscope gate`."),
 ) -> None:
     """Profile a model file, or an unmodified training script (`opscope profile train.py -- ARGS`), in one
     process or several (--nproc-per-node): per-op FLOPs, bytes, roofline and findings; writes a run
@@ -230,6 +234,16 @@ def profile(
     _state["debug"] = debug
     from opscope.api import profile_file
 
+    if repeat > 1:
+        _profile_repeated(repeat, out, json_out, dict(
+            target=target, entry=entry, device=device.value, dtype=dtype.value if dtype else None, mode=mode.value,
+            warmup=warmup, steps=steps, threads=threads, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
+            compile=compile_mode.value if compile_mode is not None else None, try_swaps=try_swaps, nvtx=nvtx,
+            nsys=nsys, nsys_args=nsys_args, ncu=ncu, ncu_top=ncu_top, nvtx_ops=nvtx_ops, script=script,
+            script_args=list(script_args or []), step_fn=step_fn, stop_after=stop_after,
+            nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+            master_port=master_port, debug=debug))
+        return
     with _RichProgress(stderr) as progress:
         run = profile_file(target, entry=entry, device=device.value, dtype=dtype.value if dtype else None,
                            mode=mode.value, warmup=warmup, steps=steps, threads=threads, peak_bw=peak_bw,
@@ -249,6 +263,34 @@ def profile(
         console = _console()
         console.print(section if section is not None else Text("no swap candidates: no bundled kernel matches an op "
                                                                "of this model"))
+
+
+def _profile_repeated(repeat: int, out: Path | None, json_out: bool, options: dict[str, Any]) -> None:
+    """`profile --repeat N`: N profiles, one run directory each; one line per run (its directory on stdout)."""
+    from rich.text import Text
+
+    from opscope.api import profile_file
+    from opscope.render.text import clean
+    from opscope.run.model import shown_path
+    from opscope.run.write import dumps
+
+    if out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise OpscopeError(f"--out {out} already exists and is not empty; opscope never overwrites a run")
+    for i in range(1, repeat + 1):
+        with _RichProgress(stderr) as progress:
+            run = profile_file(out=None if out is None else out / f"run-{i}", progress=progress,
+                               on_written=_run_complete, **options)
+        assert run.dir is not None  # a profile writes its run
+        if json_out:
+            sys.stdout.write(dumps(run.summary) + "\n")
+        else:
+            sys.stdout.write(clean(shown_path(run.dir)) + "\n")
+        sys.stdout.flush()
+        step = run.summary.get("step_time_us_p50") or run.summary.get("step_time_us")
+        noise = (run.summary.get("noise") or {}).get("verdict")
+        stderr.print(Text(f"run {i}/{repeat}: {clean(shown_path(run.dir))}"
+                          + (f"  step {step / 1000:.2f} ms" if isinstance(step, (int, float)) else "")
+                          + (f"  ({noise})" if noise == "noisy" else "")), highlight=False)
 
 
 @app.command()
@@ -569,6 +611,86 @@ def swap(
         stderr.print(Text(f"opscope: verification failed for {', '.join(clean(r['label']) for r in failed)}: no speedup "
                           f"reported for {'it' if len(failed) == 1 else 'them'}"), highlight=False, soft_wrap=True)
         sys.exit(1)
+
+
+baseline_app = typer.Typer(no_args_is_help=True, help="Baselines for `opscope gate`: samples of runs, kept in a "
+                                                       "small versioned file meant to be committed.")
+app.add_typer(baseline_app, name="baseline")
+BASELINE_DIR = typer.Option(Path(".opscope/baselines"), "--dir", metavar="DIR", parser=_user_path,
+                            help="The folder of baselines (NAME.json in it).")
+
+
+class GateFormat(str, Enum):
+    console = "console"
+    markdown = "markdown"
+    junit = "junit"
+    json = "json"
+
+
+def _share(value: str) -> float:
+    """'10%', '10' or '0.1' (a fraction when under 1 without %) as a fraction."""
+    text = value.strip()
+    try:
+        if text.endswith("%"):
+            return float(text[:-1]) / 100
+        number = float(text)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not a share such as 10%") from None
+    return number if number < 1 else number / 100
+
+
+@baseline_app.command("save")
+def baseline_save(
+    runs: list[Path] = typer.Argument(..., parser=_user_path, help="Run directories of the same code (e.g. from "
+                                                                   "`opscope profile --repeat 5`)."),
+    name: str = typer.Option(..., "--name", help="The baseline's name (the file DIR/NAME.json)."),
+    folder: Path = BASELINE_DIR,
+    debug: bool = DEBUG,
+) -> None:
+    """Save the samples of runs as a baseline: each step's time, each op row's (op + line + shapes) and each
+    module's time per run, the machine, its ceilings and the torch version."""
+    _state["debug"] = debug
+    from opscope.api import baseline_save as save
+    from opscope.render.text import clean
+    from opscope.run.model import shown_path
+
+    path = save(runs, name, dir=folder)
+    stderr.print(Text(f"baseline {clean(name)}: {len(runs)} run(s) in {clean(shown_path(path))}"), highlight=False)
+
+
+@app.command()
+def gate(
+    runs: list[Path] = typer.Argument(..., parser=_user_path, help="Run directories to gate (one or more)."),
+    baseline: str = typer.Option(..., "--baseline", metavar="NAME", help="The saved baseline (DIR/NAME.json)."),
+    folder: Path = BASELINE_DIR,
+    threshold: str = typer.Option("10%", "--threshold", metavar="SHARE",
+                                  help="The smallest slowdown that fails: 10% fails what is significantly over 1.10x."),
+    confidence: float = typer.Option(0.99, "--confidence", metavar="C", help="The tests' confidence (0.5 to 1)."),
+    fmt: GateFormat = typer.Option(GateFormat.console, "--format", help="console, markdown ($GITHUB_STEP_SUMMARY, "
+                                   "PR comments), junit (a testcase per gated item) or json."),
+    output: Path | None = typer.Option(None, "--output", "-o", metavar="FILE", parser=_user_path,
+                                       help="Write the report to FILE (replaced atomically) instead of stdout."),
+    debug: bool = DEBUG,
+) -> None:
+    """Gate runs against a baseline: step time, op rows and modules tested (Mann-Whitney U past the threshold
+    at the confidence), new op rows named with their line. Exit 1 on a regression, 0 otherwise, 2 on bad
+    input."""
+    _state["debug"] = debug
+    from opscope.api import gate as gate_runs
+    from opscope.gating.baseline import write_atomically
+    from opscope.gating.formats import headline, render
+    from opscope.render.text import clean
+
+    result = gate_runs(runs, baseline, dir=folder, threshold=_share(threshold), confidence=confidence)
+    text = render(result, fmt.value)
+    if output is not None:
+        write_atomically(output, text.encode("utf-8"))
+        stderr.print(Text(clean(headline(result))), highlight=False, soft_wrap=True)
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    if result.exit_code:
+        sys.exit(result.exit_code)
 
 
 @app.command()

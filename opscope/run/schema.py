@@ -440,6 +440,9 @@ class Summary(Struct, kw_only=True):
     step_time_us_max: Duration | None = None
     step_time_cv: Annotated[Annotated[float, Meta(ge=0.0, le=1000.0)] | None, _doc(
         "sample standard deviation / mean of the steps' wall times; null for a single step")] = None
+    step_times_us: Annotated[list[Duration] | None, _doc(
+        "each profiled step's wall time, in order (profile runs; the first 1000 steps): the samples opscope gate "
+        "tests; null or absent for traces analyzed")] = None
     step_source: Annotated[str | None, _doc("annotations (ProfilerStep#N ranges) or whole trace")] = None
     noise: Noise | None = None
     ops_covered_time_share: Annotated[Number | None, _doc(
