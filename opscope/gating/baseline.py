@@ -80,6 +80,7 @@ def write_atomically(path: Path, data: bytes) -> None:
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
+            os.chmod(tmp, 0o644)  # mkstemp makes it 0600: a file to commit and share is readable
             os.replace(tmp, path)
         except BaseException:
             os.unlink(tmp)

@@ -31,6 +31,7 @@ DEFAULT_CONFIDENCE = 0.99
 MACHINE_TOLERANCE = 0.05  # ceilings measured on one machine move by ~2-3% between calibrations
 MIN_SHARE = 0.01  # op rows and modules under 1% of the op time on both sides are not gated (nor listed)
 CULPRITS = 3  # the op rows a step regression names
+LEAVE_OUT_MIN = 0.2  # an item is normalized by the load on the other rows while they hold 20% of the time
 
 REGRESSION, OK, UNTESTED, NEW, VANISHED = "regression", "ok", "untested", "new", "vanished"
 
@@ -137,15 +138,33 @@ def _match(base: Samples, new: Samples) -> tuple[list[tuple[OpSamples, OpSamples
     return pairs, left, list(by_key.values())
 
 
-def _load_factors(samples: Samples, reference: dict[tuple[str, str, str], float], matched: dict[tuple[str, str, str],
-                  OpSamples]) -> list[float]:
-    """Per run of `samples`: its time on the reference rows over the baseline's median time on them."""
-    factors = []
-    for i in range(len(samples.runs)):
-        have = sum(row.times_us[i] for row in matched.values())
-        want = sum(reference[k] for k in matched)
-        factors.append(have / want if have > 0 and want > 0 else 1.0)
-    return factors
+Key = tuple[str, str, str]
+
+
+@dataclass
+class _Load:
+    """The load factors of a set of runs: per run, its time on the reference rows (op rows shared with the
+    baseline) over the baseline's median time on them; with rows left out, the factor of the others (an op
+    row or module is normalized by the load seen on the rest, so that its own slowdown does not cancel)."""
+
+    runs: int
+    rows: dict[Key, list[float]] = field(default_factory=dict)  # reference row -> its time in each run
+    medians: dict[Key, float] = field(default_factory=dict)  # reference row -> the baseline's median
+    enabled: bool = False
+
+    def factors(self, leave_out: frozenset[Key] = frozenset()) -> list[float]:
+        if not self.enabled:
+            return [1.0] * self.runs
+        keep = [k for k in self.rows if k not in leave_out]
+        want = sum(self.medians[k] for k in keep)
+        if want < LEAVE_OUT_MIN * sum(self.medians.values()):  # too little left (the whole model): all rows
+            keep = list(self.rows)
+            want = sum(self.medians[k] for k in keep)
+        out = []
+        for i in range(self.runs):
+            have = sum(self.rows[k][i] for k in keep)
+            out.append(have / want if have > 0 and want > 0 else 1.0)
+        return out
 
 
 def _test(kind: str, name: str, before: Sequence[float], after: Sequence[float], threshold: float,
@@ -199,32 +218,35 @@ def gate(base: Samples, new: Samples, *, baseline_name: str, threshold: float = 
     base_median = {op_key(r): median(r.times_us) for r in base.ops}
     base_total = median(base.op_time_us) if base.op_time_us else 0.0
 
-    base_load = [1.0] * len(base.runs)
-    new_load = [1.0] * len(new.runs)
+    base_load, new_load = _Load(len(base.runs)), _Load(len(new.runs))
     noisy = [(f"run {i + 1}", r) for i, r in enumerate(new.runs) if r.noisy]
     noisy += [(f"baseline run {i + 1}", r) for i, r in enumerate(base.runs) if r.noisy]
     if noisy:
         result.normalized = True
-        reference = {k: v for k, v in base_median.items() if v > 0}
-        base_load = _load_factors(base, reference, {k: r for k, r in ((op_key(r), r) for r in base.ops) if k in reference})
-        new_load = _load_factors(new, reference, {op_key(b): n for b, n in pairs if op_key(b) in reference})
+        medians = {k: v for k, v in base_median.items() if v > 0}
+        shared = {op_key(b): n for b, n in pairs if op_key(b) in medians}
+        base_load = _Load(len(base.runs), {k: r.times_us for r in base.ops if (k := op_key(r)) in shared},
+                          {k: medians[k] for k in shared}, enabled=True)
+        new_load = _Load(len(new.runs), {k: n.times_us for k, n in shared.items()}, {k: medians[k] for k in shared},
+                         enabled=True)
         label, first = noisy[0]
         more = f" and {len(noisy) - 1} more" if len(noisy) > 1 else ""
         notes.append(
             f"noisy: {label}{more} measured other processes on the machine ({first.noise_reason or 'noisy'}); times "
             "are normalized by each run's load factor (its time on the op rows shared with the baseline over the "
-            "baseline's median), so a slowdown spread over those rows is not seen: load factors "
-            + ", ".join(f"{f:.2f}x" for f in new_load) + " (baseline " + ", ".join(f"{f:.2f}x" for f in base_load) + ")")
+            "baseline's median; for an op row or module, on the other rows), so a slowdown spread over all those "
+            "rows is not seen: load factors " + ", ".join(f"{f:.2f}x" for f in new_load.factors())
+            + " (baseline " + ", ".join(f"{f:.2f}x" for f in base_load.factors()) + ")")
 
-    def before(times: Sequence[float]) -> list[float]:
-        return [t / base_load[i] * scale for i, t in enumerate(times)]
+    def before(times: Sequence[float], leave_out: frozenset[Key] = frozenset()) -> list[float]:
+        return [t / f * scale for t, f in zip(times, base_load.factors(leave_out), strict=True)]
 
-    def after(times: Sequence[float]) -> list[float]:
-        return [t / new_load[i] for i, t in enumerate(times)]
+    def after(times: Sequence[float], leave_out: frozenset[Key] = frozenset()) -> list[float]:
+        return [t / f for t, f in zip(times, new_load.factors(leave_out), strict=True)]
 
     # step time: one sample per step
-    b_steps = [t / base_load[i] * scale for i, run in enumerate(base.step_times_us) for t in run]
-    a_steps = [t / new_load[i] for i, run in enumerate(new.step_times_us) for t in run]
+    b_steps = [t / f * scale for f, run in zip(base_load.factors(), base.step_times_us, strict=True) for t in run]
+    a_steps = [t / f for f, run in zip(new_load.factors(), new.step_times_us, strict=True) for t in run]
     step = _test("step", "step time", b_steps, a_steps, threshold, confidence)
 
     # op rows seen on both sides
@@ -232,7 +254,8 @@ def gate(base: Samples, new: Samples, *, baseline_name: str, threshold: float = 
     changes: list[tuple[float, str]] = []
     ops: list[Item] = []
     for b_row, n_row in pairs:
-        b_times, a_times = before(b_row.times_us), after(n_row.times_us)
+        own = frozenset([op_key(b_row)])
+        b_times, a_times = before(b_row.times_us, own), after(n_row.times_us, own)
         if max(median(b_times), median(a_times)) < floor:
             continue
         item = _test("op", n_row.op, b_times, a_times, threshold, confidence, line=n_row.line,
@@ -269,7 +292,9 @@ def gate(base: Samples, new: Samples, *, baseline_name: str, threshold: float = 
         b_mod = by_path.get(mod.module)
         if b_mod is None:
             continue
-        b_times, a_times = before(b_mod.times_us), after(mod.times_us)
+        inside = frozenset(op_key(r) for r in base.ops
+                           if mod.module == "" or r.module == mod.module or r.module.startswith(mod.module + "."))
+        b_times, a_times = before(b_mod.times_us, inside), after(mod.times_us, inside)
         if max(median(b_times), median(a_times)) < floor:
             continue
         name = mod.module or f"{mod.module_class or 'model'} (the model)"

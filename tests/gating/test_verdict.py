@@ -103,3 +103,13 @@ def test_bad_options_and_devices_are_bad_input():
     gpu.machine.device_type = "cuda"
     with pytest.raises(OpscopeError, match="cuda"):
         run_gate(base, gpu)
+
+
+def test_in_noisy_runs_a_slower_op_is_measured_against_the_load_on_the_others():
+    base = synthetic(8, seed=1, noisy=True, load=[1.0, 1.3, 0.9, 1.6, 1.1, 1.0, 2.0, 1.2])
+    load = [2.0, 1.5, 2.5, 1.8, 2.2, 1.4, 2.6, 1.9]
+    slow = run_gate(base, synthetic(8, seed=2, noisy=True, load=load, slower={"model.py:14": 1.4}))
+    mm = [i for i in slow.items if i.kind == "op" and i.name == "aten::mm" and i.line == "model.py:14"]
+    assert mm[0].verdict == REGRESSION and mm[0].ratio == pytest.approx(1.4, rel=0.1)
+    same = run_gate(base, synthetic(8, seed=2, noisy=True, load=load))
+    assert same.exit_code == 0 and same.normalized
