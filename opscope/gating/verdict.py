@@ -5,12 +5,14 @@ each module, op rows the baseline never had), each with a test, not a ratio.
   baseline's scaled by (1 + threshold) at the confidence asked, and the ratio of medians is past
   1 + threshold. Step time has one sample per step; an op row or module one per run, so with too few runs
   for the confidence (the test's smallest p above 1 - confidence) it is listed by change, not gated.
-- A new op row (no baseline run had it, by op + line + shapes or by op + line) regresses when it is in
-  every gated run and the time it adds, its share over the rest of the step, is past the threshold.
+- A new op row (no baseline run had it by op + line + shapes, op + shapes + module, or op + line)
+  regresses when it is in every gated run and the time it adds, its share over the rest of the step, is
+  past the threshold.
 - Noise: when a run (gated or baseline) measured other processes busy on its machine (summary noise
   verdict "noisy"), every run's times are divided by its load factor: its time on the op rows it shares with
-  the baseline over the baseline's median time on them. Load then cancels; a slowdown of those shared rows
-  cancels too, so in that mode new work (new op rows, time outside the ops) is what step time still shows.
+  the baseline over the baseline's median time on them (for an op row or module, on the other rows only, so
+  that its own slowdown does not cancel). Load then cancels; so does a slowdown of the shared rows in step
+  time, where new work (new op rows, time outside the ops) is what still shows.
 - Machine: when the gated runs' ceilings (memory bandwidth, FLOP/s) differ from the baseline's by more
   than MACHINE_TOLERANCE, the baseline's times are scaled by the ratio.
 Every such adjustment is a note in the result: the gate never passes or fails silently."""
@@ -28,7 +30,7 @@ from opscope.gating.stats import mann_whitney_greater, median, ratio_interval
 
 DEFAULT_THRESHOLD = 0.10
 DEFAULT_CONFIDENCE = 0.99
-MACHINE_TOLERANCE = 0.05  # ceilings measured on one machine move by ~2-3% between calibrations
+MACHINE_TOLERANCE = 0.05  # room for the drift between two calibrations of one machine
 MIN_SHARE = 0.01  # op rows and modules under 1% of the op time on both sides are not gated (nor listed)
 CULPRITS = 3  # the op rows a step regression names
 LEAVE_OUT_MIN = 0.2  # an item is normalized by the load on the other rows while they hold 20% of the time
