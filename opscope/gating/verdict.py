@@ -200,6 +200,8 @@ def gate(base: Samples, new: Samples, *, baseline_name: str, threshold: float = 
     result = GateResult(baseline=baseline_name, threshold=threshold, confidence=confidence, runs=len(new.runs),
                         baseline_runs=len(base.runs))
     notes = result.notes
+    if base.target and new.target and base.target != new.target:
+        notes.append(f"the runs profiled {new.target}, the baseline {base.target}")
     if base.torch_version and new.torch_version and base.torch_version != new.torch_version:
         notes.append(f"torch {new.torch_version} here, {base.torch_version} in the baseline: op rows may differ")
     if base.machine.threads != new.machine.threads:
