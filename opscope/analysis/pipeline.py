@@ -15,7 +15,7 @@ from opscope.analysis.gpu_timeline import clip, gpu_summary, step_windows
 from opscope.analysis.memory import MemoryProfile, add_memory_columns, memory_profile
 from opscope.analysis.modules import finding_modules, module_table
 from opscope.analysis.ops_table import BOUNDS, JSON_TEXT_COLUMNS, build_ops_table, event_costs
-from opscope.analysis.timeline import build_timeline
+from opscope.analysis.timeline import build_timeline, row_step_times
 from opscope.analysis.whatif import run_whatif
 from opscope.findings import Context, run_rules
 from opscope.findings.base import DtypeProbe, LayoutProbe
@@ -89,6 +89,7 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
                         step_us=step_us, noise=noise, gpu_keys=timeline, compile_log=ctx.compile_log)
     if measured_steps:
         summary["step_times_us"] = [float(t) for t in step_us[:MAX_STEP_SAMPLES]]
+        summary["op_step_times_us"] = row_step_times(trace, ev, ops)
     if memory is not None:
         summary["memory"] = memory.summary
     summary["step_source"] = "annotations" if nrows(trace.steps) else "whole trace"

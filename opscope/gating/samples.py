@@ -51,6 +51,8 @@ class OpSamples(Struct, kw_only=True):
     shapes: str = ""
     module: str = ""
     times_us: list[float] = []
+    # each run's time per step (summary.json op_step_times_us of profile runs); None when a run lacks them
+    step_times_us: list[list[float]] | None = None
 
 
 class ModuleSamples(Struct, kw_only=True):
@@ -102,6 +104,17 @@ def step_samples(run: Run) -> list[float]:
     raise OpscopeError(f"{shown_path(run.path or Path('.'))} has no step time: the gate needs runs with steps")
 
 
+def _row_steps(run: Run) -> dict[int, list[float]]:
+    """ops.csv row -> its time in each step (summary.json op_step_times_us), for the rows the run kept."""
+    out: dict[int, list[float]] = {}
+    for entry in run.summary.get("op_step_times_us") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("row"), int) and isinstance(entry.get("times_us"), list):
+            values = [v for v in (_number(x) for x in entry["times_us"]) if v is not None]
+            if values:
+                out[entry["row"]] = values
+    return out
+
+
 def read_samples(paths: list[Path]) -> Samples:
     """The samples of the run directories `paths` (runs of the same code on the same kind of device).
     Anything missing or damaged is an OpscopeError."""
@@ -124,6 +137,7 @@ def read_samples(paths: list[Path]) -> Samples:
                       opscope_version=_text(first.get("opscope_version")) or None, target=_text(first.get("target")),
                       machine=machine)
     rows: dict[tuple[str, str, str], OpSamples] = {}
+    step_sums: dict[tuple[str, str, str], list[list[float] | None]] = {}
     modules: dict[str, ModuleSamples] = {}
     for i, run in enumerate(runs):
         steps = max(1, int(_number(run.summary.get("steps")) or 1))
@@ -135,6 +149,7 @@ def read_samples(paths: list[Path]) -> Samples:
         samples.step_times_us.append(step_samples(run))
         ops = run.ops
         total = 0.0
+        per_step = _row_steps(run)
         for j in range(len(ops["op"])):
             t = _number(ops["time_us_total"][j])
             if t is None:
@@ -147,6 +162,12 @@ def read_samples(paths: list[Path]) -> Samples:
                 row = rows[key] = OpSamples(op=key[0], line=key[1], shapes=key[2], module=_text(module),
                                             times_us=[0.0] * len(runs))
             row.times_us[i] += t / steps
+            # per step: summed over the ops.csv rows of this key; unknown (None) once one of them has none
+            by_step = step_sums.setdefault(key, [[] for _ in runs])
+            have, kept = by_step[i], per_step.get(j)
+            if have is not None:
+                by_step[i] = None if kept is None else (
+                    [a + b for a, b in zip(have, kept, strict=False)] if have else list(kept))
         samples.op_time_us.append(total)
         table = run.modules
         if table is not None:
@@ -160,6 +181,10 @@ def read_samples(paths: list[Path]) -> Samples:
                     mod = modules[name] = ModuleSamples(module=name, module_class=_text(table["module_class"][j]),
                                                         times_us=[0.0] * len(runs))
                 mod.times_us[i] += t / steps
+    for key, row in rows.items():
+        by_step = step_sums.get(key, [])
+        if by_step and all(x for x in by_step):  # every run kept this row's steps
+            row.step_times_us = [list(x or []) for x in by_step]
     samples.ops = sorted(rows.values(), key=lambda r: -max(r.times_us))[:MAX_OP_ROWS]
     samples.modules = sorted(modules.values(), key=lambda m: -max(m.times_us))[:MAX_MODULES]
     return samples

@@ -257,12 +257,21 @@ def gate(base: Samples, new: Samples, *, baseline_name: str, threshold: float = 
     floor = MIN_SHARE * base_total
     changes: list[tuple[float, str]] = []
     ops: list[Item] = []
+    per_step = 0  # op rows tested on per-step samples
     for b_row, n_row in pairs:
         own = frozenset([op_key(b_row)])
         b_times, a_times = before(b_row.times_us, own), after(n_row.times_us, own)
         if max(median(b_times), median(a_times)) < floor:
             continue
-        item = _test("op", n_row.op, b_times, a_times, threshold, confidence, line=n_row.line,
+        if b_row.step_times_us is not None and n_row.step_times_us is not None:
+            # each step a sample (profile runs keep their top rows' step times), normalized by its run's factor
+            b_factors, a_factors = base_load.factors(own), new_load.factors(own)
+            b_test = [t / f * scale for f, run in zip(b_factors, b_row.step_times_us, strict=True) for t in run]
+            a_test = [t / f for f, run in zip(a_factors, n_row.step_times_us, strict=True) for t in run]
+            per_step += 1
+        else:
+            b_test, a_test = b_times, a_times
+        item = _test("op", n_row.op, b_test, a_test, threshold, confidence, line=n_row.line,
                      module=n_row.module, shapes=n_row.shapes)
         ops.append(item)
         changes.append((median(a_times) - median(b_times), f"{n_row.op} at {n_row.line or '?'}"))
@@ -313,9 +322,11 @@ def gate(base: Samples, new: Samples, *, baseline_name: str, threshold: float = 
         notes.append("step time: " + step.reason)
     untested = [i for i in ops + modules if i.verdict == UNTESTED]
     if untested:
-        notes.append(f"op rows and modules have one sample per run: {untested[0].reason}, so they are listed by "
-                     "change, not gated; gate more runs (opscope profile --repeat N) or keep a baseline of more runs "
-                     "to test them")
+        notes.append(f"{len(untested)} op row(s) or module(s) have one sample per run: {untested[0].reason}, so "
+                     "they are listed by change, not gated; gate more runs (opscope profile --repeat N) or keep a "
+                     "baseline of more runs to test them")
+    if per_step:
+        notes.append(f"{per_step} op row(s) tested on each step's time (the runs kept their steps)")
     result.items = [step, *sorted(new_items, key=lambda i: -(i.share or 0)),
                     *sorted(ops, key=_order), *sorted(modules, key=_order), *gone]
     return result

@@ -429,6 +429,13 @@ class WhatIfFile(Struct, kw_only=True):
     critical_path_fixed: Annotated[list[Segment], _doc("the step replayed with every finding's fix")] = []
 
 
+class RowSteps(Struct, kw_only=True):
+    """An ops.csv row's time in each profiled step."""
+
+    row: Annotated[Count, _doc("index into ops.csv")]
+    times_us: list[Duration] = []
+
+
 class Summary(Struct, kw_only=True):
     """summary.json: the run in numbers."""
 
@@ -443,6 +450,9 @@ class Summary(Struct, kw_only=True):
     step_times_us: Annotated[list[Duration] | None, _doc(
         "each profiled step's wall time, in order (profile runs; the first 1000 steps): the samples opscope gate "
         "tests; null or absent for traces analyzed")] = None
+    op_step_times_us: Annotated[list[RowSteps] | None, _doc(
+        "profile runs: the first 40 rows of ops.csv, each with its time in each profiled step (the first 200): "
+        "the op samples opscope gate tests")] = None
     step_source: Annotated[str | None, _doc("annotations (ProfilerStep#N ranges) or whole trace")] = None
     noise: Noise | None = None
     ops_covered_time_share: Annotated[Number | None, _doc(

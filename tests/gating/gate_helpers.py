@@ -14,9 +14,10 @@ OPS = [("aten::mm", "model.py:14", "fc1", 30_000.0), ("aten::mm", "model.py:15",
 
 def synthetic(runs: int, *, seed: int, steps: int = 10, spread: float = 0.03, load: list[float] | None = None,
               slower: dict[str, float] | None = None, extra: tuple[str, str, float] | None = None,
-              noisy: bool = False, bandwidth: float = 20.0, threads: int = 1) -> Samples:
+              noisy: bool = False, bandwidth: float = 20.0, threads: int = 1, per_step: bool = False) -> Samples:
     """`runs` runs of OPS: each op's time per run and each step lognormal around its mean (`spread` sigma),
-    times a run's `load`; `slower` multiplies the op at a line; `extra` adds a new op row (op, line, µs)."""
+    times a run's `load`; `slower` multiplies the op at a line; `extra` adds a new op row (op, line, µs);
+    `per_step` gives each op row its time in each step too (as profile runs keep them)."""
     rng = random.Random(seed)
     load = load or [1.0] * runs
     rows = []
@@ -27,6 +28,9 @@ def synthetic(runs: int, *, seed: int, steps: int = 10, spread: float = 0.03, lo
     if extra is not None:
         rows.append(OpSamples(op=extra[0], line=extra[1], shapes="[[128, 32768]]", module="",
                               times_us=[extra[2] * load[i] * rng.lognormvariate(0, spread) for i in range(runs)]))
+    if per_step:  # each op row's time in each step, around its run's time
+        for r in rows:
+            r.step_times_us = [[t * rng.lognormvariate(0, spread) for _ in range(steps)] for t in r.times_us]
     op_time = [sum(r.times_us[i] for r in rows) for i in range(runs)]
     step_times = [[op_time[i] * 1.02 * rng.lognormvariate(0, spread) for _ in range(steps)] for i in range(runs)]
     modules = [ModuleSamples(module="", module_class="Net", times_us=list(op_time))]

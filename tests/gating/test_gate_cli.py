@@ -34,6 +34,15 @@ def runs(tmp_path_factory):
                    "--out", str(work / "base"), cwd=work)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["base/run-1", "base/run-2"]
+    # each profiled step's time, and the top op rows' time in each step, kept as samples
+    summary = json.loads((work / "base" / "run-1" / "summary.json").read_text())
+    assert len(summary["step_times_us"]) == 3
+    with open(work / "base" / "run-1" / "ops.csv", newline="") as f:
+        totals = [float(r["time_us_total"]) for r in csv.DictReader(f)]
+    kept = summary["op_step_times_us"]
+    assert kept and all(len(e["times_us"]) == 3 for e in kept)
+    for entry in kept:
+        assert sum(entry["times_us"]) == pytest.approx(totals[entry["row"]], rel=1e-3, abs=0.01)
     return work
 
 
@@ -64,6 +73,7 @@ def test_baseline_then_gate_pass_fail_and_bad_input(runs):
     assert doc["format_version"] == 1 and len(doc["samples"]["runs"]) == 2
     assert len(doc["samples"]["step_times_us"][0]) == 3  # each step kept
     assert doc["samples"]["torch_version"] and doc["samples"]["machine"]["device_type"] == "cpu"
+    assert any(len(op["step_times_us"] or []) == 2 for op in doc["samples"]["ops"])
 
     passed = run_cli("gate", "base/run-1", "--baseline", "main", "--threshold", "1000%", cwd=runs)
     assert passed.returncode == 0, passed.stdout + passed.stderr

@@ -113,3 +113,14 @@ def test_in_noisy_runs_a_slower_op_is_measured_against_the_load_on_the_others():
     assert mm[0].verdict == REGRESSION and mm[0].ratio == pytest.approx(1.4, rel=0.1)
     same = run_gate(base, synthetic(8, seed=2, noisy=True, load=load))
     assert same.exit_code == 0 and same.normalized
+
+
+def test_op_rows_with_per_step_samples_are_tested_from_one_run():
+    base = synthetic(3, seed=1, per_step=True)
+    slow = run_gate(base, synthetic(1, seed=2, per_step=True, slower={"model.py:15": 1.4}))
+    mm = [i for i in slow.items if i.kind == "op" and i.line == "model.py:15"]
+    assert mm[0].verdict == REGRESSION and mm[0].module == "fc2" and mm[0].low > 1.2
+    assert any("tested on each step" in n for n in slow.notes)
+    for seed in range(2, 12):
+        same = run_gate(base, synthetic(1, seed=seed, per_step=True))
+        assert not [i for i in same.items if i.kind == "op" and i.verdict in (REGRESSION, UNTESTED)]
