@@ -4,7 +4,8 @@
   gate at the defaults (+10%, 99%) should pass (false alarms: 0);
 - 20 runs of copy.py (an accidental `.contiguous()` of a transposed activation at line 15, about +15-25%
   step time): the gate should catch >= 19 and every catch name that line;
-- 20 runs of slow_op.py (its last matmul about 10-15% slower): the detection rate is reported.
+- 20 runs of slow_op.py (its last matmul 14-20% slower, measured): the detection rate is reported, one run
+  at a time and 7 runs at a time.
 
 Each run is gated alone (`opscope gate RUN --baseline base`), through the Python API (the CLI is a thin
 layer over it; one CLI call at the end checks its exit codes). Runs use --threads 1 (pinned, as the CI
@@ -147,6 +148,7 @@ def main() -> None:
         "every_catch_names_the_copy_line": all(names_copy(r) for r in caught),
         "slow_op_slowdown": slow_ratio / base_ratio - 1,
         "slow_op_detected": f"{sum(r.exit_code for r in g_slow)} of {len(g_slow)}",
+        "slow_op_named": f"{sum(names_slow_op(r) for r in g_slow)} of {len(g_slow)}",
         f"groups_of_{GROUP}_same_code_false_alarms": f"{sum(r.exit_code for r in grouped_same)} of {len(grouped_same)}",
         f"groups_of_{GROUP}_slow_op_detected": f"{sum(r.exit_code for r in grouped_slow)} of {len(grouped_slow)}",
         f"groups_of_{GROUP}_slow_op_named": f"{sum(names_slow_op(r) for r in grouped_slow)} of {len(grouped_slow)}",
