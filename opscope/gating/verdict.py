@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import PurePath
 from typing import Any
 
 from opscope.errors import OpscopeError
@@ -200,8 +201,9 @@ def gate(base: Samples, new: Samples, *, baseline_name: str, threshold: float = 
     result = GateResult(baseline=baseline_name, threshold=threshold, confidence=confidence, runs=len(new.runs),
                         baseline_runs=len(base.runs))
     notes = result.notes
-    if base.target and new.target and base.target != new.target:
-        notes.append(f"the runs profiled {new.target}, the baseline {base.target}")
+    # by file name: the same repository is checked out at other paths on other machines
+    if base.target and new.target and PurePath(base.target).name != PurePath(new.target).name:
+        notes.append(f"the runs profiled {PurePath(new.target).name}, the baseline {PurePath(base.target).name}")
     if base.torch_version and new.torch_version and base.torch_version != new.torch_version:
         notes.append(f"torch {new.torch_version} here, {base.torch_version} in the baseline: op rows may differ")
     if base.machine.threads != new.machine.threads:
