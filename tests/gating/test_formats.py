@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import re
 import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+
+import pytest
 
 from gate_helpers import synthetic
 
@@ -80,3 +83,45 @@ def test_json_parses_and_has_every_item():
     assert doc["regressions"] == 2 and len(doc["items"]) == len(result.items)
     assert {"kind", "name", "line", "module", "before_us", "after_us", "ratio", "low", "high", "p", "verdict"} <= \
         set(doc["items"][0])
+
+
+class _Tables(HTMLParser):
+    """The tables of an HTML text (rows of cell texts) and every tag name seen."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[list[list[str]]] = []
+        self.tags: set[str] = set()
+        self.in_cell = False
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self.tables[-1][-1].append("")
+            self.in_cell = True
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th"):
+            self.in_cell = False
+
+    def handle_data(self, data):
+        if self.in_cell:
+            self.tables[-1][-1][-1] += data
+
+
+def test_markdown_renders_as_one_html_table():
+    markdown_lib = pytest.importorskip("markdown")  # Python-Markdown (the docs extra; MkDocs renders with it)
+    result = _result(extra=(HOSTILE, "model.py:16", 15_000.0))
+    parsed = _Tables()
+    parsed.feed(markdown_lib.markdown(markdown(result), extensions=["tables"]))
+    assert len(parsed.tables) == 1
+    header, *rows = parsed.tables[0]
+    assert header[:3] == ["verdict", "item", "op / module"] and len(rows) == len(result.items)
+    assert all(len(r) == 8 for r in rows)
+    assert "script" not in parsed.tags and "h2" not in parsed.tags
+    assert rows[0][0] == "❌ regression"
+    assert any(r[2].startswith("aten::evil|col") for r in rows)

@@ -95,3 +95,14 @@ def test_baseline_then_gate_pass_fail_and_bad_input(runs):
     (runs / ".opscope" / "baselines" / "bad.json").write_text("[1, 2")
     assert_clean_error(run_cli("gate", "copied", "--baseline", "bad", cwd=runs), "damaged")
     assert_clean_error(run_cli("baseline", "save", "base/run-1", "--name", "a/b", cwd=runs), "baseline name")
+
+
+def test_bad_options_are_one_line_before_anything_runs(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "kept.txt").write_text("x")
+    (tmp_path / "tiny.py").write_text(TINY)
+    assert_clean_error(run_cli("profile", "tiny.py", "--repeat", "2", "--out", "out", cwd=tmp_path),
+                       "not empty")
+    assert_clean_error(run_cli("gate", "out", "--baseline", "main", "--threshold", "lots", cwd=tmp_path),
+                       "not a share")
+    assert_clean_error(run_cli("baseline", "save", "out", "--name", "main", cwd=tmp_path), "opscope run directory")
