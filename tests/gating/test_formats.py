@@ -9,7 +9,6 @@ import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 
 import pytest
-
 from gate_helpers import synthetic
 
 from opscope.gating.formats import console, junit, markdown, render
