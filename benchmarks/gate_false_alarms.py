@@ -7,13 +7,15 @@
 - 20 runs of slow_op.py (its last matmul 14-20% slower, measured): the detection rate is reported, one run
   at a time and 7 runs at a time.
 
-Each run is gated alone (`opscope gate RUN --baseline base`), through the Python API (the CLI is a thin
-layer over it; one CLI call at the end checks its exit codes). Runs use --threads 1 (pinned, as the CI
+Each run is gated alone (`opscope gate RUN --baseline base`), and 20 draws of 7 runs are gated together
+(op rows with one sample per run need several), through the Python API (the CLI is a thin layer over it;
+one CLI call at the end checks its exit codes). `--reuse` gates the runs of an earlier call again. Runs use --threads 1 (pinned, as the CI
 gate page advises) and --steps 10; `--repeat` profiles each group in one command.
 
-    .venv/bin/python benchmarks/gate_false_alarms.py [--work DIR] [--runs 20] [--steps 10]
+    .venv/bin/python benchmarks/gate_false_alarms.py [--work DIR] [--runs 20] [--steps 10] [--reuse]
 
-About 10-15 minutes on the project's 2-core VM. Prints the figures and writes DIR/figures.json.
+About 5-8 minutes on the project's 2-core VM (292-435 s measured). Prints the figures and writes
+DIR/figures.json.
 """
 
 from __future__ import annotations
