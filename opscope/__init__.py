@@ -12,6 +12,7 @@
 
     opscope.analyze("trace.json.gz"), opscope.load("reports/x-..."), opscope.compare(a, b),
     opscope.swap("model.py", kernels=["rms_norm"])
+    opscope.baseline_save(["runs/run-1", "runs/run-2"], "main"), opscope.gate(["pr/run-1"], "main")
 
 `import opscope` is cheap: the names below are imported on first use (torch only by the functions that
 run a model). See docs/guide/python-api.md.
