@@ -20,6 +20,7 @@ from opscope.run.schema import FORMAT_VERSION
 from opscope.run.write import TraceCompressor, check_out_dir, write_run
 from opscope.table import Table, nrows
 from opscope.trace.kernel_names import architecture_from_kernels, short_kernel_name
+from opscope.trace.location import Url
 from opscope.trace.reader import TraceData, load_trace, max_trace_bytes, read_bytes
 from opscope.version import __version__
 
@@ -124,7 +125,7 @@ def trace_events(path: Path, torch_trace: Path | None = None) -> tuple[TraceData
     return trace, ev
 
 
-def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | None = None,
+def analyze_trace_file(path: Path | Url, *, out: Path | None = None, peak_bw: float | None = None,
                        peak_flops: list[str] | None = None, warn: Callable[[str], None] = lambda m: None,
                        max_trace_gb: float | None = None, capture: Path | None = None,
                        measure: Callable[[Run], dict[str, Path]] | None = None,
@@ -144,7 +145,10 @@ def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | 
     folder = out.parent if out is not None else base
     compressor: TraceCompressor | None = None
     try:
-        compressor = TraceCompressor(path, folder, data=None if path.is_file() else data)
+        # a URL, like a pipe, is read once: its bytes are gzipped into the run from memory
+        local_file = isinstance(path, Path) and path.is_file()
+        compressor = TraceCompressor(Path(path.shown) if isinstance(path, Url) else path, folder,
+                                     data=None if local_file else data)
         # the bytes are ours to repair in place unless the compressor gzips them (a pipe's)
         trace = load_trace(path, data=data, owned=compressor.data is None)
         del data  # the decoded tables replace it (the compressor keeps its own reference if it needs one)
@@ -166,7 +170,7 @@ def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | 
             compressor.discard()
 
 
-def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, stem: str,
+def _analyze_file(path: Path | Url, trace: TraceData, out: Path | None, base: Path, stem: str,
                   compressor: TraceCompressor,
                   peak_bw: float | None, peak_flops: list[str] | None, warn: Callable[[str], None],
                   capture: dict[str, Any] | None = None,
@@ -201,7 +205,7 @@ def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, st
     extra = measure(run) if measure is not None else None
     if finish is not None:
         finish(run, trace)
-    write_run(run, out, stem, path, compressor=compressor, base=base, extra_files=extra)
+    write_run(run, out, stem, None if isinstance(path, Url) else path, compressor=compressor, base=base, extra_files=extra)
     return run
 
 
@@ -214,14 +218,14 @@ def no_rows_message(trace: TraceData) -> str:
             "the model's ops with torch.profiler's CPU activity)")
 
 
-def trace_meta(path: Path, trace: TraceData, device: dict[str, str], peaks: Peaks) -> dict[str, Any]:
+def trace_meta(path: Path | Url, trace: TraceData, device: dict[str, str], peaks: Peaks) -> dict[str, Any]:
     """meta.json of an analyzed trace ("dtype", "mode" and "steps" are filled in by the analysis)."""
     return {
         "format_version": FORMAT_VERSION,
         "opscope_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "source": "trace",
-        "target": os.path.normpath(path),
+        "target": path.shown if isinstance(path, Url) else os.path.normpath(path),
         "torch_version": trace.torch_version,
         "device": device,
         "dtype": None,

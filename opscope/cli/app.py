@@ -253,9 +253,10 @@ def profile(
 
 @app.command()
 def analyze(
-    trace: Path = typer.Argument(..., parser=_user_path, help="torch.profiler Chrome trace (.json or .json.gz), an Nsight file "
-                                 "(.nsys-rep / nsys SQLite export, .ncu-rep / ncu CSV), or a folder of per-rank "
-                                 "traces or run directories to merge."),
+    trace: str = typer.Argument(..., help="torch.profiler Chrome trace (.json or .json.gz), an Nsight file "
+                                "(.nsys-rep / nsys SQLite export, .ncu-rep / ncu CSV), or a folder of per-rank "
+                                "traces or run directories to merge; a trace may be a URL (s3://, gs://, https://, "
+                                "file://; needs fsspec)."),
     out: Path | None = OUT,
     json_out: bool = JSON_OUT,
     peak_bw: float | None = PEAK_BW,

@@ -28,6 +28,7 @@ from opscope.errors import TraceError
 from opscope.limits import MAX_TEXT_CHARS, bounded
 from opscope.sources import trace_frame_location as frame_location_of
 from opscope.table import Table, empty, nrows, take
+from opscope.trace.location import Url, open_url, url_info
 
 DEVICE_ACTIVITY_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
@@ -291,13 +292,15 @@ class TraceBytes(bytearray):
         self.notes: list[str] = []
 
 
-def read_bytes(path: str | Path, max_bytes: int | None = None) -> TraceBytes:
+def read_bytes(path: str | Path | Url, max_bytes: int | None = None) -> TraceBytes:
     """The trace's JSON text, gunzipped when needed (by magic number, not by suffix). Reads the file
-    once, in chunks (so pipes and /dev/stdin work), rejects what is not JSON from its first bytes, and
-    refuses a trace whose (decompressed) size passes `max_bytes`, a decompression bomb or a stream of
-    padding before spending that memory."""
-    p = Path(path)
+    once, in chunks (so pipes, /dev/stdin and URLs work: a URL is streamed, opscope.trace.location),
+    rejects what is not JSON from its first bytes, and refuses a trace whose (decompressed) size passes
+    `max_bytes`, a decompression bomb or a stream of padding before spending that memory."""
     limit = max_bytes if max_bytes is not None else max_trace_bytes(None)
+    if isinstance(path, Url):
+        return _read_url(path, limit)
+    p = Path(path)
     try:
         st = os.stat(p)
     except FileNotFoundError:
@@ -308,15 +311,27 @@ def read_bytes(path: str | Path, max_bytes: int | None = None) -> TraceBytes:
         raise TraceError(f"{p} is a directory, not a trace file")
     try:
         with open(p, "rb") as f:
-            head = _read_at_least(f, 2)
-            if head[:2] == b"\x1f\x8b":
-                return _read_gzip(p, head, f, limit)
-            regular = stat.S_ISREG(st.st_mode)
-            if regular and st.st_size > limit:
-                raise TraceError(_too_big(p, limit, st.st_size))
-            return _read_plain(p, head, f, limit)
+            return _read_stream(str(p), f, limit, st.st_size if stat.S_ISREG(st.st_mode) else None)
     except OSError as exc:
         raise TraceError(f"cannot read {p}: {exc.strerror or exc}") from exc
+
+
+def _read_url(url: Url, limit: int) -> TraceBytes:
+    kind, size = url_info(url)
+    if kind == "directory":
+        raise TraceError(f"{url.shown} is a directory, not a trace file")
+    with open_url(url) as f:
+        return _read_stream(url.shown, f, limit, size)
+
+
+def _read_stream(shown: str, f: Any, limit: int, size: int | None) -> TraceBytes:
+    """`f`'s trace text; `size`: its size in bytes when known (a regular file's, a URL's)."""
+    head = _read_at_least(f, 2)
+    if head[:2] == b"\x1f\x8b":
+        return _read_gzip(shown, head, f, limit)
+    if size is not None and size > limit:
+        raise TraceError(_too_big(shown, limit, size))
+    return _read_plain(shown, head, f, limit)
 
 
 def _read_at_least(f: Any, n: int) -> bytes:
@@ -330,14 +345,14 @@ def _read_at_least(f: Any, n: int) -> bytes:
     return out
 
 
-def _too_big(p: Path, limit: int, size: int | None = None) -> str:
+def _too_big(p: str, limit: int, size: int | None = None) -> str:
     what = f"is {size / 1e9:,.1f} GB" if size is not None else "decompresses to more than"
     return (f"{p} {what} the {limit / 1e9:g} GB limit for traces; pass --max-trace-gb to raise it"
             if size is None else f"{p} {what}, over the {limit / 1e9:g} GB limit for traces; "
             "pass --max-trace-gb to raise it")
 
 
-def _sniff(p: Path, first: bytes) -> None:
+def _sniff(p: str, first: bytes) -> None:
     """A Chrome trace is a JSON object (or array): reject anything else from its first bytes."""
     text = first.lstrip(b" \t\r\n")
     if text.startswith(b"\xef\xbb\xbf"):
@@ -352,7 +367,7 @@ class _PaddingCheck:
     """Counts the whitespace of a window of each chunk read, at a random offset (counting all of it
     would cost as much as inflating it), and refuses the stream once it is mostly whitespace."""
 
-    def __init__(self, p: Path) -> None:
+    def __init__(self, p: str) -> None:
         self.p = p
         self.sampled = 0
         self.whitespace = 0
@@ -369,7 +384,7 @@ class _PaddingCheck:
                              f"{total >> 20:,} MB): padding, not a profiler trace; refused before it fills memory")
 
 
-def _read_plain(p: Path, head: bytes, f: Any, limit: int) -> TraceBytes:
+def _read_plain(p: str, head: bytes, f: Any, limit: int) -> TraceBytes:
     buf = TraceBytes(head)
     buf += _read_at_least(f, _SNIFF)
     _sniff(p, bytes(buf[:_SNIFF]))
@@ -397,7 +412,7 @@ def _inflater() -> tuple[Callable[[], Any], tuple[type[Exception], ...]]:
     return (lambda: isal_zlib.decompressobj(wbits=31)), (zlib.error, inflate_error)
 
 
-def _read_gzip(p: Path, head: bytes, f: Any, limit: int) -> TraceBytes:
+def _read_gzip(p: str, head: bytes, f: Any, limit: int) -> TraceBytes:
     """Inflates member after member (as gzip does), checking after each step the output against
     `limit`, against the compressed bytes the inflater has actually taken in (MAX_GZIP_RATIO) and for
     padding. Bytes after the last member that start no new member are left out, with a note."""
@@ -442,7 +457,7 @@ def _read_gzip(p: Path, head: bytes, f: Any, limit: int) -> TraceBytes:
         raise TraceError(f"{p} is a damaged gzip file ({exc or type(exc).__name__})") from exc
 
 
-def load_trace(path: str | Path, *, with_python: bool = True, data: bytes | bytearray | None = None,
+def load_trace(path: str | Path | Url, *, with_python: bool = True, data: bytes | bytearray | None = None,
                max_bytes: int | None = None, owned: bool = False) -> TraceData:
     """Reads a torch.profiler Chrome trace (or decodes `data`, its bytes already read; `owned`: nothing
     else reads them, so a repair may edit them in place rather than in a copy). Raises TraceError (one
@@ -454,7 +469,7 @@ def load_trace(path: str | Path, *, with_python: bool = True, data: bytes | byte
     if isinstance(data, TraceBytes):
         notes = data.notes
     with no_gc():
-        return _load(str(path), data, with_python, notes, owned)
+        return _load(path.shown if isinstance(path, Url) else str(path), data, with_python, notes, owned)
 
 
 @contextmanager
