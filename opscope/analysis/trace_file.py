@@ -130,8 +130,10 @@ def analyze_trace_file(path: Path | Url, *, out: Path | None = None, peak_bw: fl
                        max_trace_gb: float | None = None, capture: Path | None = None,
                        measure: Callable[[Run], dict[str, Path]] | None = None,
                        finish: Callable[[Run, TraceData], None] | None = None,
-                       torch_trace: Path | None = None, inductor_cache: Path | None = None) -> Run:
-    """Analyzes a trace file into a run directory. `torch_trace`, `inductor_cache`: a compiled model's
+                       torch_trace: Path | None = None, inductor_cache: Path | None = None,
+                       on_events: Callable[[int], None] | None = None) -> Run:
+    """Analyzes a trace file into a run directory; `on_events(n)` hears the events decoded so far.
+    `torch_trace`, `inductor_cache`: a compiled model's
     TORCH_TRACE log and inductor cache directory (opscope.analysis.compiled). `capture`: a trace recorded while the replayed CUDA/HIP
     graphs were captured (opscope.analysis.capture_merge). `measure(run)` (opscope analyze --nsys/--ncu)
     attaches measurements to the analyzed run before it is written and returns the extra files to put in
@@ -140,18 +142,21 @@ def analyze_trace_file(path: Path | Url, *, out: Path | None = None, peak_bw: fl
     base = DEFAULT_REPORTS_DIR.absolute()
     out = out.absolute() if out is not None else None
     check_out_dir(out, base)
-    data = read_bytes(path, max_trace_bytes(max_trace_gb))  # once: `path` may be a pipe
+    limit = max_trace_bytes(max_trace_gb)
     stem = path.name.split(".")[0] or "trace"
     folder = out.parent if out is not None else base
     compressor: TraceCompressor | None = None
     try:
-        # a URL, like a pipe, is read once: its bytes are gzipped into the run from memory
-        local_file = isinstance(path, Path) and path.is_file()
-        compressor = TraceCompressor(Path(path.shown) if isinstance(path, Url) else path, folder,
-                                     data=None if local_file else data)
-        # the bytes are ours to repair in place unless the compressor gzips them (a pipe's)
-        trace = load_trace(path, data=data, owned=compressor.data is None)
-        del data  # the decoded tables replace it (the compressor keeps its own reference if it needs one)
+        if isinstance(path, Path) and path.is_file():
+            # read twice, at once: gzipped into the run by the compressor, and decoded as it streams in
+            compressor = TraceCompressor(path, folder)
+            trace = load_trace(path, max_bytes=limit, on_events=on_events)
+        else:
+            # a pipe (and, for now, a URL) is read once: its bytes are gzipped into the run from memory
+            data = read_bytes(path, limit)
+            compressor = TraceCompressor(Path(path.shown) if isinstance(path, Url) else path, folder, data=data)
+            trace = load_trace(path, data=data)
+            del data  # the decoded tables replace it (the compressor keeps its own reference)
         for line in trace.warnings:
             warn(line)
         merged = None
