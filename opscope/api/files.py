@@ -62,6 +62,18 @@ class KeptProgress(Progress):
         self.inner.warn(message)
 
 
+class _EventCounter:
+    """Turns the reader's running count of decoded events into progress steps."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.seen = 0
+
+    def __call__(self, n: int) -> None:
+        self.progress.advance(n - self.seen)
+        self.seen = n
+
+
 def load(run_dir: PathLike | None = None) -> Run:
     """The run directory `run_dir` read back (default: the newest run under ./reports). Anything damaged
     is an OpscopeError naming the file."""
@@ -129,9 +141,11 @@ def analyze(trace: PathLike, *, out: PathLike | None = None, peak_bw: float | No
             from opscope.nsight.imports import measurement_hook
 
             measure = measurement_hook(nsys_path, ncu_path, Path(tmp), warn)
+        kept.phase("decoding events")
         data = analyze_trace_file(path, out=out_dir, peak_bw=peak_bw, peak_flops=flops, warn=warn,
                                   max_trace_gb=max_trace_gb, capture=capture_path, measure=measure,
-                                  torch_trace=torch_trace_path, inductor_cache=cache_path)
+                                  torch_trace=torch_trace_path, inductor_cache=cache_path,
+                                  on_events=_EventCounter(kept))
     return Run.written(data, kept.warnings)
 
 def _analyze_url(url: Url, *, out: Path | None, peak_bw: float | None, peak_flops: Sequence[str] | str | None,

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import time
 import traceback
 from enum import Enum
 from pathlib import Path
@@ -119,6 +120,50 @@ class _WarnOnly(Progress):
 
     def warn(self, message: str) -> None:
         _warn(message)
+
+
+class _EventsProgress(Progress):
+    """analyze's progress on stderr, on a terminal only: the events decoded so far and their rate
+    (a trace of millions of events takes a while), redrawn at most 5 times a second."""
+
+    def __init__(self, console: Console) -> None:
+        from rich.progress import Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
+        from rich.text import Text
+
+        class _Rate(ProgressColumn):
+            def render(self, task: Task) -> Text:
+                speed = task.speed
+                return Text(f"{speed:,.0f} /s" if speed else "")
+
+        self.bar = Progress(TextColumn("[bold]{task.description}"), TextColumn("{task.completed:,.0f}"), _Rate(),
+                            TimeElapsedColumn(), console=console, auto_refresh=False, transient=True)
+        self.task: TaskID | None = None
+        self.shown = console.is_terminal
+        self.drawn = 0.0
+
+    def __enter__(self) -> _EventsProgress:
+        if self.shown:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.shown:
+            self.bar.stop()
+
+    def phase(self, name: str, total: int | None = None) -> None:
+        self.task = self.bar.add_task(name, total=total)
+
+    def advance(self, n: int = 1) -> None:
+        if self.task is None:
+            return
+        self.bar.advance(self.task, n)
+        now = time.monotonic()
+        if self.shown and now - self.drawn > 0.2:
+            self.drawn = now
+            self.bar.refresh()
+
+    def warn(self, message: str) -> None:
+        _warn(message, self.bar.console if self.shown else None)
 
 
 class _RichProgress(Progress):
@@ -287,9 +332,10 @@ def analyze(
     _state["debug"] = debug
     from opscope.api import analyze as analyze_trace
 
-    run = analyze_trace(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []), max_trace_gb=max_trace_gb,
-                        capture=capture, nsys=nsys, ncu=ncu, torch_trace=torch_trace, inductor_cache=inductor_cache,
-                        progress=_WarnOnly())
+    with _EventsProgress(stderr) as progress:
+        run = analyze_trace(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
+                            max_trace_gb=max_trace_gb, capture=capture, nsys=nsys, ncu=ncu, torch_trace=torch_trace,
+                            inductor_cache=inductor_cache, progress=progress)
     _emit(run.analyzed, json_out, top)  # as analyzed (its events), not as read back
 
 
