@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+from array import array
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from statistics import median
@@ -47,24 +48,26 @@ class StepGraph:
     predecessors' start (`from_start`) or finish plus the edge's lag (its recorded start when it has
     none), and finishes its duration later."""
 
-    kind: list[int] = field(default_factory=list)
+    # Columns of numbers are typed arrays: 1-8 bytes a value instead of a list's pointer and boxed
+    # number (the graph of a trace has several nodes per event; lists tripled analyze's peak memory).
+    kind: array[int] = field(default_factory=lambda: array("b"))
     lane: list[str] = field(default_factory=list)  # "cpu:<tid>" | "gpu:<device>:<stream>"
     name: list[str] = field(default_factory=list)
-    start: list[float] = field(default_factory=list)  # recorded
-    dur: list[float] = field(default_factory=list)  # recorded
-    owner: list[int] = field(default_factory=list)  # CPU piece: the row event whose self time it is (-1: none)
-    kernel: list[int] = field(default_factory=list)  # KERNEL node: its row in trace.kernels
-    gap: list[bool] = field(default_factory=list)  # a host gap piece
-    launching: list[bool] = field(default_factory=list)  # host work that CUDA graphs would replay
+    start: array[float] = field(default_factory=lambda: array("d"))  # recorded
+    dur: array[float] = field(default_factory=lambda: array("d"))  # recorded
+    owner: array[int] = field(default_factory=lambda: array("q"))  # CPU piece: the row event whose self time it is (-1: none)
+    kernel: array[int] = field(default_factory=lambda: array("q"))  # KERNEL node: its row in trace.kernels
+    gap: array[int] = field(default_factory=lambda: array("b"))  # a host gap piece
+    launching: array[int] = field(default_factory=lambda: array("b"))  # host work that CUDA graphs would replay
     # predecessor edges, CSR by node: pred[ptr[i]:ptr[i+1]]
-    ptr: list[int] = field(default_factory=lambda: [0])
-    pred: list[int] = field(default_factory=list)
-    lag: list[float] = field(default_factory=list)
-    from_start: list[bool] = field(default_factory=list)
-    order: list[int] = field(default_factory=list)  # topological
+    ptr: array[int] = field(default_factory=lambda: array("q", [0]))
+    pred: array[int] = field(default_factory=lambda: array("q"))
+    lag: array[float] = field(default_factory=lambda: array("d"))
+    from_start: array[int] = field(default_factory=lambda: array("b"))
+    order: array[int] = field(default_factory=lambda: array("q"))  # topological
     # per thread (lane name): its pieces' node ids in time order, and their recorded starts
-    thread_nodes: dict[str, list[int]] = field(default_factory=dict)
-    thread_starts: dict[str, list[float]] = field(default_factory=dict)
+    thread_nodes: dict[str, array[int]] = field(default_factory=dict)
+    thread_starts: dict[str, array[float]] = field(default_factory=dict)
     kernel_node: dict[int, int] = field(default_factory=dict)  # trace.kernels row -> node
     waits: list[int] = field(default_factory=list)  # WAIT_END nodes (their owner: the row around the call)
     owner_nodes: dict[int, list[int]] = field(default_factory=dict)  # row event -> its CPU pieces
@@ -115,7 +118,7 @@ def build_graph(trace: TraceData, ev: Table) -> StepGraph:
             g.lag.append(lag)
             g.from_start.append(fs)
         g.ptr.append(len(g.pred))
-    g.order = _topological(g)
+    g.order = array("q", _topological(g))
     if nrows(trace.steps):
         for tid, ts, dur in zip(trace.steps["tid"], trace.steps["ts"], trace.steps["dur"], strict=True):
             g.steps.append((cpu_lane(tid), float(ts), float(ts) + float(dur)))
@@ -200,8 +203,8 @@ class _Cutter:
             if node_top[k] >= 0 and top_launches[node_top[k]]:
                 first = k if first < 0 else first
                 last = k
-        g.thread_nodes[lane] = nodes
-        g.thread_starts[lane] = [g.start[x] for x in nodes]
+        g.thread_nodes[lane] = array("q", nodes)
+        g.thread_starts[lane] = array("d", (g.start[x] for x in nodes))
 
     def _append(self, node: int, top: int) -> None:
         self.edges.append([(self.prev, 0.0, False)] if self.prev >= 0 else [])
@@ -345,18 +348,30 @@ def _topological(g: StepGraph) -> list[int]:
     """Kahn's order over the edges; an edge that closes a cycle (timestamps that contradict each other)
     is dropped: its lag becomes -inf."""
     n = g.n
-    indeg = [g.ptr[i + 1] - g.ptr[i] for i in range(n)]
-    succ: list[list[int]] = [[] for _ in range(n)]
+    ptr, pred = g.ptr, g.pred
+    indeg = [ptr[i + 1] - ptr[i] for i in range(n)]
+    # successors, CSR (a list per node cost more memory than the graph's own columns)
+    sptr = array("q", bytes(8 * (n + 1)))
+    for p in pred:
+        sptr[p + 1] += 1
     for i in range(n):
-        for e in range(g.ptr[i], g.ptr[i + 1]):
-            succ[g.pred[e]].append(i)
+        sptr[i + 1] += sptr[i]
+    fill = array("q", sptr)
+    succ = array("q", bytes(8 * len(pred)))
+    for i in range(n):
+        for e in range(ptr[i], ptr[i + 1]):
+            p = pred[e]
+            succ[fill[p]] = i
+            fill[p] += 1
+    del fill
     order = [i for i in range(n) if indeg[i] == 0]
     pos = 0
     while True:
         while pos < len(order):
             i = order[pos]
             pos += 1
-            for s in succ[i]:
+            for k in range(sptr[i], sptr[i + 1]):
+                s = succ[k]
                 indeg[s] -= 1
                 if indeg[s] == 0:
                     order.append(s)
