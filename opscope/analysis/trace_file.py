@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from opscope import units
 from opscope.analysis.annotations import ANNOTATION_KEY, Block, BlockError, embedded_lines, read_block
@@ -146,15 +147,22 @@ def analyze_trace_file(path: Path | Url, *, out: Path | None = None, peak_bw: fl
     stem = path.name.split(".")[0] or "trace"
     folder = out.parent if out is not None else base
     compressor: TraceCompressor | None = None
+    raw_copy: IO[bytes] | None = None
     try:
         if isinstance(path, Path) and path.is_file():
             # read twice, at once: gzipped into the run by the compressor, and decoded as it streams in
             compressor = TraceCompressor(path, folder)
             trace = load_trace(path, max_bytes=limit, on_events=on_events)
+        elif isinstance(path, Url):
+            # decoded as it streams in, its bytes kept as they come (the run's copy: not fetched twice)
+            raw_copy = tempfile.NamedTemporaryFile(prefix="opscope-url-", suffix=".trace")  # noqa: SIM115
+            trace = load_trace(path, max_bytes=limit, on_events=on_events, copy=raw_copy)
+            raw_copy.flush()
+            compressor = TraceCompressor(Path(raw_copy.name), folder)
         else:
-            # a pipe (and, for now, a URL) is read once: its bytes are gzipped into the run from memory
+            # a pipe is read once: its bytes are gzipped into the run from memory
             data = read_bytes(path, limit)
-            compressor = TraceCompressor(Path(path.shown) if isinstance(path, Url) else path, folder, data=data)
+            compressor = TraceCompressor(path, folder, data=data)
             trace = load_trace(path, data=data)
             del data  # the decoded tables replace it (the compressor keeps its own reference)
         for line in trace.warnings:
@@ -173,6 +181,8 @@ def analyze_trace_file(path: Path | Url, *, out: Path | None = None, peak_bw: fl
     finally:
         if compressor is not None:
             compressor.discard()
+        if raw_copy is not None:
+            raw_copy.close()  # removes it
 
 
 def _analyze_file(path: Path | Url, trace: TraceData, out: Path | None, base: Path, stem: str,

@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import IO, Any, cast
 
 import msgspec
 
-from opscope.errors import TraceError
+from opscope.errors import OutputError, TraceError
 from opscope.limits import MAX_TEXT_CHARS, bounded
 from opscope.sources import trace_frame_location as frame_location_of
 from opscope.table import Table, empty, nrows, take
@@ -293,13 +293,13 @@ class TraceBytes(bytearray):
         self.notes: list[str] = []
 
 
-def read_bytes(path: str | Path | Url, max_bytes: int | None = None) -> TraceBytes:
+def read_bytes(path: str | Path | Url, max_bytes: int | None = None, copy: IO[bytes] | None = None) -> TraceBytes:
     """The trace's JSON text, gunzipped when needed (by magic number, not by suffix). Reads the file
     once, in chunks (so pipes, /dev/stdin and URLs work: a URL is streamed, opscope.trace.location),
     rejects what is not JSON from its first bytes, and refuses a trace whose (decompressed) size passes
     `max_bytes`, a decompression bomb or a stream of padding before spending that memory."""
     buf = TraceBytes()
-    with trace_text(path, max_bytes) as (chunks, notes, _again):
+    with trace_text(path, max_bytes, copy) as (chunks, notes, _again):
         for chunk in chunks:
             buf += chunk
     buf.notes = notes
@@ -307,11 +307,13 @@ def read_bytes(path: str | Path | Url, max_bytes: int | None = None) -> TraceByt
 
 
 @contextmanager
-def trace_text(path: str | Path | Url, max_bytes: int | None = None
+def trace_text(path: str | Path | Url, max_bytes: int | None = None, copy: IO[bytes] | None = None
                ) -> Iterator[tuple[Iterator[bytes], list[str], bool]]:
     """The trace's text as it is read, chunk by chunk, with the checks of read_bytes (a TraceError when
     one fails); the notes on what reading left out (filled in as it goes); and whether the source can
-    be read again (a regular file, a URL; not a pipe)."""
+    be read again (a regular file, a URL; not a pipe). `copy`: a URL's bytes as read (gzipped or not)
+    are written there too, from its start each time the URL is read, so that the run keeps the trace
+    without fetching it twice."""
     limit = max_bytes if max_bytes is not None else max_trace_bytes(None)
     notes: list[str] = []
     if isinstance(path, Url):
@@ -319,7 +321,12 @@ def trace_text(path: str | Path | Url, max_bytes: int | None = None
         if kind == "directory":
             raise TraceError(f"{path.shown} is a directory, not a trace file")
         with open_url(path) as f:
-            yield _chunks(path.shown, f, limit, size, notes), notes, True
+            source: Any = f
+            if copy is not None:
+                copy.seek(0)
+                copy.truncate()
+                source = _Tee(f, copy)
+            yield _chunks(path.shown, source, limit, size, notes), notes, True
         return
     p = Path(path)
     try:
@@ -336,6 +343,22 @@ def trace_text(path: str | Path | Url, max_bytes: int | None = None
             yield _chunks(str(p), f, limit, st.st_size if regular else None, notes), notes, regular
     except OSError as exc:
         raise TraceError(f"cannot read {p}: {exc.strerror or exc}") from exc
+
+
+class _Tee:
+    """A stream whose bytes, as read, are also written to `copy`."""
+
+    def __init__(self, f: Any, copy: IO[bytes]) -> None:
+        self.f = f
+        self.copy = copy
+
+    def read(self, n: int = -1) -> bytes:
+        data: bytes = self.f.read(n)
+        try:
+            self.copy.write(data)
+        except OSError as exc:
+            raise OutputError(f"cannot keep a copy of the trace: {exc.strerror or exc}") from exc
+        return data
 
 
 def _chunks(shown: str, f: Any, limit: int, size: int | None, notes: list[str]) -> Iterator[bytes]:
@@ -478,7 +501,7 @@ def _gzip_chunks(p: str, head: bytes, f: Any, limit: int, notes: list[str]) -> I
 
 def load_trace(path: str | Path | Url, *, with_python: bool = True, data: bytes | bytearray | None = None,
                max_bytes: int | None = None, owned: bool = False,
-               on_events: Callable[[int], None] | None = None) -> TraceData:
+               on_events: Callable[[int], None] | None = None, copy: IO[bytes] | None = None) -> TraceData:
     """Reads a torch.profiler Chrome trace (or decodes `data`, its bytes already read; `owned`: nothing
     else reads them, so a repair may edit them in place rather than in a copy). Raises TraceError (one
     clear line) on anything unusable; skips and counts malformed events.
@@ -486,10 +509,10 @@ def load_trace(path: str | Path | Url, *, with_python: bool = True, data: bytes 
     A trace read from its file or URL is decoded as its text streams in, window by window
     (opscope.trace.json_stream), so its text is never held whole; `on_events(n)` hears the events
     decoded so far. Text that cannot be split as it streams (invalid JSON that needs repairs, a
-    truncated file) is read again, whole; a pipe is read whole."""
+    truncated file) is read again, whole; a pipe is read whole. `copy`: see trace_text."""
     shown = path.shown if isinstance(path, Url) else str(path)
     if data is None:
-        with trace_text(path, max_bytes) as (chunks, notes, again):
+        with trace_text(path, max_bytes, copy) as (chunks, notes, again):
             if again:
                 try:
                     with no_gc():
@@ -504,7 +527,7 @@ def load_trace(path: str | Path | Url, *, with_python: bool = True, data: bytes 
                     data += chunk
                 data.notes = notes
         if data is None:
-            data = read_bytes(path, max_bytes)
+            data = read_bytes(path, max_bytes, copy)
         owned = True
     notes = data.notes if isinstance(data, TraceBytes) else []
     with no_gc():

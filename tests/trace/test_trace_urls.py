@@ -52,6 +52,8 @@ def test_a_memory_url_gives_the_run_of_the_local_file(tmp_path, memory_url):
     assert remote.meta["target"] == f"memory://{root}/bert.json.gz"
     assert remote.summary == local.summary
     _same_run(tmp_path / "local", tmp_path / "remote")
+    # the run keeps the bytes as they were fetched (read once, not fetched again)
+    assert (tmp_path / "remote" / "trace.json.gz").read_bytes() == BERT.read_bytes()
 
 
 def test_an_uncompressed_trace_by_url(tmp_path, memory_url):
@@ -130,3 +132,13 @@ def test_a_folder_url_and_other_options_are_refused_in_one_line(memory_url):
         opscope.analyze(f"memory://{root}/job/rank0.json.gz", torch_trace=BERT)
     with pytest.raises(opscope.OpscopeError, match="not supported"):
         opscope.load(f"memory://{root}/job")
+
+
+def test_a_url_read_twice_keeps_one_copy(tmp_path, memory_url):
+    """Text that needs repairs is read again, whole: the run's copy of the trace is still the trace once."""
+    fs, root = memory_url
+    text = gzip.decompress(BERT.read_bytes()).replace(b'"dur": ', b'"dur": NaN, "x": ', 1)
+    fs.pipe(f"{root}/nan.json", text)
+    run = opscope.analyze(f"memory://{root}/nan.json", out=tmp_path / "run")
+    assert any("NaN" in w for w in run.warnings)
+    assert gzip.decompress((tmp_path / "run" / "trace.json.gz").read_bytes()) == text
