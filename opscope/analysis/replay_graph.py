@@ -25,6 +25,7 @@ import math
 import re
 from array import array
 from bisect import bisect_right
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from statistics import median
 
@@ -96,6 +97,48 @@ class StepGraph:
         return len(self.kind) - 1
 
 
+class _Edges:
+    """Predecessor edges as they are found, CSR by node (typed arrays: a list and a tuple per edge cost
+    more memory than the whole graph): each node's edges come right after it is added, except a host
+    wait's, found at the end (_waits) and merged in by into()."""
+
+    def __init__(self) -> None:
+        self.ptr = array("q", [0])
+        self.pred = array("q")
+        self.lag = array("d")
+        self.from_start = array("b")
+        self.later: dict[int, list[tuple[int, float, bool]]] = {}
+
+    def node(self, edges: Iterable[tuple[int, float, bool]]) -> None:
+        """The edges of the node just added."""
+        for p, lag, from_start in edges:
+            self.pred.append(p)
+            self.lag.append(lag)
+            self.from_start.append(from_start)
+        self.ptr.append(len(self.pred))
+
+    def node_waiting(self, node: int) -> None:
+        """The node just added (`node`) gets its edges later, in later[node]."""
+        self.node(())
+        self.later[node] = []
+
+    def into(self, g: StepGraph) -> None:
+        if not any(self.later.values()):
+            g.ptr, g.pred, g.lag, g.from_start = self.ptr, self.pred, self.lag, self.from_start
+            return
+        ptr, pred, lag, from_start = self.ptr, self.pred, self.lag, self.from_start
+        for i in range(len(ptr) - 1):
+            for e in range(ptr[i], ptr[i + 1]):
+                g.pred.append(pred[e])
+                g.lag.append(lag[e])
+                g.from_start.append(from_start[e])
+            for p, x, fs in self.later.get(i, ()):
+                g.pred.append(p)
+                g.lag.append(x)
+                g.from_start.append(fs)
+            g.ptr.append(len(g.pred))
+
+
 def cpu_lane(tid: object) -> str:
     return f"cpu:{tid}"
 
@@ -108,16 +151,11 @@ def build_graph(trace: TraceData, ev: Table) -> StepGraph:
     """The dependency graph of the whole trace (every profiled step and what ran around them). `ev` is
     build_events(trace)'s table; trace.kernels then carries its attribution columns."""
     g = StepGraph()
-    edges: list[list[tuple[int, float, bool]]] = []
+    edges = _Edges()
     launch_piece, sync_end = _cpu_lanes(trace, ev, g, edges)
     _gpu_lanes(trace, g, edges, launch_piece)
     _waits(trace, g, edges, sync_end)
-    for es in edges:
-        for p, lag, fs in es:
-            g.pred.append(p)
-            g.lag.append(lag)
-            g.from_start.append(fs)
-        g.ptr.append(len(g.pred))
+    edges.into(g)
     g.order = array("q", _topological(g))
     if nrows(trace.steps):
         for tid, ts, dur in zip(trace.steps["tid"], trace.steps["ts"], trace.steps["dur"], strict=True):
@@ -127,7 +165,7 @@ def build_graph(trace: TraceData, ev: Table) -> StepGraph:
 
 
 def _cpu_lanes(trace: TraceData, ev: Table, g: StepGraph,
-               edges: list[list[tuple[int, float, bool]]]) -> tuple[dict[int, int], dict[int, tuple[int, float, float]]]:
+               edges: _Edges) -> tuple[dict[int, int], dict[int, tuple[int, float, float]]]:
     """Cuts each thread's time into pieces. Returns {launch row: its first piece's node} and {sync launch
     row: (its wait-end node, piece start, piece end)}."""
     n_ev = nrows(ev)
@@ -152,7 +190,7 @@ def _cpu_lanes(trace: TraceData, ev: Table, g: StepGraph,
 class _Cutter:
     """Cuts one thread at a time into pieces, each owned by the innermost event holding it."""
 
-    def __init__(self, g: StepGraph, edges: list[list[tuple[int, float, bool]]], ev: Table, la: Table,
+    def __init__(self, g: StepGraph, edges: _Edges, ev: Table, la: Table,
                  launched: set[int]) -> None:
         self.g, self.edges, self.la, self.launched = g, edges, la, launched
         self.row_anc, self.names = ev["row_anc"], ev["name"]
@@ -207,7 +245,7 @@ class _Cutter:
         g.thread_starts[lane] = array("d", (g.start[x] for x in nodes))
 
     def _append(self, node: int, top: int) -> None:
-        self.edges.append([(self.prev, 0.0, False)] if self.prev >= 0 else [])
+        self.edges.node(((self.prev, 0.0, False),) if self.prev >= 0 else ())
         self.nodes.append(node)
         self.node_top.append(top)
         self.prev = node
@@ -238,7 +276,7 @@ class _Cutter:
                 g.waits.append(node)
                 self.nodes.append(node)
                 self.node_top.append(top)
-                self.edges.append([])  # filled in by _waits
+                self.edges.node_waiting(node)  # its edges: _waits
                 self.prev = node
             else:
                 node = g.add(CPU, lane, lname, cur, dur, owner=key)
@@ -249,7 +287,7 @@ class _Cutter:
         self.cur = end
 
 
-def _gpu_lanes(trace: TraceData, g: StepGraph, edges: list[list[tuple[int, float, bool]]],
+def _gpu_lanes(trace: TraceData, g: StepGraph, edges: _Edges,
                launch_piece: dict[int, int]) -> None:
     k = trace.kernels
     nk = nrows(k)
@@ -294,10 +332,10 @@ def _gpu_lanes(trace: TraceData, g: StepGraph, edges: list[list[tuple[int, float
             es.append((g.kernel_node[prev], ts[i] - a if stream_bound else min(ts[i] - a, gap_us), False))
         if node >= 0:
             es.append((node, ts[i] - b if not stream_bound else min(ts[i] - b, launch_us), True))
-        edges.append(es)
+        edges.node(es)
 
 
-def _waits(trace: TraceData, g: StepGraph, edges: list[list[tuple[int, float, bool]]],
+def _waits(trace: TraceData, g: StepGraph, edges: _Edges,
            sync_end: dict[int, tuple[int, float, float]]) -> None:
     """A host wait ends after the last kernel launched at or before it on each stream (correlation ids
     grow with each launch)."""
@@ -316,7 +354,7 @@ def _waits(trace: TraceData, g: StepGraph, edges: list[list[tuple[int, float, bo
             if at >= 0:
                 targets.append(nodes[at])
         waited = [t for t in targets if g.start[t] + g.dur[t] > start]
-        me = edges[node]
+        me = edges.later[node]
         pred_start = node - 1  # its WAIT_START node, added just before it
         if waited:
             latest = max(g.start[t] + g.dur[t] for t in waited)
