@@ -132,6 +132,29 @@ def interleaved(candidates: dict[str, Callable[[], Any]], repeats: int,
     return {n: summarize(s) for n, s in samples.items()}
 
 
+def batched(fn: Callable[[], Any], sync: Callable[[], None], sample_s: float) -> tuple[Callable[[], Any], int]:
+    """`fn` repeated enough times back to back that one sample lasts about `sample_s`, and that count
+    (a call of a few µs is below the timer's and the loop's own noise)."""
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    once = max(time.perf_counter() - t0, 1e-7)
+    k = max(1, min(1000, round(sample_s / once)))
+
+    def many() -> Any:
+        for _ in range(k):
+            out = fn()
+        return out
+
+    return many, k
+
+
+def per_call(t: Timing, k: int) -> Timing:
+    """A batched candidate's timing as one call's."""
+    return summarize([s / 1e3 / k for s in t.samples_ms])
+
+
 def _module(name: str) -> Any:
     """The kernel's op module (its composite, native op and bench arguments); importing it registers
     nothing."""
