@@ -9,7 +9,8 @@ norm's [B, T, 1] rsqrt, are part of that one's work), at most MAX_SHAPES of them
 For each: seeded random inputs, the original (the kernel's `native` aten op where the model ran that
 op, its eager `composite` where it ran a hand-written pattern) against the kernel, forward only,
 under no_grad, interleaved rounds of batched calls (opscope.kernels.bench), medians, within BUDGET_S per
-candidate. A candidate's `measured_speedup` is its rows' time over that time with each shape's speedup
+candidate, with the grain size tuned for the shape class (reference_kernels.tuning: cached, or tuned now
+within TUNE_BUDGET_S on first use). A candidate's `measured_speedup` is its rows' time over that time with each shape's speedup
 applied: > 1 it wins here, else it is "slower here" and never a suggestion.
 
 Where nothing can be timed (no C++ compiler, the CPU kernels not built yet, a GPU run) the candidate is
@@ -31,6 +32,7 @@ from opscope.kernels.catalog import row_shape
 from opscope.table import Table, nrows
 
 BUDGET_S = 0.3          # per candidate, all its shapes together
+TUNE_BUDGET_S = 0.2     # per candidate, tuning the grain of the shape classes met for the first time
 MAX_SHAPES = 3
 SAMPLE_S = 2e-3         # one timed sample: enough back-to-back calls to last this long
 MIN_ROUNDS, MAX_ROUNDS = 5, 60
@@ -130,9 +132,14 @@ def _measure_one(cand: dict[str, Any], ops: Table, steps: int, budget_s: float, 
     original = _original(cand, mod)
     import torch
 
+    from opscope.kernels.bench import ensure_tuned
+
+    manifest = next(m for m in reference_kernels.manifests() if m.name == cand["kernel"])
     orig_us = new_us = orig_step = new_step = 0.0
     for w in works:
         with torch.no_grad():
+            if timer is time_pair:  # an injected timer (tests) times nothing real
+                ensure_tuned(manifest, w.args, TUNE_BUDGET_S / len(works))  # this shape class's grain, once
             t_orig, t_new = timer(cand["kernel"], functools.partial(original, *w.args),
                                   functools.partial(kernel, *w.args), budget_s / len(works))
         ratio = t_orig.median_ms / t_new.median_ms if t_new.median_ms > 0 else math.nan

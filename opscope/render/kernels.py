@@ -56,3 +56,16 @@ def benchmark(doc: dict[str, Any], console: Console) -> None:
     if mach["gpu"] is None:
         console.print("no GPU here: the Triton and CUDA kernels are compiled and interpreter-checked, not timed",
                       markup=False)
+
+
+def tuning(doc: dict[str, Any], console: Console) -> None:
+    """`opscope kernels --tune`: per kernel and case, the shape class, the chosen grain and each candidate's time."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("kernel", "case", "dtype", "shape class", "grain", "candidates (ms per call)"):
+        table.add_column(col)
+    for r in doc["results"]:
+        cands = "  ".join(f"{g}: {ms:.4g}" for g, ms in r["candidates_ms"].items())
+        table.add_row(r["kernel"], r["case"], r["dtype"], r["shape_class"], str(r["grain_size"]), cands)
+    console.print(table)
+    console.print(f"machine: {doc['machine']}, {doc['threads']} threads; cached in {doc['cache']} "
+                  "(0: the kernel's built-in default)", markup=False, soft_wrap=True)

@@ -56,16 +56,82 @@ def test_tuning_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         m = next(m for m in reference_kernels.manifests() if m.name == "swiglu")
         args = (torch.randn(64, 256), torch.randn(64, 256))
         chosen = kb.tune(m, args, repeats=3)
-        assert chosen["grain_size"] in kb.ELEMENTWISE_GRAINS
-        assert set(chosen["candidates_ms"]) == {str(g) for g in kb.ELEMENTWISE_GRAINS}
+        space = m.tune["cpu"]["grain_size"]
+        assert chosen["grain_size"] in space and set(chosen["candidates_ms"]) == {str(g) for g in space}
         tuning.reset()
         assert tuning.knob("swiglu", "swiglu_forward", args, "grain_size") == chosen["grain_size"]
+        # one tuning serves the shape class (elements and last dim rounded up to powers of two)
+        near = (torch.randn(60, 250), torch.randn(60, 250))
+        assert tuning.key("swiglu", "swiglu_forward", near) == tuning.key("swiglu", "swiglu_forward", args)
         assert tuning.knob("swiglu", "swiglu_forward", (torch.randn(3, 3), torch.randn(3, 3)), "grain_size") == 0
         doc = json.loads((tmp_path / "kernels-tuning.json").read_text())
         assert doc["format"] == tuning.FORMAT and len(doc["entries"]) == 1
+        assert kb.ensure_tuned(m, near) == doc["entries"][tuning.key("swiglu", "swiglu_forward", args)]  # no re-tune
         torch.testing.assert_close(reference_kernels.swiglu(*args), torch.nn.functional.silu(args[0]) * args[1])
     finally:
         tuning.reset()
+
+
+def test_tuning_keys_hold_machine_shape_class_and_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    a = (torch.randn(64, 256), torch.randn(256))
+    k = tuning.key("bias_gelu", "bias_gelu_forward", a)
+    assert tuning.machine() in k and "|e14.l8;e8.l8|float32|cpu|" in k
+    assert tuning.key("bias_gelu", "bias_gelu_forward", tuple(t.double() for t in a)) != k  # dtype
+    assert tuning.key("bias_gelu", "bias_gelu_forward", (torch.randn(64, 512), torch.randn(512))) != k  # class
+    assert tuning.shape_class((torch.randn(4, 128, 1024), torch.randn(1024), "none")) == "e19.l10;e10.l10"
+    monkeypatch.setattr(tuning, "_machine", "another cpu x64 aarch64")
+    assert tuning.key("bias_gelu", "bias_gelu_forward", a) != k  # a cache copied from another machine finds nothing
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"format": 2, "entries": [1, 2]}',
+                                     '{"format": 2, "entries": {"k": {"grain_size": "big"}}}', '"just a string"'])
+def test_a_corrupt_tuning_cache_is_ignored_with_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       content: str) -> None:
+    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path))
+    (tmp_path / "kernels-tuning.json").write_text(content)
+    tuning.reset()
+    try:
+        args = (torch.randn(8, 8), torch.randn(8, 8))
+        assert tuning.knob("swiglu", "swiglu_forward", args, "grain_size") == 0
+        note = tuning.note()
+        assert note is not None and "corrupt" in note and "\n" not in note
+        tuning.store("swiglu", "swiglu_forward", args, {"grain_size": 4})  # the next store writes a fresh file
+        tuning.reset()
+        assert tuning.note() is None and tuning.knob("swiglu", "swiglu_forward", args, "grain_size") == 4
+    finally:
+        tuning.reset()
+
+
+def test_an_older_format_is_ignored_with_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path))
+    (tmp_path / "kernels-tuning.json").write_text('{"format": 1, "entries": {}}')
+    tuning.reset()
+    try:
+        assert "another format" in (tuning.note() or "")
+    finally:
+        tuning.reset()
+
+
+@pytest.mark.slow
+def test_cli_tune_a_shape_with_a_corrupt_cache(tmp_path: Path) -> None:
+    import os
+
+    (tmp_path / "kernels-tuning.json").write_text("\x00garbage")
+    env = {**os.environ, "OPSCOPE_CACHE_DIR": str(tmp_path)}
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "opscope", "kernels", "swiglu", "--tune", "--shape", "64x256",
+                           "--shape", "64x256", "--json"], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.count("corrupt") == 1
+    doc = json.loads(proc.stdout)
+    (r,) = doc["results"]
+    assert r["kernel"] == "swiglu" and r["shapes"] == [[64, 256], [64, 256]] and r["shape_class"] == "e14.l8;e14.l8"
+    assert r["key"] in json.loads((tmp_path / "kernels-tuning.json").read_text())["entries"]
+    bad = subprocess.run([sys.executable, "-m", "opscope", "kernels", "--tune", "--shape", "64x256"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 2 and "name it" in bad.stderr and "Traceback" not in bad.stderr
 
 
 @pytest.mark.slow
