@@ -93,10 +93,33 @@ class CaseResult:
     compile_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"kernel": self.kernel, "case": self.case, "dtype": self.dtype, "shapes": self.shapes,
+        return {"kernel": self.kernel, "case": self.case, **verdict(self.ratios, self.pct_bandwidth),
+                "dtype": self.dtype, "shapes": self.shapes,
                 "bytes": self.bytes, "gbps": self.gbps, "pct_bandwidth": self.pct_bandwidth, "ratios": self.ratios,
                 "grain": self.grain, "compile_s": self.compile_s,
                 "timings": {k: vars(v) for k, v in self.timings.items()}}
+
+
+def verdict(ratios: dict[str, float], pct_bandwidth: float | None) -> dict[str, Any]:
+    """A case's summary: `vs_aten` (the native aten op, else the eager composite that aten runs),
+    `vs_compile` (torch.compile of the composite; null when it was left out), `vs_best` (against the better
+    of the two), and whether the kernel is `suggested` there: only when it beats both (vs_best >= 1.0);
+    else `why` says which one wins and by how much. A ratio is other median / kernel median (> 1: kernel faster)."""
+    aten = ratios.get("vs_native", ratios.get("vs_eager"))
+    compile_ = ratios.get("vs_compiled")
+    known = [r for r in (aten, compile_) if r is not None]
+    best = min(known) if known else None
+    out: dict[str, Any] = {"vs_aten": aten, "vs_compile": compile_, "vs_best": best, "pct_bandwidth": pct_bandwidth,
+                           "suggested": best is not None and best >= 1.0, "why": None}
+    if best is None:
+        out["why"] = "nothing to compare with was timed"
+    elif best < 1.0:
+        winner = "torch.compile" if compile_ is not None and best == compile_ else "aten"
+        out["why"] = (f"{winner} is faster: the kernel runs at {best:.2f}x its speed"
+                      + (f" ({pct_bandwidth:.0f}% of the measured bandwidth)" if pct_bandwidth is not None else ""))
+    elif compile_ is None:
+        out["why"] = "compared with aten only (torch.compile left out)"
+    return out
 
 
 def _quantile(values: list[float], q: float) -> float:

@@ -47,6 +47,23 @@ def test_goal_checks_mark_met_and_missed() -> None:
     assert got == {"vs_eager >= 1.5": True, "vs_compiled >= 0.9": False, "% of bandwidth >= 70": True}
 
 
+def test_bench_verdict_is_against_the_better_of_aten_and_compile() -> None:
+    won = kb.verdict({"vs_native": 1.3, "vs_eager": 2.0, "vs_compiled": 1.1}, 75.0)
+    assert won == {"vs_aten": 1.3, "vs_compile": 1.1, "vs_best": 1.1, "pct_bandwidth": 75.0, "suggested": True,
+                   "why": None}
+    lost = kb.verdict({"vs_eager": 1.6, "vs_compiled": 0.81}, 40.0)  # no native op: aten runs the composite
+    assert lost["vs_aten"] == 1.6 and lost["vs_best"] == 0.81 and lost["suggested"] is False
+    assert lost["why"] == "torch.compile is faster: the kernel runs at 0.81x its speed (40% of the measured bandwidth)"
+    aten = kb.verdict({"vs_native": 0.69, "vs_eager": 0.9, "vs_compiled": 1.2}, None)
+    assert aten["suggested"] is False and aten["why"].startswith("aten is faster: the kernel runs at 0.69x")
+    t = kb.Timing(1.0, 1.0, 1.0)
+    r = kb.CaseResult("softmax", "c", "float32", [[2]], 8, {"kernel": t}, gbps=1.0, pct_bandwidth=None,
+                      ratios={"vs_native": 0.5}, grain=0)
+    doc = r.to_json()
+    assert [k for k in doc][:8] == ["kernel", "case", "vs_aten", "vs_compile", "vs_best", "pct_bandwidth",
+                                    "suggested", "why"]
+
+
 def test_tuning_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import reference_kernels
 
@@ -151,6 +168,10 @@ def test_cli_bench_quick_writes_consistent_results(tmp_path: Path) -> None:
     assert r["bytes"] == (256 * 256 * 2 + 256) * 4  # x read + y written, weight read, scale 1/16
     for cand in t.values():
         assert cand["p20_ms"] <= cand["median_ms"] <= cand["p80_ms"]
+    # the case's verdict: torch.compile left out (--quick), so vs_best is vs aten (the native F.rms_norm)
+    assert r["vs_aten"] == r["ratios"]["vs_native"] and r["vs_compile"] is None and r["vs_best"] == r["vs_aten"]
+    assert r["suggested"] is (r["vs_best"] >= 1.0) and (r["suggested"] or r["why"])
+    assert "suggested:" in proc.stdout
     rows = list(csv.DictReader((out / "kernels-bench.csv").open()))
     assert {row["candidate"] for row in rows} == {"kernel", "native", "eager"}
     assert all(row["torch"] == torch.__version__ for row in rows)
