@@ -127,3 +127,28 @@ def test_profile_lists_only_measured_winners(tmp_path, example):
     _check_run(tmp_path / "run", proc.stdout)
     cands = json.loads((tmp_path / "run" / "summary.json").read_text())["swap_candidates"]
     assert all(c["verdict"] != "not measured here" for c in cands)  # built here: every one was timed
+
+
+def test_renderers_list_losers_apart(found):
+    """The console's suggestions carry the measured speedup; the slower and the unmeasured come after,
+    apart; the HTML report's table orders them the same way and says why."""
+    from rich.console import Console
+
+    from opscope.render.console import swap_candidates as console_candidates
+    from opscope.render.report_data import candidate_table
+    from opscope.run.model import Run
+
+    cands = _measure(found, {"bias_gelu": 0.5, "broadcast_add": 2.0})
+    cands.append(incontext.not_measured([{"kernel": "softmax", "rows": [2]}], "no C++ compiler here")[0])
+    ops = {**OPS, "time_us_total": [50.0, 30.0, 20.0]}
+    run = Run(meta={}, ops=ops, findings=[], summary={"swap_candidates": cands})
+    console = Console(width=200, record=True)
+    console.print(console_candidates(run))
+    text = console.export_text()
+    suggestions, rest = text.split("Slower here (not suggested): ")
+    assert "→ bias_gelu 2.00x" in suggestions and "broadcast_add" not in suggestions
+    assert rest.startswith("broadcast_add 0.50x") and "Not measured here: softmax (no C++ compiler here)" in rest
+    columns, rows = candidate_table(run)
+    assert [r[:3] for r in rows] == [["bias_gelu", "faster", "2.00x"], ["broadcast_add", "slower here", "0.50x"],
+                                     ["softmax", "not measured here", "—"]]
+    assert rows[1][columns.index("why")].startswith("the kernel took 2.00x the time")
