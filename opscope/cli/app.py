@@ -496,8 +496,13 @@ def calibrate(
 def kernels(
     name: str | None = typer.Argument(None, help="With --bench: only this kernel."),
     bench: bool = typer.Option(False, "--bench", help="Time the kernels against aten, eager and torch.compile."),
-    tune: bool = typer.Option(False, "--tune", help="With --bench: pick each CPU kernel's grain size by "
-                                                     "measurement first and cache it."),
+    tune: bool = typer.Option(False, "--tune", help="Pick each CPU kernel's grain size by measurement over its "
+                                                     "manifest's search space, per shape class, and cache it "
+                                                     "(with --bench: before timing each case)."),
+    shape: list[str] = typer.Option([], "--shape", help="With --tune and NAME: a tensor argument's shape "
+                                                       "(4096x4096), repeated in signature order; default: the "
+                                                       "manifest's cases."),
+    dtype: str = typer.Option("float32", "--dtype", help="With --tune --shape: the inputs' dtype."),
     repeats: int = typer.Option(15, "--repeats", min=3, help="Interleaved timed rounds per case."),
     quick: bool = typer.Option(False, "--quick", help="Shapes scaled down 16x per dim, no torch.compile (a smoke run)."),
     no_compile: bool = typer.Option(False, "--no-compile", help="Leave torch.compile out of the comparison."),
@@ -517,6 +522,20 @@ def kernels(
 
     if name is not None:
         ks.find(name)
+    if shape and not (tune and not bench):
+        raise OpscopeError("--shape goes with --tune (without --bench): opscope kernels NAME --tune --shape 4096x4096")
+    if tune and not bench:
+        from opscope.kernels import bench as kb
+        from opscope.render.kernels import tuning
+
+        doc = kb.tune_run([name] if name else [], shape, dtype, progress=lambda m: _warn(m))
+        if doc["note"]:
+            _warn(f"note: {doc['note']}")
+        if json_out:
+            sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+        else:
+            tuning(doc, _console())
+        return
     if not bench:
         doc = ks.listing()
         if json_out:
@@ -529,7 +548,10 @@ def kernels(
     import datetime as dt
 
     from opscope.kernels import bench as kb
+    from reference_kernels import tuning as kt
 
+    if kt.note():
+        _warn(f"note: {kt.note()}")
     result = kb.run([name] if name else [], repeats=repeats, peak_gbps=peak_bw, compiled=not (quick or no_compile),
                     scale=scale if scale is not None else (1 / 16 if quick else 1.0), do_tune=tune, progress=lambda m: _warn(m),
                     device="cuda" if device == Device.cuda else "cpu")
