@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import time
 import traceback
 from enum import Enum
 from pathlib import Path
@@ -120,6 +121,50 @@ class _WarnOnly(Progress):
 
     def warn(self, message: str) -> None:
         _warn(message)
+
+
+class _EventsProgress(Progress):
+    """analyze's progress on stderr, on a terminal only: the events decoded so far and their rate
+    (a trace of millions of events takes a while), redrawn at most 5 times a second."""
+
+    def __init__(self, console: Console) -> None:
+        from rich.progress import Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
+        from rich.text import Text
+
+        class _Rate(ProgressColumn):
+            def render(self, task: Task) -> Text:
+                speed = task.speed
+                return Text(f"{speed:,.0f} /s" if speed else "")
+
+        self.bar = Progress(TextColumn("[bold]{task.description}"), TextColumn("{task.completed:,.0f}"), _Rate(),
+                            TimeElapsedColumn(), console=console, auto_refresh=False, transient=True)
+        self.task: TaskID | None = None
+        self.shown = console.is_terminal
+        self.drawn = 0.0
+
+    def __enter__(self) -> _EventsProgress:
+        if self.shown:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.shown:
+            self.bar.stop()
+
+    def phase(self, name: str, total: int | None = None) -> None:
+        self.task = self.bar.add_task(name, total=total)
+
+    def advance(self, n: int = 1) -> None:
+        if self.task is None:
+            return
+        self.bar.advance(self.task, n)
+        now = time.monotonic()
+        if self.shown and now - self.drawn > 0.2:
+            self.drawn = now
+            self.bar.refresh()
+
+    def warn(self, message: str) -> None:
+        _warn(message, self.bar.console if self.shown else None)
 
 
 class _RichProgress(Progress):
@@ -295,9 +340,10 @@ def _profile_repeated(repeat: int, out: Path | None, json_out: bool, options: di
 
 @app.command()
 def analyze(
-    trace: Path = typer.Argument(..., parser=_user_path, help="torch.profiler Chrome trace (.json or .json.gz), an Nsight file "
-                                 "(.nsys-rep / nsys SQLite export, .ncu-rep / ncu CSV), or a folder of per-rank "
-                                 "traces or run directories to merge."),
+    trace: str = typer.Argument(..., help="torch.profiler Chrome trace (.json or .json.gz), an Nsight file "
+                                "(.nsys-rep / nsys SQLite export, .ncu-rep / ncu CSV), or a folder of per-rank "
+                                "traces or run directories to merge; a trace may be a URL (s3://, gs://, https://, "
+                                "file://; needs fsspec)."),
     out: Path | None = OUT,
     json_out: bool = JSON_OUT,
     peak_bw: float | None = PEAK_BW,
@@ -328,9 +374,10 @@ def analyze(
     _state["debug"] = debug
     from opscope.api import analyze as analyze_trace
 
-    run = analyze_trace(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []), max_trace_gb=max_trace_gb,
-                        capture=capture, nsys=nsys, ncu=ncu, torch_trace=torch_trace, inductor_cache=inductor_cache,
-                        progress=_WarnOnly())
+    with _EventsProgress(stderr) as progress:
+        run = analyze_trace(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
+                            max_trace_gb=max_trace_gb, capture=capture, nsys=nsys, ncu=ncu, torch_trace=torch_trace,
+                            inductor_cache=inductor_cache, progress=progress)
     _emit(run.analyzed, json_out, top)  # as analyzed (its events), not as read back
 
 
@@ -491,8 +538,13 @@ def calibrate(
 def kernels(
     name: str | None = typer.Argument(None, help="With --bench: only this kernel."),
     bench: bool = typer.Option(False, "--bench", help="Time the kernels against aten, eager and torch.compile."),
-    tune: bool = typer.Option(False, "--tune", help="With --bench: pick each CPU kernel's grain size by "
-                                                     "measurement first and cache it."),
+    tune: bool = typer.Option(False, "--tune", help="Pick each CPU kernel's grain size by measurement over its "
+                                                     "manifest's search space, per shape class, and cache it "
+                                                     "(with --bench: before timing each case)."),
+    shape: list[str] = typer.Option([], "--shape", help="With --tune and NAME: a tensor argument's shape "
+                                                       "(4096x4096), repeated in signature order; default: the "
+                                                       "manifest's cases."),
+    dtype: str = typer.Option("float32", "--dtype", help="With --tune --shape: the inputs' dtype."),
     repeats: int = typer.Option(15, "--repeats", min=3, help="Interleaved timed rounds per case."),
     quick: bool = typer.Option(False, "--quick", help="Shapes scaled down 16x per dim, no torch.compile (a smoke run)."),
     no_compile: bool = typer.Option(False, "--no-compile", help="Leave torch.compile out of the comparison."),
@@ -512,6 +564,20 @@ def kernels(
 
     if name is not None:
         ks.find(name)
+    if shape and not (tune and not bench):
+        raise OpscopeError("--shape goes with --tune (without --bench): opscope kernels NAME --tune --shape 4096x4096")
+    if tune and not bench:
+        from opscope.kernels import bench as kb
+        from opscope.render.kernels import tuning
+
+        doc = kb.tune_run([name] if name else [], shape, dtype, progress=lambda m: _warn(m))
+        if doc["note"]:
+            _warn(f"note: {doc['note']}")
+        if json_out:
+            sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+        else:
+            tuning(doc, _console())
+        return
     if not bench:
         doc = ks.listing()
         if json_out:
@@ -524,7 +590,10 @@ def kernels(
     import datetime as dt
 
     from opscope.kernels import bench as kb
+    from reference_kernels import tuning as kt
 
+    if kt.note():
+        _warn(f"note: {kt.note()}")
     result = kb.run([name] if name else [], repeats=repeats, peak_gbps=peak_bw, compiled=not (quick or no_compile),
                     scale=scale if scale is not None else (1 / 16 if quick else 1.0), do_tune=tune, progress=lambda m: _warn(m),
                     device="cuda" if device == Device.cuda else "cpu")
