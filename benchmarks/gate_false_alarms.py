@@ -111,7 +111,8 @@ def main() -> None:
     rng = random.Random(29)
 
     def groups(runs: list[Path]) -> list[GateResult]:
-        return [opscope.gate(rng.sample(runs, GROUP), "base", dir=work / "baselines") for _ in range(len(runs))]
+        size = min(GROUP, len(runs))  # a smaller --runs: groups of all of them
+        return [opscope.gate(rng.sample(runs, size), "base", dir=work / "baselines") for _ in range(len(runs))]
 
     grouped_same, grouped_slow = groups(quiet + loaded), groups(slow)
 
