@@ -41,11 +41,18 @@ def main() -> None:
             vals = [run["results"][j]["ratios"][key] for run in runs]
             row[key] = [round(statistics.median(vals), 3), round(min(vals), 3), round(max(vals), 3)]
         row["kernel_ms"] = [round(statistics.median(run["results"][j]["timings"]["kernel"]["median_ms"] for run in runs), 3)]
-        summary.append(row)
+        # the verdict of the median run's ratios (opscope kernels --bench --json carries the same keys per run)
+        ratios = {k: row[k][0] for k in r["ratios"]}
+        pct = row["pct_bandwidth"][0] if "pct_bandwidth" in row else None
+        summary.append({"kernel": r["kernel"], "case": r["case"], **kb.verdict(ratios, pct),
+                        **{k: v for k, v in row.items() if k not in ("kernel", "case", "pct_bandwidth")},
+                        "pct_bandwidth_range": row.get("pct_bandwidth")})
     (args.out / "summary.json").write_text(json.dumps({"machine": runs[0]["machine"], "runs": args.runs,
                                                        "rows": summary}, indent=1) + "\n")
     for row in summary:
-        print(json.dumps(row))
+        print(json.dumps({k: row[k] for k in ("kernel", "case", "vs_aten", "vs_compile", "vs_best", "pct_bandwidth",
+                                              "suggested", "why")}))
+    print(f"suggested: {sum(r['suggested'] for r in summary)} of {len(summary)} cases")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@
 
     opscope.analyze("trace.json.gz"), opscope.load("reports/x-..."), opscope.compare(a, b),
     opscope.swap("model.py", kernels=["rms_norm"])
+    opscope.baseline_save(["runs/run-1", "runs/run-2"], "main"), opscope.gate(["pr/run-1"], "main")
 
 `import opscope` is cheap: the names below are imported on first use (torch only by the functions that
 run a model). See docs/guide/python-api.md.
@@ -33,8 +34,10 @@ if TYPE_CHECKING:
         Run,
         Session,
         analyze,
+        baseline_save,
         compare,
         explain_op,
+        gate,
         load,
         profile,
         profile_file,
@@ -53,8 +56,10 @@ __all__ = [
     "Session",
     "__version__",
     "analyze",
+    "baseline_save",
     "compare",
     "explain_op",
+    "gate",
     "load",
     "profile",
     "profile_file",

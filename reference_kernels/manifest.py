@@ -14,6 +14,9 @@ Schema (every key required unless marked optional):
     backends   = ["cpu", "triton", "cuda"]        # implementations in this folder
     knobs      = ["grain_size"]                   # optional: tunable parameters (see reference_kernels.tuning)
 
+    [tune.cpu]                                   # optional: per backend, each knob's search space
+    grain_size = [1, 4, 16, 64]                  # (`opscope kernels --tune` measures every value per shape class)
+
     [tolerance.float32]                          # one table per dtype in `dtypes`: allowed error against
     rtol = 1e-5                                  # a float64 reference of the same math
     atol = 1e-6
@@ -98,6 +101,8 @@ class KernelManifest:
     replaces: tuple[Replacement, ...]
     bench: tuple[BenchCase, ...]
     knobs: tuple[str, ...] = ()
+    # backend -> knob -> the values `opscope kernels --tune` tries (only backends whose kernels take them)
+    tune: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)
     folder: Path = PACKAGE_DIR
 
     @property
@@ -109,6 +114,7 @@ class KernelManifest:
             "name": self.name, "op": self.op, "summary": self.summary, "signature": self.signature,
             "category": self.category, "dtypes": list(self.dtypes), "backends": list(self.backends),
             "knobs": list(self.knobs),
+            "tune": {b: {k: list(v) for k, v in knobs.items()} for b, knobs in self.tune.items()},
             "tolerance": {k: {"rtol": v.rtol, "atol": v.atol} for k, v in self.tolerance.items()},
             "replaces": [{"kind": r.kind, "target": r.target, "call": dict(r.call), "when": list(r.when),
                           "ops": list(r.ops), "note": r.note} for r in self.replaces],
@@ -190,10 +196,33 @@ def parse_manifest(doc: dict[str, Any], where: str, folder: Path = PACKAGE_DIR) 
     knobs = doc.get("knobs", [])
     if not isinstance(knobs, list) or not all(isinstance(k, str) for k in knobs):
         raise ManifestError(f"{where}: knobs must be a list of names")
+    tune = _tune(doc.get("tune", {}), tuple(knobs), backends, where)
     return KernelManifest(name=name, summary=_need(doc, "summary", str, where),
                           signature=_need(doc, "signature", str, where), category=category, dtypes=dtypes,
                           backends=backends, tolerance=tolerance, replaces=tuple(replaces),
-                          bench=tuple(bench), knobs=tuple(knobs), folder=folder)
+                          bench=tuple(bench), knobs=tuple(knobs), tune=tune, folder=folder)
+
+
+def _tune(doc: Any, knobs: tuple[str, ...], backends: tuple[str, ...], where: str) -> dict[str, dict[str, tuple[int, ...]]]:
+    """[tune.<backend>] tables: each a declared knob -> a non-empty list of distinct non-negative ints."""
+    if not isinstance(doc, dict):
+        raise ManifestError(f"{where}: [tune] must be a table of backends")
+    out: dict[str, dict[str, tuple[int, ...]]] = {}
+    for backend, table in doc.items():
+        at = f"{where} [tune.{backend}]"
+        if backend not in backends:
+            raise ManifestError(f"{at}: {backend!r} is not among the kernel's backends {list(backends)}")
+        if not isinstance(table, dict) or not table:
+            raise ManifestError(f"{at}: must be a table of knob = [values]")
+        out[backend] = {}
+        for knob, values in table.items():
+            if knob not in knobs:
+                raise ManifestError(f"{at}: {knob!r} is not among the kernel's knobs {list(knobs)}")
+            if not isinstance(values, list) or not values or len(set(values)) != len(values) or not all(
+                    isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+                raise ManifestError(f"{at}: {knob} must be a non-empty list of distinct non-negative ints, got {values!r}")
+            out[backend][knob] = tuple(values)
+    return out
 
 
 def load_manifest(folder: Path) -> KernelManifest:

@@ -1,66 +1,142 @@
-"""The tuning cache: the best value of a kernel's knobs per (kernel, function, shapes, dtype, device,
-threads), measured by `opscope kernels --bench --tune` (see opscope/kernels_bench.py) and stored on disk.
+"""The tuning cache: the best value of a kernel's knobs per (machine, kernel, function, shape class,
+dtype, device, threads), measured by `opscope kernels --tune` (or on first use within a time budget by
+`opscope profile` and `--bench`, see opscope/kernels/bench.py) over the search space the kernel's
+manifest declares (`[tune.cpu]`), and stored on disk beside opscope's CPU calibration.
 
 Knobs: `grain_size` of the CPU kernels (elements or rows per at::parallel_for task: too small and the
 tasks' overhead shows, too large and a thread idles at the end). 0 means "the kernel's built-in
 default". Lookups happen on every call, so they only read an in-memory dict loaded once per process.
 
-File: $OPSCOPE_CACHE_DIR/kernels-tuning.json, else ~/.cache/opscope/kernels-tuning.json:
-    {"format": 1, "entries": {"<key>": {"grain_size": 65536, "candidates": {...}, "measured": "..."}}}
+Keys. The machine: the CPU model, its logical CPUs and the architecture (a cache copied to another
+machine finds nothing of its own). The shape class: per tensor argument, its element count and its
+last dim, each rounded up to a power of two (what the grain acts on: how many tasks there are, how long
+a row is), so one tuning serves the nearby shapes a model runs, not only the benchmark's exact one.
+
+File: $OPSCOPE_CACHE_DIR/kernels-tuning.json, else the platform's user cache dir for "opscope" (where
+the calibration is cached):
+    {"format": 2, "entries": {"<key>": {"grain_size": 65536, "candidates_ms": {...}, "measured": "..."}}}
+A file that cannot be read as such (corrupt, truncated, another format) is ignored: no knob is tuned,
+`note()` says so in one line, and the next store writes a fresh file.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 from pathlib import Path
 from typing import Any
 
-FORMAT = 1
+FORMAT = 2
 _entries: dict[str, dict[str, Any]] | None = None
+_note: str | None = None
+_machine: str | None = None
 
 
 def cache_path() -> Path:
     base = os.environ.get("OPSCOPE_CACHE_DIR")
-    root = Path(base).expanduser() if base else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "opscope"
+    if base:
+        return Path(base).expanduser() / "kernels-tuning.json"
+    try:
+        import platformdirs
+
+        root = Path(platformdirs.user_cache_dir("opscope"))
+    except ImportError:  # reference_kernels installed without opscope
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "opscope"
     return root / "kernels-tuning.json"
+
+
+def machine() -> str:
+    """This machine's identity in the keys: CPU model, logical CPUs, architecture."""
+    global _machine
+    if _machine is None:
+        model = platform.processor() or ""
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+        _machine = f"{model or 'unknown cpu'} x{os.cpu_count() or 0} {platform.machine()}".replace("|", "/")
+    return _machine
+
+
+def _pow2(n: int) -> int:
+    """The exponent of the smallest power of two >= n (0 for n <= 1)."""
+    return max(int(n) - 1, 0).bit_length()
+
+
+def shape_class(args: tuple[Any, ...]) -> str:
+    """The tensors' shapes as the grain sees them: `e<log2 elements>.l<log2 last dim>` per tensor."""
+    import torch
+
+    return ";".join(f"e{_pow2(a.numel())}.l{_pow2(a.shape[-1] if a.dim() else 1)}"
+                    for a in args if isinstance(a, torch.Tensor))
 
 
 def key(kernel: str, fn: str, args: tuple[Any, ...]) -> str:
     import torch
 
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    shapes = ";".join("x".join(map(str, t.shape)) for t in tensors)
     dtype = str(tensors[0].dtype).removeprefix("torch.") if tensors else "-"
     device = tensors[0].device.type if tensors else "cpu"
-    return f"{kernel}|{fn}|{shapes}|{dtype}|{device}|t{torch.get_num_threads()}"
+    return f"{machine()}|{kernel}|{fn}|{shape_class(args)}|{dtype}|{device}|t{torch.get_num_threads()}"
+
+
+def _read(path: Path) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """The file's entries and, when it was ignored, why (one line)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}, None
+    except OSError as exc:
+        return {}, f"the kernel tuning cache {path} cannot be read ({exc.strerror or exc}); ignored, knobs untuned"
+    try:
+        doc = json.loads(text)
+        entries = doc["entries"] if doc.get("format") == FORMAT else None
+        if entries is None:
+            return {}, (f"the kernel tuning cache {path} is of another format ({doc.get('format')!r}, not {FORMAT}); "
+                        "ignored, knobs untuned until re-tuned")
+        if not isinstance(entries, dict) or not all(isinstance(v, dict) and isinstance(v.get("grain_size", 0), int)
+                                                    for v in entries.values()):
+            raise TypeError("entries")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {}, f"the kernel tuning cache {path} is corrupt; ignored, knobs untuned until re-tuned"
+    return entries, None
 
 
 def _load() -> dict[str, dict[str, Any]]:
-    global _entries
+    global _entries, _note
     if _entries is None:
-        try:
-            doc = json.loads(cache_path().read_text())
-            _entries = doc["entries"] if doc.get("format") == FORMAT else {}
-        except (OSError, ValueError, KeyError, TypeError):
-            _entries = {}
+        _entries, _note = _read(cache_path())
     return _entries
 
 
-def knob(kernel: str, fn: str, args: tuple[Any, ...], name: str) -> int:
+def note() -> str | None:
+    """Why the cache file was ignored (corrupt, unreadable, another format), else None."""
+    _load()
+    return _note
+
+
+def lookup(kernel: str, fn: str, args: tuple[Any, ...]) -> dict[str, Any] | None:
+    """The cached entry for these arguments' class, or None when they were never tuned here."""
     entries = _load()
-    if not entries:
-        return 0
-    return int(entries.get(key(kernel, fn, args), {}).get(name, 0))
+    return entries.get(key(kernel, fn, args)) if entries else None
+
+
+def knob(kernel: str, fn: str, args: tuple[Any, ...], name: str) -> int:
+    entry = lookup(kernel, fn, args)
+    return int(entry.get(name, 0)) if entry else 0
 
 
 def store(kernel: str, fn: str, args: tuple[Any, ...], values: dict[str, Any]) -> Path:
-    """Record the chosen knob values (and whatever evidence is in `values`) for these arguments."""
+    """Record the chosen knob values (and whatever evidence is in `values`) for these arguments' class."""
     entries = _load()
     entries[key(kernel, fn, args)] = values
     path = cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps({"format": FORMAT, "entries": entries}, indent=1, sort_keys=True))
     tmp.replace(path)
     return path
@@ -68,5 +144,5 @@ def store(kernel: str, fn: str, args: tuple[Any, ...], values: dict[str, Any]) -
 
 def reset() -> None:
     """Forget the in-memory copy (the next lookup rereads the file)."""
-    global _entries
-    _entries = None
+    global _entries, _note
+    _entries, _note = None, None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ from opscope.analysis.gpu_timeline import clip, gpu_summary, step_windows
 from opscope.analysis.memory import MemoryProfile, add_memory_columns, memory_profile
 from opscope.analysis.modules import finding_modules, module_table
 from opscope.analysis.ops_table import BOUNDS, JSON_TEXT_COLUMNS, build_ops_table, event_costs
-from opscope.analysis.timeline import build_timeline
+from opscope.analysis.timeline import build_timeline, row_step_times
 from opscope.analysis.whatif import run_whatif
 from opscope.findings import Context, run_rules
 from opscope.findings.base import DtypeProbe, LayoutProbe
@@ -33,6 +33,11 @@ from opscope.trace.torch_trace import TorchTraceLog, read_torch_trace
 
 # A trace recorded elsewhere says nothing about what else ran on its machine.
 TRACE_NOISE_REASON = "a trace recorded elsewhere: other processes' CPU use on its machine is not known"
+# ... nor how a bundled kernel would do there: only profile times the candidates (opscope.kernels.incontext)
+TRACE_KERNELS_REASON = "a trace analyzed, not profiled here: the kernels were not timed on its shapes"
+
+# profile's in-context timing of the swap candidates: (candidates, ops table, steps) -> the candidates measured
+KernelTimer = Callable[[list[dict[str, Any]], Table, int], list[dict[str, Any]]]
 
 
 def analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str,
@@ -40,27 +45,30 @@ def analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str
             layout_probe: LayoutProbe | None = None, dtype_probe: DtypeProbe | None = None,
             module_classes: dict[str, str] | None = None, memory: MemoryProfile | None = None,
             noise: dict[str, Any] | None = None, step_us: list[float] | None = None,
-            torch_trace: Path | None = None, inductor_cache: Path | None = None) -> Run:
+            torch_trace: Path | None = None, inductor_cache: Path | None = None,
+            kernel_timer: KernelTimer | None = None) -> Run:
     """`module_classes`: qualified module name -> class for every module of the model (profile), so
     modules.csv can name modules that issued no op of their own. `memory`: profile's untimed memory
     pass; without it, the trace's own memory events (if it has any) are read. `noise`:
     opscope.machine.noise.assess() of the timed pass (profile), else "unknown"; `step_us`: each step's measured
     wall time (profile), else the ProfilerStep annotations' durations are used. `torch_trace`: the
     compiled model's TORCH_TRACE log (opscope.trace.torch_trace); `inductor_cache`: inductor's cache
-    directory of the recording machine (its generated kernels), both for compiled code (analysis.compiled)."""
+    directory of the recording machine (its generated kernels), both for compiled code (analysis.compiled).
+    `kernel_timer`: profile's in-context timing of the swap candidates (opscope.kernels.incontext.measure);
+    without it every candidate is "not measured here"."""
     log = read_torch_trace(torch_trace) if torch_trace is not None else None
     with no_gc():
         return _analyze(trace, peaks=peaks, meta=meta, source=source, source_override=source_override,
                         layout_probe=layout_probe, dtype_probe=dtype_probe, module_classes=module_classes,
                         memory=memory, noise=noise or unknown(TRACE_NOISE_REASON), step_us=step_us,
-                        log=log, inductor_cache=inductor_cache)
+                        log=log, inductor_cache=inductor_cache, kernel_timer=kernel_timer)
 
 
 def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str,
              source_override: SourceOverride | None, layout_probe: LayoutProbe | None,
              dtype_probe: DtypeProbe | None, module_classes: dict[str, str] | None,
              memory: MemoryProfile | None, noise: dict[str, Any], step_us: list[float] | None,
-             log: TorchTraceLog | None, inductor_cache: Path | None) -> Run:
+             log: TorchTraceLog | None, inductor_cache: Path | None, kernel_timer: KernelTimer | None) -> Run:
     ev, classes, renamed = prepare_events(trace, source_override, module_classes, log, inductor_cache)
     gpu = trace.has_gpu
     if renamed:
@@ -75,17 +83,24 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
     ops = add_memory_columns(ops, memory)
     steps, step_time_us = step_stats(trace, ev)
     busy = device_busy_share(trace, steps, step_time_us) if gpu else None
+    candidates = measured_candidates(ops, steps, kernel_timer)
     timeline = gpu_summary(trace, ev, steps=steps, step_time_us=step_time_us) if gpu else None
     ctx = Context(ops=ops, events=ev, peaks=peaks, gpu=gpu, source=source, steps=steps,
                   step_time_us=step_time_us, device_busy_share=busy, meta=meta, layout_probe=layout_probe,
-                  gpu_timeline=timeline, dtype_probe=dtype_probe, memory=memory, noise=noise, compile_log=log)
+                  gpu_timeline=timeline, dtype_probe=dtype_probe, memory=memory, noise=noise, compile_log=log,
+                  kernel_speedups={c["kernel"]: c.get("measured_speedup") for c in candidates})
     findings = run_rules(ctx)
     finding_modules(findings, ops)
     whatif, whatif_file = run_whatif(trace, ev, findings, peaks=peaks, gpu=gpu, step_time_us=step_time_us)
+    measured_steps = step_us is not None  # a profile timed each step itself: kept as samples (opscope gate)
     if step_us is None:
         step_us = list(trace.steps["dur"]) if nrows(trace.steps) else [step_time_us]
     summary = summarize(ops, steps=steps, step_time_us=step_time_us, n_findings=len(findings), busy=busy,
-                        step_us=step_us, noise=noise, gpu_keys=timeline, compile_log=ctx.compile_log)
+                        step_us=step_us, noise=noise, gpu_keys=timeline, compile_log=ctx.compile_log,
+                        candidates=candidates)
+    if measured_steps:
+        summary["step_times_us"] = [float(t) for t in step_us[:MAX_STEP_SAMPLES]]
+        summary["op_step_times_us"] = row_step_times(trace, ev, ops)
     if memory is not None:
         summary["memory"] = memory.summary
     summary["step_source"] = "annotations" if nrows(trace.steps) else "whole trace"
@@ -111,6 +126,10 @@ def prepare_events(trace: TraceData, source_override: SourceOverride | None, mod
         renamed = True
     place_compiled(ev, log, inductor_cache=inductor_cache, module_classes=classes, gpu=trace.has_gpu)
     return ev, classes, renamed
+
+
+# The most per-step wall times summary.json keeps (step_times_us): samples for opscope gate, bounded in size.
+MAX_STEP_SAMPLES = 1000
 
 
 def step_stats(trace: TraceData, ev: Table) -> tuple[int, float]:
@@ -168,10 +187,12 @@ def union_length(start: Sequence[float], end: Sequence[float]) -> float:
 
 def summarize(ops: Table, *, steps: int, step_time_us: float, n_findings: int,
               busy: float | None, step_us: list[float] | None = None, noise: dict[str, Any] | None = None,
-              gpu_keys: dict[str, Any] | None = None, compile_log: TorchTraceLog | None = None) -> dict[str, Any]:
+              gpu_keys: dict[str, Any] | None = None, compile_log: TorchTraceLog | None = None,
+              candidates: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """summary.json from the ops table. `step_us`: each step's wall time (default: one step of `step_time_us`); `noise`:
     opscope.machine.noise.assess() of the timed pass (default: unknown, as for a file recorded elsewhere);
-    `compile_log`: a compiled model's TORCH_TRACE log, whose compile times become "compile"."""
+    `compile_log`: a compiled model's TORCH_TRACE log, whose compile times become "compile"; `candidates`: the
+    swap candidates (default: those of `ops`, not measured here)."""
     times = [float(t) for t in ops["time_us_total"]]
     # pandas' sums, so that the shares stay the same to the last bit
     total = pairwise_sum(times)
@@ -194,7 +215,7 @@ def summarize(ops: Table, *, steps: int, step_time_us: float, n_findings: int,
     }
     if busy is not None:
         summary["device_busy_share"] = busy
-    summary["swap_candidates"] = swap_candidates(ops)
+    summary["swap_candidates"] = candidates if candidates is not None else measured_candidates(ops, steps, None)
     summary.update(gpu_keys or {})  # opscope.analysis.gpu_timeline: kernel families, graph replay, streams, gaps
     if compile_log is not None:
         summary["compile"] = compile_summary(compile_log)
@@ -244,6 +265,14 @@ def swap_candidates(ops: Table) -> list[dict[str, Any]]:
         return candidates(ops)
     except OpscopeError:
         return []
+
+
+def measured_candidates(ops: Table, steps: int, timer: KernelTimer | None) -> list[dict[str, Any]]:
+    """The swap candidates, timed in context by `timer` (profile), else each "not measured here"."""
+    from opscope.kernels.incontext import not_measured
+
+    found = swap_candidates(ops)
+    return timer(found, ops, steps) if timer is not None else not_measured(found, TRACE_KERNELS_REASON)
 
 
 def top_ops(ops: Table, n: int) -> list[dict[str, Any]]:

@@ -49,10 +49,11 @@ from opscope.analysis.ops_table import (
     first_index,
     sum_by_group,
 )
-from opscope.analysis.pipeline import summarize
+from opscope.analysis.pipeline import summarize, swap_candidates
 from opscope.errors import OpscopeError, TraceError
 from opscope.findings import Context, run_rules
 from opscope.findings.straggler import MIN_EXCESS
+from opscope.kernels.incontext import not_measured
 from opscope.machine.peaks import Peaks
 from opscope.run.model import DEFAULT_REPORTS_DIR, STAGING_PREFIX, Run
 from opscope.run.read import read_run
@@ -85,6 +86,10 @@ TOP_COLLECTIVES = 20
 
 Intervals = tuple[list[float], list[float]]  # (starts, ends)
 Thread = tuple[int, int]  # (pid, tid)
+
+# a profile times each rank's candidates in that rank's own run; the merged table's rows were not timed as such
+MERGED_KERNELS_REASON = ("a merged run of several processes: each rank's profile timed its own candidates "
+                         "(ranks/<r>/summary.json); the merged rows were not timed")
 
 
 # --- one rank ---------------------------------------------------------------------------------------
@@ -255,7 +260,7 @@ def merge_ranks(rank_runs: list[RankRun], *, target: str, warn: Callable[[str], 
     findings.sort(key=lambda f: (f.get("est_savings_us") is None, -(f.get("est_savings_us") or 0.0)))
     gpu_keys = {"comm_compute_overlap_share": distributed["comm_compute_overlap_share"]} if gpu else None
     summary = summarize(ops, steps=steps, step_time_us=step_time, n_findings=len(findings), busy=busy,
-                        gpu_keys=gpu_keys)
+                        gpu_keys=gpu_keys, candidates=not_measured(swap_candidates(ops), MERGED_KERNELS_REASON))
     summary["distributed"] = distributed
     meta = dict(first.meta)
     meta.update(target=target, steps=steps)

@@ -11,6 +11,7 @@ the critical path is the chain of binding predecessors back from the last step's
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,10 +59,10 @@ class Change:
 @dataclass
 class Replay:
     step_us: list[float]  # each profiled step's replayed time
-    start: list[float]
-    finish: list[float]
-    why: list[int]  # the binding predecessor of each node (-1: none)
-    dur: list[float]
+    start: array[float]
+    finish: array[float]
+    why: array[int]  # the binding predecessor of each node (-1: none)
+    dur: array[float]
 
     @property
     def total_us(self) -> float:
@@ -72,8 +73,8 @@ class Replay:
         return self.total_us / len(self.step_us) if self.step_us else 0.0
 
 
-def durations(g: StepGraph, change: Change | None) -> list[float]:
-    dur = list(g.dur)
+def durations(g: StepGraph, change: Change | None) -> array[float]:
+    dur = array("d", g.dur)
     if change is None:
         return dur
     for key, f in change.cpu.items():
@@ -93,9 +94,9 @@ def durations(g: StepGraph, change: Change | None) -> list[float]:
 def replay(g: StepGraph, change: Change | None = None) -> Replay:
     dur = durations(g, change)
     n = g.n
-    start = [0.0] * n
-    finish = [0.0] * n
-    why = [-1] * n
+    start = array("d", bytes(8 * n))
+    finish = array("d", bytes(8 * n))
+    why = array("q", [-1]) * n
     ptr, pred, lag, from_start, rec = g.ptr, g.pred, g.lag, g.from_start, g.start
     # a wait that no longer blocks keeps only its edge from its own start (the first)
     free = {i for i in g.waits if g.owner[i] in change.unblocked} if change is not None and change.unblocked else set()
@@ -165,7 +166,7 @@ def _at(g: StepGraph, r: Replay, lane: str, t: float) -> float:
 def _end_node(g: StepGraph, r: Replay) -> int:
     if g.steps:
         lane, _, end = g.steps[-1]
-        starts = g.thread_starts.get(lane) or []
+        starts = g.thread_starts.get(lane, array("d"))
         at = bisect_right(starts, end) - 1
         if at >= 0:
             node = g.thread_nodes[lane][at]

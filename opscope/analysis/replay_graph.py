@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import math
 import re
+from array import array
 from bisect import bisect_right
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from statistics import median
 
@@ -47,24 +49,26 @@ class StepGraph:
     predecessors' start (`from_start`) or finish plus the edge's lag (its recorded start when it has
     none), and finishes its duration later."""
 
-    kind: list[int] = field(default_factory=list)
+    # Columns of numbers are typed arrays: 1-8 bytes a value instead of a list's pointer and boxed
+    # number (the graph of a trace has several nodes per event; lists tripled analyze's peak memory).
+    kind: array[int] = field(default_factory=lambda: array("b"))
     lane: list[str] = field(default_factory=list)  # "cpu:<tid>" | "gpu:<device>:<stream>"
     name: list[str] = field(default_factory=list)
-    start: list[float] = field(default_factory=list)  # recorded
-    dur: list[float] = field(default_factory=list)  # recorded
-    owner: list[int] = field(default_factory=list)  # CPU piece: the row event whose self time it is (-1: none)
-    kernel: list[int] = field(default_factory=list)  # KERNEL node: its row in trace.kernels
-    gap: list[bool] = field(default_factory=list)  # a host gap piece
-    launching: list[bool] = field(default_factory=list)  # host work that CUDA graphs would replay
+    start: array[float] = field(default_factory=lambda: array("d"))  # recorded
+    dur: array[float] = field(default_factory=lambda: array("d"))  # recorded
+    owner: array[int] = field(default_factory=lambda: array("q"))  # CPU piece: the row event whose self time it is (-1: none)
+    kernel: array[int] = field(default_factory=lambda: array("q"))  # KERNEL node: its row in trace.kernels
+    gap: array[int] = field(default_factory=lambda: array("b"))  # a host gap piece
+    launching: array[int] = field(default_factory=lambda: array("b"))  # host work that CUDA graphs would replay
     # predecessor edges, CSR by node: pred[ptr[i]:ptr[i+1]]
-    ptr: list[int] = field(default_factory=lambda: [0])
-    pred: list[int] = field(default_factory=list)
-    lag: list[float] = field(default_factory=list)
-    from_start: list[bool] = field(default_factory=list)
-    order: list[int] = field(default_factory=list)  # topological
+    ptr: array[int] = field(default_factory=lambda: array("q", [0]))
+    pred: array[int] = field(default_factory=lambda: array("q"))
+    lag: array[float] = field(default_factory=lambda: array("d"))
+    from_start: array[int] = field(default_factory=lambda: array("b"))
+    order: array[int] = field(default_factory=lambda: array("q"))  # topological
     # per thread (lane name): its pieces' node ids in time order, and their recorded starts
-    thread_nodes: dict[str, list[int]] = field(default_factory=dict)
-    thread_starts: dict[str, list[float]] = field(default_factory=dict)
+    thread_nodes: dict[str, array[int]] = field(default_factory=dict)
+    thread_starts: dict[str, array[float]] = field(default_factory=dict)
     kernel_node: dict[int, int] = field(default_factory=dict)  # trace.kernels row -> node
     waits: list[int] = field(default_factory=list)  # WAIT_END nodes (their owner: the row around the call)
     owner_nodes: dict[int, list[int]] = field(default_factory=dict)  # row event -> its CPU pieces
@@ -93,6 +97,48 @@ class StepGraph:
         return len(self.kind) - 1
 
 
+class _Edges:
+    """Predecessor edges as they are found, CSR by node (typed arrays: a list and a tuple per edge cost
+    more memory than the whole graph): each node's edges come right after it is added, except a host
+    wait's, found at the end (_waits) and merged in by into()."""
+
+    def __init__(self) -> None:
+        self.ptr = array("q", [0])
+        self.pred = array("q")
+        self.lag = array("d")
+        self.from_start = array("b")
+        self.later: dict[int, list[tuple[int, float, bool]]] = {}
+
+    def node(self, edges: Iterable[tuple[int, float, bool]]) -> None:
+        """The edges of the node just added."""
+        for p, lag, from_start in edges:
+            self.pred.append(p)
+            self.lag.append(lag)
+            self.from_start.append(from_start)
+        self.ptr.append(len(self.pred))
+
+    def node_waiting(self, node: int) -> None:
+        """The node just added (`node`) gets its edges later, in later[node]."""
+        self.node(())
+        self.later[node] = []
+
+    def into(self, g: StepGraph) -> None:
+        if not any(self.later.values()):
+            g.ptr, g.pred, g.lag, g.from_start = self.ptr, self.pred, self.lag, self.from_start
+            return
+        ptr, pred, lag, from_start = self.ptr, self.pred, self.lag, self.from_start
+        for i in range(len(ptr) - 1):
+            for e in range(ptr[i], ptr[i + 1]):
+                g.pred.append(pred[e])
+                g.lag.append(lag[e])
+                g.from_start.append(from_start[e])
+            for p, x, fs in self.later.get(i, ()):
+                g.pred.append(p)
+                g.lag.append(x)
+                g.from_start.append(fs)
+            g.ptr.append(len(g.pred))
+
+
 def cpu_lane(tid: object) -> str:
     return f"cpu:{tid}"
 
@@ -105,17 +151,12 @@ def build_graph(trace: TraceData, ev: Table) -> StepGraph:
     """The dependency graph of the whole trace (every profiled step and what ran around them). `ev` is
     build_events(trace)'s table; trace.kernels then carries its attribution columns."""
     g = StepGraph()
-    edges: list[list[tuple[int, float, bool]]] = []
+    edges = _Edges()
     launch_piece, sync_end = _cpu_lanes(trace, ev, g, edges)
     _gpu_lanes(trace, g, edges, launch_piece)
     _waits(trace, g, edges, sync_end)
-    for es in edges:
-        for p, lag, fs in es:
-            g.pred.append(p)
-            g.lag.append(lag)
-            g.from_start.append(fs)
-        g.ptr.append(len(g.pred))
-    g.order = _topological(g)
+    edges.into(g)
+    g.order = array("q", _topological(g))
     if nrows(trace.steps):
         for tid, ts, dur in zip(trace.steps["tid"], trace.steps["ts"], trace.steps["dur"], strict=True):
             g.steps.append((cpu_lane(tid), float(ts), float(ts) + float(dur)))
@@ -124,7 +165,7 @@ def build_graph(trace: TraceData, ev: Table) -> StepGraph:
 
 
 def _cpu_lanes(trace: TraceData, ev: Table, g: StepGraph,
-               edges: list[list[tuple[int, float, bool]]]) -> tuple[dict[int, int], dict[int, tuple[int, float, float]]]:
+               edges: _Edges) -> tuple[dict[int, int], dict[int, tuple[int, float, float]]]:
     """Cuts each thread's time into pieces. Returns {launch row: its first piece's node} and {sync launch
     row: (its wait-end node, piece start, piece end)}."""
     n_ev = nrows(ev)
@@ -149,7 +190,7 @@ def _cpu_lanes(trace: TraceData, ev: Table, g: StepGraph,
 class _Cutter:
     """Cuts one thread at a time into pieces, each owned by the innermost event holding it."""
 
-    def __init__(self, g: StepGraph, edges: list[list[tuple[int, float, bool]]], ev: Table, la: Table,
+    def __init__(self, g: StepGraph, edges: _Edges, ev: Table, la: Table,
                  launched: set[int]) -> None:
         self.g, self.edges, self.la, self.launched = g, edges, la, launched
         self.row_anc, self.names = ev["row_anc"], ev["name"]
@@ -200,11 +241,11 @@ class _Cutter:
             if node_top[k] >= 0 and top_launches[node_top[k]]:
                 first = k if first < 0 else first
                 last = k
-        g.thread_nodes[lane] = nodes
-        g.thread_starts[lane] = [g.start[x] for x in nodes]
+        g.thread_nodes[lane] = array("q", nodes)
+        g.thread_starts[lane] = array("d", (g.start[x] for x in nodes))
 
     def _append(self, node: int, top: int) -> None:
-        self.edges.append([(self.prev, 0.0, False)] if self.prev >= 0 else [])
+        self.edges.node(((self.prev, 0.0, False),) if self.prev >= 0 else ())
         self.nodes.append(node)
         self.node_top.append(top)
         self.prev = node
@@ -235,7 +276,7 @@ class _Cutter:
                 g.waits.append(node)
                 self.nodes.append(node)
                 self.node_top.append(top)
-                self.edges.append([])  # filled in by _waits
+                self.edges.node_waiting(node)  # its edges: _waits
                 self.prev = node
             else:
                 node = g.add(CPU, lane, lname, cur, dur, owner=key)
@@ -246,7 +287,7 @@ class _Cutter:
         self.cur = end
 
 
-def _gpu_lanes(trace: TraceData, g: StepGraph, edges: list[list[tuple[int, float, bool]]],
+def _gpu_lanes(trace: TraceData, g: StepGraph, edges: _Edges,
                launch_piece: dict[int, int]) -> None:
     k = trace.kernels
     nk = nrows(k)
@@ -291,10 +332,10 @@ def _gpu_lanes(trace: TraceData, g: StepGraph, edges: list[list[tuple[int, float
             es.append((g.kernel_node[prev], ts[i] - a if stream_bound else min(ts[i] - a, gap_us), False))
         if node >= 0:
             es.append((node, ts[i] - b if not stream_bound else min(ts[i] - b, launch_us), True))
-        edges.append(es)
+        edges.node(es)
 
 
-def _waits(trace: TraceData, g: StepGraph, edges: list[list[tuple[int, float, bool]]],
+def _waits(trace: TraceData, g: StepGraph, edges: _Edges,
            sync_end: dict[int, tuple[int, float, float]]) -> None:
     """A host wait ends after the last kernel launched at or before it on each stream (correlation ids
     grow with each launch)."""
@@ -313,7 +354,7 @@ def _waits(trace: TraceData, g: StepGraph, edges: list[list[tuple[int, float, bo
             if at >= 0:
                 targets.append(nodes[at])
         waited = [t for t in targets if g.start[t] + g.dur[t] > start]
-        me = edges[node]
+        me = edges.later[node]
         pred_start = node - 1  # its WAIT_START node, added just before it
         if waited:
             latest = max(g.start[t] + g.dur[t] for t in waited)
@@ -345,18 +386,30 @@ def _topological(g: StepGraph) -> list[int]:
     """Kahn's order over the edges; an edge that closes a cycle (timestamps that contradict each other)
     is dropped: its lag becomes -inf."""
     n = g.n
-    indeg = [g.ptr[i + 1] - g.ptr[i] for i in range(n)]
-    succ: list[list[int]] = [[] for _ in range(n)]
+    ptr, pred = g.ptr, g.pred
+    indeg = [ptr[i + 1] - ptr[i] for i in range(n)]
+    # successors, CSR (a list per node cost more memory than the graph's own columns)
+    sptr = array("q", bytes(8 * (n + 1)))
+    for p in pred:
+        sptr[p + 1] += 1
     for i in range(n):
-        for e in range(g.ptr[i], g.ptr[i + 1]):
-            succ[g.pred[e]].append(i)
+        sptr[i + 1] += sptr[i]
+    fill = array("q", sptr)
+    succ = array("q", bytes(8 * len(pred)))
+    for i in range(n):
+        for e in range(ptr[i], ptr[i + 1]):
+            p = pred[e]
+            succ[fill[p]] = i
+            fill[p] += 1
+    del fill
     order = [i for i in range(n) if indeg[i] == 0]
     pos = 0
     while True:
         while pos < len(order):
             i = order[pos]
             pos += 1
-            for s in succ[i]:
+            for k in range(sptr[i], sptr[i + 1]):
+                s = succ[k]
                 indeg[s] -= 1
                 if indeg[s] == 0:
                     order.append(s)

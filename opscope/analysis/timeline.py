@@ -95,6 +95,32 @@ def _origin(trace: TraceData, ev: Table, windows: Windows | None) -> tuple[float
     return (float(min(starts)), "first event") if starts else (None, "")
 
 
+# summary.json op_step_times_us: the rows (the first, by time) and steps (the first) kept, bounded in size
+STEP_SAMPLE_ROWS = 40
+STEP_SAMPLE_STEPS = 200
+
+
+def row_step_times(trace: TraceData, ev: Table, ops: Table) -> list[dict[str, Any]]:
+    """Per ops.csv row (the first STEP_SAMPLE_ROWS, which are the ones with the most time), its time in each
+    profiled step (the first STEP_SAMPLE_STEPS ProfilerStep ranges): {"row", "times_us"}. A row event counts
+    in the step its start lies in; none without step annotations. The samples `opscope gate` tests."""
+    if not nrows(trace.steps) or "ts" not in ev:
+        return []
+    starts = sorted(float(t) for t in trace.steps["ts"])[:STEP_SAMPLE_STEPS]
+    ends = sorted(float(t) + float(d) for t, d in zip(trace.steps["ts"], trace.steps["dur"], strict=True))
+    ends = ends[:len(starts)]
+    rows = _event_rows(ev, ops)
+    keep = min(nrows(ops), STEP_SAMPLE_ROWS)
+    times = [[0.0] * len(starts) for _ in range(keep)]
+    for row, ts, t in zip(rows, ev["ts"], ev["time_us"], strict=True):
+        if row < 0 or row >= keep or t != t:
+            continue
+        k = bisect_right(starts, float(ts)) - 1
+        if k >= 0 and float(ts) < ends[k]:
+            times[row][k] += float(t)
+    return [{"row": i, "times_us": [round(x, 3) for x in times[i]]} for i in range(keep)]
+
+
 def _event_rows(ev: Table, ops: Table) -> list[int]:
     """Per event, its ops.csv row when it is a row event (the key columns match), else -1."""
     n = nrows(ops)

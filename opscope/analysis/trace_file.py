@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from opscope import units
 from opscope.analysis.annotations import ANNOTATION_KEY, Block, BlockError, embedded_lines, read_block
@@ -20,6 +21,7 @@ from opscope.run.schema import FORMAT_VERSION
 from opscope.run.write import TraceCompressor, check_out_dir, write_run
 from opscope.table import Table, nrows
 from opscope.trace.kernel_names import architecture_from_kernels, short_kernel_name
+from opscope.trace.location import Url
 from opscope.trace.reader import TraceData, load_trace, max_trace_bytes, read_bytes
 from opscope.version import __version__
 
@@ -124,13 +126,15 @@ def trace_events(path: Path, torch_trace: Path | None = None) -> tuple[TraceData
     return trace, ev
 
 
-def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | None = None,
+def analyze_trace_file(path: Path | Url, *, out: Path | None = None, peak_bw: float | None = None,
                        peak_flops: list[str] | None = None, warn: Callable[[str], None] = lambda m: None,
                        max_trace_gb: float | None = None, capture: Path | None = None,
                        measure: Callable[[Run], dict[str, Path]] | None = None,
                        finish: Callable[[Run, TraceData], None] | None = None,
-                       torch_trace: Path | None = None, inductor_cache: Path | None = None) -> Run:
-    """Analyzes a trace file into a run directory. `torch_trace`, `inductor_cache`: a compiled model's
+                       torch_trace: Path | None = None, inductor_cache: Path | None = None,
+                       on_events: Callable[[int], None] | None = None) -> Run:
+    """Analyzes a trace file into a run directory; `on_events(n)` hears the events decoded so far.
+    `torch_trace`, `inductor_cache`: a compiled model's
     TORCH_TRACE log and inductor cache directory (opscope.analysis.compiled). `capture`: a trace recorded while the replayed CUDA/HIP
     graphs were captured (opscope.analysis.capture_merge). `measure(run)` (opscope analyze --nsys/--ncu)
     attaches measurements to the analyzed run before it is written and returns the extra files to put in
@@ -139,15 +143,28 @@ def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | 
     base = DEFAULT_REPORTS_DIR.absolute()
     out = out.absolute() if out is not None else None
     check_out_dir(out, base)
-    data = read_bytes(path, max_trace_bytes(max_trace_gb))  # once: `path` may be a pipe
+    limit = max_trace_bytes(max_trace_gb)
     stem = path.name.split(".")[0] or "trace"
     folder = out.parent if out is not None else base
     compressor: TraceCompressor | None = None
+    raw_copy: IO[bytes] | None = None
     try:
-        compressor = TraceCompressor(path, folder, data=None if path.is_file() else data)
-        # the bytes are ours to repair in place unless the compressor gzips them (a pipe's)
-        trace = load_trace(path, data=data, owned=compressor.data is None)
-        del data  # the decoded tables replace it (the compressor keeps its own reference if it needs one)
+        if isinstance(path, Path) and path.is_file():
+            # read twice, at once: gzipped into the run by the compressor, and decoded as it streams in
+            compressor = TraceCompressor(path, folder)
+            trace = load_trace(path, max_bytes=limit, on_events=on_events)
+        elif isinstance(path, Url):
+            # decoded as it streams in, its bytes kept as they come (the run's copy: not fetched twice)
+            raw_copy = tempfile.NamedTemporaryFile(prefix="opscope-url-", suffix=".trace")  # noqa: SIM115
+            trace = load_trace(path, max_bytes=limit, on_events=on_events, copy=raw_copy)
+            raw_copy.flush()
+            compressor = TraceCompressor(Path(raw_copy.name), folder)
+        else:
+            # a pipe is read once: its bytes are gzipped into the run from memory
+            data = read_bytes(path, limit)
+            compressor = TraceCompressor(path, folder, data=data)
+            trace = load_trace(path, data=data)
+            del data  # the decoded tables replace it (the compressor keeps its own reference)
         for line in trace.warnings:
             warn(line)
         merged = None
@@ -164,9 +181,11 @@ def analyze_trace_file(path: Path, *, out: Path | None = None, peak_bw: float | 
     finally:
         if compressor is not None:
             compressor.discard()
+        if raw_copy is not None:
+            raw_copy.close()  # removes it
 
 
-def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, stem: str,
+def _analyze_file(path: Path | Url, trace: TraceData, out: Path | None, base: Path, stem: str,
                   compressor: TraceCompressor,
                   peak_bw: float | None, peak_flops: list[str] | None, warn: Callable[[str], None],
                   capture: dict[str, Any] | None = None,
@@ -201,7 +220,7 @@ def _analyze_file(path: Path, trace: TraceData, out: Path | None, base: Path, st
     extra = measure(run) if measure is not None else None
     if finish is not None:
         finish(run, trace)
-    write_run(run, out, stem, path, compressor=compressor, base=base, extra_files=extra)
+    write_run(run, out, stem, None if isinstance(path, Url) else path, compressor=compressor, base=base, extra_files=extra)
     return run
 
 
@@ -214,14 +233,14 @@ def no_rows_message(trace: TraceData) -> str:
             "the model's ops with torch.profiler's CPU activity)")
 
 
-def trace_meta(path: Path, trace: TraceData, device: dict[str, str], peaks: Peaks) -> dict[str, Any]:
+def trace_meta(path: Path | Url, trace: TraceData, device: dict[str, str], peaks: Peaks) -> dict[str, Any]:
     """meta.json of an analyzed trace ("dtype", "mode" and "steps" are filled in by the analysis)."""
     return {
         "format_version": FORMAT_VERSION,
         "opscope_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "source": "trace",
-        "target": os.path.normpath(path),
+        "target": path.shown if isinstance(path, Url) else os.path.normpath(path),
         "torch_version": trace.torch_version,
         "device": device,
         "dtype": None,

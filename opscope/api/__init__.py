@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opscope.api.capture import Session, profiling
+from opscope.api.ci_gate import baseline_save, gate
 from opscope.api.explain import explain_op
 from opscope.api.files import analyze, compare, load
 from opscope.api.jobs import profile_file, swap
@@ -75,8 +76,10 @@ __all__ = [
     "Session",
     "WhatIf",
     "analyze",
+    "baseline_save",
     "compare",
     "explain_op",
+    "gate",
     "load",
     "profile",
     "profile_file",

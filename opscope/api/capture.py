@@ -261,6 +261,7 @@ class Session:
 
         from opscope.analysis.pipeline import analyze, dominant_dtype, trace_mode
         from opscope.capture.dtype_probe import float32_probe
+        from opscope.capture.kernel_timing import kernel_timer_for
         from opscope.capture.layout_probe import layout_probe_for
         from opscope.capture.torch_profiler import machine_peaks, profile_meta
         from opscope.machine.noise import window_noise
@@ -282,7 +283,8 @@ class Session:
         if calibration is not None:
             meta["calibration"] = calibration
         data = analyze(trace, peaks=peaks, meta=meta, source="profile", layout_probe=layout_probe_for(self._device),
-                       dtype_probe=float32_probe(self._device), noise=noise, step_us=[t * 1e6 for t in self._step_s])
+                       dtype_probe=float32_probe(self._device), noise=noise, step_us=[t * 1e6 for t in self._step_s],
+                       kernel_timer=kernel_timer_for(self._device))
         meta["dtype"] = dominant_dtype(data.events)
         meta["mode"] = trace_mode(data.events)
         meta["api"] = "profiling"

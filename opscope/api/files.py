@@ -13,25 +13,36 @@ from opscope.capture.options import Progress
 from opscope.errors import OpscopeError
 from opscope.limits import bounded, path_problem
 from opscope.run.compare import Comparison
+from opscope.trace.location import Url, local_path, url_of
 
 PathLike = str | os.PathLike[str]
-# URL schemes `analyze` recognises so that it can say what it cannot do yet, not "no such file"
-_URL_SCHEMES = ("http://", "https://", "s3://", "gs://", "gcs://", "az://", "abfs://", "hf://")
+
 
 def user_path(value: PathLike | None, what: str = "") -> Path | None:
-    """A path given by the user, refused in one line (OpscopeError) where the OS would refuse it."""
+    """A path given by the user, refused in one line (OpscopeError) where the OS would refuse it. A
+    file:// URL is the local path it names; other URLs are refused (only `analyze` reads them)."""
+    location = _location(value)
+    if isinstance(location, Url):
+        raise OpscopeError(f"{location.shown}: reading {what or 'files'} from a URL is not supported; "
+                           "copy it to a local file first")
+    return location
+
+
+def _location(value: PathLike | None) -> Path | Url | None:
+    """A local path or a URL (opscope.trace.location), refused in one line where the OS would refuse
+    the path."""
     if value is None:
         return None
     text = os.fspath(value)
-    if text.startswith(_URL_SCHEMES):
-        raise OpscopeError(f"{bounded(text, 80)}: reading {what or 'files'} from a URL is not supported yet; "
-                           "copy it to a local file first")
-    if text.startswith("file://"):
-        text = text[len("file://"):]
+    url = url_of(text)
+    if url is not None:
+        return url
+    text = local_path(text)
     problem = path_problem(text)
     if problem is not None:
         raise OpscopeError(f"{bounded(text, 80)}: {problem}")
     return Path(text)
+
 
 class KeptProgress(Progress):
     """Passes every call on to the caller's progress hook (if any) and keeps the warnings for the Run."""
@@ -49,6 +60,18 @@ class KeptProgress(Progress):
     def warn(self, message: str) -> None:
         self.warnings.append(message)
         self.inner.warn(message)
+
+
+class _EventCounter:
+    """Turns the reader's running count of decoded events into progress steps."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.seen = 0
+
+    def __call__(self, n: int) -> None:
+        self.progress.advance(n - self.seen)
+        self.seen = n
 
 
 def load(run_dir: PathLike | None = None) -> Run:
@@ -81,8 +104,14 @@ def analyze(trace: PathLike, *, out: PathLike | None = None, peak_bw: float | No
     'opscope[ray]'`), on the cluster at `address` (else a local Ray of `workers` CPUs), a rank that fails
     twice named in the merged run's summary ("distributed" "failed_ranks"). The run is the same
     whichever."""
-    path = user_path(trace, "traces")
+    path = _location(trace)
     assert path is not None
+    if isinstance(path, Url):
+        if workers is not None or engine != "local" or address is not None:
+            raise OpscopeError(f"{path.shown}: --workers/--engine/--address apply to a local folder of ranks")
+        return _analyze_url(path, out=user_path(out), peak_bw=peak_bw, peak_flops=peak_flops,
+                            max_trace_gb=max_trace_gb, progress=progress,
+                            others=(capture, nsys, ncu, torch_trace, inductor_cache))
     out_dir = user_path(out)
     capture_path, nsys_path, ncu_path = user_path(capture), user_path(nsys), user_path(ncu)
     torch_trace_path, cache_path = user_path(torch_trace), user_path(inductor_cache)
@@ -136,10 +165,39 @@ def analyze(trace: PathLike, *, out: PathLike | None = None, peak_bw: float | No
             from opscope.nsight.imports import measurement_hook
 
             measure = measurement_hook(nsys_path, ncu_path, Path(tmp), warn)
+        kept.phase("decoding events")
         data = analyze_trace_file(path, out=out_dir, peak_bw=peak_bw, peak_flops=flops, warn=warn,
                                   max_trace_gb=max_trace_gb, capture=capture_path, measure=measure,
-                                  torch_trace=torch_trace_path, inductor_cache=cache_path)
+                                  torch_trace=torch_trace_path, inductor_cache=cache_path,
+                                  on_events=_EventCounter(kept))
     return Run.written(data, kept.warnings)
+
+def _analyze_url(url: Url, *, out: Path | None, peak_bw: float | None, peak_flops: Sequence[str] | str | None,
+                 max_trace_gb: float | None, progress: Progress | None, others: tuple[PathLike | None, ...]) -> Run:
+    """analyze() of a trace given by URL: streamed through fsspec (opscope.trace.location)."""
+    from opscope.trace.location import url_info
+
+    if any(v is not None for v in others):
+        raise OpscopeError(f"{url.shown}: --capture/--nsys/--ncu/--torch-trace/--inductor-cache go with a local trace; "
+                           "copy the trace to a local file to use them")
+    if url.name.endswith(_NSIGHT_SUFFIXES):
+        raise OpscopeError(f"{url.shown}: Nsight files are read from local paths only; copy it to a local file first")
+    kind, _size = url_info(url)
+    flops = [peak_flops] if isinstance(peak_flops, str) else list(peak_flops or [])
+    kept = KeptProgress(progress)
+    kept.phase("analyzing")
+    if kind == "directory":
+        raise OpscopeError(f"{url.shown}: a folder of rank traces by URL is not supported yet; give one trace's URL "
+                           "or copy the folder to a local path")
+    from opscope.analysis.trace_file import analyze_trace_file
+
+    return Run.written(analyze_trace_file(url, out=out, peak_bw=peak_bw, peak_flops=flops, warn=kept.warn,
+                                          max_trace_gb=max_trace_gb), kept.warnings)
+
+
+# Nsight's files, by name (a URL is not sniffed before it is read)
+_NSIGHT_SUFFIXES = (".nsys-rep", ".qdrep", ".ncu-rep", ".sqlite")
+
 
 def compare(a: Run | PathLike, b: Run | PathLike) -> Comparison:
     """Compares run B with the baseline A op by op (runs or run directories): step and op time, ops that

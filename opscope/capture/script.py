@@ -47,6 +47,7 @@ import torch
 from opscope.analysis.pipeline import analyze, dominant_dtype, trace_mode
 from opscope.capture.dtype_probe import float32_probe
 from opscope.capture.harness import process_state_kept, resolve_device
+from opscope.capture.kernel_timing import kernel_timer_for
 from opscope.capture.layout_probe import layout_probe_for
 from opscope.capture.lines import LineRecord, discovered_module_stack, join_lines, line_mode
 from opscope.capture.options import Progress
@@ -508,7 +509,8 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
                       source_override=(lambda ev: join_lines(records, ev)) if records else None,
                       layout_probe=layout_probe_for(device), dtype_probe=float32_probe(device),
                       module_classes=window.module_classes if records else None, noise=noise,
-                      step_us=[t * 1e6 for t in window.step_s] if len(window.step_s) == opts.steps else None)
+                      step_us=[t * 1e6 for t in window.step_s] if len(window.step_s) == opts.steps else None,
+                      kernel_timer=kernel_timer_for(device))
         meta["dtype"] = dominant_dtype(run.events)
         meta["mode"] = trace_mode(run.events)
         if calibration is not None:

@@ -32,6 +32,7 @@ from opscope.capture.compiled import (
 )
 from opscope.capture.dtype_probe import float32_probe
 from opscope.capture.harness import Harness, process_state_kept, resolve_device
+from opscope.capture.kernel_timing import kernel_timer_for
 from opscope.capture.layout_probe import layout_probe_for
 from opscope.capture.lines import LineRecord, join_lines, module_classes, module_origins, record_lines
 from opscope.capture.nvtx_ranges import module_ranges, step_range
@@ -335,7 +336,8 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
         run = analyze(trace, peaks=peaks, meta=meta, source="profile",
                       source_override=lambda ev: join_lines(records, ev), layout_probe=probe,
                       dtype_probe=float32_probe(device), module_classes=classes, memory=memory,
-                      noise=noise, step_us=[t * 1e6 for t in step_s], torch_trace=torch_trace)
+                      noise=noise, step_us=[t * 1e6 for t in step_s], torch_trace=torch_trace,
+                      kernel_timer=kernel_timer_for(device))
         # `opscope analyze RUN/trace.json.gz` reproduces this run's table from what is embedded here
         assert run.events is not None  # analyze() keeps the events it analyzed
         embed(trace_path, make_block(run.events, classes, memory))

@@ -7,10 +7,11 @@ import json
 import os
 import signal
 import sys
+import time
 import traceback
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -110,6 +111,7 @@ DEBUG = typer.Option(False, "--debug", help="Show Python tracebacks for errors."
 # Bounds on counts: far above any real use, far below what overflows torch's C++ ints.
 MAX_THREADS = 4096
 MAX_STEPS = 100_000
+MAX_REPEAT = 1000
 
 
 def _warn(message: str, console: Console | None = None) -> None:
@@ -126,6 +128,54 @@ class _WarnOnly(Progress):
 
     def warn(self, message: str) -> None:
         _warn(message)
+
+
+class _EventsProgress(Progress):
+    """analyze's progress on stderr, on a terminal only: the events decoded so far and their rate
+    (a trace of millions of events takes a while), redrawn at most 5 times a second."""
+
+    def __init__(self, console: Console) -> None:
+        from rich.progress import Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
+        from rich.text import Text
+
+        class _Rate(ProgressColumn):
+            def render(self, task: Task) -> Text:
+                speed = task.speed
+                return Text(f"{speed:,.0f} /s" if speed else "")
+
+        class _Count(ProgressColumn):
+            def render(self, task: Task) -> Text:  # "1,234" events; "3/32" ranks
+                return Text(f"{task.completed:,.0f}" + (f"/{task.total:,.0f}" if task.total else ""))
+
+        self.bar = Progress(TextColumn("[bold]{task.description}"), _Count(), _Rate(),
+                            TimeElapsedColumn(), console=console, auto_refresh=False, transient=True)
+        self.task: TaskID | None = None
+        self.shown = console.is_terminal
+        self.drawn = 0.0
+
+    def __enter__(self) -> _EventsProgress:
+        if self.shown:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.shown:
+            self.bar.stop()
+
+    def phase(self, name: str, total: int | None = None) -> None:
+        self.task = self.bar.add_task(name, total=total)
+
+    def advance(self, n: int = 1) -> None:
+        if self.task is None:
+            return
+        self.bar.advance(self.task, n)
+        now = time.monotonic()
+        if self.shown and now - self.drawn > 0.2:
+            self.drawn = now
+            self.bar.refresh()
+
+    def warn(self, message: str) -> None:
+        _warn(message, self.bar.console if self.shown else None)
 
 
 class _RichProgress(Progress):
@@ -230,6 +280,9 @@ def profile(
     node_rank: int = typer.Option(0, "--node-rank", metavar="R", help="This node's rank (torchrun)."),
     master_addr: str | None = typer.Option(None, "--master-addr", metavar="A", help="Host of node 0 (torchrun)."),
     master_port: int | None = typer.Option(None, "--master-port", metavar="P", help="Port on node 0 (torchrun)."),
+    repeat: int = typer.Option(1, "--repeat", min=1, max=MAX_REPEAT, metavar="N",
+                               help="Profile N times, one run directory each (--out OUT: OUT/run-1 ... OUT/run-N): "
+                                    "samples for `opscope baseline save` and `opscope gate`."),
 ) -> None:
     """Profile a model file, or an unmodified training script (`opscope profile train.py -- ARGS`), in one
     process or several (--nproc-per-node): per-op FLOPs, bytes, roofline and findings; writes a run
@@ -237,6 +290,16 @@ def profile(
     _state["debug"] = debug
     from opscope.api import profile_file
 
+    if repeat > 1:
+        _profile_repeated(repeat, out, json_out, dict(
+            target=target, entry=entry, device=device.value, dtype=dtype.value if dtype else None, mode=mode.value,
+            warmup=warmup, steps=steps, threads=threads, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
+            compile=compile_mode.value if compile_mode is not None else None, try_swaps=try_swaps, nvtx=nvtx,
+            nsys=nsys, nsys_args=nsys_args, ncu=ncu, ncu_top=ncu_top, nvtx_ops=nvtx_ops, script=script,
+            script_args=list(script_args or []), step_fn=step_fn, stop_after=stop_after,
+            nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+            master_port=master_port, debug=debug))
+        return
     with _RichProgress(stderr) as progress:
         run = profile_file(target, entry=entry, device=device.value, dtype=dtype.value if dtype else None,
                            mode=mode.value, warmup=warmup, steps=steps, threads=threads, peak_bw=peak_bw,
@@ -258,11 +321,40 @@ def profile(
                                                                "of this model"))
 
 
+def _profile_repeated(repeat: int, out: Path | None, json_out: bool, options: dict[str, Any]) -> None:
+    """`profile --repeat N`: N profiles, one run directory each; one line per run (its directory on stdout)."""
+    from rich.text import Text
+
+    from opscope.api import profile_file
+    from opscope.render.text import clean
+    from opscope.run.model import shown_path
+    from opscope.run.write import dumps
+
+    if out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise OpscopeError(f"--out {out} already exists and is not empty; opscope never overwrites a run")
+    for i in range(1, repeat + 1):
+        with _RichProgress(stderr) as progress:
+            run = profile_file(out=None if out is None else out / f"run-{i}", progress=progress,
+                               on_written=_run_complete, **options)
+        assert run.dir is not None  # a profile writes its run
+        if json_out:
+            sys.stdout.write(dumps(run.summary) + "\n")
+        else:
+            sys.stdout.write(clean(shown_path(run.dir)) + "\n")
+        sys.stdout.flush()
+        step = run.summary.get("step_time_us_p50") or run.summary.get("step_time_us")
+        noise = (run.summary.get("noise") or {}).get("verdict")
+        stderr.print(Text(f"run {i}/{repeat}: {clean(shown_path(run.dir))}"
+                          + (f"  step {step / 1000:.2f} ms" if isinstance(step, (int, float)) else "")
+                          + (f"  ({noise})" if noise == "noisy" else "")), highlight=False)
+
+
 @app.command()
 def analyze(
-    trace: Path = typer.Argument(..., parser=_user_path, help="torch.profiler Chrome trace (.json or .json.gz), an Nsight file "
-                                 "(.nsys-rep / nsys SQLite export, .ncu-rep / ncu CSV), or a folder of per-rank "
-                                 "traces or run directories to merge."),
+    trace: str = typer.Argument(..., help="torch.profiler Chrome trace (.json or .json.gz), an Nsight file "
+                                "(.nsys-rep / nsys SQLite export, .ncu-rep / ncu CSV), or a folder of per-rank "
+                                "traces or run directories to merge; a trace may be a URL (s3://, gs://, https://, "
+                                "file://; needs fsspec)."),
     out: Path | None = OUT,
     json_out: bool = JSON_OUT,
     peak_bw: float | None = PEAK_BW,
@@ -303,18 +395,12 @@ def analyze(
     _state["debug"] = debug
     from opscope.api import analyze as analyze_trace
 
-    def run_analysis(progress: Progress) -> Run:
-        return analyze_trace(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
-                             max_trace_gb=max_trace_gb, capture=capture, nsys=nsys, ncu=ncu, torch_trace=torch_trace,
-                             inductor_cache=inductor_cache, progress=progress, workers=workers, engine=engine.value,
-                             address=address).analyzed
-
-    if trace.is_dir() and stderr.is_terminal:
-        with _RichProgress(stderr) as progress:  # ranks done
-            run = run_analysis(progress)
-    else:
-        run = run_analysis(_WarnOnly())
-    _emit(run, json_out, top)  # as analyzed (its events), not as read back
+    with _EventsProgress(stderr) as progress:  # events decoded (one trace), ranks done (a folder)
+        run = analyze_trace(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
+                            max_trace_gb=max_trace_gb, capture=capture, nsys=nsys, ncu=ncu, torch_trace=torch_trace,
+                            inductor_cache=inductor_cache, progress=progress, workers=workers, engine=engine.value,
+                            address=address)
+    _emit(run.analyzed, json_out, top)  # as analyzed (its events), not as read back
 
 
 @app.command()
@@ -474,8 +560,13 @@ def calibrate(
 def kernels(
     name: str | None = typer.Argument(None, help="With --bench: only this kernel."),
     bench: bool = typer.Option(False, "--bench", help="Time the kernels against aten, eager and torch.compile."),
-    tune: bool = typer.Option(False, "--tune", help="With --bench: pick each CPU kernel's grain size by "
-                                                     "measurement first and cache it."),
+    tune: bool = typer.Option(False, "--tune", help="Pick each CPU kernel's grain size by measurement over its "
+                                                     "manifest's search space, per shape class, and cache it "
+                                                     "(with --bench: before timing each case)."),
+    shape: list[str] = typer.Option([], "--shape", help="With --tune and NAME: a tensor argument's shape "
+                                                       "(4096x4096), repeated in signature order; default: the "
+                                                       "manifest's cases."),
+    dtype: str = typer.Option("float32", "--dtype", help="With --tune --shape: the inputs' dtype."),
     repeats: int = typer.Option(15, "--repeats", min=3, help="Interleaved timed rounds per case."),
     quick: bool = typer.Option(False, "--quick", help="Shapes scaled down 16x per dim, no torch.compile (a smoke run)."),
     no_compile: bool = typer.Option(False, "--no-compile", help="Leave torch.compile out of the comparison."),
@@ -495,6 +586,20 @@ def kernels(
 
     if name is not None:
         ks.find(name)
+    if shape and not (tune and not bench):
+        raise OpscopeError("--shape goes with --tune (without --bench): opscope kernels NAME --tune --shape 4096x4096")
+    if tune and not bench:
+        from opscope.kernels import bench as kb
+        from opscope.render.kernels import tuning
+
+        doc = kb.tune_run([name] if name else [], shape, dtype, progress=lambda m: _warn(m))
+        if doc["note"]:
+            _warn(f"note: {doc['note']}")
+        if json_out:
+            sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+        else:
+            tuning(doc, _console())
+        return
     if not bench:
         doc = ks.listing()
         if json_out:
@@ -507,7 +612,10 @@ def kernels(
     import datetime as dt
 
     from opscope.kernels import bench as kb
+    from reference_kernels import tuning as kt
 
+    if kt.note():
+        _warn(f"note: {kt.note()}")
     result = kb.run([name] if name else [], repeats=repeats, peak_gbps=peak_bw, compiled=not (quick or no_compile),
                     scale=scale if scale is not None else (1 / 16 if quick else 1.0), do_tune=tune, progress=lambda m: _warn(m),
                     device="cuda" if device == Device.cuda else "cpu")
@@ -594,6 +702,86 @@ def swap(
         stderr.print(Text(f"opscope: verification failed for {', '.join(clean(r['label']) for r in failed)}: no speedup "
                           f"reported for {'it' if len(failed) == 1 else 'them'}"), highlight=False, soft_wrap=True)
         sys.exit(1)
+
+
+baseline_app = typer.Typer(no_args_is_help=True, help="Baselines for `opscope gate`: samples of runs, kept in a "
+                                                       "small versioned file meant to be committed.")
+app.add_typer(baseline_app, name="baseline")
+BASELINE_DIR = typer.Option(Path(".opscope/baselines"), "--dir", metavar="DIR", parser=_user_path,
+                            help="The folder of baselines (NAME.json in it).")
+
+
+class GateFormat(str, Enum):
+    console = "console"
+    markdown = "markdown"
+    junit = "junit"
+    json = "json"
+
+
+def _share(value: str) -> float:
+    """'10%', '10' or '0.1' (a fraction when under 1 without %) as a fraction."""
+    text = value.strip()
+    try:
+        if text.endswith("%"):
+            return float(text[:-1]) / 100
+        number = float(text)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not a share such as 10%") from None
+    return number if number < 1 else number / 100
+
+
+@baseline_app.command("save")
+def baseline_save(
+    runs: list[Path] = typer.Argument(..., parser=_user_path, help="Run directories of the same code (e.g. from "
+                                                                   "`opscope profile --repeat 5`)."),
+    name: str = typer.Option(..., "--name", help="The baseline's name (the file DIR/NAME.json)."),
+    folder: Path = BASELINE_DIR,
+    debug: bool = DEBUG,
+) -> None:
+    """Save the samples of runs as a baseline: each step's time, each op row's (op + line + shapes) and each
+    module's time per run, the machine, its ceilings and the torch version."""
+    _state["debug"] = debug
+    from opscope.api import baseline_save as save
+    from opscope.render.text import clean
+    from opscope.run.model import shown_path
+
+    path = save(runs, name, dir=folder)
+    stderr.print(Text(f"baseline {clean(name)}: {len(runs)} run(s) in {clean(shown_path(path))}"), highlight=False)
+
+
+@app.command()
+def gate(
+    runs: list[Path] = typer.Argument(..., parser=_user_path, help="Run directories to gate (one or more)."),
+    baseline: str = typer.Option(..., "--baseline", metavar="NAME", help="The saved baseline (DIR/NAME.json)."),
+    folder: Path = BASELINE_DIR,
+    threshold: str = typer.Option("10%", "--threshold", metavar="SHARE",
+                                  help="The smallest slowdown that fails: 10% fails what is significantly over 1.10x."),
+    confidence: float = typer.Option(0.99, "--confidence", metavar="C", help="The tests' confidence (0.5 to 1)."),
+    fmt: GateFormat = typer.Option(GateFormat.console, "--format", help="console, markdown ($GITHUB_STEP_SUMMARY, "
+                                   "PR comments), junit (a testcase per gated item) or json."),
+    output: Path | None = typer.Option(None, "--output", "-o", metavar="FILE", parser=_user_path,
+                                       help="Write the report to FILE (replaced atomically) instead of stdout."),
+    debug: bool = DEBUG,
+) -> None:
+    """Gate runs against a baseline: step time, op rows and modules tested (Mann-Whitney U past the threshold
+    at the confidence), new op rows named with their line. Exit 1 on a regression, 0 otherwise, 2 on bad
+    input."""
+    _state["debug"] = debug
+    from opscope.api import gate as gate_runs
+    from opscope.gating.baseline import write_atomically
+    from opscope.gating.formats import headline, render
+    from opscope.render.text import clean
+
+    result = gate_runs(runs, baseline, dir=folder, threshold=_share(threshold), confidence=confidence)
+    text = render(result, fmt.value)
+    if output is not None:
+        write_atomically(output, text.encode("utf-8"))
+        stderr.print(Text(clean(headline(result))), highlight=False, soft_wrap=True)
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    if result.exit_code:
+        sys.exit(result.exit_code)
 
 
 @app.command()

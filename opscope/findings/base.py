@@ -76,6 +76,9 @@ class Context:
     # A compiled model's TORCH_TRACE log (opscope.trace.torch_trace): its graphs, kernels' provenance and
     # dynamo's compile metrics (graph breaks, recompilations); None when the run has none.
     compile_log: TorchTraceLog | None = None
+    # summary.json swap_candidates' measured_speedup per bundled kernel (None: not measured here); a finding
+    # names a bundled kernel as the fix only where it measured faster (opscope.kernels.incontext)
+    kernel_speedups: dict[str, float | None] = field(default_factory=dict)
     # Derived tables shared between rules (call tree, subtree times, copy classification, ...), filled
     # lazily by opscope.findings.common; never written anywhere.
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)

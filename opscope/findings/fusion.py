@@ -23,7 +23,7 @@ outside the compiled graphs (bring them in) or inside one, unfused (ops inductor
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypedDict
 
@@ -106,23 +106,44 @@ FUSED_KERNELS = {"hand-written RMSNorm": "rms_norm", "SiLU gate (SwiGLU)": "swig
 
 
 def pattern_for(op_names: set[str], chain: Sequence[str] = (), compiled: bool = False,
-                cpu: bool = False) -> tuple[str, str]:
+                cpu: bool = False, speedups: Mapping[str, float | None] | None = None) -> tuple[str, str]:
     """(labels of every pattern the run contains, their suggestions), or ("", DEFAULT_SUGGESTION): `op_names`
     the base names of the run's ops, views and composites, `chain` the base names of its working ops in
-    execution order. A pattern with a bundled fused kernel also names it and the command that tries it in
-    the model. `compiled`: the model already runs compiled, so no suggestion names torch.compile (and
-    without a pattern the suggestion is ''). `cpu`: a CPU run (CPU_PATTERN_SUGGESTIONS)."""
+    execution order. A pattern with a bundled fused kernel also names it: as the fix where it measured
+    faster on the run's shapes (`speedups`, summary swap_candidates' measured_speedup), apart as slower
+    here where it lost, and as not measured where nothing timed it. `compiled`: the model already runs
+    compiled, so no suggestion names torch.compile (and without a pattern the suggestion is ''). `cpu`: a
+    CPU run (CPU_PATTERN_SUGGESTIONS)."""
     hits = [(label, COMPILED_PATTERN_SUGGESTIONS.get(label, suggestion) if compiled else
              CPU_PATTERN_SUGGESTIONS.get(label, suggestion) if cpu else suggestion)
             for label, need, check, suggestion in PATTERNS if need <= op_names and (check is None or check(chain))]
     if not hits:
         return "", "" if compiled else DEFAULT_SUGGESTION
     kernels = [FUSED_KERNELS[label] for label, _ in hits if label in FUSED_KERNELS]
-    bundled = (f"The bundled fused kernel{'s' if len(kernels) > 1 else ''} {', '.join(kernels)} "
-               f"{'do' if len(kernels) > 1 else 'does'} it in one pass: `opscope swap MODEL --kernel "
-               f"{'+'.join(kernels)}` puts {'them' if len(kernels) > 1 else 'it'} in the model, checks the results and "
-               "measures the speedup. ") if kernels else ""
-    return " + ".join(h[0] for h in hits), bundled + " ".join(h[1] for h in hits)
+    return " + ".join(h[0] for h in hits), bundled_text(kernels, speedups or {}) + " ".join(h[1] for h in hits)
+
+
+def bundled_text(kernels: list[str], speedups: Mapping[str, float | None]) -> str:
+    """What a finding says of the bundled fused kernels for its pattern: only one measured faster here is
+    suggested (with its speedup); one that lost is named as slower here; one not timed claims nothing."""
+    out = []
+    faster = [k for k in kernels if (speedups.get(k) or 0.0) > 1.0]
+    slower = [k for k in kernels if speedups.get(k) is not None and k not in faster]
+    unmeasured = [k for k in kernels if speedups.get(k) is None]
+    if faster:
+        timed = ", ".join(f"{k} ({speedups[k]:.2f}x the replaced ops' speed on this run's shapes)" for k in faster)
+        out.append(f"The bundled fused kernel{'s' if len(faster) > 1 else ''} {timed} "
+                   f"{'do' if len(faster) > 1 else 'does'} it in one pass: `opscope swap MODEL --kernel "
+                   f"{'+'.join(faster)}` puts {'them' if len(faster) > 1 else 'it'} in the model, checks the results "
+                   "and measures the speedup. ")
+    if slower:
+        out.append("Slower here, so not suggested: the bundled kernel " + ", ".join(
+            f"{k} ({speedups[k]:.2f}x)" for k in slower) + " on this run's shapes. ")
+    if unmeasured:
+        out.append(f"The bundled fused kernel{'s' if len(unmeasured) > 1 else ''} {', '.join(unmeasured)} "
+                   f"{'were' if len(unmeasured) > 1 else 'was'} not measured here: `opscope swap MODEL --kernel "
+                   f"{'+'.join(unmeasured)}` checks and times {'them' if len(unmeasured) > 1 else 'it'} in the model. ")
+    return "".join(out)
 
 
 @dataclass
@@ -314,7 +335,7 @@ def fusion(ctx: Context) -> Iterator[Finding]:
     for key, g in fusion_groups(ctx).items():
         compiled = compiled_run(ctx)
         label, suggestion = pattern_for(g["names"], [base_name(n) for n, _ in key], compiled=compiled,
-                                        cpu=not ctx.gpu)
+                                        cpu=not ctx.gpu, speedups=ctx.kernel_speedups)
         if compiled:  # torch.compile already ran: say why these ops were not fused
             note = INSIDE_COMPILED if in_compiled_graph(ctx, g["events"]) else OUTSIDE_COMPILED
             suggestion = f"{suggestion} {note}".strip()

@@ -1,6 +1,8 @@
 """`opscope kernels --bench [NAME]`: time each bundled kernel on its manifest's shapes against the native
 aten op, the eager composite it replaces and torch.compile of that composite, in one process with
-interleaved repeats; and `--tune`: pick each CPU kernel's grain size by measurement (reference_kernels.tuning).
+interleaved repeats; and `--tune`: pick each CPU kernel's grain size by measurement over the search space
+its manifest declares, per shape class (reference_kernels.tuning); bench and profile tune a shape class
+on first use within FIRST_USE_BUDGET_S.
 
 Method, per (kernel, case):
   - inputs: seeded randn of the manifest's shapes and dtype; the same tensors for every candidate;
@@ -50,9 +52,9 @@ GOALS = {  # kernel -> [(ratio key, minimum)], from the issue that introduced th
     "softmax": [("vs_native", 0.9)],
 }
 BANDWIDTH_GOAL_PCT = 70.0
-ELEMENTWISE_GRAINS = (8192, 32768, 131072, 524288)   # elements per parallel task
-ROW_GRAINS = (1, 4, 16, 64)                          # rows (or outputs / tasks) per parallel task
-ELEMENTWISE = ("broadcast_add", "swiglu")
+# grain sizes: each kernel's manifest declares its search space ([tune.cpu] grain_size)
+TUNE_SAMPLE_S = 2e-3        # one timed sample of a grain candidate: enough calls to last this long
+FIRST_USE_BUDGET_S = 0.25   # tuning a shape class the first time bench or profile meets it
 
 
 class BenchError(OpscopeError):
@@ -91,10 +93,33 @@ class CaseResult:
     compile_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"kernel": self.kernel, "case": self.case, "dtype": self.dtype, "shapes": self.shapes,
+        return {"kernel": self.kernel, "case": self.case, **verdict(self.ratios, self.pct_bandwidth),
+                "dtype": self.dtype, "shapes": self.shapes,
                 "bytes": self.bytes, "gbps": self.gbps, "pct_bandwidth": self.pct_bandwidth, "ratios": self.ratios,
                 "grain": self.grain, "compile_s": self.compile_s,
                 "timings": {k: vars(v) for k, v in self.timings.items()}}
+
+
+def verdict(ratios: dict[str, float], pct_bandwidth: float | None) -> dict[str, Any]:
+    """A case's summary: `vs_aten` (the native aten op, else the eager composite that aten runs),
+    `vs_compile` (torch.compile of the composite; null when it was left out), `vs_best` (against the better
+    of the two), and whether the kernel is `suggested` there: only when it beats both (vs_best >= 1.0);
+    else `why` says which one wins and by how much. A ratio is other median / kernel median (> 1: kernel faster)."""
+    aten = ratios.get("vs_native", ratios.get("vs_eager"))
+    compile_ = ratios.get("vs_compiled")
+    known = [r for r in (aten, compile_) if r is not None]
+    best = min(known) if known else None
+    out: dict[str, Any] = {"vs_aten": aten, "vs_compile": compile_, "vs_best": best, "pct_bandwidth": pct_bandwidth,
+                           "suggested": best is not None and best >= 1.0, "why": None}
+    if best is None:
+        out["why"] = "nothing to compare with was timed"
+    elif best < 1.0:
+        winner = "torch.compile" if compile_ is not None and best == compile_ else "aten"
+        out["why"] = (f"{winner} is faster: the kernel runs at {best:.2f}x its speed"
+                      + (f" ({pct_bandwidth:.0f}% of the measured bandwidth)" if pct_bandwidth is not None else ""))
+    elif compile_ is None:
+        out["why"] = "compared with aten only (torch.compile left out)"
+    return out
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -132,6 +157,29 @@ def interleaved(candidates: dict[str, Callable[[], Any]], repeats: int,
     return {n: summarize(s) for n, s in samples.items()}
 
 
+def batched(fn: Callable[[], Any], sync: Callable[[], None], sample_s: float) -> tuple[Callable[[], Any], int]:
+    """`fn` repeated enough times back to back that one sample lasts about `sample_s`, and that count
+    (a call of a few µs is below the timer's and the loop's own noise)."""
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    once = max(time.perf_counter() - t0, 1e-7)
+    k = max(1, min(1000, round(sample_s / once)))
+
+    def many() -> Any:
+        for _ in range(k):
+            out = fn()
+        return out
+
+    return many, k
+
+
+def per_call(t: Timing, k: int) -> Timing:
+    """A batched candidate's timing as one call's."""
+    return summarize([s / 1e3 / k for s in t.samples_ms])
+
+
 def _module(name: str) -> Any:
     """The kernel's op module (its composite, native op and bench arguments); importing it registers
     nothing."""
@@ -158,8 +206,15 @@ def traffic_bytes(args: tuple, out: Any) -> int:
     return sum(t.numel() * t.element_size() for t in [*tensors, out])
 
 
-def tune(manifest: Any, args: tuple, repeats: int = 7) -> dict[str, Any]:
-    """Measure the CPU kernel's forward at each candidate grain size (interleaved) and cache the best."""
+def search_space(manifest: Any) -> tuple[int, ...]:
+    """The grain sizes the manifest's `[tune.cpu]` declares (just the built-in default when none)."""
+    return tuple(manifest.tune.get("cpu", {}).get("grain_size", (0,)))
+
+
+def tune(manifest: Any, args: tuple, repeats: int = 7, budget_s: float | None = None) -> dict[str, Any]:
+    """Measure the CPU kernel's forward at each grain size of its search space (interleaved, batched
+    calls) and cache the fastest for these arguments' shape class. `budget_s` fits the rounds to that many
+    seconds (at least 3, at most `repeats`)."""
     import torch
 
     from reference_kernels import _build, tuning
@@ -167,13 +222,85 @@ def tune(manifest: Any, args: tuple, repeats: int = 7) -> dict[str, Any]:
     _build.load_cpu_extension()
     fn = f"{manifest.name}_forward"
     raw = getattr(torch.ops.opscope_cpu, fn)
-    grains = ELEMENTWISE_GRAINS if manifest.name in ELEMENTWISE else ROW_GRAINS
-    timings = interleaved({str(g): functools.partial(raw, *args, g) for g in grains}, repeats)
+    grains = search_space(manifest)
+    no_sync: Callable[[], None] = lambda: None  # noqa: E731 - CPU
+    calls = {}
+    per = {}
+    with torch.no_grad():
+        for g in grains:
+            calls[str(g)], per[str(g)] = batched(functools.partial(raw, *args, g), no_sync, TUNE_SAMPLE_S)
+        rounds = repeats if budget_s is None else max(3, min(repeats, int(budget_s / (len(grains) * TUNE_SAMPLE_S))))
+        timings = {k: per_call(t, per[k]) for k, t in interleaved(calls, rounds).items()}
     best = min(grains, key=lambda g: timings[str(g)].median_ms)
-    values = {"grain_size": best, "candidates_ms": {k: round(v.median_ms, 4) for k, v in timings.items()},
-              "measured": _dt.datetime.now().isoformat(timespec="seconds")}
+    values = {"grain_size": best, "candidates_ms": {k: round(v.median_ms, 5) for k, v in timings.items()},
+              "rounds": rounds, "measured": _dt.datetime.now().isoformat(timespec="seconds")}
     tuning.store(manifest.name, fn, args, values)
     return values
+
+
+def ensure_tuned(manifest: Any, args: tuple, budget_s: float = FIRST_USE_BUDGET_S) -> dict[str, Any] | None:
+    """The cached tuning of these arguments' shape class; tuned now, within `budget_s`, on first use (a
+    kernel with one candidate, or an unwritable cache, stays at its default: None)."""
+    from reference_kernels import tuning
+
+    entry = tuning.lookup(manifest.name, f"{manifest.name}_forward", args)
+    if entry is not None or len(search_space(manifest)) < 2:
+        return entry
+    try:
+        return tune(manifest, args, budget_s=budget_s)
+    except OSError:
+        return None
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """--shape 4096x4096 (one tensor argument's shape; `x`-separated positive ints)."""
+    try:
+        dims = tuple(int(d) for d in text.lower().split("x"))
+    except ValueError:
+        dims = ()
+    if not dims or any(d < 1 for d in dims):
+        raise BenchError(f"--shape {text!r}: expected a shape such as 4096x4096 (one per tensor argument)")
+    return dims
+
+
+def tune_run(names: list[str], shapes: list[str], dtype: str = "float32", repeats: int = 15,
+             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """`opscope kernels --tune [NAME] [--shape S ...]`: tune each CPU kernel on its manifest's cases, or the
+    named kernel on the given tensor shapes (in signature order; other arguments from its first case),
+    and cache the winners. Returns the document the CLI prints."""
+    import torch
+
+    import reference_kernels
+    from reference_kernels import manifest as mf
+    from reference_kernels import tuning
+
+    if shapes and len(names) != 1:
+        raise BenchError("--shape tunes one kernel: name it (opscope kernels NAME --tune --shape 4096x4096 ...)")
+    note = tuning.note()  # before this run's stores replace an ignored file
+    results = []
+    for m in reference_kernels.manifests():
+        if names and m.name not in names or "cpu" not in m.tune:
+            continue
+        if dtype not in m.dtypes:
+            raise BenchError(f"--dtype {dtype}: {m.name} takes {', '.join(m.dtypes)}")
+        cases = [mf.BenchCase(name="--shape", inputs=tuple(parse_shape(s) for s in shapes), dtype=dtype,
+                              kwargs=dict(m.bench[0].kwargs) if m.bench else {})] if shapes else list(m.bench)
+        for case in cases:
+            if progress:
+                progress(f"opscope: tuning {m.name} {case.name}")
+            try:
+                args = make_args(m, case)
+            except (RuntimeError, ValueError, TypeError) as exc:
+                raise BenchError(f"{m.name}: cannot build its arguments from {[list(i) for i in case.inputs]} "
+                                 f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from exc
+            fn = f"{m.name}_forward"
+            values = tune(m, args, repeats=repeats)
+            results.append({"kernel": m.name, "case": case.name, "shapes": [list(a.shape) for a in args
+                                                                           if isinstance(a, torch.Tensor)],
+                            "dtype": case.dtype, "shape_class": tuning.shape_class(args), **values,
+                            "key": tuning.key(m.name, fn, args)})
+    return {"machine": tuning.machine(), "threads": torch.get_num_threads(), "cache": str(tuning.cache_path()),
+            "note": note, "results": results}
 
 
 def bench_case(manifest: Any, case: Any, repeats: int, peak_gbps: float | None, compiled: bool = True,
@@ -187,6 +314,8 @@ def bench_case(manifest: Any, case: Any, repeats: int, peak_gbps: float | None, 
     args = make_args(manifest, case, scale, device)
     if do_tune and device == "cpu":
         tune(manifest, args)
+    elif device == "cpu":
+        ensure_tuned(manifest, args)
     kernel = reference_kernels.load(manifest.name)  # torch.ops.opscope.<name>, registered on first use
     candidates: dict[str, Callable[[], Any]] = {"kernel": lambda: kernel(*args)}
     if mod.native is not None and mod.native is not mod.composite:

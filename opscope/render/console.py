@@ -422,25 +422,39 @@ def findings_list(run: Run, top: int = 5) -> Group | Text:
 
 
 def swap_candidates(run: Run, top: int = 15) -> Group | None:
-    """For each of the top ops that a bundled kernel could replace (summary.json `swap_candidates`), the
-    kernels: one line per op, with the command that tries them."""
-    from opscope.run.schema import kernels_for_rows
+    """For each of the top ops that a bundled kernel measured faster on (summary.json `swap_candidates`,
+    profile's in-context timing), the kernels with their speedup: one line per op, with the command that
+    tries them. Then, apart and never as suggestions, the kernels slower here (with the number) and those
+    not measured here (with why)."""
+    from opscope.run.schema import candidate_verdict, kernels_for_rows
 
     ops = run.ops
-    by_row = kernels_for_rows(run.summary.get("swap_candidates"), range(min(top, nrows(ops))))
-    if not by_row:
-        return None
-    rows = dict(zip(sorted(by_row), records(take(ops, sorted(by_row))), strict=True))
-    grid = Table.grid(padding=(0, 2))
-    for i in sorted(by_row):
-        row = rows[i]
-        where = row.get("source_location")
-        grid.add_row(Text(f"{i + 1:>3}  {op_name(row)}"), Text(where if isinstance(where, str) else "", style="cyan"),
-                     Text("→ " + ", ".join(clean(k) for k in by_row[i]), style="green"))
-    title = Text("Swap candidates ", style="bold") + Text(
-        "(bundled kernels that could replace these top ops; try them: opscope swap TARGET --kernel NAME, or "
-        "opscope profile --try-swaps)", style="dim")
-    return Group(title, grid)
+    cands = [c for c in run.summary.get("swap_candidates") or [] if isinstance(c, dict) and isinstance(c.get("kernel"), str)]
+    speed = {c["kernel"]: c.get("measured_speedup") for c in cands}
+    by_row = kernels_for_rows(cands, range(min(top, nrows(ops))))
+    parts: list[Any] = []
+    if by_row:
+        rows = dict(zip(sorted(by_row), records(take(ops, sorted(by_row))), strict=True))
+        grid = Table.grid(padding=(0, 2))
+        for i in sorted(by_row):
+            row = rows[i]
+            where = row.get("source_location")
+            grid.add_row(Text(f"{i + 1:>3}  {op_name(row)}"), Text(where if isinstance(where, str) else "", style="cyan"),
+                         Text("→ " + ", ".join(f"{clean(k)} {speed[k]:.2f}x" for k in by_row[i]), style="green"))
+        parts += [Text("Swap candidates ", style="bold") + Text(
+            "(bundled kernels measured faster than these top ops on the run's own shapes; try them: opscope swap "
+            "TARGET --kernel NAME, or opscope profile --try-swaps)", style="dim"), grid]
+    slower = [c for c in cands if candidate_verdict(c) == "slower here"]
+    if slower:
+        parts.append(Text("Slower here (not suggested): ", style="bold") + Text("; ".join(
+            f"{clean(c['kernel'])} {c['measured_speedup']:.2f}x" for c in slower), style="yellow"))
+    unmeasured = [c for c in cands if candidate_verdict(c) == "not measured here"]
+    if unmeasured:
+        why = {clean(str(c.get("why") or "")) for c in unmeasured} - {""}
+        parts.append(Text("Not measured here: ", style="bold") + Text(
+            ", ".join(clean(c["kernel"]) for c in unmeasured) + (f" ({'; '.join(sorted(why))})" if why else ""),
+            style="dim"))
+    return Group(*parts) if parts else None
 
 
 # Nothing runs faster than the machine's peak: every % of peak above 100 printed gets its reason under the

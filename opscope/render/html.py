@@ -38,6 +38,7 @@ from opscope.render.report_data import (
     Share,
     binding_pct,
     breakdown,
+    candidate_table,
     ceilings_line,
     has_modules,
     kernels_by_op,
@@ -489,6 +490,16 @@ def _plain_table(columns: list[str], rows: list[list[str]]) -> str:
     return f'<div class="table-wrap"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
+def _candidates(run: Run) -> str:
+    table = candidate_table(run)
+    if table is None:
+        return ""
+    return ('<section id="candidates"><h2>Swap candidates</h2><p class="caption">Bundled kernels that could '
+            "replace ops of this run, timed against those ops on the run's own shapes (profile): only those "
+            "measured faster are suggestions; those slower here or not measured here are listed apart.</p>"
+            f"{_plain_table(*table)}</section>")
+
+
 def _swap(run: Run) -> str:
     swap = swap_table(run)
     if swap is None:
@@ -600,7 +611,8 @@ def _document(run: Run, comparison: Comparison | None) -> tuple[str, bytes, str]
     target = clean(run.meta.get("target"))
     nav = [("roofline", "Roofline"), ("ops", "Ops")] + ([("timeline", "Timeline")] if timeline is not None else [])
     nav += [("breakdown", "Breakdown"), ("findings", "Findings")]
-    sections = {"ranks": _ranks(run), "kernels": _kernels(run), "memory": _memory(run), "swap": _swap(run),
+    sections = {"ranks": _ranks(run), "kernels": _kernels(run), "memory": _memory(run),
+                "candidates": _candidates(run), "swap": _swap(run),
                 "comparison": _comparison(comparison)}
     nav += [(k, k.capitalize()) for k, v in sections.items() if v]
     bound_options = "".join(f'<option value="{b}">{b}</option>' for b in BOUNDS)

@@ -32,18 +32,27 @@ def listing(doc: dict[str, Any], console: Console) -> None:
 def benchmark(doc: dict[str, Any], console: Console) -> None:
     """`opscope kernels --bench`: one row per (kernel, case), the goals, and the machine."""
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("kernel", "case", "kernel ms (p20-p80)", "GB/s", "% BW", "vs native", "vs eager", "vs compile"):
-        table.add_column(col, justify="left" if col in ("kernel", "case") else "right")
+    for col in ("kernel", "case", "kernel ms (p20-p80)", "GB/s", "% BW", "vs aten", "vs compile", "vs best",
+                "suggested"):
+        table.add_column(col, justify="left" if col in ("kernel", "case", "suggested") else "right")
 
-    def ratio(r: dict[str, Any], key: str) -> str:
-        return f"{r['ratios'][key]:.2f}x" if key in r["ratios"] else "-"
+    def ratio(value: Any) -> str:
+        return f"{value:.2f}x" if isinstance(value, (int, float)) else "-"
 
     for r in doc["results"]:
         t = r["timings"]["kernel"]
         pct = f"{r['pct_bandwidth']:.0f}%" if r["pct_bandwidth"] is not None else "-"
         table.add_row(r["kernel"], r["case"], f"{t['median_ms']:.2f} ({t['p20_ms']:.2f}-{t['p80_ms']:.2f})",
-                      f"{r['gbps']:.1f}", pct, ratio(r, "vs_native"), ratio(r, "vs_eager"), ratio(r, "vs_compiled"))
+                      f"{r['gbps']:.1f}", pct, ratio(r.get("vs_aten")), ratio(r.get("vs_compile")),
+                      ratio(r.get("vs_best")), "yes" if r.get("suggested") else "no")
     console.print(table)
+    suggested = sum(bool(r.get("suggested")) for r in doc["results"])
+    console.print(f"suggested: {suggested} of {len(doc['results'])} cases (vs best >= 1.0: faster than both aten "
+                  "and torch.compile)", markup=False)
+    for r in doc["results"]:
+        if r.get("why"):
+            console.print(f"  {'' if r.get('suggested') else 'not suggested: '}{r['kernel']} {r['case']}: {r['why']}",
+                          markup=False, soft_wrap=True)
     met = sum(g["met"] for g in doc["goals"])
     console.print(f"goals met: {met} of {len(doc['goals'])}", markup=False)
     for g in doc["goals"]:
@@ -56,3 +65,16 @@ def benchmark(doc: dict[str, Any], console: Console) -> None:
     if mach["gpu"] is None:
         console.print("no GPU here: the Triton and CUDA kernels are compiled and interpreter-checked, not timed",
                       markup=False)
+
+
+def tuning(doc: dict[str, Any], console: Console) -> None:
+    """`opscope kernels --tune`: per kernel and case, the shape class, the chosen grain and each candidate's time."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("kernel", "case", "dtype", "shape class", "grain", "candidates (ms per call)"):
+        table.add_column(col)
+    for r in doc["results"]:
+        cands = "  ".join(f"{g}: {ms:.4g}" for g, ms in r["candidates_ms"].items())
+        table.add_row(r["kernel"], r["case"], r["dtype"], r["shape_class"], str(r["grain_size"]), cands)
+    console.print(table)
+    console.print(f"machine: {doc['machine']}, {doc['threads']} threads; cached in {doc['cache']} "
+                  "(0: the kernel's built-in default)", markup=False, soft_wrap=True)

@@ -396,6 +396,34 @@ SWAP_COLUMNS = ["swap", "status", "replaces", "calls kernel/orig", "max abs err"
                 "op speedup", "step original", "step swapped", "step speedup"]
 
 
+CANDIDATE_COLUMNS = ["kernel", "verdict", "measured speedup", "original per step", "kernel per step", "op rows",
+                     "why"]
+
+
+def candidate_table(run: Run) -> tuple[list[str], list[list[str]]] | None:
+    """One row per swap candidate of summary.json (profile's in-context timing): the suggestions (faster)
+    first, then those slower here and those not measured here, each with its number or why; None when
+    the run has none."""
+    from opscope.run.schema import candidate_verdict
+
+    cands = [c for c in run.summary.get("swap_candidates") or [] if isinstance(c, dict) and isinstance(c.get("kernel"), str)]
+    if not cands:
+        return None
+    order = {"faster": 0, "slower here": 1, "not measured here": 2}
+    rows = []
+    for c in sorted(cands, key=lambda c: order[candidate_verdict(c)]):
+        speed = num(c.get("measured_speedup"))
+        rows.append([text(c["kernel"]), candidate_verdict(c), f"{speed:.2f}x" if speed is not None else "—",
+                     _us(c.get("original_us")), _us(c.get("measured_us")),
+                     ", ".join(str(r + 1) for r in c.get("rows") or [] if isinstance(r, int)), text(c.get("why")) or ""])
+    return CANDIDATE_COLUMNS, rows
+
+
+def _us(value: Any) -> str:
+    v = num(value)
+    return units.duration(v) if v is not None else "—"
+
+
 def swap_table(run: Run) -> tuple[list[str], list[list[str]]] | None:
     """One row per swap of swap.json: status, what it replaced, calls per step that ran the kernel and
     that fell back, the largest errors, the op-level speedup (op_time_speedup), the end-to-end step

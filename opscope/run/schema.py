@@ -292,6 +292,15 @@ class SwapCandidate(Struct, kw_only=True):
     replaces: list[Replaces] = []
     rows: Annotated[list[Count], _doc("indices into ops.csv")] = []
     time_us: Annotated[Number | None, _doc("those rows' total time")] = None
+    measured_speedup: Annotated[Number | None, _doc(
+        "profile's in-context timing: the rows' time over their time with the kernel, timed on the run's own "
+        "shapes and dtypes against the op it replaces (> 1: faster here); null when not measured here")] = None
+    original_us: Annotated[Duration | None, _doc("the replaced ops' measured time per step")] = None
+    measured_us: Annotated[Duration | None, _doc("the kernel's measured time per step in their place")] = None
+    verdict: Annotated[str | None, _doc(
+        "faster (a suggestion), slower here (never suggested) or not measured here (claims nothing)")] = None
+    why: Annotated[str | None, _doc("why a candidate is slower here or not measured here")] = None
+    measure_s: Annotated[Number | None, _doc("seconds the in-context timing took")] = None
 
 
 class Collective(Struct, kw_only=True):
@@ -439,6 +448,13 @@ class WhatIfFile(Struct, kw_only=True):
     critical_path_fixed: Annotated[list[Segment], _doc("the step replayed with every finding's fix")] = []
 
 
+class RowSteps(Struct, kw_only=True):
+    """An ops.csv row's time in each profiled step."""
+
+    row: Annotated[Count, _doc("index into ops.csv")]
+    times_us: list[Duration] = []
+
+
 class Summary(Struct, kw_only=True):
     """summary.json: the run in numbers."""
 
@@ -450,6 +466,12 @@ class Summary(Struct, kw_only=True):
     step_time_us_max: Duration | None = None
     step_time_cv: Annotated[Annotated[float, Meta(ge=0.0, le=1000.0)] | None, _doc(
         "sample standard deviation / mean of the steps' wall times; null for a single step")] = None
+    step_times_us: Annotated[list[Duration] | None, _doc(
+        "each profiled step's wall time, in order (profile runs; the first 1000 steps): the samples opscope gate "
+        "tests; null or absent for traces analyzed")] = None
+    op_step_times_us: Annotated[list[RowSteps] | None, _doc(
+        "profile runs: the first 40 rows of ops.csv, each with its time in each profiled step (the first 200): "
+        "the op samples opscope gate tests")] = None
     step_source: Annotated[str | None, _doc("annotations (ProfilerStep#N ranges) or whole trace")] = None
     noise: Noise | None = None
     ops_covered_time_share: Annotated[Number | None, _doc(
@@ -845,18 +867,30 @@ def valid_swap_result(result: Any) -> bool:
     return True
 
 
-def kernels_for_rows(swap_candidates: Any, rows: range) -> dict[int, list[str]]:
-    """{row index: candidate kernel names} for the given rows of a run's summary `swap_candidates`."""
+def kernels_for_rows(swap_candidates: Any, rows: range, verdict: str | None = "faster") -> dict[int, list[str]]:
+    """{row index: candidate kernel names} for the given rows of a run's summary `swap_candidates`, those of
+    one `verdict` (default: the suggestions, measured faster here; None: every candidate)."""
     out: dict[int, list[str]] = {}
     if not isinstance(swap_candidates, list):
         return out
     for c in swap_candidates:
         if not isinstance(c, dict) or not isinstance(c.get("kernel"), str) or not isinstance(c.get("rows"), list):
             continue
+        if verdict is not None and candidate_verdict(c) != verdict:
+            continue
         for r in c["rows"]:
             if isinstance(r, int) and r in rows:
                 out.setdefault(r, []).append(c["kernel"])
     return out
+
+
+def candidate_verdict(candidate: dict[str, Any]) -> str:
+    """faster, slower here or not measured here: a candidate of a run written before the in-context timing
+    (no verdict) was not measured, and only a measured speedup above 1 is faster."""
+    speedup = candidate.get("measured_speedup")
+    if not isinstance(speedup, (int, float)) or isinstance(speedup, bool) or speedup != speedup:
+        return "not measured here"
+    return "faster" if speedup > 1.0 else "slower here"
 
 
 # --- the published record -------------------------------------------------------------------------------------

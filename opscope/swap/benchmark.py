@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from opscope.analysis.ops_table import classify_bound
 from opscope.costmodel import OpCall, estimate
-from opscope.kernels.bench import Timing, interleaved, summarize
+from opscope.kernels.bench import Timing, batched, interleaved, per_call
 from opscope.machine.peaks import Peaks, ceiling_key
 from opscope.swap.mechanisms import RecordedCall, Swap
 from opscope.swap.traps import fresh_args, select_calls, tensors_of
@@ -160,20 +160,7 @@ def roofline(flops: float | None, nbytes: int, dtype: torch.dtype | None, peaks:
 
 
 def _batched(fn: Callable[[], Any], sync: Callable[[], None]) -> tuple[Callable[[], Any], int]:
-    """`fn` repeated enough times back to back that one sample lasts about SAMPLE_S, and that count."""
-    sync()
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    once = max(time.perf_counter() - t0, 1e-7)
-    k = max(1, min(1000, round(SAMPLE_S / once)))
-
-    def many() -> Any:
-        for _ in range(k):
-            out = fn()
-        return out
-
-    return many, k
+    return batched(fn, sync, SAMPLE_S)
 
 
 def _repeats(one_round_s: float, budget_s: float, limit: int) -> int:
@@ -232,7 +219,7 @@ def op_level(calls: list[RecordedCall], peaks: Peaks, device: torch.device, repe
 
 
 def _per_call(t: Timing, k: int) -> Timing:
-    return summarize([s / 1e3 / k for s in t.samples_ms])
+    return per_call(t, k)
 
 
 @dataclass

@@ -20,14 +20,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import IO, Any, cast
 
 import msgspec
 
-from opscope.errors import TraceError
+from opscope.errors import OutputError, TraceError
 from opscope.limits import MAX_TEXT_CHARS, bounded
 from opscope.sources import trace_frame_location as frame_location_of
 from opscope.table import Table, empty, nrows, take
+from opscope.trace.json_stream import NotStreamable, split_array
+from opscope.trace.location import Url, open_url, url_info
 
 DEVICE_ACTIVITY_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
@@ -291,13 +293,42 @@ class TraceBytes(bytearray):
         self.notes: list[str] = []
 
 
-def read_bytes(path: str | Path, max_bytes: int | None = None) -> TraceBytes:
+def read_bytes(path: str | Path | Url, max_bytes: int | None = None, copy: IO[bytes] | None = None) -> TraceBytes:
     """The trace's JSON text, gunzipped when needed (by magic number, not by suffix). Reads the file
-    once, in chunks (so pipes and /dev/stdin work), rejects what is not JSON from its first bytes, and
-    refuses a trace whose (decompressed) size passes `max_bytes`, a decompression bomb or a stream of
-    padding before spending that memory."""
-    p = Path(path)
+    once, in chunks (so pipes, /dev/stdin and URLs work: a URL is streamed, opscope.trace.location),
+    rejects what is not JSON from its first bytes, and refuses a trace whose (decompressed) size passes
+    `max_bytes`, a decompression bomb or a stream of padding before spending that memory."""
+    buf = TraceBytes()
+    with trace_text(path, max_bytes, copy) as (chunks, notes, _again):
+        for chunk in chunks:
+            buf += chunk
+    buf.notes = notes
+    return buf
+
+
+@contextmanager
+def trace_text(path: str | Path | Url, max_bytes: int | None = None, copy: IO[bytes] | None = None
+               ) -> Iterator[tuple[Iterator[bytes], list[str], bool]]:
+    """The trace's text as it is read, chunk by chunk, with the checks of read_bytes (a TraceError when
+    one fails); the notes on what reading left out (filled in as it goes); and whether the source can
+    be read again (a regular file, a URL; not a pipe). `copy`: a URL's bytes as read (gzipped or not)
+    are written there too, from its start each time the URL is read, so that the run keeps the trace
+    without fetching it twice."""
     limit = max_bytes if max_bytes is not None else max_trace_bytes(None)
+    notes: list[str] = []
+    if isinstance(path, Url):
+        kind, size = url_info(path)
+        if kind == "directory":
+            raise TraceError(f"{path.shown} is a directory, not a trace file")
+        with open_url(path) as f:
+            source: Any = f
+            if copy is not None:
+                copy.seek(0)
+                copy.truncate()
+                source = _Tee(f, copy)
+            yield _chunks(path.shown, source, limit, size, notes), notes, True
+        return
+    p = Path(path)
     try:
         st = os.stat(p)
     except FileNotFoundError:
@@ -306,17 +337,39 @@ def read_bytes(path: str | Path, max_bytes: int | None = None) -> TraceBytes:
         raise TraceError(f"cannot read {p}: {exc.strerror or exc}") from exc
     if stat.S_ISDIR(st.st_mode):
         raise TraceError(f"{p} is a directory, not a trace file")
+    regular = stat.S_ISREG(st.st_mode)
     try:
         with open(p, "rb") as f:
-            head = _read_at_least(f, 2)
-            if head[:2] == b"\x1f\x8b":
-                return _read_gzip(p, head, f, limit)
-            regular = stat.S_ISREG(st.st_mode)
-            if regular and st.st_size > limit:
-                raise TraceError(_too_big(p, limit, st.st_size))
-            return _read_plain(p, head, f, limit)
+            yield _chunks(str(p), f, limit, st.st_size if regular else None, notes), notes, regular
     except OSError as exc:
         raise TraceError(f"cannot read {p}: {exc.strerror or exc}") from exc
+
+
+class _Tee:
+    """A stream whose bytes, as read, are also written to `copy`."""
+
+    def __init__(self, f: Any, copy: IO[bytes]) -> None:
+        self.f = f
+        self.copy = copy
+
+    def read(self, n: int = -1) -> bytes:
+        data: bytes = self.f.read(n)
+        try:
+            self.copy.write(data)
+        except OSError as exc:
+            raise OutputError(f"cannot keep a copy of the trace: {exc.strerror or exc}") from exc
+        return data
+
+
+def _chunks(shown: str, f: Any, limit: int, size: int | None, notes: list[str]) -> Iterator[bytes]:
+    """`f`'s trace text; `size`: its size in bytes when known (a regular file's, a URL's)."""
+    head = _read_at_least(f, 2)
+    if head[:2] == b"\x1f\x8b":
+        yield from _gzip_chunks(shown, head, f, limit, notes)
+        return
+    if size is not None and size > limit:
+        raise TraceError(_too_big(shown, limit, size))
+    yield from _plain_chunks(shown, head, f, limit)
 
 
 def _read_at_least(f: Any, n: int) -> bytes:
@@ -330,14 +383,14 @@ def _read_at_least(f: Any, n: int) -> bytes:
     return out
 
 
-def _too_big(p: Path, limit: int, size: int | None = None) -> str:
+def _too_big(p: str, limit: int, size: int | None = None) -> str:
     what = f"is {size / 1e9:,.1f} GB" if size is not None else "decompresses to more than"
     return (f"{p} {what} the {limit / 1e9:g} GB limit for traces; pass --max-trace-gb to raise it"
             if size is None else f"{p} {what}, over the {limit / 1e9:g} GB limit for traces; "
             "pass --max-trace-gb to raise it")
 
 
-def _sniff(p: Path, first: bytes) -> None:
+def _sniff(p: str, first: bytes) -> None:
     """A Chrome trace is a JSON object (or array): reject anything else from its first bytes."""
     text = first.lstrip(b" \t\r\n")
     if text.startswith(b"\xef\xbb\xbf"):
@@ -352,7 +405,7 @@ class _PaddingCheck:
     """Counts the whitespace of a window of each chunk read, at a random offset (counting all of it
     would cost as much as inflating it), and refuses the stream once it is mostly whitespace."""
 
-    def __init__(self, p: Path) -> None:
+    def __init__(self, p: str) -> None:
         self.p = p
         self.sampled = 0
         self.whitespace = 0
@@ -369,20 +422,23 @@ class _PaddingCheck:
                              f"{total >> 20:,} MB): padding, not a profiler trace; refused before it fills memory")
 
 
-def _read_plain(p: Path, head: bytes, f: Any, limit: int) -> TraceBytes:
-    buf = TraceBytes(head)
-    buf += _read_at_least(f, _SNIFF)
-    _sniff(p, bytes(buf[:_SNIFF]))
+def _plain_chunks(p: str, head: bytes, f: Any, limit: int) -> Iterator[bytes]:
+    """An uncompressed trace's text, chunk by chunk, refused once it passes `limit` or is padding."""
+    first = head + _read_at_least(f, _SNIFF)
+    _sniff(p, first[:_SNIFF])
     padding = _PaddingCheck(p)
-    padding.add(buf, len(buf))
+    total = len(first)
+    padding.add(first, total)
+    yield first
     while True:
         chunk = f.read(_READ_CHUNK)
         if not chunk:
-            return buf
-        buf += chunk
-        if len(buf) > limit:
+            return
+        total += len(chunk)
+        if total > limit:
             raise TraceError(_too_big(p, limit))
-        padding.add(chunk, len(buf))
+        padding.add(chunk, total)
+        yield chunk
 
 
 def _inflater() -> tuple[Callable[[], Any], tuple[type[Exception], ...]]:
@@ -397,13 +453,13 @@ def _inflater() -> tuple[Callable[[], Any], tuple[type[Exception], ...]]:
     return (lambda: isal_zlib.decompressobj(wbits=31)), (zlib.error, inflate_error)
 
 
-def _read_gzip(p: Path, head: bytes, f: Any, limit: int) -> TraceBytes:
+def _gzip_chunks(p: str, head: bytes, f: Any, limit: int, notes: list[str]) -> Iterator[bytes]:
     """Inflates member after member (as gzip does), checking after each step the output against
     `limit`, against the compressed bytes the inflater has actually taken in (MAX_GZIP_RATIO) and for
     padding. Bytes after the last member that start no new member are left out, with a note."""
     new_inflater, damaged = _inflater()
     inflater = new_inflater()
-    buf = TraceBytes()
+    total = 0
     padding = _PaddingCheck(p)
     pending = head  # compressed bytes read but not yet taken in by the inflater
     consumed = 0
@@ -414,24 +470,25 @@ def _read_gzip(p: Path, head: bytes, f: Any, limit: int) -> TraceBytes:
             consumed += len(pending) - len(left)
             pending = left
             if out:
-                if not buf:
+                if not total:
                     _sniff(p, out[:_SNIFF])
-                buf += out
-                if len(buf) > limit:
+                total += len(out)
+                if total > limit:
                     raise TraceError(_too_big(p, limit))
-                if len(buf) > _BOMB_CHECK_AFTER and len(buf) > MAX_GZIP_RATIO * consumed:
+                if total > _BOMB_CHECK_AFTER and total > MAX_GZIP_RATIO * consumed:
                     raise TraceError(f"{p} expands more than {MAX_GZIP_RATIO}x when decompressed: not a profiler "
                                      "trace (torch's compress about 10-30x); refused before it fills memory")
-                padding.add(out, len(buf))
+                padding.add(out, total)
+                yield out
             if inflater.eof:
                 if len(pending) < 2:
                     pending += _read_at_least(f, 2 - len(pending))
                 if not pending:
-                    return buf
+                    return
                 if pending[:2] != b"\x1f\x8b":
-                    buf.notes.append(f"{p}: ignored the bytes after the end of its gzip data (they start with "
-                                     f"{_excerpt(pending[:16], 24)!r}, not another gzip member)")
-                    return buf
+                    notes.append(f"{p}: ignored the bytes after the end of its gzip data (they start with "
+                                 f"{_excerpt(pending[:16], 24)!r}, not another gzip member)")
+                    return
                 inflater = new_inflater()
             elif not out and not pending:
                 pending = f.read(_INFLATE_INPUT)
@@ -442,19 +499,39 @@ def _read_gzip(p: Path, head: bytes, f: Any, limit: int) -> TraceBytes:
         raise TraceError(f"{p} is a damaged gzip file ({exc or type(exc).__name__})") from exc
 
 
-def load_trace(path: str | Path, *, with_python: bool = True, data: bytes | bytearray | None = None,
-               max_bytes: int | None = None, owned: bool = False) -> TraceData:
+def load_trace(path: str | Path | Url, *, with_python: bool = True, data: bytes | bytearray | None = None,
+               max_bytes: int | None = None, owned: bool = False,
+               on_events: Callable[[int], None] | None = None, copy: IO[bytes] | None = None) -> TraceData:
     """Reads a torch.profiler Chrome trace (or decodes `data`, its bytes already read; `owned`: nothing
     else reads them, so a repair may edit them in place rather than in a copy). Raises TraceError (one
-    clear line) on anything unusable; skips and counts malformed events."""
-    notes: list[str] = []
+    clear line) on anything unusable; skips and counts malformed events.
+
+    A trace read from its file or URL is decoded as its text streams in, window by window
+    (opscope.trace.json_stream), so its text is never held whole; `on_events(n)` hears the events
+    decoded so far. Text that cannot be split as it streams (invalid JSON that needs repairs, a
+    truncated file) is read again, whole; a pipe is read whole. `copy`: see trace_text."""
+    shown = path.shown if isinstance(path, Url) else str(path)
     if data is None:
-        data = read_bytes(path, max_bytes)
+        with trace_text(path, max_bytes, copy) as (chunks, notes, again):
+            if again:
+                try:
+                    with no_gc():
+                        rejects = _Rejects()
+                        events = _StreamedEvents(shown, chunks, rejects, on_events)
+                        return _finish(shown, events, rejects, with_python, notes, [])
+                except NotStreamable:
+                    pass  # read again, whole, below
+            else:
+                data = TraceBytes()
+                for chunk in chunks:
+                    data += chunk
+                data.notes = notes
+        if data is None:
+            data = read_bytes(path, max_bytes, copy)
         owned = True
-    if isinstance(data, TraceBytes):
-        notes = data.notes
+    notes = data.notes if isinstance(data, TraceBytes) else []
     with no_gc():
-        return _load(str(path), data, with_python, notes, owned)
+        return _load(shown, data, with_python, notes, owned)
 
 
 @contextmanager
@@ -477,9 +554,14 @@ def _load(path: str, data: bytes | bytearray, with_python: bool, notes: list[str
         raise TraceError(f"{path} is not a torch.profiler trace ({exc})") from exc
     if doc.traceEvents is None:
         raise TraceError(f"{path} is JSON but has no 'traceEvents': not a Chrome trace")
+    del data
     rejects = _Rejects()
-    trace = _columnize(path, doc, with_python=with_python, rejects=rejects)
-    del doc, data
+    return _finish(path, _WholeEvents(doc, rejects), rejects, with_python, notes, repaired)
+
+
+def _finish(path: str, events: _Events, rejects: _Rejects, with_python: bool, notes: list[str],
+            repaired: list[str]) -> TraceData:
+    trace = _columnize(path, events, with_python=with_python, rejects=rejects)
     trace.warnings = [*notes, *repaired, *(f"{path}: skipped {line}" for line in rejects.lines())]
     if nrows(trace.ops) == 0 and not trace.has_gpu:
         malformed = rejects.counts.get(_MALFORMED, 0)
@@ -490,6 +572,84 @@ def _load(path: str, data: bytes | bytearray, with_python: bool, notes: list[str
         raise NothingRecorded(f"{path} has no operator (cpu_op) events and no GPU kernels: nothing to analyze "
                          "(record it with torch.profiler's CPU and/or CUDA activity)")
     return trace
+
+
+class _Events:
+    """A trace's events, batch by batch, and its other top-level keys (known once the batches are
+    read: in a streamed trace they may come after the events)."""
+
+    n_events = 0
+
+    def batches(self) -> Iterator[list[_Event]]:
+        raise NotImplementedError
+
+    def top(self) -> _TraceFile:
+        raise NotImplementedError
+
+
+class _WholeEvents(_Events):
+    """The events of a document decoded whole (each event still raw)."""
+
+    def __init__(self, doc: _TraceFile, rejects: _Rejects) -> None:
+        self.doc = doc
+        self.rejects = rejects
+        self.n_events = len(doc.traceEvents or [])
+
+    def batches(self) -> Iterator[list[_Event]]:
+        return _batches(self.doc.traceEvents or [], self.rejects)
+
+    def top(self) -> _TraceFile:
+        return self.doc
+
+
+def _decode_window(text: bytes) -> list[_Event] | list[msgspec.Raw]:
+    """A window of whole events: typed, or raw when one of them is malformed (decoded one by one after);
+    msgspec.DecodeError when the window is not whole elements (json_stream moves the cut)."""
+    try:
+        return _BATCH_DECODER.decode(text)
+    except msgspec.ValidationError:
+        return _ARRAY_DECODER.decode(text)
+
+
+class _StreamedEvents(_Events):
+    """The events of a trace whose text streams in (opscope.trace.json_stream)."""
+
+    def __init__(self, path: str, chunks: Iterator[bytes], rejects: _Rejects,
+                 on_events: Callable[[int], None] | None) -> None:
+        self.path = path
+        self.chunks = chunks
+        self.rejects = rejects
+        self.on_events = on_events
+        self.top_text: bytes | None = None
+
+    def batches(self) -> Iterator[list[_Event]]:
+        windows = split_array(self.chunks, b"traceEvents", _decode_window, _DECODER.decode)
+        while True:
+            try:
+                window = next(windows)
+            except StopIteration as stop:
+                self.top_text = stop.value
+                return
+            self.n_events += len(window)
+            if window and isinstance(window[0], msgspec.Raw):
+                yield from _batches(window, self.rejects)
+            else:
+                yield cast("list[_Event]", window)
+            del window
+            if self.on_events is not None:
+                self.on_events(self.n_events)
+
+    def top(self) -> _TraceFile:
+        assert self.top_text is not None  # batches() was read to its end
+        if self.top_text == b"[]":  # the JSON Array Format: the document is the events
+            return _TraceFile(traceEvents=[])
+        try:
+            doc = _DECODER.decode(self.top_text)
+        except msgspec.ValidationError as exc:
+            raise TraceError(f"{self.path} is not a torch.profiler trace ({exc})") from exc
+        except msgspec.DecodeError:
+            raise NotStreamable("the keys around the events are not valid JSON") from None
+        return doc
 
 
 _BOM = b"\xef\xbb\xbf"
@@ -793,7 +953,7 @@ def _device_properties(value: Any, rejects: _Rejects) -> list[dict[str, Any]]:
     return out
 
 
-def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejects) -> TraceData:
+def _columnize(path: str, events: _Events, *, with_python: bool, rejects: _Rejects) -> TraceData:
     ops = empty(_OP_COLUMNS)
     kern = empty(("cat", "name", "ts", "dur", "correlation", "ext_id", "stream", "device"))
     launch = empty(("name", "pid", "tid", "ts", "dur", "correlation", "ext_id", "kernel"))
@@ -809,8 +969,6 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
     names: dict[str, str] = {}
     inductor: dict[int, tuple[str, float, float, str]] = {}  # op index -> inductor launch args (rare)
     gpu_runtime = None
-    raws = doc.traceEvents or []
-    n_events = len(raws)
     # Bound methods, looked up once: this loop runs once per event of traces with millions of them.
     o_name, o_pid, o_tid, o_ts, o_dur = (ops[k].append for k in ("name", "pid", "tid", "ts", "dur"))
     o_ext, o_seq, o_fwd, o_stack = (ops[k].append for k in ("ext_id", "seq", "fwd_tid", "call_stack"))
@@ -820,7 +978,7 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
     intern = names.setdefault
     no_args = _Args()
     lo, hi = _INT64
-    for batch in _batches(raws, rejects):
+    for batch in events.batches():
         for e in batch:
             if e.ph != "X":
                 if e.ph == "i" and e.name == MEMORY_EVENT and e.args is not None:
@@ -924,6 +1082,8 @@ def _columnize(path: str, doc: _TraceFile, *, with_python: bool, rejects: _Rejec
                 launch["kernel"].append(intern(k, k) if isinstance(k := a.kernel, str) and len(k) <= MAX_TEXT_CHARS
                                         else bounded(k) if isinstance(k, str) else "")
         del batch
+    doc = events.top()
+    n_events = events.n_events
     if doc.hip_runtime_version is not None or doc.roctracer_version is not None:
         gpu_runtime = "rocm"
     elif gpu_runtime is None and kern["name"]:

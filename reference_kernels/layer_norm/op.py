@@ -104,3 +104,14 @@ def large_sample(dtype: torch.dtype = torch.float32) -> tuple:
 def bench_args(tensors: list[torch.Tensor], kwargs: dict) -> tuple:
     x, weight, bias = tensors
     return (x, list(weight.shape), weight, bias, kwargs.get("eps", 1e-5))
+
+
+def context_args(shape: tuple[int, ...], inputs: list[tuple[int, ...]], concrete: list[str],
+                 dtype: torch.dtype) -> tuple | None:
+    """The kernel's arguments for a profiled op row (opscope profile's in-context timing): `shape` the
+    shape the replaced ops work on, `inputs` the row's tensor shapes, `concrete` its recorded scalar
+    arguments (text); None when the row does not say enough to call the kernel."""
+    if not shape:
+        return None
+    r = randn_factory(dtype, 0)
+    return (r(*shape), [shape[-1]], r(shape[-1]), r(shape[-1]), 1e-5)

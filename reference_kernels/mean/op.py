@@ -7,6 +7,7 @@ import torch
 
 from reference_kernels import _checks, _dispatch
 from reference_kernels._registry import CustomOp
+from reference_kernels._samples import randn_factory, reduced_dim
 from reference_kernels.sum.op import expand_back, out_shape, samples  # noqa: F401 - samples shared
 
 OP = "opscope::mean"
@@ -46,3 +47,16 @@ def large_sample(dtype: torch.dtype = torch.float32) -> tuple:
     from reference_kernels.sum.op import large_sample as sum_large
 
     return sum_large(dtype)
+
+
+def context_args(shape: tuple[int, ...], inputs: list[tuple[int, ...]], concrete: list[str],
+                 dtype: torch.dtype) -> tuple | None:
+    """The kernel's arguments for a profiled op row (opscope profile's in-context timing): `shape` the
+    shape the replaced ops work on, `inputs` the row's tensor shapes, `concrete` its recorded scalar
+    arguments (text); None when the row does not say enough to call the kernel."""
+    if not inputs or not inputs[0]:
+        return None
+    found = reduced_dim(concrete)
+    if found is None:
+        return None
+    return (randn_factory(dtype, 0)(*inputs[0]), *found)

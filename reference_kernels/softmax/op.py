@@ -97,3 +97,13 @@ def bench_args(tensors: list[torch.Tensor], kwargs: dict) -> tuple:
     # on x's device: a benchmark on the GPU is given GPU inputs and every tensor it builds must follow
     mask = causal_mask(x.shape[-1], x.dtype, x.device) if len(tensors) > 1 else None
     return (x, kwargs.get("scale", 1.0), mask)
+
+
+def context_args(shape: tuple[int, ...], inputs: list[tuple[int, ...]], concrete: list[str],
+                 dtype: torch.dtype) -> tuple | None:
+    """The kernel's arguments for a profiled op row (opscope profile's in-context timing): `shape` the
+    shape the replaced ops work on, `inputs` the row's tensor shapes, `concrete` its recorded scalar
+    arguments (text); None when the row does not say enough to call the kernel."""
+    if not shape:
+        return None
+    return (randn_factory(dtype, 0)(*shape), 1.0, None)

@@ -147,8 +147,8 @@ def test_analyze_a_shared_trace(tmp_path):
 def test_bad_input_is_one_opscope_error(tmp_path):
     with pytest.raises(opscope.OpscopeError, match="no such run directory"):
         opscope.load(tmp_path / "missing")
-    with pytest.raises(opscope.OpscopeError, match="URL"):
-        opscope.analyze("https://example.com/trace.json.gz")
+    with pytest.raises(opscope.OpscopeError, match="Protocol not known"):
+        opscope.analyze("nosuchscheme://example.com/trace.json.gz")
     with pytest.raises(opscope.OpscopeError, match="mode must be"):
         opscope.profile(Net(), [torch.randn(2, 64)], mode="training")
     with pytest.raises(opscope.OpscopeError, match="nn.Module"):

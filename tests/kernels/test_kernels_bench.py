@@ -47,6 +47,23 @@ def test_goal_checks_mark_met_and_missed() -> None:
     assert got == {"vs_eager >= 1.5": True, "vs_compiled >= 0.9": False, "% of bandwidth >= 70": True}
 
 
+def test_bench_verdict_is_against_the_better_of_aten_and_compile() -> None:
+    won = kb.verdict({"vs_native": 1.3, "vs_eager": 2.0, "vs_compiled": 1.1}, 75.0)
+    assert won == {"vs_aten": 1.3, "vs_compile": 1.1, "vs_best": 1.1, "pct_bandwidth": 75.0, "suggested": True,
+                   "why": None}
+    lost = kb.verdict({"vs_eager": 1.6, "vs_compiled": 0.81}, 40.0)  # no native op: aten runs the composite
+    assert lost["vs_aten"] == 1.6 and lost["vs_best"] == 0.81 and lost["suggested"] is False
+    assert lost["why"] == "torch.compile is faster: the kernel runs at 0.81x its speed (40% of the measured bandwidth)"
+    aten = kb.verdict({"vs_native": 0.69, "vs_eager": 0.9, "vs_compiled": 1.2}, None)
+    assert aten["suggested"] is False and aten["why"].startswith("aten is faster: the kernel runs at 0.69x")
+    t = kb.Timing(1.0, 1.0, 1.0)
+    r = kb.CaseResult("softmax", "c", "float32", [[2]], 8, {"kernel": t}, gbps=1.0, pct_bandwidth=None,
+                      ratios={"vs_native": 0.5}, grain=0)
+    doc = r.to_json()
+    assert [k for k in doc][:8] == ["kernel", "case", "vs_aten", "vs_compile", "vs_best", "pct_bandwidth",
+                                    "suggested", "why"]
+
+
 def test_tuning_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import reference_kernels
 
@@ -56,16 +73,82 @@ def test_tuning_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         m = next(m for m in reference_kernels.manifests() if m.name == "swiglu")
         args = (torch.randn(64, 256), torch.randn(64, 256))
         chosen = kb.tune(m, args, repeats=3)
-        assert chosen["grain_size"] in kb.ELEMENTWISE_GRAINS
-        assert set(chosen["candidates_ms"]) == {str(g) for g in kb.ELEMENTWISE_GRAINS}
+        space = m.tune["cpu"]["grain_size"]
+        assert chosen["grain_size"] in space and set(chosen["candidates_ms"]) == {str(g) for g in space}
         tuning.reset()
         assert tuning.knob("swiglu", "swiglu_forward", args, "grain_size") == chosen["grain_size"]
+        # one tuning serves the shape class (elements and last dim rounded up to powers of two)
+        near = (torch.randn(60, 250), torch.randn(60, 250))
+        assert tuning.key("swiglu", "swiglu_forward", near) == tuning.key("swiglu", "swiglu_forward", args)
         assert tuning.knob("swiglu", "swiglu_forward", (torch.randn(3, 3), torch.randn(3, 3)), "grain_size") == 0
         doc = json.loads((tmp_path / "kernels-tuning.json").read_text())
         assert doc["format"] == tuning.FORMAT and len(doc["entries"]) == 1
+        assert kb.ensure_tuned(m, near) == doc["entries"][tuning.key("swiglu", "swiglu_forward", args)]  # no re-tune
         torch.testing.assert_close(reference_kernels.swiglu(*args), torch.nn.functional.silu(args[0]) * args[1])
     finally:
         tuning.reset()
+
+
+def test_tuning_keys_hold_machine_shape_class_and_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    a = (torch.randn(64, 256), torch.randn(256))
+    k = tuning.key("bias_gelu", "bias_gelu_forward", a)
+    assert tuning.machine() in k and "|e14.l8;e8.l8|float32|cpu|" in k
+    assert tuning.key("bias_gelu", "bias_gelu_forward", tuple(t.double() for t in a)) != k  # dtype
+    assert tuning.key("bias_gelu", "bias_gelu_forward", (torch.randn(64, 512), torch.randn(512))) != k  # class
+    assert tuning.shape_class((torch.randn(4, 128, 1024), torch.randn(1024), "none")) == "e19.l10;e10.l10"
+    monkeypatch.setattr(tuning, "_machine", "another cpu x64 aarch64")
+    assert tuning.key("bias_gelu", "bias_gelu_forward", a) != k  # a cache copied from another machine finds nothing
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"format": 2, "entries": [1, 2]}',
+                                     '{"format": 2, "entries": {"k": {"grain_size": "big"}}}', '"just a string"'])
+def test_a_corrupt_tuning_cache_is_ignored_with_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       content: str) -> None:
+    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path))
+    (tmp_path / "kernels-tuning.json").write_text(content)
+    tuning.reset()
+    try:
+        args = (torch.randn(8, 8), torch.randn(8, 8))
+        assert tuning.knob("swiglu", "swiglu_forward", args, "grain_size") == 0
+        note = tuning.note()
+        assert note is not None and "corrupt" in note and "\n" not in note
+        tuning.store("swiglu", "swiglu_forward", args, {"grain_size": 4})  # the next store writes a fresh file
+        tuning.reset()
+        assert tuning.note() is None and tuning.knob("swiglu", "swiglu_forward", args, "grain_size") == 4
+    finally:
+        tuning.reset()
+
+
+def test_an_older_format_is_ignored_with_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path))
+    (tmp_path / "kernels-tuning.json").write_text('{"format": 1, "entries": {}}')
+    tuning.reset()
+    try:
+        assert "another format" in (tuning.note() or "")
+    finally:
+        tuning.reset()
+
+
+@pytest.mark.slow
+def test_cli_tune_a_shape_with_a_corrupt_cache(tmp_path: Path) -> None:
+    import os
+
+    (tmp_path / "kernels-tuning.json").write_text("\x00garbage")
+    env = {**os.environ, "OPSCOPE_CACHE_DIR": str(tmp_path)}
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "opscope", "kernels", "swiglu", "--tune", "--shape", "64x256",
+                           "--shape", "64x256", "--json"], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.count("corrupt") == 1
+    doc = json.loads(proc.stdout)
+    (r,) = doc["results"]
+    assert r["kernel"] == "swiglu" and r["shapes"] == [[64, 256], [64, 256]] and r["shape_class"] == "e14.l8;e14.l8"
+    assert r["key"] in json.loads((tmp_path / "kernels-tuning.json").read_text())["entries"]
+    bad = subprocess.run([sys.executable, "-m", "opscope", "kernels", "--tune", "--shape", "64x256"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 2 and "name it" in bad.stderr and "Traceback" not in bad.stderr
 
 
 @pytest.mark.slow
@@ -85,6 +168,10 @@ def test_cli_bench_quick_writes_consistent_results(tmp_path: Path) -> None:
     assert r["bytes"] == (256 * 256 * 2 + 256) * 4  # x read + y written, weight read, scale 1/16
     for cand in t.values():
         assert cand["p20_ms"] <= cand["median_ms"] <= cand["p80_ms"]
+    # the case's verdict: torch.compile left out (--quick), so vs_best is vs aten (the native F.rms_norm)
+    assert r["vs_aten"] == r["ratios"]["vs_native"] and r["vs_compile"] is None and r["vs_best"] == r["vs_aten"]
+    assert r["suggested"] is (r["vs_best"] >= 1.0) and (r["suggested"] or r["why"])
+    assert "suggested:" in proc.stdout
     rows = list(csv.DictReader((out / "kernels-bench.csv").open()))
     assert {row["candidate"] for row in rows} == {"kernel", "native", "eager"}
     assert all(row["torch"] == torch.__version__ for row in rows)

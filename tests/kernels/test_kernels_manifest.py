@@ -55,6 +55,8 @@ def test_bundled_manifests_load_and_describe_their_swaps() -> None:
         assert m.bench, m.name
         for r in m.replaces:
             assert r.kind in REPLACE_KINDS and r.target and r.call
+        # every CPU kernel declares its grain search space, the built-in default (0) among the candidates
+        assert 0 in m.tune["cpu"]["grain_size"] and len(m.tune["cpu"]["grain_size"]) > 1, m.name
 
 
 def test_valid_manifest_round_trips_to_json(tmp_path: Path) -> None:
@@ -76,6 +78,12 @@ def test_valid_manifest_round_trips_to_json(tmp_path: Path) -> None:
     (lambda s: s.replace("[[8, 8]]", "[[8, -1]]"), "non-negative ints"),
     (lambda s: s.replace('category = "memory-bound"', 'category = "fast"'), "category must be"),
     (lambda s: s + "= broken", "not valid TOML"),
+    (lambda s: s.replace('backends = ["cpu"]', 'backends = ["cpu"]\nknobs = ["grain_size"]\n[tune.cpu]\nblock = [1, 2]'),
+     "'block' is not among the kernel's knobs"),
+    (lambda s: s.replace('backends = ["cpu"]', 'backends = ["cpu"]\nknobs = ["grain_size"]\n[tune.cpu]\ngrain_size = []'),
+     "non-empty list of distinct"),
+    (lambda s: s.replace('backends = ["cpu"]', 'backends = ["cpu"]\nknobs = ["grain_size"]\n[tune.triton]\ngrain_size = [1]'),
+     "'triton' is not among the kernel's backends"),
 ])
 def test_malformed_manifests_name_the_file_and_field(tmp_path: Path, edit, message: str) -> None:  # noqa: ANN001
     folder = _folder(tmp_path, edit(GOOD))

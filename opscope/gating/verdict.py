@@ -1,0 +1,346 @@
+"""The gate's verdicts: the gated runs' samples against a baseline's, item by item (step time, each op row,
+each module, op rows the baseline never had), each with a test, not a ratio.
+
+- A matched item regresses when a one-sided Mann-Whitney U test says its samples are larger than the
+  baseline's scaled by (1 + threshold) at the confidence asked, and the ratio of medians is past
+  1 + threshold. Step time has one sample per step; an op row or module one per run, so with too few runs
+  for the confidence (the test's smallest p above 1 - confidence) it is listed by change, not gated.
+- A new op row (no baseline run had it by op + line + shapes, op + shapes + module, or op + line)
+  regresses when it is in every gated run and the time it adds, its share over the rest of the step, is
+  past the threshold.
+- Noise: when a run (gated or baseline) measured other processes busy on its machine (summary noise
+  verdict "noisy"), every run's times are divided by its load factor: its time on the op rows it shares with
+  the baseline over the baseline's median time on them (for an op row or module, on the other rows only, so
+  that its own slowdown does not cancel). Load then cancels; so does a slowdown of the shared rows in step
+  time, where new work (new op rows, time outside the ops) is what still shows.
+- Machine: when the gated runs' ceilings (memory bandwidth, FLOP/s) differ from the baseline's by more
+  than MACHINE_TOLERANCE, the baseline's times are scaled by the ratio.
+Every such adjustment is a note in the result: the gate never passes or fails silently."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import PurePath
+from typing import Any
+
+from opscope.errors import OpscopeError
+from opscope.gating.samples import OpSamples, Samples, op_key
+from opscope.gating.stats import mann_whitney_greater, median, ratio_interval
+
+DEFAULT_THRESHOLD = 0.10
+DEFAULT_CONFIDENCE = 0.99
+MACHINE_TOLERANCE = 0.05  # room for the drift between two calibrations of one machine
+MIN_SHARE = 0.01  # op rows and modules under 1% of the op time on both sides are not gated (nor listed)
+CULPRITS = 3  # the op rows a step regression names
+LEAVE_OUT_MIN = 0.2  # an item is normalized by the load on the other rows while they hold 20% of the time
+
+REGRESSION, OK, UNTESTED, NEW, VANISHED = "regression", "ok", "untested", "new", "vanished"
+
+
+@dataclass(frozen=True)
+class Item:
+    """One gated item: step time, an op row, a module, or a new op row."""
+
+    kind: str  # step, op, module, new op
+    name: str
+    verdict: str
+    reason: str
+    line: str = ""
+    module: str = ""
+    shapes: str = ""
+    before_us: float | None = None  # medians (times per step, after the adjustments in the notes)
+    after_us: float | None = None
+    ratio: float | None = None
+    low: float | None = None  # the ratio's interval at the confidence
+    high: float | None = None
+    p: float | None = None
+    share: float | None = None  # a new op row: its share of the step
+
+
+@dataclass
+class GateResult:
+    baseline: str
+    threshold: float
+    confidence: float
+    runs: int
+    baseline_runs: int
+    normalized: bool = False
+    notes: list[str] = field(default_factory=list)
+    items: list[Item] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> list[Item]:
+        return [i for i in self.items if i.verdict == REGRESSION]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.regressions else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"baseline": self.baseline, "threshold": self.threshold, "confidence": self.confidence,
+                "runs": self.runs, "baseline_runs": self.baseline_runs, "normalized": self.normalized,
+                "regressions": len(self.regressions), "notes": list(self.notes),
+                "items": [asdict(i) for i in self.items]}
+
+
+def check_options(threshold: float, confidence: float) -> None:
+    if not (0 <= threshold < 100):
+        raise OpscopeError(f"--threshold must be a share such as 10% (0 to 10000%), not {threshold * 100:g}%")
+    if not (0.5 <= confidence < 1):
+        raise OpscopeError(f"--confidence must be in [0.5, 1), such as 0.99; not {confidence:g}")
+
+
+def _fmt_pct(x: float) -> str:
+    return f"{x * 100:.0f}%"
+
+
+def machine_speed(base: Samples, new: Samples) -> float | None:
+    """The gated machine's ceilings over the baseline's (geometric mean of memory bandwidth and the FLOP/s of
+    the dtypes both have); None when they share none."""
+    ratios = []
+    a, b = base.machine, new.machine
+    if a.memory_bandwidth_gbps and b.memory_bandwidth_gbps:
+        ratios.append(b.memory_bandwidth_gbps / a.memory_bandwidth_gbps)
+    for dtype, value in a.flops_gflops.items():
+        other = b.flops_gflops.get(dtype)
+        if value > 0 and other:
+            ratios.append(other / value)
+    if not ratios:
+        return None
+    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+
+
+def _match(base: Samples, new: Samples) -> tuple[list[tuple[OpSamples, OpSamples]], list[OpSamples], list[OpSamples]]:
+    """(matched (baseline row, gated row) pairs, new rows, vanished rows): by op + line + shapes, then what is
+    left by op + shapes + module (the same work at a line that moved: code added above it), then by op + line
+    (the same code with other shapes)."""
+    by_key = {op_key(r): r for r in base.ops}
+    pairs, left = [], []
+    for row in new.ops:
+        hit = by_key.pop(op_key(row), None)
+        if hit is not None:
+            pairs.append((hit, row))
+        else:
+            left.append(row)
+    for key_of in (lambda r: (r.op, r.shapes, r.module), lambda r: (r.op, r.line)):
+        groups: dict[tuple[str, str] | tuple[str, str, str], list[OpSamples]] = {}
+        for r in by_key.values():
+            groups.setdefault(key_of(r), []).append(r)
+        still = []
+        for row in left:
+            candidates = groups.get(key_of(row))
+            if candidates:
+                hit = candidates.pop(0)
+                del by_key[op_key(hit)]
+                pairs.append((hit, row))
+            else:
+                still.append(row)
+        left = still
+    return pairs, left, list(by_key.values())
+
+
+Key = tuple[str, str, str]
+
+
+@dataclass
+class _Load:
+    """The load factors of a set of runs: per run, its time on the reference rows (op rows shared with the
+    baseline) over the baseline's median time on them; with rows left out, the factor of the others (an op
+    row or module is normalized by the load seen on the rest, so that its own slowdown does not cancel)."""
+
+    runs: int
+    rows: dict[Key, list[float]] = field(default_factory=dict)  # reference row -> its time in each run
+    medians: dict[Key, float] = field(default_factory=dict)  # reference row -> the baseline's median
+    enabled: bool = False
+
+    def factors(self, leave_out: frozenset[Key] = frozenset()) -> list[float]:
+        if not self.enabled:
+            return [1.0] * self.runs
+        keep = [k for k in self.rows if k not in leave_out]
+        want = sum(self.medians[k] for k in keep)
+        if want < LEAVE_OUT_MIN * sum(self.medians.values()):  # too little left (the whole model): all rows
+            keep = list(self.rows)
+            want = sum(self.medians[k] for k in keep)
+        out = []
+        for i in range(self.runs):
+            have = sum(self.rows[k][i] for k in keep)
+            out.append(have / want if have > 0 and want > 0 else 1.0)
+        return out
+
+
+def _test(kind: str, name: str, before: Sequence[float], after: Sequence[float], threshold: float,
+          confidence: float, **where: str) -> Item:
+    b, a = median(before), median(after)
+    ratio = a / b if b > 0 else math.inf
+    lo, hi = ratio_interval(after, before, confidence)
+    test = mann_whitney_greater(after, [x * (1 + threshold) for x in before])
+    alpha = 1 - confidence
+    common: dict[str, Any] = dict(before_us=b, after_us=a, ratio=ratio, low=lo, high=hi, p=test.p, **where)
+    if test.min_p > alpha:
+        return Item(kind=kind, name=name, verdict=UNTESTED, reason=(
+            f"{len(after)} vs {len(before)} samples cannot reach {_fmt_pct(confidence)} confidence (smallest p "
+            f"{test.min_p:.2g})"), **common)
+    if test.p <= alpha and ratio > 1 + threshold:
+        return Item(kind=kind, name=name, verdict=REGRESSION, reason=(
+            f"{ratio:.2f}x, past +{_fmt_pct(threshold)} (p = {test.p:.2g} at {_fmt_pct(confidence)} confidence)"),
+            **common)
+    why = (f"p = {test.p:.2g} > {alpha:.2g}" if test.p > alpha else f"{ratio:.2f}x is within +{_fmt_pct(threshold)}")
+    return Item(kind=kind, name=name, verdict=OK, reason=f"no regression past +{_fmt_pct(threshold)} ({why})",
+                **common)
+
+
+def gate(base: Samples, new: Samples, *, baseline_name: str, threshold: float = DEFAULT_THRESHOLD,
+         confidence: float = DEFAULT_CONFIDENCE) -> GateResult:
+    """The gated runs `new` against the baseline `base`."""
+    check_options(threshold, confidence)
+    if base.machine.device_type != new.machine.device_type:
+        raise OpscopeError(f"the baseline was measured on {base.machine.device_type or 'an unknown device'}, the runs "
+                           f"on {new.machine.device_type or 'an unknown device'}: save a baseline on this device")
+    result = GateResult(baseline=baseline_name, threshold=threshold, confidence=confidence, runs=len(new.runs),
+                        baseline_runs=len(base.runs))
+    notes = result.notes
+    # by file name: the same repository is checked out at other paths on other machines
+    if base.target and new.target and PurePath(base.target).name != PurePath(new.target).name:
+        notes.append(f"the runs profiled {PurePath(new.target).name}, the baseline {PurePath(base.target).name}")
+    if base.torch_version and new.torch_version and base.torch_version != new.torch_version:
+        notes.append(f"torch {new.torch_version} here, {base.torch_version} in the baseline: op rows may differ")
+    if base.machine.threads != new.machine.threads:
+        notes.append(f"torch threads {new.machine.threads} here, {base.machine.threads} in the baseline: pin them "
+                     "(--threads) for comparable runs")
+    scale = 1.0
+    # ceilings are measured per thread count: compared only between runs of the same threads
+    speed = machine_speed(base, new) if base.machine.threads == new.machine.threads else None
+    if speed is not None and abs(math.log(speed)) > math.log(1 + MACHINE_TOLERANCE):
+        scale = 1 / speed
+        notes.append(f"this machine's ceilings are {speed:.2f}x the baseline's: the baseline's times are scaled by "
+                     f"{scale:.2f}x before comparing")
+    elif speed is None:
+        notes.append("machine speed not checked: the runs and the baseline have no ceilings measured at the same "
+                     "thread count")
+
+    pairs, fresh, vanished = _match(base, new)
+    base_median = {op_key(r): median(r.times_us) for r in base.ops}
+    base_total = median(base.op_time_us) if base.op_time_us else 0.0
+
+    base_load, new_load = _Load(len(base.runs)), _Load(len(new.runs))
+    noisy = [(f"run {i + 1}", r) for i, r in enumerate(new.runs) if r.noisy]
+    noisy += [(f"baseline run {i + 1}", r) for i, r in enumerate(base.runs) if r.noisy]
+    if noisy:
+        result.normalized = True
+        medians = {k: v for k, v in base_median.items() if v > 0}
+        shared = {op_key(b): n for b, n in pairs if op_key(b) in medians}
+        base_load = _Load(len(base.runs), {k: r.times_us for r in base.ops if (k := op_key(r)) in shared},
+                          {k: medians[k] for k in shared}, enabled=True)
+        new_load = _Load(len(new.runs), {k: n.times_us for k, n in shared.items()}, {k: medians[k] for k in shared},
+                         enabled=True)
+        label, first = noisy[0]
+        more = f" and {len(noisy) - 1} more" if len(noisy) > 1 else ""
+        notes.append(
+            f"noisy: {label}{more} measured other processes on the machine ({first.noise_reason or 'noisy'}); times "
+            "are normalized by each run's load factor (its time on the op rows shared with the baseline over the "
+            "baseline's median; for an op row or module, on the other rows), so a slowdown spread over all those "
+            "rows is not seen: load factors " + ", ".join(f"{f:.2f}x" for f in new_load.factors())
+            + " (baseline " + ", ".join(f"{f:.2f}x" for f in base_load.factors()) + ")")
+
+    def before(times: Sequence[float], leave_out: frozenset[Key] = frozenset()) -> list[float]:
+        return [t / f * scale for t, f in zip(times, base_load.factors(leave_out), strict=True)]
+
+    def after(times: Sequence[float], leave_out: frozenset[Key] = frozenset()) -> list[float]:
+        return [t / f for t, f in zip(times, new_load.factors(leave_out), strict=True)]
+
+    # step time: one sample per step
+    b_steps = [t / f * scale for f, run in zip(base_load.factors(), base.step_times_us, strict=True) for t in run]
+    a_steps = [t / f for f, run in zip(new_load.factors(), new.step_times_us, strict=True) for t in run]
+    step = _test("step", "step time", b_steps, a_steps, threshold, confidence)
+
+    # op rows seen on both sides
+    floor = MIN_SHARE * base_total
+    changes: list[tuple[float, str]] = []
+    ops: list[Item] = []
+    per_step = 0  # op rows tested on per-step samples
+    for b_row, n_row in pairs:
+        own = frozenset([op_key(b_row)])
+        b_times, a_times = before(b_row.times_us, own), after(n_row.times_us, own)
+        if max(median(b_times), median(a_times)) < floor:
+            continue
+        if b_row.step_times_us is not None and n_row.step_times_us is not None:
+            # each step a sample (profile runs keep their top rows' step times), normalized by its run's factor
+            b_factors, a_factors = base_load.factors(own), new_load.factors(own)
+            b_test = [t / f * scale for f, run in zip(b_factors, b_row.step_times_us, strict=True) for t in run]
+            a_test = [t / f for f, run in zip(a_factors, n_row.step_times_us, strict=True) for t in run]
+            per_step += 1
+        else:
+            b_test, a_test = b_times, a_times
+        item = _test("op", n_row.op, b_test, a_test, threshold, confidence, line=n_row.line,
+                     module=n_row.module, shapes=n_row.shapes)
+        ops.append(item)
+        changes.append((median(a_times) - median(b_times), f"{n_row.op} at {n_row.line or '?'}"))
+    new_items: list[Item] = []
+    for row in fresh:
+        shares = [t / median(new.step_times_us[i]) for i, t in enumerate(row.times_us)]
+        share = median(shares)
+        if share < MIN_SHARE:
+            continue
+        added = share / (1 - share) if share < 1 else math.inf
+        everywhere = all(t > 0 for t in row.times_us)
+        changes.append((median(after(row.times_us)), f"{row.op} at {row.line or '?'} (new)"))
+        if added > threshold and everywhere:
+            verdict, reason = REGRESSION, (f"not in the baseline; {_fmt_pct(share)} of the step, adds "
+                                           f"+{_fmt_pct(added)} (past +{_fmt_pct(threshold)})")
+        else:
+            verdict, reason = NEW, (f"not in the baseline; {_fmt_pct(share)} of the step, adds +{_fmt_pct(added)}"
+                                    + ("" if everywhere else f" (in {sum(t > 0 for t in row.times_us)} of "
+                                       f"{len(row.times_us)} runs)"))
+        new_items.append(Item(kind="new op", name=row.op, verdict=verdict, reason=reason, line=row.line,
+                              module=row.module, shapes=row.shapes, after_us=median(after(row.times_us)),
+                              share=share))
+    gone = [Item(kind="op", name=r.op, verdict=VANISHED, reason="in the baseline, not in these runs", line=r.line,
+                 module=r.module, shapes=r.shapes, before_us=median(before(r.times_us)))
+            for r in vanished if median(before(r.times_us)) >= floor]
+
+    # modules
+    modules: list[Item] = []
+    by_path = {m.module: m for m in base.modules}
+    for mod in new.modules:
+        b_mod = by_path.get(mod.module)
+        if b_mod is None:
+            continue
+        inside = frozenset(op_key(r) for r in base.ops
+                           if mod.module == "" or r.module == mod.module or r.module.startswith(mod.module + "."))
+        b_times, a_times = before(b_mod.times_us, inside), after(mod.times_us, inside)
+        if max(median(b_times), median(a_times)) < floor:
+            continue
+        name = mod.module or f"{mod.module_class or 'model'} (the model)"
+        modules.append(_test("module", name, b_times, a_times, threshold, confidence))
+
+    if step.verdict == REGRESSION:
+        changes.sort(key=lambda c: -c[0])
+        named = [f"{what} +{_us(d)}" for d, what in changes[:CULPRITS] if d > 0]
+        if named:
+            step = Item(**{**asdict(step), "reason": step.reason + "; most of it: " + ", ".join(named)})
+    if step.verdict == UNTESTED:
+        notes.append("step time: " + step.reason)
+    untested = [i for i in ops + modules if i.verdict == UNTESTED]
+    if untested:
+        notes.append(f"{len(untested)} op row(s) or module(s) have one sample per run: {untested[0].reason}, so "
+                     "they are listed by change, not gated; gate more runs (opscope profile --repeat N) or keep a "
+                     "baseline of more runs to test them")
+    if per_step:
+        notes.append(f"{per_step} op row(s) tested on each step's time (the runs kept their steps)")
+    result.items = [step, *sorted(new_items, key=lambda i: -(i.share or 0)),
+                    *sorted(ops, key=_order), *sorted(modules, key=_order), *gone]
+    return result
+
+
+def _order(item: Item) -> tuple[int, float]:
+    rank = {REGRESSION: 0, OK: 1, UNTESTED: 1}.get(item.verdict, 2)
+    change = (item.after_us or 0) - (item.before_us or 0)
+    return rank, -change
+
+
+def _us(value: float) -> str:
+    if value >= 1000:
+        return f"{value / 1000:.2f} ms"
+    return f"{value:.1f} µs"
