@@ -72,6 +72,7 @@ from opscope.table import (
     take,
 )
 from opscope.trace.kernel_names import kernel_family
+from opscope.trace.location import Url, display, list_url_folder, url_info, url_of
 from opscope.trace.reader import TraceData, load_trace, max_trace_bytes
 
 COLLECTIVE_RE = re.compile(r"^(c10d::|_?c10d_functional::|record_param_comms$|(nccl|gloo|mpi|ucc|xccl|hccl):)")
@@ -534,11 +535,14 @@ def is_run_dir(path: Path) -> bool:
     return path.is_dir() and all((path / f).is_file() for f in ("meta.json", "ops.csv", "summary.json"))
 
 
-def rank_entries(folder: Path) -> list[tuple[Path, int | None]]:
+def rank_entries(folder: Path | Url) -> list[tuple[Path | Url, int | None]]:
     """The per-rank inputs of a folder, each with the rank its folder's name gives (or None): run
     directories (a run's ranks/<r>/), trace files (*.json, *.json.gz, e.g. torch's *.pt.trace.json), and
     the one trace inside a sub-folder that is not a run directory (tensorboard_trace_handler's per-rank
-    folders `0/`, `1/`); a merged run's folder stands for its ranks/."""
+    folders `0/`, `1/`); a merged run's folder stands for its ranks/. A folder given by URL holds traces
+    (run directories are read from local paths)."""
+    if isinstance(folder, Url):
+        return _url_rank_entries(folder)
     if not folder.is_dir():
         raise TraceError(f"{folder} is not a folder")
     if is_run_dir(folder):
@@ -547,7 +551,7 @@ def rank_entries(folder: Path) -> list[tuple[Path, int | None]]:
                              "folder of several ranks' traces or runs")
         folder = folder / "ranks"
     children = _listing(folder)
-    entries: list[tuple[Path, int | None]] = []
+    entries: list[tuple[Path | Url, int | None]] = []
     for p in children:
         if is_run_dir(p) or _is_trace(p):
             entries.append((p, rank_hint(p)))
@@ -566,6 +570,29 @@ def rank_entries(folder: Path) -> list[tuple[Path, int | None]]:
     return entries
 
 
+def _url_rank_entries(folder: Url) -> list[tuple[Path | Url, int | None]]:
+    """rank_entries of a folder URL: its traces, and the one trace of each sub-folder."""
+    entries: list[tuple[Path | Url, int | None]] = []
+    for url, is_dir in list_url_folder(folder):
+        if url.name.startswith("."):
+            continue
+        if not is_dir:
+            if url.name.endswith(TRACE_SUFFIXES):
+                entries.append((url, rank_hint(url, folder=False)))
+            continue
+        traces = [u for u, d in list_url_folder(url) if not d and u.name.endswith(TRACE_SUFFIXES)]
+        if len(traces) > 1:
+            shown = ", ".join(u.name for u in traces[:3]) + (", ..." if len(traces) > 3 else "")
+            raise TraceError(f"{url.shown} holds {len(traces)} traces ({shown}): a rank's folder must hold one trace "
+                             "(move the others out, or give one folder per job)")
+        if traces:
+            own = rank_hint(traces[0], folder=False)
+            entries.append((traces[0], own if own is not None else rank_hint(url, folder=True)))
+    if not entries:
+        raise TraceError(f"{folder.shown} holds no per-rank traces (*.json, *.json.gz) or folders of one trace each")
+    return entries
+
+
 def _listing(folder: Path) -> list[Path]:
     try:
         return sorted(p for p in folder.iterdir() if not p.name.startswith("."))
@@ -577,10 +604,13 @@ def _is_trace(path: Path) -> bool:
     return path.name.endswith(TRACE_SUFFIXES) and path.is_file()
 
 
-def rank_hint(path: Path) -> int | None:
-    """A rank number in a file or folder name: `rank3.json.gz`, `trace_rank_3...`, or a folder `3/`."""
+def rank_hint(path: Path | Url, folder: bool | None = None) -> int | None:
+    """A rank number in a file or folder name: `rank3.json.gz`, `trace_rank_3...`, or a folder `3/`
+    (`folder`: whether it is one, when known; a local path is asked)."""
     name = path.name
-    if path.is_dir() and name.isdigit():
+    if folder is None:
+        folder = isinstance(path, Path) and path.is_dir()
+    if folder and name.isdigit():
         return int(name)
     m = RANK_NAME_RE.search(name)
     return int(m.group(1)) if m else None
@@ -645,8 +675,8 @@ def analyze_rank(job: RankJob, warn: Callable[[str], None] | None = None) -> Ran
 def _analyze_rank_into(job: RankJob, dest: Path, warn: Callable[[str], None]) -> RankRun:
     from opscope.analysis.trace_file import analyze_trace_file
 
-    entry = Path(job.entry)
-    if is_run_dir(entry):
+    entry: Path | Url = url_of(job.entry) or Path(job.entry)
+    if isinstance(entry, Path) and is_run_dir(entry):
         rr = _read_rank_dir(entry, job.hint, job.max_trace_gb)
         shutil.copytree(entry, dest)
     else:
@@ -675,7 +705,7 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def analyze_rank_folder(folder: Path, *, out: Path | None = None, peak_bw: float | None = None,
+def analyze_rank_folder(folder: Path | Url, *, out: Path | None = None, peak_bw: float | None = None,
                         peak_flops: list[str] | None = None, warn: Callable[[str], None] = lambda m: None,
                         max_trace_gb: float | None = None, workers: int | None = None, engine: str = "local",
                         address: str | None = None, on_rank: Callable[[int, int], None] | None = None) -> Run:
@@ -707,11 +737,11 @@ def analyze_rank_folder(folder: Path, *, out: Path | None = None, peak_bw: float
     with staging_folder(out.parent if out is not None else base) as staging:
         ranks_dir = staging / "ranks"
         ranks_dir.mkdir()
-        jobs = [RankJob(i, str(entry.absolute()), hint if hint is not None else i, peak_bw, tuple(peak_flops or ()),
+        jobs = [RankJob(i, str(entry) if isinstance(entry, Url) else str(entry.absolute()), hint if hint is not None else i, peak_bw, tuple(peak_flops or ()),
                         max_trace_gb, None if ray else str(ranks_dir / f".entry-{i}"), json_size(entry))
                 for i, (entry, hint) in enumerate(entries)]
         rank_runs: list[RankRun] = []
-        sources: dict[int, Path] = {}
+        sources: dict[int, Path | Url] = {}
         failed: list[dict[str, Any]] = []
         runner: engines.Engine
         if ray:
@@ -739,7 +769,7 @@ def analyze_rank_folder(folder: Path, *, out: Path | None = None, peak_bw: float
                     entry = entries[following][0]
                     following += 1
                     if isinstance(result, engines.WorkerDied):
-                        raise OpscopeError(f"{entry}: {result}")
+                        raise OpscopeError(f"{display(entry)}: {result}")
                     if isinstance(result, BaseException):
                         raise result
                     if isinstance(result, engines.Failed):
@@ -759,16 +789,23 @@ def analyze_rank_folder(folder: Path, *, out: Path | None = None, peak_bw: float
                     rank_runs.append(rr)
                     check_ranks_agree(rank_runs, sources, folder, None)  # a mixed folder stops at its first odd rank
         if not rank_runs:
-            raise TraceError(f"{folder}: every rank's analysis failed ({failed[0]['source']}: {failed[0]['error']})")
+            raise TraceError(f"{display(folder)}: every rank's analysis failed ({failed[0]['source']}: {failed[0]['error']})")
         check_ranks_agree(rank_runs, sources, folder, warn_once)
-        merged = merge_ranks(rank_runs, target=os.path.normpath(folder), warn=warn_once, failed=failed)
+        merged = merge_ranks(rank_runs, target=folder.shown if isinstance(folder, Url) else os.path.normpath(folder),
+                             warn=warn_once, failed=failed)
         write_merged(merged, ranks_dir, out=out, stem=_stem(folder), base=base)
     return merged
 
 
-def json_size(entry: Path) -> int:
-    """A trace's JSON size without reading it (a gzipped one's from its trailer: the size mod 4 GiB), or a
-    run directory's files' size."""
+def json_size(entry: Path | Url) -> int:
+    """A trace's JSON size without reading it (a gzipped one's from its trailer: the size mod 4 GiB, or
+    GZIP_RATIO times its size by URL), or a run directory's files' size."""
+    if isinstance(entry, Url):
+        try:
+            _kind, size = url_info(entry)
+        except TraceError:
+            return 0  # unreadable: the analysis says why
+        return (size or 0) * (GZIP_RATIO if entry.name.endswith(".gz") else 1)
     try:
         if entry.is_dir():
             return sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
@@ -791,7 +828,7 @@ def _write_files(files: dict[str, bytes], folder: Path) -> None:
         path.write_bytes(data)
 
 
-def check_ranks_agree(rank_runs: list[RankRun], sources: dict[int, Path], folder: Path,
+def check_ranks_agree(rank_runs: list[RankRun], sources: dict[int, Path | Url], folder: Path | Url,
                       warn: Callable[[str], None] | None) -> None:
     """Refuses a folder whose ranks cannot be one job: different device types, world sizes or backends
     recorded, or more ranks (or a higher rank) than the world size; with `warn`, warns when the GPU
@@ -812,7 +849,7 @@ def check_ranks_agree(rank_runs: list[RankRun], sources: dict[int, Path], folder
         d = r.run.meta.get("device")
         return d if isinstance(d, dict) else {}
 
-    not_one_job = f"{folder}: one folder must hold the ranks of one job"
+    not_one_job = f"{display(folder)}: one folder must hold the ranks of one job"
     types = by(lambda r: str(device(r).get("type") or "") or None)
     if len(types) > 1:
         parts = [f"{who(rs)} on {t}" + ("" if t == "cpu" else f" ({str(device(rs[0]).get('name') or '?')[:60]})")
@@ -847,15 +884,19 @@ def check_ranks_agree(rank_runs: list[RankRun], sources: dict[int, Path], folder
              "rank's own mean; check that the traces come from the same profiling window")
 
 
-def _stem(folder: Path) -> str:
+def _stem(folder: Path | Url) -> str:
+    if isinstance(folder, Url):
+        parts = [p for p in folder.shown.split("://", 1)[-1].split("/") if p]
+        name, parent = (parts[-1] if parts else "ranks"), (parts[-2] if len(parts) > 1 else "")
+        return f"{parent}-{name}" if name == "ranks" and parent else name
     name = folder.absolute().name
     parent = folder.absolute().parent.name
     return f"{parent}-{name}" if name == "ranks" and parent else name
 
 
-def _claim(sources: dict[int, Path], rank: int, entry: Path) -> None:
+def _claim(sources: dict[int, Path | Url], rank: int, entry: Path | Url) -> None:
     if rank in sources:
-        raise TraceError(f"{sources[rank]} and {entry} are both rank {rank}: one folder must hold one job's ranks, "
+        raise TraceError(f"{display(sources[rank])} and {display(entry)} are both rank {rank}: one folder must hold one job's ranks, "
                          "each once (name the files rank0..., rank1..., when the traces do not record their rank)")
     sources[rank] = entry
 

@@ -107,18 +107,22 @@ def analyze(trace: PathLike, *, out: PathLike | None = None, peak_bw: float | No
     path = _location(trace)
     assert path is not None
     if isinstance(path, Url):
-        if workers is not None or engine != "local" or address is not None:
-            raise OpscopeError(f"{path.shown}: --workers/--engine/--address apply to a local folder of ranks")
-        return _analyze_url(path, out=user_path(out), peak_bw=peak_bw, peak_flops=peak_flops,
-                            max_trace_gb=max_trace_gb, progress=progress,
-                            others=(capture, nsys, ncu, torch_trace, inductor_cache))
+        from opscope.trace.location import url_info
+
+        if url_info(path)[0] != "directory":
+            if workers is not None or engine != "local" or address is not None:
+                raise OpscopeError(f"{path.shown}: --workers/--engine/--address apply to a folder of ranks, "
+                                   "not to one trace")
+            return _analyze_url(path, out=user_path(out), peak_bw=peak_bw, peak_flops=peak_flops,
+                                max_trace_gb=max_trace_gb, progress=progress,
+                                others=(capture, nsys, ncu, torch_trace, inductor_cache))
     out_dir = user_path(out)
     capture_path, nsys_path, ncu_path = user_path(capture), user_path(nsys), user_path(ncu)
     torch_trace_path, cache_path = user_path(torch_trace), user_path(inductor_cache)
     flops = [peak_flops] if isinstance(peak_flops, str) else list(peak_flops or [])
     kept = KeptProgress(progress)
     warn = kept.warn
-    if path.is_dir():
+    if isinstance(path, Url) or path.is_dir():
         from opscope.analysis.ranks import analyze_rank_folder
 
         given = [f for f, v in (("capture", capture_path), ("nsys", nsys_path), ("ncu", ncu_path),
@@ -175,24 +179,18 @@ def analyze(trace: PathLike, *, out: PathLike | None = None, peak_bw: float | No
 def _analyze_url(url: Url, *, out: Path | None, peak_bw: float | None, peak_flops: Sequence[str] | str | None,
                  max_trace_gb: float | None, progress: Progress | None, others: tuple[PathLike | None, ...]) -> Run:
     """analyze() of a trace given by URL: streamed through fsspec (opscope.trace.location)."""
-    from opscope.trace.location import url_info
-
     if any(v is not None for v in others):
         raise OpscopeError(f"{url.shown}: --capture/--nsys/--ncu/--torch-trace/--inductor-cache go with a local trace; "
                            "copy the trace to a local file to use them")
     if url.name.endswith(_NSIGHT_SUFFIXES):
         raise OpscopeError(f"{url.shown}: Nsight files are read from local paths only; copy it to a local file first")
-    kind, _size = url_info(url)
     flops = [peak_flops] if isinstance(peak_flops, str) else list(peak_flops or [])
     kept = KeptProgress(progress)
-    kept.phase("analyzing")
-    if kind == "directory":
-        raise OpscopeError(f"{url.shown}: a folder of rank traces by URL is not supported yet; give one trace's URL "
-                           "or copy the folder to a local path")
+    kept.phase("decoding events")
     from opscope.analysis.trace_file import analyze_trace_file
 
     return Run.written(analyze_trace_file(url, out=out, peak_bw=peak_bw, peak_flops=flops, warn=kept.warn,
-                                          max_trace_gb=max_trace_gb), kept.warnings)
+                                          max_trace_gb=max_trace_gb, on_events=_EventCounter(kept)), kept.warnings)
 
 
 # Nsight's files, by name (a URL is not sniffed before it is read)

@@ -302,3 +302,33 @@ def test_ray_engine_gives_the_local_run_files_and_names_a_failed_rank(job4, one_
         results = list(engine.run(_flaky, [str(tries)], [2**20]))
     assert results == [(0, engines.Failed("OSError: disk went away", 2))]
     assert tries.read_text() == "try\n" * 2
+
+
+def test_a_folder_by_url_gives_the_run_of_the_local_folder(job4, one_by_one, tmp_path):
+    """fsspec's local file system (local://) stands in for an object store: two workers read their
+    ranks by URL."""
+    out = tmp_path / "run"
+    proc = run_cli("analyze", f"local://{job4}", "--out", str(out), "--workers", "2", *PEAKS)
+    assert proc.returncode == 0, proc.stderr
+    assert digest(out) == one_by_one
+    assert read_run(out).meta["target"] == f"local://{job4}"
+
+
+def test_a_memory_folder_url(job4, one_by_one, tmp_path):
+    import fsspec
+
+    from opscope.api import analyze
+
+    fs = fsspec.filesystem("memory")
+    root = f"/opscope-ranks-{os.getpid()}"
+    try:
+        for trace in sorted(job4.iterdir()):
+            fs.pipe(f"{root}/job/{trace.name}", trace.read_bytes())
+        analyze(f"memory://{root}/job", out=tmp_path / "run", workers=1, peak_bw=20, peak_flops="100")
+        assert digest(tmp_path / "run") == one_by_one
+        with pytest.raises(OpscopeError, match="holds no per-rank traces"):
+            fs.pipe(f"{root}/empty/notes.txt", b"x")
+            analyze(f"memory://{root}/empty", out=tmp_path / "none")
+    finally:
+        fs.rm(root, recursive=True)
+    assert not (tmp_path / "none").exists()

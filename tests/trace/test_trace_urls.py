@@ -123,13 +123,13 @@ def test_the_size_guards_hold_for_urls(memory_url):
         read_bytes(Url(f"memory://{root}/big.json.gz"), max_bytes=10_000)
 
 
-def test_a_folder_url_and_other_options_are_refused_in_one_line(memory_url):
+def test_options_for_local_files_are_refused_for_urls_in_one_line(memory_url):
     fs, root = memory_url
     fs.pipe(f"{root}/job/rank0.json.gz", BERT.read_bytes())
-    with pytest.raises(opscope.OpscopeError, match="folder of rank traces by URL"):
-        opscope.analyze(f"memory://{root}/job")
     with pytest.raises(opscope.OpscopeError, match="local trace"):
         opscope.analyze(f"memory://{root}/job/rank0.json.gz", torch_trace=BERT)
+    with pytest.raises(opscope.OpscopeError, match="folder of ranks"):
+        opscope.analyze(f"memory://{root}/job/rank0.json.gz", workers=2)
     with pytest.raises(opscope.OpscopeError, match="not supported"):
         opscope.load(f"memory://{root}/job")
 
