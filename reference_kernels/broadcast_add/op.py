@@ -78,9 +78,7 @@ def large_sample(dtype: torch.dtype = torch.float32) -> tuple:
 
 def context_args(shape: tuple[int, ...], inputs: list[tuple[int, ...]], concrete: list[str],
                  dtype: torch.dtype) -> tuple | None:
-    """The kernel's arguments for a profiled op row (opscope profile's in-context timing): `shape` the
-    shape the replaced ops work on, `inputs` the row's tensor shapes, `concrete` its recorded scalar
-    arguments (text); None when the row does not say enough to call the kernel."""
+    """The kernel's arguments for a profiled op row (the interface: reference_kernels/README.md)."""
     if len(inputs) < 2:  # a scalar operand: not this kernel's call
         return None
     r = randn_factory(dtype, 0)
