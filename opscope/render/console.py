@@ -446,8 +446,10 @@ def swap_candidates(run: Run, top: int = 15) -> Group | None:
             "TARGET --kernel NAME, or opscope profile --try-swaps)", style="dim"), grid]
     slower = [c for c in cands if candidate_verdict(c) == "slower here"]
     if slower:
-        parts.append(Text("Slower here (not suggested): ", style="bold") + Text("; ".join(
-            f"{clean(c['kernel'])} {c['measured_speedup']:.2f}x" for c in slower), style="yellow"))
+        # one per line: a kernel and its number never wrap apart
+        parts.append(Text("Slower here (not suggested):", style="bold"))
+        parts.extend(Text(f"  {clean(c['kernel'])} {c['measured_speedup']:.2f}x", style="yellow", no_wrap=True,
+                          overflow="ellipsis") for c in slower)
     unmeasured = [c for c in cands if candidate_verdict(c) == "not measured here"]
     if unmeasured:
         why = {clean(str(c.get("why") or "")) for c in unmeasured} - {""}
