@@ -738,7 +738,8 @@ def analyze_rank_folder(folder: Path | Url, *, out: Path | None = None, peak_bw:
         ranks_dir = staging / "ranks"
         ranks_dir.mkdir()
         jobs = [RankJob(i, str(entry) if isinstance(entry, Url) else str(entry.absolute()), hint if hint is not None else i, peak_bw, tuple(peak_flops or ()),
-                        max_trace_gb, None if ray else str(ranks_dir / f".entry-{i}"), json_size(entry))
+                        max_trace_gb, None if ray else str(ranks_dir / f".entry-{i}"),
+                        json_size(entry) if ray else 0)  # only a Ray task declares its memory
                 for i, (entry, hint) in enumerate(entries)]
         rank_runs: list[RankRun] = []
         sources: dict[int, Path | Url] = {}

@@ -71,7 +71,7 @@ def local_path(text: str) -> str:
 
 
 def redact_url(url: str) -> str:
-    """scheme://host/path, without user, password, port-less changes, query or fragment."""
+    """scheme://host[:port]/path: the URL without user, password, query or fragment."""
     try:
         parts = urlsplit(url)
     except ValueError:

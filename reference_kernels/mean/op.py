@@ -7,7 +7,6 @@ import torch
 
 from reference_kernels import _checks, _dispatch
 from reference_kernels._registry import CustomOp
-from reference_kernels._samples import randn_factory, reduced_dim
 from reference_kernels.sum.op import expand_back, out_shape, samples  # noqa: F401 - samples shared
 
 OP = "opscope::mean"
@@ -51,10 +50,7 @@ def large_sample(dtype: torch.dtype = torch.float32) -> tuple:
 
 def context_args(shape: tuple[int, ...], inputs: list[tuple[int, ...]], concrete: list[str],
                  dtype: torch.dtype) -> tuple | None:
-    """The kernel's arguments for a profiled op row (the interface: reference_kernels/README.md)."""
-    if not inputs or not inputs[0]:
-        return None
-    found = reduced_dim(concrete)
-    if found is None:
-        return None
-    return (randn_factory(dtype, 0)(*inputs[0]), *found)
+    """The kernel's arguments for a profiled op row (the interface: reference_kernels/README.md): sum's."""
+    from reference_kernels.sum.op import context_args as sum_args
+
+    return sum_args(shape, inputs, concrete, dtype)
