@@ -1,6 +1,6 @@
 """The tuning cache: the best value of a kernel's knobs per (machine, kernel, function, shape class,
 dtype, device, threads), measured by `opscope kernels --tune` (or on first use within a time budget by
-`opscope profile` and `--bench`, see opscope/kernels/bench.py) over the search space the kernel's
+`opscope profile`, `opscope swap` and `--bench`, see opscope/kernels/bench.py) over the search space the kernel's
 manifest declares (`[tune.cpu]`), and stored on disk beside opscope's CPU calibration.
 
 Knobs: `grain_size` of the CPU kernels (elements or rows per at::parallel_for task: too small and the
@@ -21,9 +21,11 @@ A file that cannot be read as such (corrupt, truncated, another format) is ignor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,11 @@ FORMAT = 2
 _entries: dict[str, dict[str, Any]] | None = None
 _note: str | None = None
 _machine: str | None = None
+# Tuning on first use: (kernel, fn, args) -> None, called the first time `knob` meets an untuned key while a
+# caller allows the time for it (`first_use`: opscope swap, while it verifies, before anything is timed).
+FirstUse = Callable[[str, str, tuple[Any, ...]], None]
+_first_use: FirstUse | None = None
+_met: set[str] = set()  # keys handed to a first-use tuner already (tuned, or not tunable): never twice
 
 
 def cache_path() -> Path:
@@ -127,7 +134,26 @@ def lookup(kernel: str, fn: str, args: tuple[Any, ...]) -> dict[str, Any] | None
 
 def knob(kernel: str, fn: str, args: tuple[Any, ...], name: str) -> int:
     entry = lookup(kernel, fn, args)
+    if entry is None and _first_use is not None:
+        k = key(kernel, fn, args)
+        if k not in _met:
+            _met.add(k)
+            _first_use(kernel, fn, args)
+            entry = lookup(kernel, fn, args)
     return int(entry.get(name, 0)) if entry else 0
+
+
+@contextlib.contextmanager
+def first_use(tuner: FirstUse) -> Iterator[None]:
+    """Within the block, an untuned key met by `knob` is handed to `tuner` once (which may store a tuning)
+    before its knob is read."""
+    global _first_use
+    before = _first_use
+    _first_use = tuner
+    try:
+        yield
+    finally:
+        _first_use = before
 
 
 def store(kernel: str, fn: str, args: tuple[Any, ...], values: dict[str, Any]) -> Path:
@@ -146,3 +172,4 @@ def reset() -> None:
     """Forget the in-memory copy (the next lookup rereads the file)."""
     global _entries, _note
     _entries, _note = None, None
+    _met.clear()

@@ -252,6 +252,47 @@ def ensure_tuned(manifest: Any, args: tuple, budget_s: float = FIRST_USE_BUDGET_
         return None
 
 
+class FirstUseTuning:
+    """A reference_kernels.tuning.first_use tuner that defers: within the block it only keeps, per untuned key,
+    the first arguments a bundled kernel's CPU forward ran on (copies); `tune()` then tunes each, outside
+    anything timed or checked (`opscope swap` verifies first, tunes, then benchmarks on the tuned grain)."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, tuple[str, tuple[Any, ...]]] = {}
+
+    def __call__(self, kernel: str, fn: str, args: tuple[Any, ...]) -> None:
+        import torch
+
+        from reference_kernels import tuning
+
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        # forward only (the tuning's function), on real CPU tensors (not fake or meta ones under a tracer)
+        if fn != f"{kernel}_forward" or not tensors or not all(
+                type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu" for t in tensors):
+            return
+        self.pending.setdefault(tuning.key(kernel, fn, args), (kernel, tuple(
+            a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args)))
+
+    def tune(self, budget_s: float = FIRST_USE_BUDGET_S) -> list[str]:
+        """Tunes every kept class within `budget_s` each; one line per class tuned (for the run's notes)."""
+        from opscope.kernels.catalog import find
+
+        done = []
+        pending, self.pending = self.pending, {}
+        for kernel, args in pending.values():
+            values = ensure_tuned(find(kernel), args, budget_s)
+            if values is not None:
+                done.append(f"{kernel}: grain size {values['grain_size'] or 'default'} tuned on first use for "
+                            f"{_shapes(args)}")
+        return done
+
+
+def _shapes(args: tuple[Any, ...]) -> str:
+    import torch
+
+    return ", ".join("x".join(map(str, a.shape)) for a in args if isinstance(a, torch.Tensor))
+
+
 def parse_shape(text: str) -> tuple[int, ...]:
     """--shape 4096x4096 (one tensor argument's shape; `x`-separated positive ints)."""
     try:

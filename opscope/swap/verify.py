@@ -27,7 +27,9 @@ why). A check that fails makes the verification fail; then no speed is measured.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,7 +166,10 @@ def input_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, to
 
 
 def verify(swap: Swap, runner: Runner, *, seeds: int = SEEDS, traps: bool = True,
-           progress: Callable[[str], None] = lambda m: None) -> Verification:
+           progress: Callable[[str], None] = lambda m: None,
+           first_run: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext) -> Verification:
+    """`first_run`: the context of the first seed's swapped run, the model's own calls (opscope swap: the
+    bundled kernels' shape classes met there are tuned afterwards, not those of the traps' other dtypes)."""
     model = runner.model
     dtypes = {t.dtype for t in [*model.parameters(), *input_tensors(runner.harness.args, runner.harness.kwargs).values()]
               if t.is_floating_point()} or {torch.get_default_dtype()}
@@ -192,7 +197,7 @@ def verify(swap: Swap, runner: Runner, *, seeds: int = SEEDS, traps: bool = True
             with swap.applied():
                 if seed == 0:
                     swap.reset_counts()
-                    with swap.recording() as recorder:
+                    with swap.recording() as recorder, first_run():
                         got = runner.run(got_args, got_kwargs, seed)
                     recorded = sorted(recorder.calls.values(), key=lambda c: -c.calls)
                     result.swapped_calls, result.fallback_calls = swap.counts()

@@ -79,6 +79,7 @@ class SwapSession:
         self.progress.phase(f"{PHASE_PREFIX}{label}: {what}")
 
     def one(self, request: Any, harness: Any, run: Any, restore: Any) -> dict[str, Any]:
+        from opscope.kernels.bench import FirstUseTuning
         from opscope.kernels.catalog import SwapRequestError, find
         from opscope.machine.peaks import Peaks
         from opscope.run import swap_results as result
@@ -86,6 +87,7 @@ class SwapSession:
         from opscope.swap.apply import Builder, BundledKernel
         from opscope.swap.mechanisms import SwapError
         from opscope.swap.verify import Runner, verify
+        from reference_kernels import tuning
 
         label = request.label
         base = {"label": label, "source": request.source, "kernels": list(request.kernels)}
@@ -103,12 +105,17 @@ class SwapSession:
             return result.result_doc(**base, status="not-applicable", message=str(exc))
         mechanisms = swap.describe()
         self.phase(label, "verifying")
+        first_use = FirstUseTuning()  # the bundled kernels' shape classes met untuned, tuned before the timing
         verification = verify(swap, runner, traps=not request.compile,
-                              progress=lambda m: self.phase(label, f"verifying, {m}"))
+                              progress=lambda m: self.phase(label, f"verifying, {m}"),
+                              first_run=lambda: tuning.first_use(first_use))
         if not verification.passed:
             _reset_compile(request)
             return result.result_doc(**base, status="failed", message=_first_failure(verification),
                                      mechanisms=mechanisms, notes=swap.notes, verification=verification)
+        if first_use.pending:
+            self.phase(label, "tuning")
+        tuned = first_use.tune()
         self.phase(label, "benchmarking")
         if self.steady is None:
             from opscope.kernels.bench import steady_allocator
@@ -121,7 +128,7 @@ class SwapSession:
         e2e = benchmark.end_to_end(swap, harness.step, device, self.repeats, restore=restore,
                                    progress=lambda m: self.phase(label, m))
         _reset_compile(request)
-        notes = list(swap.notes)
+        notes = [*swap.notes, *tuned]
         suspicious = any(r.to_json()["suspicious"] for r in rows) or bool(e2e.to_json()["suspicious"])
         if suspicious:
             notes.append(f"speedup over {benchmark.SUSPICIOUS:g}x: suspicious; check that the kernel does all of the "

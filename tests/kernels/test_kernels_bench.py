@@ -13,6 +13,7 @@ import torch
 
 from conftest import run_cli
 from opscope.kernels import bench as kb
+from opscope.kernels.catalog import find
 from reference_kernels import tuning
 
 
@@ -85,6 +86,51 @@ def test_tuning_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         assert doc["format"] == tuning.FORMAT and len(doc["entries"]) == 1
         assert kb.ensure_tuned(m, near) == doc["entries"][tuning.key("swiglu", "swiglu_forward", args)]  # no re-tune
         torch.testing.assert_close(reference_kernels.swiglu(*args), torch.nn.functional.silu(args[0]) * args[1])
+    finally:
+        tuning.reset()
+
+
+def test_first_use_hands_each_untuned_key_to_the_tuner_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path))
+    tuning.reset()
+    met: list[str] = []
+
+    def tuner(kernel: str, fn: str, args: tuple) -> None:
+        met.append(tuning.key(kernel, fn, args))
+        if args[0].shape[0] == 64:  # tunes one class only: the other stays untuned, and is not handed over again
+            tuning.store(kernel, fn, args, {"grain_size": 16})
+
+    try:
+        big, small = (torch.randn(64, 256), torch.randn(64, 256)), (torch.randn(3, 3), torch.randn(3, 3))
+        assert tuning.knob("swiglu", "swiglu_forward", big, "grain_size") == 0  # outside the block: no tuner
+        with tuning.first_use(tuner):
+            for _ in range(3):
+                assert tuning.knob("swiglu", "swiglu_forward", big, "grain_size") == 16
+                assert tuning.knob("swiglu", "swiglu_forward", small, "grain_size") == 0
+        assert met == [tuning.key("swiglu", "swiglu_forward", big), tuning.key("swiglu", "swiglu_forward", small)]
+        assert tuning.knob("swiglu", "swiglu_forward", (torch.randn(3, 3), torch.randn(3, 3)), "grain_size") == 0
+    finally:
+        tuning.reset()
+
+
+def test_first_use_tuning_keeps_cpu_forwards_and_tunes_them_later(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path))
+    tuning.reset()
+    deferred = kb.FirstUseTuning()
+    args = (torch.randn(256, 512), torch.randn(256, 512))
+    try:
+        with tuning.first_use(deferred):
+            tuning.knob("swiglu", "swiglu_backward", (torch.randn(4, 4),) * 3, "grain_size")  # backward: not tuned
+            tuning.knob("swiglu", "swiglu_forward", (torch.empty(4, 4, device="meta"),) * 2, "grain_size")  # meta
+            assert tuning.knob("swiglu", "swiglu_forward", args, "grain_size") == 0  # deferred: default for now
+        assert list(deferred.pending) == [tuning.key("swiglu", "swiglu_forward", args)]
+        kept = deferred.pending[tuning.key("swiglu", "swiglu_forward", args)][1]
+        assert kept[0] is not args[0] and torch.equal(kept[0], args[0])  # a copy: the model may free or change its own
+        lines = deferred.tune(budget_s=0.05)
+        entry = tuning.lookup("swiglu", "swiglu_forward", args)
+        assert entry is not None and entry["grain_size"] in kb.search_space(find("swiglu"))
+        assert lines == [f"swiglu: grain size {entry['grain_size'] or 'default'} tuned on first use for 256x512, 256x512"]
+        assert deferred.pending == {} and deferred.tune() == []
     finally:
         tuning.reset()
 
