@@ -57,12 +57,11 @@ class Change:
 
 
 @dataclass
-class Replay:
+class Steps:
+    """A replay's step times, all a saving needs: what-if keeps a dozen replays at once, and their node
+    arrays (32 bytes a node) would hold more memory than the graph."""
+
     step_us: list[float]  # each profiled step's replayed time
-    start: array[float]
-    finish: array[float]
-    why: array[int]  # the binding predecessor of each node (-1: none)
-    dur: array[float]
 
     @property
     def total_us(self) -> float:
@@ -71,6 +70,16 @@ class Replay:
     @property
     def mean_step_us(self) -> float:
         return self.total_us / len(self.step_us) if self.step_us else 0.0
+
+
+@dataclass
+class Replay(Steps):
+    """A replay with every node's times (the critical path needs them)."""
+
+    start: array[float]
+    finish: array[float]
+    why: array[int]  # the binding predecessor of each node (-1: none)
+    dur: array[float]
 
 
 def durations(g: StepGraph, change: Change | None) -> array[float]:
@@ -127,6 +136,11 @@ def replay(g: StepGraph, change: Change | None = None) -> Replay:
     out = Replay(step_us=[], start=start, finish=finish, why=why, dur=dur)
     out.step_us = [b - a for a, b in step_bounds(g, out)]
     return out
+
+
+def replay_steps(g: StepGraph, change: Change | None = None) -> Steps:
+    """replay()'s step times only; its node arrays are freed on return."""
+    return Steps(replay(g, change).step_us)
 
 
 def step_bounds(g: StepGraph, r: Replay) -> list[tuple[float, float]]:
@@ -188,28 +202,62 @@ def critical_path(g: StepGraph, r: Replay, limit: int = MAX_SEGMENTS) -> list[di
     one lane merge first when there are more than `limit`."""
     node = _end_node(g, r)
     t0 = origin(g, r)
-    chain: list[int] = []
-    seen = set()
-    while node >= 0 and node not in seen and r.finish[node] > t0:
-        seen.add(node)
+    chain = array("q")
+    seen = bytearray(g.n)
+    while node >= 0 and not seen[node] and r.finish[node] > t0:
+        seen[node] = 1
         chain.append(node)
         node = r.why[node]
-    segments = []
+    lanes: dict[str, int] = {}
+    segments = _Segments()
     for node in reversed(chain):
         a, b = max(r.start[node], t0), r.finish[node]
         if b - a <= 0 or g.kind[node] == WAIT_END:
             continue
-        segments.append({"lane": g.lane[node], "ts": a - t0, "dur": b - a, "name": bounded_text(g.name[node], NAME_CHARS)})
-    return bounded(segments, limit)
+        segments.append(lanes.setdefault(g.lane[node], len(lanes)), a - t0, b - a, node)
+    names = list(lanes)
+    return [{"lane": names[lane], "ts": ts, "dur": dur, "name": bounded_text(g.name[node], NAME_CHARS)}
+            for lane, ts, dur, node in _bounded(segments, limit).rows()]
+
+
+class _Segments:
+    """Segments as parallel typed arrays (32 bytes each): a long trace's critical path has a segment per
+    node on it, and as dicts they held more memory than the graph. `lane` and `label` are indices (into
+    the caller's lanes, and its nodes or names)."""
+
+    def __init__(self) -> None:
+        self.lane, self.ts, self.dur, self.label = array("q"), array("d"), array("d"), array("q")
+
+    def append(self, lane: int, ts: float, dur: float, label: int) -> None:
+        self.lane.append(lane)
+        self.ts.append(ts)
+        self.dur.append(dur)
+        self.label.append(label)
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def rows(self) -> zip[tuple[int, float, float, int]]:
+        return zip(self.lane, self.ts, self.dur, self.label, strict=True)
 
 
 def bounded(segments: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
     """At most `limit` segments: while there are more, consecutive segments on one lane merge (named after
     the longest part) up to a length that doubles each round; when that is not enough (the path switches
     lanes too often), neighbours on any lane merge the same way, laned after the longest part."""
+    lanes: dict[str, int] = {}
+    packed = _Segments()
+    for k, seg in enumerate(segments):
+        packed.append(lanes.setdefault(seg["lane"], len(lanes)), seg["ts"], seg["dur"], k)
+    names = list(lanes)
+    return [{"lane": names[lane], "ts": ts, "dur": dur, "name": segments[k]["name"]}
+            for lane, ts, dur, k in _bounded(packed, limit).rows()]
+
+
+def _bounded(segments: _Segments, limit: int) -> _Segments:
     if len(segments) <= limit:
         return segments
-    span = sum(s["dur"] for s in segments)
+    span = sum(segments.dur)
     out = segments
     for any_lane in (False, True):
         quantum = span / limit
@@ -221,17 +269,17 @@ def bounded(segments: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
     return out
 
 
-def _merge(segments: list[dict[str, Any]], quantum: float, any_lane: bool) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    longest: list[float] = []
-    for s in segments:
-        if out and (any_lane or out[-1]["lane"] == s["lane"]) and out[-1]["dur"] + s["dur"] <= quantum:
-            last = out[-1]
-            if s["dur"] > longest[-1]:
-                longest[-1] = s["dur"]
-                last["name"], last["lane"] = s["name"], s["lane"]
-            last["dur"] = max(last["ts"] + last["dur"], s["ts"] + s["dur"]) - last["ts"]
+def _merge(segments: _Segments, quantum: float, any_lane: bool) -> _Segments:
+    out = _Segments()
+    longest = array("d")
+    o_lane, o_ts, o_dur, o_label = out.lane, out.ts, out.dur, out.label
+    for lane, ts, dur, label in segments.rows():
+        if o_ts and (any_lane or o_lane[-1] == lane) and o_dur[-1] + dur <= quantum:
+            if dur > longest[-1]:
+                longest[-1] = dur
+                o_label[-1], o_lane[-1] = label, lane
+            o_dur[-1] = max(o_ts[-1] + o_dur[-1], ts + dur) - o_ts[-1]
             continue
-        out.append(dict(s))
-        longest.append(s["dur"])
+        out.append(lane, ts, dur, label)
+        longest.append(dur)
     return out

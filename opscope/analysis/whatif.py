@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opscope.analysis.fixes import Fixer, OpSpeedup, assign_ids
-from opscope.analysis.replay import Change, Replay, critical_path, replay
+from opscope.analysis.replay import Change, Replay, Steps, critical_path, replay, replay_steps
 from opscope.analysis.replay_graph import StepGraph, build_graph
 from opscope.errors import OpscopeError
 from opscope.machine.peaks import Peaks
@@ -32,10 +32,14 @@ class Engine:
     def replay(self, change: Change | None) -> Replay:
         return self.base if change is None or change.empty else replay(self.graph, change)
 
+    def steps(self, change: Change | None) -> Steps:
+        """The step times of the replay with `change` (without its node arrays)."""
+        return self.base if change is None or change.empty else replay_steps(self.graph, change)
+
     def saving_us(self, change: Change) -> float:
         """Over all profiled steps, what the change saves on the unchanged replay (never below 0: a
         shorter duration cannot delay the step; what is left is rounding)."""
-        return max(self.base.total_us - self.replay(change).total_us, 0.0)
+        return max(self.base.total_us - self.steps(change).total_us, 0.0)
 
 
 def engine(trace: TraceData, ev: Table, peaks: Peaks, gpu: bool) -> Engine:
@@ -64,35 +68,35 @@ def recommend(e: Engine, fixes: Sequence[tuple[str, Change]], alone: Sequence[fl
     replays: for `opscope whatif`, where the order is the answer), so a fix that gains only after another
     is ranked by what it gains then."""
     current = Change()
-    now = e.base
+    now: Steps = e.base
     bound = {k: (alone[k] if alone is not None else e.saving_us(c)) for k, (_, c) in enumerate(fixes)}
     fresh = set(bound)  # savings computed on top of `current`
-    tried: dict[int, Replay] = {}  # this round's replays of current + fix
+    tried: dict[int, Steps] = {}  # this round's replays of current + fix (step times only)
     out: list[Step] = []
     while bound:
         if limit is not None and len(out) >= limit:
             for k in bound:
                 current = current.combined(fixes[k][1])
-            return out, e.replay(current)
+            break
         if exact:
             for x in bound:
                 if x not in fresh:
-                    tried[x] = e.replay(current.combined(fixes[x][1]))
+                    tried[x] = e.steps(current.combined(fixes[x][1]))
                     bound[x] = max(now.total_us - tried[x].total_us, 0.0)
                     fresh.add(x)
         k = max(bound, key=lambda x: (bound[x], -x))
         if k not in fresh:
-            tried[k] = e.replay(current.combined(fixes[k][1]))
+            tried[k] = e.steps(current.combined(fixes[k][1]))
             bound[k] = max(now.total_us - tried[k].total_us, 0.0)
             fresh.add(k)
             continue
         current = current.combined(fixes[k][1])
         prev = now
-        now = tried[k] if k in tried else e.replay(current)
+        now = tried[k] if k in tried else e.steps(current)
         out.append(Step(fixes[k][0], max(prev.total_us - now.total_us, 0.0), now.mean_step_us))
         del bound[k]
         fresh, tried = set(), {}
-    return out, now
+    return out, e.replay(current)  # replayed once more with its node times, for the critical path
 
 
 def annotate(e: Engine, findings: list[dict[str, Any]]) -> list[tuple[str, Change, float]]:
