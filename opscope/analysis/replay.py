@@ -14,6 +14,7 @@ import math
 from array import array
 from bisect import bisect_right
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 from opscope.analysis.replay_graph import WAIT_END, StepGraph
@@ -109,7 +110,7 @@ def replay(g: StepGraph, change: Change | None = None) -> Replay:
     ptr, pred, lag, from_start, rec = g.ptr, g.pred, g.lag, g.from_start, g.start
     # a wait that no longer blocks keeps only its edge from its own start (the first)
     free = {i for i in g.waits if g.owner[i] in change.unblocked} if change is not None and change.unblocked else set()
-    for i in g.order:
+    for i, end in zip(g.heads, g.ends, strict=True):
         a, b = ptr[i], ptr[i + 1]
         if b - a == 1:  # most nodes: the piece before on the thread
             p = pred[a]
@@ -132,7 +133,17 @@ def replay(g: StepGraph, change: Change | None = None) -> Replay:
                 s = rec[i]
             why[i] = w
         start[i] = s
-        finish[i] = s + dur[i]
+        finish[i] = f = s + dur[i]
+        if end > i + 1:  # the run after it: each node starts at the finish before it plus its lag
+            m = end - i - 1
+            steps = [0.0] * (2 * m)
+            steps[0::2] = lag[ptr[i + 1]:ptr[end]]
+            steps[1::2] = dur[i + 1:end]
+            # the same additions in the same order as node by node: f + lag, then + dur
+            sums = list(accumulate(steps, initial=f))
+            start[i + 1:end] = array("d", sums[1::2])
+            finish[i + 1:end] = array("d", sums[2::2])
+            why[i + 1:end] = array("q", range(i, end - 1))
     out = Replay(step_us=[], start=start, finish=finish, why=why, dur=dur)
     out.step_us = [b - a for a, b in step_bounds(g, out)]
     return out

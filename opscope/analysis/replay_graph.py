@@ -66,6 +66,11 @@ class StepGraph:
     lag: array[float] = field(default_factory=lambda: array("d"))
     from_start: array[int] = field(default_factory=lambda: array("b"))
     order: array[int] = field(default_factory=lambda: array("q"))  # topological
+    # The replay's units, in a topological order: a node, or a run of consecutive nodes [head, end) each of
+    # which after the head has one predecessor, the node before it, binding at its finish (a thread's
+    # pieces): a run is replayed as one running sum (_runs).
+    heads: array[int] = field(default_factory=lambda: array("q"))
+    ends: array[int] = field(default_factory=lambda: array("q"))
     # per thread (lane name): its pieces' node ids in time order, and their recorded starts
     thread_nodes: dict[str, array[int]] = field(default_factory=dict)
     thread_starts: dict[str, array[float]] = field(default_factory=dict)
@@ -157,6 +162,7 @@ def build_graph(trace: TraceData, ev: Table) -> StepGraph:
     _waits(trace, g, edges, sync_end)
     edges.into(g)
     g.order = array("q", _topological(g))
+    g.heads, g.ends = _runs(g)
     if nrows(trace.steps):
         for tid, ts, dur in zip(trace.steps["tid"], trace.steps["ts"], trace.steps["dur"], strict=True):
             g.steps.append((cpu_lane(tid), float(ts), float(ts) + float(dur)))
@@ -380,6 +386,29 @@ def _step_kernels(g: StepGraph) -> None:
         g.step_kernels.append(mine)
         last = max((g.start[k] + g.dur[k] for k in mine), default=b)
         g.step_tail.append(max(last - b, 0.0))
+
+
+def _runs(g: StepGraph) -> tuple[array[int], array[int]]:
+    """The replay's units (StepGraph.heads/ends). A run's head is ordered where the topological order has
+    it: its nodes after the head depend on nothing outside the run, and whatever depends on them comes
+    later in that order than they, so later than the head."""
+    ptr, pred, lag, from_start = g.ptr, g.pred, g.lag, g.from_start
+    waits = set(g.waits)  # a wait's edges change when it no longer blocks (Change.unblocked)
+    inside = bytearray(g.n)  # in a run, after its head
+    for i in range(1, g.n):
+        a = ptr[i]
+        if (ptr[i + 1] - a == 1 and pred[a] == i - 1 and not from_start[a] and lag[a] != -math.inf
+                and i not in waits):
+            inside[i] = 1
+    heads, ends = array("q"), array("q")
+    for i in g.order:
+        if not inside[i]:
+            end = i + 1
+            while end < g.n and inside[end]:
+                end += 1
+            heads.append(i)
+            ends.append(end)
+    return heads, ends
 
 
 def _topological(g: StepGraph) -> list[int]:
