@@ -221,11 +221,19 @@ def critical_path(g: StepGraph, r: Replay, limit: int = MAX_SEGMENTS) -> list[di
         node = r.why[node]
     lanes: dict[str, int] = {}
     segments = _Segments()
+    # the path of a long trace runs through most of its nodes: appends bound once
+    s_lane, s_ts, s_dur, s_label = (x.append for x in (segments.lane, segments.ts, segments.dur, segments.label))
+    start, finish, kind, lane_of, lane_id = r.start, r.finish, g.kind, g.lane, lanes.setdefault
     for node in reversed(chain):
-        a, b = max(r.start[node], t0), r.finish[node]
-        if b - a <= 0 or g.kind[node] == WAIT_END:
+        a, b = start[node], finish[node]
+        if a < t0:
+            a = t0
+        if b - a <= 0 or kind[node] == WAIT_END:
             continue
-        segments.append(lanes.setdefault(g.lane[node], len(lanes)), a - t0, b - a, node)
+        s_lane(lane_id(lane_of[node], len(lanes)))
+        s_ts(a - t0)
+        s_dur(b - a)
+        s_label(node)
     names = list(lanes)
     return [{"lane": names[lane], "ts": ts, "dur": dur, "name": bounded_text(g.name[node], NAME_CHARS)}
             for lane, ts, dur, node in _bounded(segments, limit).rows()]
