@@ -222,7 +222,7 @@ def critical_path(g: StepGraph, r: Replay, limit: int = MAX_SEGMENTS) -> list[di
     lanes: dict[str, int] = {}
     segments = _Segments()
     # the path of a long trace runs through most of its nodes: appends bound once
-    s_lane, s_ts, s_dur, s_label = (x.append for x in (segments.lane, segments.ts, segments.dur, segments.label))
+    s_lane, s_ts, s_dur, s_label = segments.lane.append, segments.ts.append, segments.dur.append, segments.label.append
     start, finish, kind, lane_of, lane_id = r.start, r.finish, g.kind, g.lane, lanes.setdefault
     for node in reversed(chain):
         a, b = start[node], finish[node]
