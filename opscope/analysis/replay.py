@@ -88,7 +88,8 @@ def durations(g: StepGraph, change: Change | None) -> array[float]:
     if change is None:
         return dur
     for key, f in change.cpu.items():
-        for node in g.owner_nodes.get(key, ()):
+        # its waits too, whose recorded duration is 0 (their wait is an edge): scaled, still 0
+        for node in g.nodes_of(key):
             dur[node] = g.dur[node] * f
     for k, f in change.kernels.items():
         node = g.kernel_node.get(k, -1)

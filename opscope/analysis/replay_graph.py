@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import re
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from statistics import median
@@ -76,7 +76,10 @@ class StepGraph:
     thread_starts: dict[str, array[float]] = field(default_factory=dict)
     kernel_node: dict[int, int] = field(default_factory=dict)  # trace.kernels row -> node
     waits: list[int] = field(default_factory=list)  # WAIT_END nodes (their owner: the row around the call)
-    owner_nodes: dict[int, list[int]] = field(default_factory=dict)  # row event -> its CPU pieces
+    # row event -> its nodes (its CPU pieces, the runtime calls in them): the owned nodes sorted by owner,
+    # and their owners (nodes_of(); a list per event held more memory than the graph's own columns)
+    by_owner: array[int] = field(default_factory=lambda: array("q"))
+    owners: array[int] = field(default_factory=lambda: array("q"))
     # the profiled steps: (lane, recorded start, recorded end); empty: the whole trace is one step
     steps: list[tuple[str, float, float]] = field(default_factory=list)
     # per step: the kernels launched in it, and how far past the step's end the last of them ran in the
@@ -87,6 +90,11 @@ class StepGraph:
     @property
     def n(self) -> int:
         return len(self.kind)
+
+    def nodes_of(self, event: int) -> array[int]:
+        """The nodes whose time is row event `event`'s self time (its pieces, and runtime calls and
+        waits inside them), in node order."""
+        return self.by_owner[bisect_left(self.owners, event):bisect_right(self.owners, event)]
 
     def add(self, kind: int, lane: str, name: str, start: float, dur: float, *, owner: int = -1,
             kernel: int = -1, gap: bool = False) -> int:
@@ -163,6 +171,10 @@ def build_graph(trace: TraceData, ev: Table) -> StepGraph:
     edges.into(g)
     g.order = array("q", _topological(g))
     g.heads, g.ends = _runs(g)
+    owned = [i for i, o in enumerate(g.owner) if o >= 0]
+    owned.sort(key=g.owner.__getitem__)  # stable: each event's nodes in node order
+    g.by_owner = array("q", owned)
+    g.owners = array("q", (g.owner[i] for i in owned))
     if nrows(trace.steps):
         for tid, ts, dur in zip(trace.steps["tid"], trace.steps["ts"], trace.steps["dur"], strict=True):
             g.steps.append((cpu_lane(tid), float(ts), float(ts) + float(dur)))
@@ -266,9 +278,7 @@ class _Cutter:
             self._append(g.add(CPU, lane, "host gap", cur, dur, gap=True), -1)
         elif owner_id >= 0:
             key = row_anc[owner_id] if row_anc[owner_id] >= 0 else owner_id
-            node = g.add(CPU, lane, self.names[key], cur, dur, owner=key)
-            g.owner_nodes.setdefault(key, []).append(node)
-            self._append(node, top)
+            self._append(g.add(CPU, lane, self.names[key], cur, dur, owner=key), top)
         else:
             encl = self.stack[-2][1] if len(self.stack) >= 2 else GAP
             key = (row_anc[encl] if row_anc[encl] >= 0 else encl) if encl >= 0 else -1
@@ -286,8 +296,6 @@ class _Cutter:
                 self.prev = node
             else:
                 node = g.add(CPU, lane, lname, cur, dur, owner=key)
-                if key >= 0:
-                    g.owner_nodes.setdefault(key, []).append(node)
                 self.launch_piece.setdefault(j, node)
                 self._append(node, top)
         self.cur = end
