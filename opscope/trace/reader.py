@@ -976,10 +976,15 @@ def _columnize(path: str, events: _Events, *, with_python: bool, rejects: _Rejec
         "input_dims", "input_dtypes", "input_strides", "concrete_inputs"))
     p_name, p_pid, p_tid, p_ts, p_dur = (py[k].append for k in ("name", "pid", "tid", "ts", "dur"))
     intern = names.setdefault
+    # One object per process and thread id: each event decodes its own int, and the tables keep them all
+    # (two columns of the op, launch, Python and memory tables: 9 MB of the 5x scaling trace's ops alone).
+    share = {}.setdefault
     no_args = _Args()
     lo, hi = _INT64
     for batch in events.batches():
         for e in batch:
+            e.pid = share(e.pid, e.pid)
+            e.tid = share(e.tid, e.tid)
             if e.ph != "X":
                 if e.ph == "i" and e.name == MEMORY_EVENT and e.args is not None:
                     _memory_event(e, e.args, mem, rejects)
