@@ -978,7 +978,8 @@ def _columnize(path: str, events: _Events, *, with_python: bool, rejects: _Rejec
     intern = names.setdefault
     # One object per process and thread id: each event decodes its own int, and the tables keep them all
     # (two columns of the op, launch, Python and memory tables: 9 MB of the 5x scaling trace's ops alone).
-    share = {}.setdefault
+    ids: dict[int | str, int | str] = {}
+    share = ids.setdefault
     no_args = _Args()
     lo, hi = _INT64
     for batch in events.batches():
