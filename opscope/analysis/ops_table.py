@@ -58,7 +58,8 @@ def event_costs(ev: Table) -> Table:
     family = [""] * n
     note = [""] * n
     dtype = [""] * n
-    cache: dict[tuple[str, str, str, str, str], tuple[Cost | None, str]] = {}  # inputs -> cost, dtype
+    # inputs -> cost, dtype, flops, bytes: one float object per distinct call, not per event
+    cache: dict[tuple[str, str, str, str, str], tuple[Cost | None, str, float, float]] = {}
     list_dtype = dominant_float_type(ev)
     names = ev["name"]
     # TensorList element dtypes seen by `profile`'s dispatch pass, where it ran (events.py)
@@ -75,14 +76,16 @@ def event_costs(ev: Table) -> Table:
             try:
                 call = OpCall.from_json_text(name, dims, types, strides, concrete, list_dtype)
             except UnreadableCall:  # an input column that is not a JSON list: no cost, no dtype
-                hit = (None, "")
+                hit = (None, "", NAN, NAN)
             else:  # estimate() itself gives None for inputs no cost function can read; a bug raises
-                hit = (estimate(call), floating_dtype(call) or "")
+                c = estimate(call)
+                hit = (c, floating_dtype(call) or "", float(c.flops) if c is not None else NAN,
+                       float(c.bytes) if c is not None else NAN)
             cache[key] = hit
-        cost, dt = hit
+        cost, dt, f, b = hit
         dtype[i] = dt
         if cost is not None:
-            flops[i], nbytes[i], family[i], note[i] = float(cost.flops), float(cost.bytes), cost.family, cost.note
+            flops[i], nbytes[i], family[i], note[i] = f, b, cost.family, cost.note
 
     # A row ancestor doing the same family of work as a descendant with real work only dispatches.
     # So does an op that runs its work as child ops of other families on this backend.
