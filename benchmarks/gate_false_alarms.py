@@ -18,7 +18,7 @@ gate page advises) and --steps 10; `--repeat` profiles each group in one command
 
     .venv/bin/python benchmarks/gate_false_alarms.py [--work DIR] [--runs 20] [--steps 10] [--reuse]
 
-About 5-8 minutes on the project's 2-core VM (292-435 s measured). Prints the figures and writes
+About 4-5 minutes on the project's 2-core VM (250-281 s measured). Prints the figures and writes
 DIR/figures.json.
 """
 
