@@ -12,6 +12,7 @@
 
     opscope.analyze("trace.json.gz"), opscope.load("reports/x-..."), opscope.compare(a, b),
     opscope.swap("model.py", kernels=["rms_norm"])
+    opscope.profile_repeated("model.py", 5, out="runs")         # samples for the CI gate
     opscope.baseline_save(["runs/run-1", "runs/run-2"], "main"), opscope.gate(["pr/run-1"], "main")
 
 `import opscope` is cheap: the names below are imported on first use (torch only by the functions that
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
         load,
         profile,
         profile_file,
+        profile_repeated,
         profiling,
         swap,
     )
@@ -63,6 +65,7 @@ __all__ = [
     "load",
     "profile",
     "profile_file",
+    "profile_repeated",
     "profiling",
     "swap",
     "whatif",

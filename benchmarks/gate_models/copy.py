@@ -1,19 +1,32 @@
-"""base.py with an accidental copy: `.contiguous()` of a transposed activation (line 15), a new op row."""
+"""base.py with an accidental copy: `.contiguous()` of a transposed activation (line 26), a new op row.
+The rest is base.py's, fc2 one line lower."""
 
 import torch
 import torch.nn as nn
 
+PASSES = 10  # slow_op.py: 11 (the same op row, line and shapes doing 11/10 of the work)
+
 
 class Net(nn.Module):
-    def __init__(self, width: int = 128, out: int = 128) -> None:
+    # Every op row the same matmul, into buffers kept across steps. The gate normalizes an op row of a noisy
+    # run by the load on the other rows, and load slows a matmul and a memory-bound op unlike: with a relu
+    # (1% of the step) a loaded baseline made it 1.6-2.2x "slower" in quiet runs (false alarms). And no step
+    # allocates: a fresh 15 MiB tensor page-faults in some processes and not others (relu, cat swung 5x).
+    def __init__(self, width: int = 256, blocks: int = 10, rows: int = 1536) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(width, width, bias=False)
-        self.fc2 = nn.Linear(width, out, bias=False)
+        self.w1 = nn.Parameter(torch.randn(width, width) / width**0.5)
+        self.w2 = nn.Parameter(torch.randn(width, width) / width**0.5)
+        self.register_buffer("h", torch.zeros(blocks, rows, width))
+        self.register_buffer("y", torch.zeros(blocks, rows, width))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.relu(self.fc1(x))
-        h = h.t().contiguous().t()  # the accidental copy
-        return self.fc2(h)
+        h, y, n = self.h, self.y, self.h.shape[0]
+        for i in range(n):
+            torch.mm(x[i], self.w1, out=h[i])
+        h = h.transpose(1, 2).contiguous().transpose(1, 2)  # the accidental copy
+        for i in range(PASSES):
+            torch.mm(h[i % n], self.w2, out=y[i % n])
+        return y
 
 
 def get_model() -> nn.Module:
@@ -22,4 +35,4 @@ def get_model() -> nn.Module:
 
 
 def get_inputs() -> list[torch.Tensor]:
-    return [torch.randn(32768, 128)]
+    return [torch.randn(10, 1536, 256)]

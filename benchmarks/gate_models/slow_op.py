@@ -1,18 +1,31 @@
-"""base.py with fc2 6% wider (136 for 128): 14-20% slower measured. Same lines as base.py."""
+"""base.py with one pass of fc2 too many (an off-by-one: block 0 again): fc2's op row (aten::mm at
+line 27, the same shapes) does 11/10 of base.py's work, 10% more time by construction."""
 
 import torch
 import torch.nn as nn
 
+PASSES = 11  # base.py: 10
+
 
 class Net(nn.Module):
-    def __init__(self, width: int = 128, out: int = 136) -> None:
+    # Every op row the same matmul, into buffers kept across steps. The gate normalizes an op row of a noisy
+    # run by the load on the other rows, and load slows a matmul and a memory-bound op unlike: with a relu
+    # (1% of the step) a loaded baseline made it 1.6-2.2x "slower" in quiet runs (false alarms). And no step
+    # allocates: a fresh 15 MiB tensor page-faults in some processes and not others (relu, cat swung 5x).
+    def __init__(self, width: int = 256, blocks: int = 10, rows: int = 1536) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(width, width, bias=False)
-        self.fc2 = nn.Linear(width, out, bias=False)
+        self.w1 = nn.Parameter(torch.randn(width, width) / width**0.5)
+        self.w2 = nn.Parameter(torch.randn(width, width) / width**0.5)
+        self.register_buffer("h", torch.zeros(blocks, rows, width))
+        self.register_buffer("y", torch.zeros(blocks, rows, width))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.relu(self.fc1(x))
-        return self.fc2(h)
+        h, y, n = self.h, self.y, self.h.shape[0]
+        for i in range(n):
+            torch.mm(x[i], self.w1, out=h[i])
+        for i in range(PASSES):
+            torch.mm(h[i % n], self.w2, out=y[i % n])
+        return y
 
 
 def get_model() -> nn.Module:
@@ -21,4 +34,4 @@ def get_model() -> nn.Module:
 
 
 def get_inputs() -> list[torch.Tensor]:
-    return [torch.randn(32768, 128)]
+    return [torch.randn(10, 1536, 256)]

@@ -13,7 +13,7 @@ from opscope.api.capture import Session, profiling
 from opscope.api.ci_gate import baseline_save, gate
 from opscope.api.explain import explain_op
 from opscope.api.files import analyze, compare, load
-from opscope.api.jobs import profile_file, swap
+from opscope.api.jobs import profile_file, profile_repeated, swap
 from opscope.api.run import Finding, Rows, Run
 from opscope.api.whatif import WhatIf, whatif
 from opscope.capture.options import Progress
@@ -83,6 +83,7 @@ __all__ = [
     "load",
     "profile",
     "profile_file",
+    "profile_repeated",
     "profiling",
     "swap",
     "whatif",

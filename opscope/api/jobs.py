@@ -6,6 +6,7 @@ a file, with every option of `opscope profile` / `opscope swap`."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -170,6 +171,51 @@ def profile_file(target: PathLike, *, entry: str | None = None, device: str = "a
     from opscope.run.read import read_run
 
     return Run(read_run(run_dir), kept.warnings)
+
+
+def profile_repeated(target: PathLike, repeat: int, *, out: PathLike | None = None, entry: str | None = None,
+                     device: str = "auto", dtype: str | None = None, mode: str = "inference", warmup: int = 2,
+                     steps: int = 5, threads: int | None = None, peak_bw: float | None = None,
+                     peak_flops: Sequence[str] | str | None = None, compile: str | None = None,
+                     try_swaps: bool = False, nvtx: bool = False, nsys: bool = False, nsys_args: str | None = None,
+                     ncu: bool = False, ncu_top: int = 10, nvtx_ops: bool = False, script: bool = False,
+                     script_args: Sequence[str] = (), step_fn: str | None = None, stop_after: bool = False,
+                     nproc_per_node: int | None = None, nnodes: int = 1, node_rank: int = 0,
+                     master_addr: str | None = None, master_port: int | None = None, debug: bool = False,
+                     progress: Progress | Callable[[int], AbstractContextManager[Progress]] | None = None,
+                     on_written: Callable[[Path], None] | None = None,
+                     on_run: Callable[[int, Run], None] | None = None) -> list[Run]:
+    """`opscope profile TARGET --repeat N`: `repeat` profiles of the same target, one after the other, each a
+    separate profile (its own child process) and run directory: OUT/run-1 ... OUT/run-N with `out` (which must
+    not exist or be empty: opscope never overwrites a run), else new folders under ./reports. Samples for
+    `baseline_save` and `gate`. Every other keyword is `profile_file`'s.
+
+    progress: a Progress for every run, or a function of the run's number (1 to N) giving a context manager
+    that yields that run's Progress (the CLI's progress bar, one per run). on_run(i, run) is called as each
+    run is written (the CLI prints its folder). Returns the runs in order."""
+    if repeat < 1:
+        raise OpscopeError(f"--repeat must be at least 1; got {repeat}")
+    out_dir = user_path(out)
+    # checked before the first run: a clash found at run 2 would leave half a set behind
+    if out_dir is not None and out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise OpscopeError(f"--out {out_dir} already exists and is not empty; opscope never overwrites a run")
+    runs: list[Run] = []
+    for i in range(1, repeat + 1):
+        shown: AbstractContextManager[Progress | None] = (
+            nullcontext(progress) if progress is None or isinstance(progress, Progress) else progress(i))
+        with shown as each:
+            run = profile_file(target, entry=entry, device=device, dtype=dtype, mode=mode, warmup=warmup,
+                               steps=steps, threads=threads, peak_bw=peak_bw, peak_flops=peak_flops,
+                               out=None if out_dir is None else out_dir / f"run-{i}", compile=compile,
+                               try_swaps=try_swaps, nvtx=nvtx, nsys=nsys, nsys_args=nsys_args, ncu=ncu,
+                               ncu_top=ncu_top, nvtx_ops=nvtx_ops, script=script, script_args=script_args,
+                               step_fn=step_fn, stop_after=stop_after, nproc_per_node=nproc_per_node,
+                               nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+                               master_port=master_port, debug=debug, progress=each, on_written=on_written)
+        runs.append(run)
+        if on_run is not None:
+            on_run(i, run)
+    return runs
 
 
 def swap(target: PathLike, *, kernels: Sequence[str] | None = None, op: str | None = None,

@@ -25,6 +25,7 @@ from opscope.version import __version__
 if TYPE_CHECKING:
     from rich.progress import TaskID
 
+    from opscope.api import Run as ApiRun
     from opscope.run.model import Run
 
 app = typer.Typer(
@@ -322,20 +323,16 @@ def profile(
 
 
 def _profile_repeated(repeat: int, out: Path | None, json_out: bool, options: dict[str, Any]) -> None:
-    """`profile --repeat N`: N profiles, one run directory each; one line per run (its directory on stdout)."""
+    """`profile --repeat N` (opscope.profile_repeated): one progress bar per run, one line per run (its
+    directory on stdout, or its summary with --json)."""
     from rich.text import Text
 
-    from opscope.api import profile_file
+    from opscope.api import profile_repeated
     from opscope.render.text import clean
     from opscope.run.model import shown_path
     from opscope.run.write import dumps
 
-    if out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise OpscopeError(f"--out {out} already exists and is not empty; opscope never overwrites a run")
-    for i in range(1, repeat + 1):
-        with _RichProgress(stderr) as progress:
-            run = profile_file(out=None if out is None else out / f"run-{i}", progress=progress,
-                               on_written=_run_complete, **options)
+    def shown(i: int, run: ApiRun) -> None:
         assert run.dir is not None  # a profile writes its run
         if json_out:
             sys.stdout.write(dumps(run.summary) + "\n")
@@ -347,6 +344,9 @@ def _profile_repeated(repeat: int, out: Path | None, json_out: bool, options: di
         stderr.print(Text(f"run {i}/{repeat}: {clean(shown_path(run.dir))}"
                           + (f"  step {step / 1000:.2f} ms" if isinstance(step, (int, float)) else "")
                           + (f"  ({noise})" if noise == "noisy" else "")), highlight=False)
+
+    profile_repeated(options.pop("target"), repeat, out=out, progress=lambda i: _RichProgress(stderr),
+                     on_written=_run_complete, on_run=shown, **options)
 
 
 @app.command()

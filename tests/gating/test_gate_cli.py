@@ -11,7 +11,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+import opscope
 from conftest import assert_clean_error, run_cli
+from opscope import Progress
 
 TINY = '''
 import torch
@@ -106,3 +108,46 @@ def test_bad_options_are_one_line_before_anything_runs(tmp_path):
     assert_clean_error(run_cli("gate", "out", "--baseline", "main", "--threshold", "lots", cwd=tmp_path),
                        "not a share")
     assert_clean_error(run_cli("baseline", "save", "out", "--name", "main", cwd=tmp_path), "opscope run directory")
+
+
+class _Phases(Progress):
+    """A progress hook per run that records what it was shown and whether it was closed."""
+
+    def __init__(self, log: list[str], i: int) -> None:
+        self.log, self.i = log, i
+
+    def __enter__(self) -> _Phases:
+        self.log.append(f"open {self.i}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.log.append(f"close {self.i}")
+
+    def phase(self, name: str, total: int | None = None) -> None:
+        if f"phase {self.i}" not in self.log:
+            self.log.append(f"phase {self.i}")
+
+
+@pytest.mark.slow
+def test_profile_repeated_from_python(tmp_path):
+    """opscope.profile_repeated (what `profile --repeat` calls): OUT/run-1 ... OUT/run-N in order, each run
+    reported as written, each with its own progress context, opened and closed around its profile."""
+    (tmp_path / "tiny.py").write_text(TINY)
+    log: list[str] = []
+    runs = opscope.profile_repeated(tmp_path / "tiny.py", 2, out=tmp_path / "set", steps=2, warmup=1, threads=1,
+                                    progress=lambda i: _Phases(log, i),
+                                    on_run=lambda i, run: log.append(f"run {i} {run.dir.name}"))
+    assert [r.dir for r in runs] == [tmp_path / "set" / "run-1", tmp_path / "set" / "run-2"]
+    assert log == ["open 1", "phase 1", "close 1", "run 1 run-1", "open 2", "phase 2", "close 2", "run 2 run-2"]
+    assert all(len(r.summary["step_times_us"]) == 2 for r in runs)
+
+
+def test_profile_repeated_refuses_before_the_first_run(tmp_path):
+    (tmp_path / "tiny.py").write_text(TINY)
+    (tmp_path / "set").mkdir()
+    (tmp_path / "set" / "kept.txt").write_text("x")
+    with pytest.raises(opscope.OpscopeError, match="not empty"):
+        opscope.profile_repeated(tmp_path / "tiny.py", 2, out=tmp_path / "set")
+    with pytest.raises(opscope.OpscopeError, match="at least 1"):
+        opscope.profile_repeated(tmp_path / "tiny.py", 0)
+    assert not (tmp_path / "set" / "run-1").exists()
