@@ -173,22 +173,14 @@ def profile_file(target: PathLike, *, entry: str | None = None, device: str = "a
     return Run(read_run(run_dir), kept.warnings)
 
 
-def profile_repeated(target: PathLike, repeat: int, *, out: PathLike | None = None, entry: str | None = None,
-                     device: str = "auto", dtype: str | None = None, mode: str = "inference", warmup: int = 2,
-                     steps: int = 5, threads: int | None = None, peak_bw: float | None = None,
-                     peak_flops: Sequence[str] | str | None = None, compile: str | None = None,
-                     try_swaps: bool = False, nvtx: bool = False, nsys: bool = False, nsys_args: str | None = None,
-                     ncu: bool = False, ncu_top: int = 10, nvtx_ops: bool = False, script: bool = False,
-                     script_args: Sequence[str] = (), step_fn: str | None = None, stop_after: bool = False,
-                     nproc_per_node: int | None = None, nnodes: int = 1, node_rank: int = 0,
-                     master_addr: str | None = None, master_port: int | None = None, debug: bool = False,
+def profile_repeated(target: PathLike, repeat: int, *, out: PathLike | None = None,
                      progress: Progress | Callable[[int], AbstractContextManager[Progress]] | None = None,
-                     on_written: Callable[[Path], None] | None = None,
-                     on_run: Callable[[int, Run], None] | None = None) -> list[Run]:
+                     on_run: Callable[[int, Run], None] | None = None, **options: Any) -> list[Run]:
     """`opscope profile TARGET --repeat N`: `repeat` profiles of the same target, one after the other, each a
     separate profile (its own child process) and run directory: OUT/run-1 ... OUT/run-N with `out` (which must
     not exist or be empty: opscope never overwrites a run), else new folders under ./reports. Samples for
-    `baseline_save` and `gate`. Every other keyword is `profile_file`'s.
+    `baseline_save` and `gate`. `options`: profile_file's keywords (entry, device, steps, threads, ...), the
+    same for every run.
 
     progress: a Progress for every run, or a function of the run's number (1 to N) giving a context manager
     that yields that run's Progress (the CLI's progress bar, one per run). on_run(i, run) is called as each
@@ -204,14 +196,8 @@ def profile_repeated(target: PathLike, repeat: int, *, out: PathLike | None = No
         shown: AbstractContextManager[Progress | None] = (
             nullcontext(progress) if progress is None or isinstance(progress, Progress) else progress(i))
         with shown as each:
-            run = profile_file(target, entry=entry, device=device, dtype=dtype, mode=mode, warmup=warmup,
-                               steps=steps, threads=threads, peak_bw=peak_bw, peak_flops=peak_flops,
-                               out=None if out_dir is None else out_dir / f"run-{i}", compile=compile,
-                               try_swaps=try_swaps, nvtx=nvtx, nsys=nsys, nsys_args=nsys_args, ncu=ncu,
-                               ncu_top=ncu_top, nvtx_ops=nvtx_ops, script=script, script_args=script_args,
-                               step_fn=step_fn, stop_after=stop_after, nproc_per_node=nproc_per_node,
-                               nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
-                               master_port=master_port, debug=debug, progress=each, on_written=on_written)
+            run = profile_file(target, out=None if out_dir is None else out_dir / f"run-{i}", progress=each,
+                               **options)
         runs.append(run)
         if on_run is not None:
             on_run(i, run)
