@@ -42,7 +42,7 @@ MODELS = HERE / "gate_models"
 REUSE = False
 GROUP = 7
 SLOW_LINE = "model.py:27"  # fc2's passes in base.py and slow_op.py (profiled as WORK/src/model.py)
-FC1_LINE = "model.py:25"  # fc1 in both: the reference its per-step time is taken over
+FC1_LINE = "model.py:24"  # fc1 in both: the reference its per-step time is taken over
 COPY_LINE = "model.py:26"  # copy.py's accidental copy
 LOW_THRESHOLD = 0.05  # the second threshold the slow op and the same code are gated at
 
