@@ -18,7 +18,7 @@ gate page advises) and --steps 10; `--repeat` profiles each group in one command
 
     .venv/bin/python benchmarks/gate_false_alarms.py [--work DIR] [--runs 20] [--steps 10] [--reuse]
 
-About 4-5 minutes on the project's 2-core VM (250-281 s measured). Prints the figures and writes
+About 5-9 minutes on the project's busy 2-core VM (323-520 s measured). Prints the figures and writes
 DIR/figures.json.
 """
 
