@@ -130,3 +130,16 @@ def test_an_old_baseline_without_bounds_loads_and_gates(tmp_path):
     assert quiet.exit_code == 0 and item(quiet, "aten::clamp_min", "model.py:14").verdict == OK
     noisy = run_gate(old, synthetic(1, seed=2, per_step=True, noisy=True, load=[2.0]))
     assert noisy.exit_code == 0 and item(noisy, "aten::clamp_min", "model.py:14").verdict == OK
+
+
+def test_a_module_is_normalized_kind_by_kind():
+    # fc1's module is one matmul: measured against the load on the compute rows outside it (fc2), not on the
+    # relu that load slows 2x; modules have one sample per run, so 8 runs a side
+    base = synthetic(8, seed=1, bounds=True)
+    same = run_gate(base, synthetic(8, seed=2, bounds=True, noisy=True, kind_load={"memory": [2.0] * 8,
+                                                                                    "compute": [1.2] * 8}))
+    fc1 = [i for i in same.items if i.kind == "module" and i.name == "fc1"][0]
+    assert same.exit_code == 0 and fc1.verdict == OK and fc1.ratio == pytest.approx(1.0, abs=0.06)
+    slow = run_gate(base, synthetic(8, seed=2, bounds=True, noisy=True, slower={"model.py:15": 1.3},
+                                    kind_load={"memory": [2.0] * 8, "compute": [1.2] * 8}))
+    assert [i.verdict for i in slow.items if i.kind == "module" and i.name == "fc2"] == [REGRESSION]
