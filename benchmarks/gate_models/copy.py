@@ -8,10 +8,9 @@ PASSES = 10  # slow_op.py: 11 (the same op row, line and shapes doing 11/10 of t
 
 
 class Net(nn.Module):
-    # Every op row the same matmul, into buffers kept across steps. The gate normalizes an op row of a noisy
-    # run by the load on the other rows, and load slows a matmul and a memory-bound op unlike: with a relu
-    # (1% of the step) a loaded baseline made it 1.6-2.2x "slower" in quiet runs (false alarms). And no step
-    # allocates: a fresh 15 MiB tensor page-faults in some processes and not others (relu, cat swung 5x).
+    # fc1 and fc2 matmul into buffers kept across steps; between them an out-of-place relu, a memory-bound op
+    # that allocates 15 MiB each step (it page-faults every step in some processes and in none in others, and
+    # load slows it unlike the matmuls: the gate measures it against its own kind and its baseline's runs).
     def __init__(self, width: int = 256, blocks: int = 10, rows: int = 1536) -> None:
         super().__init__()
         self.w1 = nn.Parameter(torch.randn(width, width) / width**0.5)
@@ -23,9 +22,10 @@ class Net(nn.Module):
         h, y, n = self.h, self.y, self.h.shape[0]
         for i in range(n):
             torch.mm(x[i], self.w1, out=h[i])
-        h = h.transpose(1, 2).contiguous().transpose(1, 2)  # the accidental copy
+        a = torch.relu(h)
+        a = a.transpose(1, 2).contiguous().transpose(1, 2)  # the accidental copy
         for i in range(PASSES):
-            torch.mm(h[i % n], self.w2, out=y[i % n])
+            torch.mm(a[i % n], self.w2, out=y[i % n])
         return y
 
 

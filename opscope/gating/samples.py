@@ -50,6 +50,9 @@ class OpSamples(Struct, kw_only=True):
     line: str = ""
     shapes: str = ""
     module: str = ""
+    # what bounds it (ops.csv bound: compute, memory, overhead, unknown): the gate measures the load a row sees
+    # on rows of its own kind. "" in baselines saved before opscope kept it.
+    bound: str = ""
     times_us: list[float] = []
     # each run's time per step (summary.json op_step_times_us of profile runs); None when a run lacks them
     step_times_us: list[list[float]] | None = None
@@ -161,6 +164,8 @@ def read_samples(paths: list[Path]) -> Samples:
                 module = ops["module"][j] if "module" in ops else ""
                 row = rows[key] = OpSamples(op=key[0], line=key[1], shapes=key[2], module=_text(module),
                                             times_us=[0.0] * len(runs))
+            if not row.bound and "bound" in ops:
+                row.bound = _text(ops["bound"][j])
             row.times_us[i] += t / steps
             # per step: summed over the ops.csv rows of this key; unknown (None) once one of them has none
             by_step = step_sums.setdefault(key, [[] for _ in runs])
