@@ -15,7 +15,7 @@
 
 namespace opscope::reduce {
 
-constexpr int64_t CB = 256;                 // columns per block
+constexpr int64_t CB = 1024;                // columns per block (4 KiB of float accumulators: L1)
 constexpr int64_t ROW_SPLIT_MIN_R = 32768;  // rows strategy: split R when this long ...
 constexpr int64_t ROW_SPLIT_MAX_K = 16;     // ... and there are at most this many outputs
 constexpr int64_t ROW_CHUNK_R = 8192;
