@@ -142,7 +142,10 @@ inline at::Tensor reduce(const at::Tensor& x, int64_t dim, bool keepdim, bool me
       const int64_t chunk_r = split ? COL_CHUNK_R : R;
       std::vector<A> part(split ? K * chunks : 0);
       const int64_t tasks = p.K1 * blocks * chunks;
-      at::parallel_for(0, tasks, grain_or(grain, 1), [&](int64_t t0, int64_t t1) {
+      // grain counts outputs per task (as for rows; the tuning cache keys a shape class, not a strategy):
+      // a task here covers cbw outputs
+      const int64_t grain_tasks = grain > 0 ? std::max<int64_t>(1, grain / cbw) : 1;
+      at::parallel_for(0, tasks, grain_tasks, [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) {
           const int64_t c = t % chunks, blk = (t / chunks) % blocks, k1 = t / (chunks * blocks);
           const int64_t c0 = blk * cbw, cb = std::min(cbw, p.K0 - c0);
