@@ -52,6 +52,7 @@ GOALS = {  # kernel -> [(ratio key, minimum)], from the issue that introduced th
     "softmax": [("vs_native", 0.9)],
 }
 BANDWIDTH_GOAL_PCT = 70.0
+TIE = 0.95  # a memory-bound loser within 5 % of the winner at >= BANDWIDTH_GOAL_PCT: a tie at the memory's limit
 # grain sizes: each kernel's manifest declares its search space ([tune.cpu] grain_size)
 TUNE_SAMPLE_S = 2e-3        # one timed sample of a grain candidate: enough calls to last this long
 FIRST_USE_BUDGET_S = 0.25   # tuning a shape class the first time bench or profile meets it
@@ -104,7 +105,9 @@ def verdict(ratios: dict[str, float], pct_bandwidth: float | None) -> dict[str, 
     """A case's summary: `vs_aten` (the native aten op, else the eager composite that aten runs),
     `vs_compile` (torch.compile of the composite; null when it was left out), `vs_best` (against the better
     of the two), and whether the kernel is `suggested` there: only when it beats both (vs_best >= 1.0);
-    else `why` says which one wins and by how much. A ratio is other median / kernel median (> 1: kernel faster)."""
+    else `why` says which one wins and by how much (and, when the kernel already moves >= 70 % of the
+    measured bandwidth and is within TIE of the winner, that the two are tied at the memory's limit). A
+    ratio is other median / kernel median (> 1: kernel faster)."""
     aten = ratios.get("vs_native", ratios.get("vs_eager"))
     compile_ = ratios.get("vs_compiled")
     known = [r for r in (aten, compile_) if r is not None]
@@ -117,6 +120,8 @@ def verdict(ratios: dict[str, float], pct_bandwidth: float | None) -> dict[str, 
         winner = "torch.compile" if compile_ is not None and best == compile_ else "aten"
         out["why"] = (f"{winner} is faster: the kernel runs at {best:.2f}x its speed"
                       + (f" ({pct_bandwidth:.0f}% of the measured bandwidth)" if pct_bandwidth is not None else ""))
+        if pct_bandwidth is not None and pct_bandwidth >= BANDWIDTH_GOAL_PCT and best >= TIE:
+            out["why"] += "; both are at the memory's limit: a tie within the run-to-run noise, not a kernel to swap in"
     elif compile_ is None:
         out["why"] = "compared with aten only (torch.compile left out)"
     return out

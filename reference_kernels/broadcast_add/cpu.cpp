@@ -6,24 +6,25 @@
 //      innermost loop is as long as possible;
 //   4. the flat output range split across threads (grain = elements per task); each task walks its
 //      range as runs of the innermost dim, with the run specialized for stride patterns
-//      (both unit: vector add; one 0: vector + scalar; else strided).
+//      (both unit: vector add; one 0: vector + scalar; else strided); a float32 output of 16 MiB or more
+//      is written with non-temporal stores (common.h: write_run).
 #include "../csrc/common.h"
 
 namespace opscope::broadcast_add {
 
 template <typename T>
-OPSCOPE_CLONES void add_run(const T* a, int64_t sa, const T* b, int64_t sb, T* o, int64_t n) {
+OPSCOPE_CLONES void add_run(const T* a, int64_t sa, const T* b, int64_t sb, T* o, int64_t n, bool stream) {
   using A = acc_t<T>;
   if (sa == 1 && sb == 1) {
-    for (int64_t i = 0; i < n; ++i) o[i] = T(A(a[i]) + A(b[i]));
+    write_run(o, n, stream, [&](int64_t i) { return A(a[i]) + A(b[i]); });
   } else if (sa == 1 && sb == 0) {
     const A bv = A(b[0]);
-    for (int64_t i = 0; i < n; ++i) o[i] = T(A(a[i]) + bv);
+    write_run(o, n, stream, [&](int64_t i) { return A(a[i]) + bv; });
   } else if (sa == 0 && sb == 1) {
     const A av = A(a[0]);
-    for (int64_t i = 0; i < n; ++i) o[i] = T(av + A(b[i]));
+    write_run(o, n, stream, [&](int64_t i) { return av + A(b[i]); });
   } else {
-    for (int64_t i = 0; i < n; ++i) o[i] = T(A(a[i * sa]) + A(b[i * sb]));
+    write_run(o, n, stream, [&](int64_t i) { return A(a[i * sa]) + A(b[i * sb]); });
   }
 }
 
@@ -69,6 +70,7 @@ at::Tensor forward(const at::Tensor& a, const at::Tensor& b, int64_t grain) {
     const scalar_t* pa = a.const_data_ptr<scalar_t>();
     const scalar_t* pb = b.const_data_ptr<scalar_t>();
     scalar_t* po = out.mutable_data_ptr<scalar_t>();
+    const bool stream = streams<scalar_t>(numel);
     at::parallel_for(0, numel, grain_or(grain, 32768), [&](int64_t begin, int64_t end) {
       // Multi-index of `begin` over the outer dims, then runs of the innermost dim.
       std::vector<int64_t> idx(nd, 0);
@@ -85,7 +87,7 @@ at::Tensor forward(const at::Tensor& a, const at::Tensor& b, int64_t grain) {
       int64_t pos = begin;
       while (pos < end) {
         const int64_t n = std::min(inner - idx[nd - 1], end - pos);
-        add_run<scalar_t>(pa + offa, p.sa[nd - 1], pb + offb, p.sb[nd - 1], po + pos, n);
+        add_run<scalar_t>(pa + offa, p.sa[nd - 1], pb + offb, p.sb[nd - 1], po + pos, n, stream);
         pos += n;
         // Advance the multi-index by n (carry into outer dims).
         idx[nd - 1] += n;
@@ -100,6 +102,7 @@ at::Tensor forward(const at::Tensor& a, const at::Tensor& b, int64_t grain) {
           offb += p.sb[d - 1];
         }
       }
+      if (stream) stream_fence();
     });
   });
   return out;

@@ -21,7 +21,15 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>  // SSE's non-temporal store (_mm_stream_ps), part of baseline x86-64
+#define OPSCOPE_STREAM 1
+#else
+#define OPSCOPE_STREAM 0
+#endif
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define OPSCOPE_CLONES \
@@ -76,50 +84,117 @@ inline at::Tensor as_acc_contiguous(const at::Tensor& t, at::ScalarType activati
 
 inline int64_t grain_or(int64_t grain, int64_t fallback) { return grain > 0 ? grain : fallback; }
 
-// ---- math that vectorizes: exp (Cephes expf, ~1 ulp), erfc (Numerical Recipes erfcc, rel. err. < 1.2e-7)
+// ---- math that vectorizes: exp (degree-5 minimax, <= 3 ulp), erfc (relative error < 1e-6) --------------
 
+// exp(x) = 2^n * p(r), n = round(x / ln 2), r = x - n ln 2 (ln 2 in two parts), p a degree-5 minimax
+// polynomial (relative error 7.6e-8 on |r| <= ln2 / 2; measured max 3 ulp over the float range). The
+// rounding is the add-and-subtract of 1.5 * 2^23, whose low bits are n: no floor, no int conversion.
+// aten's CPU softmax uses an exp of this budget (Vectorized::exp_u20, degree 5, <= 20 ulp).
+// Below -87.34 (e^x under the smallest normal float) it returns 0, above 88.38 (where 2^n would need
+// n = 128) +inf, as Cephes' expf; NaN stays NaN.
+template <bool CheckHigh = true>
 OPSCOPE_INLINE float vexp(float x) {
   const float hi = 88.3762626647949f, lo = -87.3365447504019f;
-  float xc = std::min(std::max(x, lo), hi);
-  float fx = std::floor(xc * 1.44269504088896341f + 0.5f);
-  float r = xc - fx * 0.693359375f + fx * 2.12194440e-4f;
-  float z = r * r;
-  float y = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
-             1.6666665459e-1f) * r + 5.0000001201e-1f;
-  y = y * z + r + 1.0f;
-  int32_t n = static_cast<int32_t>(fx);
-  int32_t bits = (n + 127) << 23;
+  float xc = x < lo ? lo : x;  // NaN passes through both clamps (comparisons with NaN are false)
+  if constexpr (CheckHigh) xc = xc > hi ? hi : xc;
+  const float magic = 12582912.0f;  // 1.5 * 2^23
+  const float t = xc * 1.44269504088896341f + magic;
+  const float fx = t - magic;
+  const float r = (xc - fx * 0.693359375f) + fx * 2.12194440e-4f;
+  float p = 8.2974083e-3f * r + 4.1916807e-2f;
+  p = p * r + 1.6667586e-1f;
+  p = p * r + 4.9998882e-1f;
+  p = p * r + 9.9999969e-1f;
+  p = p * r + 1.0000001f;
+  int32_t bits;
+  __builtin_memcpy(&bits, &t, sizeof(bits));
+  bits = static_cast<int32_t>(static_cast<uint32_t>(bits) << 23) + (127 << 23);  // 2^n (n in t's low bits)
   float scale;
   __builtin_memcpy(&scale, &bits, sizeof(scale));
-  y = y * scale;
+  float y = p * scale;
   y = x < lo ? 0.0f : y;
-  y = x > hi ? std::numeric_limits<float>::infinity() : y;
-  return x != x ? x : y;  // NaN in, NaN out
+  if constexpr (CheckHigh) y = x > hi ? std::numeric_limits<float>::infinity() : y;
+  return y;
 }
+// exp(x) for x <= 88.37 only (softmax's z - max <= 0, erfc's exponent): no overflow check.
+OPSCOPE_INLINE float vexp_low(float x) { return vexp<false>(x); }
+OPSCOPE_INLINE double vexp_low(double x) { return std::exp(x); }
 OPSCOPE_INLINE double vexp(double x) { return std::exp(x); }
 
-// erfc(x) for x >= 0.
-OPSCOPE_INLINE float erfc_pos(float z) {
-  float t = 1.0f / (1.0f + 0.5f * z);
-  float p = -0.82215223f + t * 0.17087277f;
-  p = 1.48851587f + t * p;
-  p = -1.13520398f + t * p;
-  p = 0.27886807f + t * p;
-  p = -0.18628806f + t * p;
-  p = 0.09678418f + t * p;
-  p = 0.37409196f + t * p;
-  p = 1.00002368f + t * p;
-  return t * vexp(-z * z - 1.26551223f + t * p);
+// The normal tail Phi(-|x|) = erfc(|x| / sqrt 2) / 2 as t * exp(P(t) - x^2 / 2), t = 1 / (1 + 0.4 |x| / sqrt 2):
+// the form of Numerical Recipes' erfcc, with P a degree-6 polynomial fitted (minimax, relative) to
+// log(erfc(z) / t) + z^2 on z in [0, 9.5] (2.3e-6; the 1/2 folded into its constant term as - ln 2).
+// x^2 / 2 is rounded once (not through z = |x| / sqrt 2 and z * z): in the far tail the exponent's
+// rounding is the largest error. Relative error < 1e-5 down to Phi = 1e-30 (|x| = 11.4).
+OPSCOPE_INLINE float normal_tail(float x) {
+  const float t = 1.0f / (1.0f + std::fabs(x) * 0.28284271247461901f);
+  float p = 2.325590914e-01f * t - 7.262138947e-01f;
+  p = p * t + 5.685364159e-01f;
+  p = p * t - 4.915812085e-02f;
+  p = p * t + 4.675265860e-01f;
+  p = p * t + 9.952588234e-01f;
+  p = p * t - 2.181653803f;  // -1.488506622 - ln 2
+  return t * vexp_low(p - 0.5f * (x * x));  // the exponent is <= 0
 }
 
-// Standard normal CDF Phi(x) = erfc(-x / sqrt 2) / 2, accurate to ~1e-7 relative in both tails.
+// Standard normal CDF Phi(x), accurate to ~1e-5 relative in both tails.
 OPSCOPE_INLINE float normal_cdf(float x) {
-  float e = 0.5f * erfc_pos(std::fabs(x) * 0.70710678118654752f);
+  const float e = normal_tail(x);
   return x < 0.0f ? e : 1.0f - e;
 }
 OPSCOPE_INLINE double normal_cdf(double x) { return 0.5 * std::erfc(-x * 0.70710678118654752440); }
+OPSCOPE_INLINE double normal_tail(double x) { return 0.5 * std::erfc(std::fabs(x) * 0.70710678118654752440); }
 
 template <typename A> OPSCOPE_INLINE A sigmoid(A x) { return A(1) / (A(1) + vexp(-x)); }
+
+// ---- streaming (non-temporal) stores ---------------------------------------------------------------
+// An output much larger than the caches is written with non-temporal stores (SSE's movntps, baseline
+// x86-64): the lines go to memory without first being read into the cache (a normal store reads each
+// line before writing it: 4 streams of traffic for a + b instead of 3). Only float32 outputs, only on
+// x86-64, only from STREAM_MIN_BYTES: a smaller output is likely read again soon, from the cache.
+// A task that streamed calls stream_fence() before it ends (non-temporal stores are weakly ordered).
+constexpr int64_t STREAM_MIN_BYTES = int64_t(16) << 20;  // 16 MiB: above a core's L2 and a CCX's L3 share
+constexpr int64_t STREAM_BLOCK = 32;                     // elements computed into registers per store group
+
+template <typename T> inline bool streams(int64_t numel) {
+  return OPSCOPE_STREAM && std::is_same_v<T, float> && numel * int64_t(sizeof(T)) >= STREAM_MIN_BYTES;
+}
+
+inline void stream_fence() {
+#if OPSCOPE_STREAM
+  _mm_sfence();
+#endif
+}
+
+// o[i] = T(f(i)) for i in [0, n); with non-temporal stores when `stream` (float only): the aligned middle
+// in blocks of STREAM_BLOCK values computed first (the compiler keeps them in vector registers).
+template <typename T, typename F>
+OPSCOPE_INLINE void write_run(T* o, int64_t n, bool stream, const F& f) {
+  int64_t i = 0;
+#if OPSCOPE_STREAM
+  if constexpr (std::is_same_v<T, float>) {
+    if (stream) {
+      for (; i < n && (reinterpret_cast<uintptr_t>(o + i) & 63) != 0; ++i) o[i] = f(i);
+      for (; i + STREAM_BLOCK <= n; i += STREAM_BLOCK) {
+        alignas(64) float blk[STREAM_BLOCK];
+        for (int64_t l = 0; l < STREAM_BLOCK; ++l) blk[l] = f(i + l);
+        for (int64_t l = 0; l < STREAM_BLOCK; l += 4) _mm_stream_ps(o + i + l, _mm_load_ps(blk + l));
+      }
+    }
+  }
+#endif
+  for (; i < n; ++i) o[i] = T(f(i));
+}
+
+// Software prefetch of [p, p + n) into the cache, one hint per 64-byte line: a row kernel that reads a
+// row in a reduction pass and then computes on it prefetches the next row during the compute, chunk by
+// chunk (PREFETCH_CHUNK elements of the row per chunk of its own work), so the two overlap.
+constexpr int64_t PREFETCH_CHUNK = 256;
+template <typename T>
+OPSCOPE_INLINE void prefetch_range(const T* p, int64_t n) {
+  constexpr int64_t step = 64 / sizeof(T) > 0 ? 64 / sizeof(T) : 1;
+  for (int64_t j = 0; j < n; j += step) __builtin_prefetch(p + j, 0, 3);
+}
 
 // ---- broadcasting: shapes and strides (shared by broadcast_add and softmax's mask) ------------------
 
@@ -165,6 +240,27 @@ OPSCOPE_INLINE A lane_sum(int64_t n, const F& f) {
   for (int64_t l = 0; l < LANES; ++l) s += acc[l];
   for (int64_t i = full; i < n; ++i) s += f(i);
   return s;
+}
+
+// max over v[0, n) (NaN ignored, as the comparisons skip it): LANES running maxima kept in one GCC vector
+// (vector_size: each clone compiles it to its own ISA's registers, two ymm or four xmm where there is no
+// zmm); the lane-array form of lane_sum does not vectorize for max.
+template <typename A>
+OPSCOPE_INLINE A lane_max(const A* v, int64_t n) {
+  constexpr int64_t W = 64 / sizeof(A);
+  typedef A V __attribute__((vector_size(64)));
+  V mx;
+  for (int64_t l = 0; l < W; ++l) mx[l] = -std::numeric_limits<A>::infinity();
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    V x;
+    __builtin_memcpy(&x, v + i, sizeof(V));
+    mx = x > mx ? x : mx;
+  }
+  A m = -std::numeric_limits<A>::infinity();
+  for (int64_t l = 0; l < W; ++l) m = mx[l] > m ? mx[l] : m;
+  for (; i < n; ++i) m = v[i] > m ? v[i] : m;
+  return m;
 }
 
 // Column sums of per-row contributions without races and independent of the thread count: rows are

@@ -8,7 +8,8 @@
 //   - "columns" (strided-outer: the innermost kept dim has stride 1): a block of CB adjacent outputs is
 //               accumulated together while R rows stream by, so every load is a contiguous vector;
 //   - "-split"  when there are few outputs and R is long (fixed thresholds below): R is cut into fixed
-//               chunks, each chunk's partial sums kept apart, then added in chunk order.
+//               chunks, each chunk's partial sums kept apart, then added in chunk order (columns-split:
+//               a chunk's task sums all its columns, reading its rows whole and in order).
 // Every threshold is a constant, never the thread count, so results are bitwise identical for any
 // number of threads. Accumulation in float (double for float64); mean = sum * (1 / R).
 #include "common.h"
@@ -132,15 +133,22 @@ inline at::Tensor reduce(const at::Tensor& x, int64_t dim, bool keepdim, bool me
           for (int64_t c = 0; c < chunks; ++c) acc[k] += part[k * chunks + c];
       }
     } else {
-      const int64_t blocks = (p.K0 + CB - 1) / CB;
+      // split: one task per (k1, chunk of rows) over all K0 (<= COL_SPLIT_MAX_K) columns at once, so each
+      // task reads whole rows, one after the other (memory in order: the prefetchers keep up); the sums
+      // are the same (per column: rows in order within a chunk, chunks in order)
+      const int64_t cbw = split ? std::max<int64_t>(p.K0, 1) : CB;
+      const int64_t blocks = (p.K0 + cbw - 1) / cbw;
       const int64_t chunks = split ? (R + COL_CHUNK_R - 1) / COL_CHUNK_R : 1;
       const int64_t chunk_r = split ? COL_CHUNK_R : R;
       std::vector<A> part(split ? K * chunks : 0);
       const int64_t tasks = p.K1 * blocks * chunks;
-      at::parallel_for(0, tasks, grain_or(grain, 1), [&](int64_t t0, int64_t t1) {
+      // grain counts outputs per task (as for rows; the tuning cache keys a shape class, not a strategy):
+      // a task here covers cbw outputs
+      const int64_t grain_tasks = grain > 0 ? std::max<int64_t>(1, grain / cbw) : 1;
+      at::parallel_for(0, tasks, grain_tasks, [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) {
           const int64_t c = t % chunks, blk = (t / chunks) % blocks, k1 = t / (chunks * blocks);
-          const int64_t c0 = blk * CB, cb = std::min(CB, p.K0 - c0);
+          const int64_t c0 = blk * cbw, cb = std::min(cbw, p.K0 - c0);
           A* dst = split ? part.data() + c * K + k1 * p.K0 + c0 : acc.data() + k1 * p.K0 + c0;
           column_block<scalar_t>(base, &p, k1, c0, cb, c * chunk_r, std::min(R, (c + 1) * chunk_r), dst);
         }

@@ -53,7 +53,7 @@ OPSCOPE_INLINE void welford(const T* x, int64_t n, acc_t<T>& shift, acc_t<T>& me
 
 template <typename T>
 OPSCOPE_CLONES void forward_rows(const T* x, const acc_t<T>* w, const acc_t<T>* b, T* y, int64_t rows, int64_t n,
-                                 double eps) {
+                                 double eps, bool stream) {
   using A = acc_t<T>;
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * n;
@@ -61,7 +61,7 @@ OPSCOPE_CLONES void forward_rows(const T* x, const acc_t<T>* w, const acc_t<T>* 
     welford<T>(xr, n, shift, mean, var);
     const A rstd = A(1) / std::sqrt(var + A(eps));
     T* yr = y + r * n;
-    for (int64_t j = 0; j < n; ++j) yr[j] = T(((A(xr[j]) - shift) - mean) * rstd * w[j] + b[j]);
+    write_run(yr, n, stream, [&](int64_t j) { return ((A(xr[j]) - shift) - mean) * rstd * w[j] + b[j]; });
   }
 }
 
@@ -123,8 +123,10 @@ at::Tensor forward(const at::Tensor& x, at::IntArrayRef normalized_shape, const 
     const A* pw = wc.const_data_ptr<A>();
     const A* pb = bc.const_data_ptr<A>();
     scalar_t* py = y.mutable_data_ptr<scalar_t>();
+    const bool stream = streams<scalar_t>(x.numel());  // non-temporal stores for a large float32 y
     at::parallel_for(0, rows, row_grain(grain, n), [&](int64_t r0, int64_t r1) {
-      forward_rows<scalar_t>(px + r0 * n, pw, pb, py + r0 * n, r1 - r0, n, eps);
+      forward_rows<scalar_t>(px + r0 * n, pw, pb, py + r0 * n, r1 - r0, n, eps, stream);
+      if (stream) stream_fence();
     });
   });
   return y;

@@ -7,14 +7,15 @@
 namespace opscope::rms_norm {
 
 template <typename T>
-OPSCOPE_CLONES void forward_rows(const T* x, const acc_t<T>* w, T* y, int64_t rows, int64_t n, double eps) {
+OPSCOPE_CLONES void forward_rows(const T* x, const acc_t<T>* w, T* y, int64_t rows, int64_t n, double eps,
+                                 bool stream) {
   using A = acc_t<T>;
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * n;
     const A ss = lane_sum<A>(n, [&](int64_t j) { const A v = A(xr[j]); return v * v; });
     const A rstd = A(1) / std::sqrt(ss / A(n) + A(eps));
     T* yr = y + r * n;
-    for (int64_t j = 0; j < n; ++j) yr[j] = T(A(xr[j]) * rstd * w[j]);
+    write_run(yr, n, stream, [&](int64_t j) { return A(xr[j]) * rstd * w[j]; });
   }
 }
 
@@ -56,8 +57,10 @@ at::Tensor forward(const at::Tensor& x, const at::Tensor& weight, double eps, in
     const scalar_t* px = xc.const_data_ptr<scalar_t>();
     const A* pw = wc.const_data_ptr<A>();
     scalar_t* py = y.mutable_data_ptr<scalar_t>();
+    const bool stream = streams<scalar_t>(x.numel());  // non-temporal stores for a large float32 y
     at::parallel_for(0, rows, row_grain(grain, n), [&](int64_t r0, int64_t r1) {
-      forward_rows<scalar_t>(px + r0 * n, pw, py + r0 * n, r1 - r0, n, eps);
+      forward_rows<scalar_t>(px + r0 * n, pw, py + r0 * n, r1 - r0, n, eps, stream);
+      if (stream) stream_fence();
     });
   });
   return y;

@@ -1,7 +1,12 @@
 // softmax over the last dim of z = x * scale + mask (mask optional, additive, broadcastable to x).
-// Per row, with the row in a float buffer that stays in L1/L2 (the output row itself for float32):
-//   pass 1: z and its max (LANES running maxima);  pass 2: e = exp(z - max) in place and their sum
-//   (LANES accumulators);  pass 3: y = e / sum. One exp per element; x is read once from memory.
+// Per row, with the row's exponentials in a float buffer of the task's own that stays in L1/L2:
+//   pass 1: the row max (LANES running maxima): of x itself when there is no mask and scale > 0
+//           (max(x * scale) = max(x) * scale: rounding is monotonic), else of z, written to the buffer;
+//   pass 2: e = exp(z - max) into the buffer, then their sum (LANES accumulators); meanwhile the task's
+//           next row is prefetched (the row is read while this one computes, not after);
+//   pass 3: y = e / sum, with non-temporal stores for a float32 output of 16 MiB or more (common.h).
+// x is read from memory once (pass 2 re-reads the row from cache), y written once; one exp per element
+// (common.h's vexp: degree 5, <= 3 ulp, the accuracy budget of aten's own softmax exp).
 // The mask is never materialized: each row finds its mask row through the mask's broadcast strides.
 // Backward (from the saved output y): dx = scale * y * (g - sum(g * y)).
 #include "../csrc/common.h"
@@ -10,31 +15,35 @@ namespace opscope::softmax {
 
 template <typename T, int MaskKind>  // MaskKind: 0 none, 1 contiguous last dim, 2 strided (or stride 0)
 OPSCOPE_CLONES void forward_row(const T* x, const acc_t<T>* mask, int64_t ms, acc_t<T>* buf, T* y, int64_t n,
-                                double scale) {
+                                double scale, bool stream, const T* next) {
   using A = acc_t<T>;
   const A sc = A(scale);
-  const int64_t full = n - n % LANES;
-  // pass 1: z = x * scale (+ mask) into buf, with LANES running maxima
-  A mx[LANES];
-  for (int64_t l = 0; l < LANES; ++l) mx[l] = -std::numeric_limits<A>::infinity();
   auto z = [&](int64_t j) {
     if constexpr (MaskKind == 0) return A(x[j]) * sc;
     else if constexpr (MaskKind == 1) return A(x[j]) * sc + mask[j];
     else return A(x[j]) * sc + mask[j * ms];
   };
   // (flat loops: each vectorizes on its own; a fused lane loop with exp inside does not)
-  for (int64_t j = 0; j < n; ++j) buf[j] = z(j);
-  for (int64_t i = 0; i < full; i += LANES)
-    for (int64_t l = 0; l < LANES; ++l) mx[l] = buf[i + l] > mx[l] ? buf[i + l] : mx[l];
-  A m = -std::numeric_limits<A>::infinity();
-  for (int64_t l = 0; l < LANES; ++l) m = mx[l] > m ? mx[l] : m;
-  for (int64_t j = full; j < n; ++j) m = buf[j] > m ? buf[j] : m;
-  // pass 2: e = exp(z - max) in place, then their sum (LANES accumulators)
-  for (int64_t j = 0; j < n; ++j) buf[j] = vexp(buf[j] - m);
+  bool direct = false;  // pass 1 on x itself, pass 2 computes z on the fly
+  if constexpr (MaskKind == 0 && std::is_same_v<T, A>) direct = sc > A(0);
+  // pass 2 runs in chunks, each also prefetching a chunk of the task's next row: its pass 1 then reads
+  // from cache, and the memory traffic overlaps this row's exponentials
+  auto exp_pass = [&](A m, auto&& arg) {
+    for (int64_t c = 0; c < n; c += PREFETCH_CHUNK) {
+      const int64_t e = std::min(n, c + PREFETCH_CHUNK);
+      if (next != nullptr) prefetch_range(next + c, e - c);
+      for (int64_t j = c; j < e; ++j) buf[j] = vexp_low(arg(j) - m);  // z - max <= 0 (or NaN)
+    }
+  };
+  if (direct) {
+    exp_pass(lane_max<A>(reinterpret_cast<const A*>(x), n) * sc, z);
+  } else {
+    for (int64_t j = 0; j < n; ++j) buf[j] = z(j);
+    exp_pass(lane_max<A>(buf, n), [&](int64_t j) { return buf[j]; });
+  }
   const A s = lane_sum<A>(n, [&](int64_t j) { return buf[j]; });
-  // pass 3: normalize (the row is still in L1/L2)
   const A inv = A(1) / s;
-  for (int64_t j = 0; j < n; ++j) y[j] = T(buf[j] * inv);
+  write_run(y, n, stream, [&](int64_t j) { return buf[j] * inv; });
 }
 
 template <typename T>
@@ -72,8 +81,9 @@ at::Tensor forward(const at::Tensor& x, double scale, const std::optional<at::Te
     const scalar_t* px = xc.const_data_ptr<scalar_t>();
     const A* pm = mc.defined() ? mc.const_data_ptr<A>() : nullptr;
     scalar_t* py = y.mutable_data_ptr<scalar_t>();
+    const bool stream = streams<scalar_t>(x.numel());
     at::parallel_for(0, rows, row_grain(grain, n), [&](int64_t r0, int64_t r1) {
-      std::vector<A> local(std::is_same_v<scalar_t, A> ? 0 : n);
+      std::vector<A> local(n);  // the task's row buffer
       for (int64_t r = r0; r < r1; ++r) {
         const A* mrow = nullptr;
         if (pm) {  // unravel r over x's leading dims, dot with the mask's broadcast strides
@@ -84,13 +94,17 @@ at::Tensor forward(const at::Tensor& x, double scale, const std::optional<at::Te
           }
           mrow = pm + off;
         }
-        A* buf;
-        if constexpr (std::is_same_v<scalar_t, A>) buf = reinterpret_cast<A*>(py + r * n);
-        else buf = local.data();
-        if (!pm) forward_row<scalar_t, 0>(px + r * n, nullptr, 0, buf, py + r * n, n, scale);
-        else if (mstride[nd - 1] == 1) forward_row<scalar_t, 1>(px + r * n, mrow, 1, buf, py + r * n, n, scale);
-        else forward_row<scalar_t, 2>(px + r * n, mrow, mstride[nd - 1], buf, py + r * n, n, scale);
+        A* buf = local.data();
+        const scalar_t* next = r + 1 < r1 ? px + (r + 1) * n : nullptr;
+        if (!pm) {
+          forward_row<scalar_t, 0>(px + r * n, nullptr, 0, buf, py + r * n, n, scale, stream, next);
+        } else if (mstride[nd - 1] == 1) {
+          forward_row<scalar_t, 1>(px + r * n, mrow, 1, buf, py + r * n, n, scale, stream, next);
+        } else {
+          forward_row<scalar_t, 2>(px + r * n, mrow, mstride[nd - 1], buf, py + r * n, n, scale, stream, next);
+        }
       }
+      if (stream) stream_fence();
     });
   });
   return y;

@@ -5,12 +5,12 @@
 namespace opscope::swiglu {
 
 template <typename T>
-OPSCOPE_CLONES void forward_run(const T* a, const T* b, T* y, int64_t n) {
+OPSCOPE_CLONES void forward_run(const T* a, const T* b, T* y, int64_t n, bool stream) {
   using A = acc_t<T>;
-  for (int64_t i = 0; i < n; ++i) {
+  write_run(y, n, stream, [&](int64_t i) {
     const A av = A(a[i]);
-    y[i] = T(av * sigmoid(av) * A(b[i]));
-  }
+    return av * sigmoid(av) * A(b[i]);
+  });
 }
 
 template <typename T>
@@ -40,8 +40,10 @@ at::Tensor forward(const at::Tensor& a, const at::Tensor& b, int64_t grain) {
     const scalar_t* pa = ac.const_data_ptr<scalar_t>();
     const scalar_t* pb = bc.const_data_ptr<scalar_t>();
     scalar_t* py = y.mutable_data_ptr<scalar_t>();
+    const bool stream = streams<scalar_t>(a.numel());  // non-temporal stores for a large float32 y
     at::parallel_for(0, a.numel(), grain_or(grain, 32768), [&](int64_t i0, int64_t i1) {
-      forward_run<scalar_t>(pa + i0, pb + i0, py + i0, i1 - i0);
+      forward_run<scalar_t>(pa + i0, pb + i0, py + i0, i1 - i0, stream);
+      if (stream) stream_fence();
     });
   });
   return y;

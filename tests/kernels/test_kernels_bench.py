@@ -57,6 +57,9 @@ def test_bench_verdict_is_against_the_better_of_aten_and_compile() -> None:
     assert lost["why"] == "torch.compile is faster: the kernel runs at 0.81x its speed (40% of the measured bandwidth)"
     aten = kb.verdict({"vs_native": 0.69, "vs_eager": 0.9, "vs_compiled": 1.2}, None)
     assert aten["suggested"] is False and aten["why"].startswith("aten is faster: the kernel runs at 0.69x")
+    tie = kb.verdict({"vs_native": 0.98, "vs_compiled": 2.0}, 85.0)  # both at the memory's limit: said so
+    assert tie["suggested"] is False and "both are at the memory's limit" in tie["why"]
+    assert "memory's limit" not in lost["why"]
     t = kb.Timing(1.0, 1.0, 1.0)
     r = kb.CaseResult("softmax", "c", "float32", [[2]], 8, {"kernel": t}, gbps=1.0, pct_bandwidth=None,
                       ratios={"vs_native": 0.5}, grain=0)

@@ -119,3 +119,24 @@ def test_gelu_is_accurate_in_the_tails(approximate: str) -> None:
     big = want.abs() > 1e-30
     rel = ((y - want).abs() / want.abs())[big]
     assert rel.max() < 2e-5, rel.max()
+
+
+def test_large_float32_outputs_written_with_streaming_stores_are_right() -> None:
+    """Float32 outputs of 16 MiB or more take the non-temporal store path (common.h: write_run), whose
+    rows here start unaligned (4099 columns), so the aligned middle, the head and the tail all run."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1025, 4099, generator=g)
+    assert x.numel() * 4 >= 16 << 20
+    y = torch.randn(1025, 4099, generator=g)
+    b = torch.randn(4099, generator=g)
+    xd, yd, bd = x.double(), y.double(), b.double()
+    tol = {"rtol": 1e-5, "atol": 1e-6}
+    torch.testing.assert_close(rk.broadcast_add(x, y).double(), xd + yd, **tol)
+    torch.testing.assert_close(rk.broadcast_add(x, b).double(), xd + bd, **tol)
+    torch.testing.assert_close(rk.swiglu(x, y).double(), torch.nn.functional.silu(xd) * yd, **tol)
+    torch.testing.assert_close(rk.bias_gelu(x, b, "none").double(), torch.nn.functional.gelu(xd + bd), **tol)
+    torch.testing.assert_close(rk.softmax(x, 0.5).double(), torch.softmax(xd * 0.5, -1), **tol)
+    torch.testing.assert_close(rk.rms_norm(x, b, 1e-6).double(),
+                               xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * bd, **tol)
+    torch.testing.assert_close(rk.layer_norm(x, [4099], b, b, 1e-5).double(),
+                               torch.nn.functional.layer_norm(xd, [4099], bd, bd, 1e-5), rtol=1e-5, atol=1e-5)
