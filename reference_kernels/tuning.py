@@ -10,7 +10,8 @@ default". Lookups happen on every call, so they only read an in-memory dict load
 Keys. The machine: the CPU model, its logical CPUs and the architecture (a cache copied to another
 machine finds nothing of its own). The shape class: per tensor argument, its element count and its
 last dim, each rounded up to a power of two (what the grain acts on: how many tasks there are, how long
-a row is), so one tuning serves the nearby shapes a model runs, not only the benchmark's exact one.
+a row is), so one tuning serves the nearby shapes a model runs, not only the benchmark's exact one; and
+the int, bool and string arguments (a reduction's dim, a GELU's form), which pick the code path.
 
 File: $OPSCOPE_CACHE_DIR/kernels-tuning.json, else the platform's user cache dir for "opscope" (where
 the calibration is cached):
@@ -75,11 +76,15 @@ def _pow2(n: int) -> int:
 
 
 def shape_class(args: tuple[Any, ...]) -> str:
-    """The tensors' shapes as the grain sees them: `e<log2 elements>.l<log2 last dim>` per tensor."""
+    """The tensors' shapes as the grain sees them: `e<log2 elements>.l<log2 last dim>` per tensor; then
+    `a=<value>` per argument that picks a code path (an int, a bool or a string: sum's dim, bias_gelu's
+    form), so that rows and columns, erf and tanh are tuned apart. Float arguments (an eps, a scale) pick
+    none and are left out, so that models with other values share the tuning."""
     import torch
 
-    return ";".join(f"e{_pow2(a.numel())}.l{_pow2(a.shape[-1] if a.dim() else 1)}"
-                    for a in args if isinstance(a, torch.Tensor))
+    parts = [f"e{_pow2(a.numel())}.l{_pow2(a.shape[-1] if a.dim() else 1)}" if isinstance(a, torch.Tensor)
+             else f"a={a}".replace("|", "/") for a in args if isinstance(a, (torch.Tensor, int, str))]  # bool: an int
+    return ";".join(parts)
 
 
 def key(kernel: str, fn: str, args: tuple[Any, ...]) -> str:

@@ -144,7 +144,14 @@ def test_tuning_keys_hold_machine_shape_class_and_dtype(monkeypatch: pytest.Monk
     assert tuning.machine() in k and "|e14.l8;e8.l8|float32|cpu|" in k
     assert tuning.key("bias_gelu", "bias_gelu_forward", tuple(t.double() for t in a)) != k  # dtype
     assert tuning.key("bias_gelu", "bias_gelu_forward", (torch.randn(64, 512), torch.randn(512))) != k  # class
-    assert tuning.shape_class((torch.randn(4, 128, 1024), torch.randn(1024), "none")) == "e19.l10;e10.l10"
+    assert tuning.shape_class((torch.randn(4, 128, 1024), torch.randn(1024), "none")) == "e19.l10;e10.l10;a=none"
+    # the arguments that pick a code path are part of the class (rows and columns, erf and tanh apart); floats not
+    x = torch.randn(256, 512)
+    assert tuning.key("sum", "sum_forward", (x, -1, False)) != tuning.key("sum", "sum_forward", (x, 0, False))
+    assert tuning.shape_class((x, 0, False)) == "e17.l9;a=0;a=False"
+    assert tuning.key("bias_gelu", "bias_gelu_forward", (x, x[0], "none")) != tuning.key(
+        "bias_gelu", "bias_gelu_forward", (x, x[0], "tanh"))
+    assert tuning.shape_class((x, x[0], 1e-5)) == tuning.shape_class((x, x[0], 1e-6)) == "e17.l9;e9.l9"
     monkeypatch.setattr(tuning, "_machine", "another cpu x64 aarch64")
     assert tuning.key("bias_gelu", "bias_gelu_forward", a) != k  # a cache copied from another machine finds nothing
 
