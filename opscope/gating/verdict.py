@@ -331,8 +331,9 @@ def gate(base: Samples, new: Samples, *, baseline_name: str, threshold: float = 
     # threshold widens by the baseline's between-run spread
     b_step_runs = per_step(base.step_times_us, base_load.factors(), scale)
     a_steps = pooled(per_step(new.step_times_us, new_load.factors()))
-    step = _test("step", "step time", pooled(b_step_runs), a_steps, threshold, confidence,
-                 spread=run_spread(b_step_runs))
+    step_spread = run_spread(b_step_runs)
+    widened = int(step_spread > SPREAD_NOTE)  # items whose threshold the baseline's between-run spread widened
+    step = _test("step", "step time", pooled(b_step_runs), a_steps, threshold, confidence, spread=step_spread)
 
     # op rows seen on both sides
     floor = MIN_SHARE * base_total
@@ -369,6 +370,7 @@ def gate(base: Samples, new: Samples, *, baseline_name: str, threshold: float = 
             b_runs = per_step(b_row.step_times_us, b_f, scale)
             b_test, a_test = pooled(b_runs), pooled(per_step(n_row.step_times_us, a_f))
             spread = run_spread(b_runs)
+            widened += spread > SPREAD_NOTE
             per_step_rows += 1
         else:
             b_test, a_test = b_times, a_times
@@ -383,7 +385,8 @@ def gate(base: Samples, new: Samples, *, baseline_name: str, threshold: float = 
             continue
         added = share / (1 - share) if share < 1 else math.inf
         everywhere = all(t > 0 for t in row.times_us)
-        changes.append((median(after(row.times_us, all_after)), f"{row.op} at {row.line or '?'} (new)"))
+        after_us = median(after(row.times_us, all_after))
+        changes.append((after_us, f"{row.op} at {row.line or '?'} (new)"))
         if added > threshold and everywhere:
             verdict, reason = REGRESSION, (f"not in the baseline; {_fmt_pct(share)} of the step, adds "
                                            f"+{_fmt_pct(added)} (past +{_fmt_pct(threshold)})")
@@ -392,7 +395,7 @@ def gate(base: Samples, new: Samples, *, baseline_name: str, threshold: float = 
                                     + ("" if everywhere else f" (in {sum(t > 0 for t in row.times_us)} of "
                                        f"{len(row.times_us)} runs)"))
         new_items.append(Item(kind="new op", name=row.op, verdict=verdict, reason=reason, line=row.line,
-                              module=row.module, shapes=row.shapes, after_us=median(after(row.times_us, all_after)),
+                              module=row.module, shapes=row.shapes, after_us=after_us,
                               share=share))
     gone = [Item(kind="op", name=r.op, verdict=VANISHED, reason="in the baseline, not in these runs", line=r.line,
                  module=r.module, shapes=r.shapes, before_us=median(before(r.times_us, all_before)))
@@ -454,9 +457,8 @@ def gate(base: Samples, new: Samples, *, baseline_name: str, threshold: float = 
         notes.append(f"{len(unpeered)} op row(s) or module(s) not gated on these noisy runs ({names}"
                      f"{' ...' if len(unpeered) > 3 else ''}): load slows compute- and memory-bound ops unalike, and "
                      "no other row of their kind measures the load they see; gate on a quiet runner to test them")
-    widened = [i for i in [step, *ops] if "threshold widened" in i.reason]
     if widened:
-        notes.append(f"{len(widened)} item(s) tested on each step's time with a wider threshold: their baseline's "
+        notes.append(f"{widened} item(s) tested on each step's time with a wider threshold: their baseline's "
                      "runs differ more than their steps (run-level effects, such as an allocation that page-faults "
                      "in some processes only), so steps pooled over runs are not independent samples")
     if per_step_rows:
