@@ -90,6 +90,7 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
                   gpu_timeline=timeline, dtype_probe=dtype_probe, memory=memory, noise=noise, compile_log=log,
                   kernel_speedups={c["kernel"]: c.get("measured_speedup") for c in candidates})
     findings = run_rules(ctx)
+    ctx.cache.clear()  # the rules' per-event structures (children, rows' events): not the what-if's peak
     finding_modules(findings, ops)
     whatif, whatif_file = run_whatif(trace, ev, findings, peaks=peaks, gpu=gpu, step_time_us=step_time_us)
     measured_steps = step_us is not None  # a profile timed each step itself: kept as samples (opscope gate)
