@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from opscope.analysis.fixes import Fixer, OpSpeedup, assign_ids
 from opscope.analysis.replay import Change, Replay, Steps, critical_path, replay, replay_steps
@@ -27,10 +27,17 @@ TOP = (1, 3, 5)  # summary.json whatif.top: the first N fixes in the recommended
 class Engine:
     graph: StepGraph
     fixer: Fixer
-    base: Replay  # the unchanged replay
+    base: Steps  # the unchanged replay (a Replay until steps_only())
 
     def replay(self, change: Change | None) -> Replay:
-        return self.base if change is None or change.empty else replay(self.graph, change)
+        if change is None or change.empty:
+            return self.base if isinstance(self.base, Replay) else replay(self.graph)
+        return replay(self.graph, change)
+
+    def steps_only(self) -> None:
+        """Drops the unchanged replay's node times (32 bytes a node), once its critical path is taken:
+        the fixes' replays then need only its step times."""
+        self.base = Steps(self.base.step_us)
 
     def steps(self, change: Change | None) -> Steps:
         """The step times of the replay with `change` (without its node arrays)."""
@@ -119,6 +126,8 @@ def run_whatif(trace: TraceData, ev: Table, findings: list[dict[str, Any]], *, p
                step_time_us: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """Annotates the findings; returns (summary.json "whatif", whatif.json)."""
     e = engine(trace, ev, peaks, gpu)
+    path = critical_path(e.graph, cast(Replay, e.base))
+    e.steps_only()
     fixes = [(k, c, saved) for k, c, saved in annotate(e, findings) if not c.empty]
     steps, fixed = recommend(e, [(k, c) for k, c, _ in fixes], [saved for _, _, saved in fixes], limit=TOP[-1])
     order = [s.label for s in steps]
@@ -132,7 +141,7 @@ def run_whatif(trace: TraceData, ev: Table, findings: list[dict[str, Any]], *, p
         "fixes": len(fixes),
         "top": top,
     }
-    file = {"critical_path": critical_path(e.graph, e.base), "critical_path_fixed": critical_path(e.graph, fixed)}
+    file = {"critical_path": path, "critical_path_fixed": critical_path(e.graph, fixed)}
     return summary, file
 
 
