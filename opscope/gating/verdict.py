@@ -250,6 +250,14 @@ def _test(kind: str, name: str, before: Sequence[float], after: Sequence[float],
                 **common)
 
 
+def _not_gated(kind: str, name: str, before: Sequence[float], after: Sequence[float], reason: str,
+               **where: str) -> Item:
+    """An item listed by its change, untested: its load cannot be measured on noisy runs."""
+    b, a = median(before), median(after)
+    common: dict[str, Any] = dict(before_us=b, after_us=a, ratio=a / b if b > 0 else math.inf, **where)
+    return Item(kind=kind, name=name, verdict=UNTESTED, reason=reason, **common)
+
+
 def run_spread(runs: Sequence[Sequence[float]]) -> float:
     """The between-run spread of per-step samples: the largest per-run median over the smallest (1.0 for one
     run). It holds the runs' own noise too: the widening it gives is conservative."""
@@ -355,11 +363,9 @@ def gate(base: Samples, new: Samples, *, baseline_name: str, threshold: float = 
         where = dict(line=n_row.line, module=n_row.module, shapes=n_row.shapes)
         changes.append((median(a_times) - median(b_times), f"{n_row.op} at {n_row.line or '?'}"))
         if no_peer:
-            b, a = median(b_times), median(a_times)
-            item = Item(kind="op", name=n_row.op, verdict=UNTESTED, reason=(
+            item = _not_gated("op", n_row.op, b_times, a_times, (
                 f"noisy runs, and no other {kind or 'unknown'}-bound row to measure the load it sees (load slows "
-                "op kinds unalike): not gated, its times normalized by the other rows"), before_us=b, after_us=a,
-                ratio=a / b if b > 0 else math.inf, line=n_row.line, module=n_row.module, shapes=n_row.shapes)
+                "op kinds unalike): not gated, its times normalized by the other rows"), **where)
             ops.append(item)
             unpeered.append(item)
             continue
@@ -398,8 +404,8 @@ def gate(base: Samples, new: Samples, *, baseline_name: str, threshold: float = 
                               module=row.module, shapes=row.shapes, after_us=after_us,
                               share=share))
     gone = [Item(kind="op", name=r.op, verdict=VANISHED, reason="in the baseline, not in these runs", line=r.line,
-                 module=r.module, shapes=r.shapes, before_us=median(before(r.times_us, all_before)))
-            for r in vanished if median(before(r.times_us, all_before)) >= floor]
+                 module=r.module, shapes=r.shapes, before_us=b)
+            for r in vanished if (b := median(before(r.times_us, all_before))) >= floor]
 
     # modules: normalized by the load outside them, kind by kind (weighted by the module's baseline time in each)
     modules: list[Item] = []
@@ -429,11 +435,9 @@ def gate(base: Samples, new: Samples, *, baseline_name: str, threshold: float = 
             continue
         name = mod.module or f"{mod.module_class or 'model'} (the model)"
         if not mixed:
-            b, a = median(b_times), median(a_times)
-            item = Item(kind="module", name=name, verdict=UNTESTED, reason=(
+            item = _not_gated("module", name, b_times, a_times, (
                 "noisy runs, and a kind of its rows (compute-, memory-bound ...) has no rows outside it to measure "
-                "the load that kind sees: not gated, its times normalized by the rows outside it"), before_us=b,
-                after_us=a, ratio=a / b if b > 0 else math.inf)
+                "the load that kind sees: not gated, its times normalized by the rows outside it"))
             unpeered.append(item)
             modules.append(item)
             continue
