@@ -127,8 +127,9 @@ def run_whatif(trace: TraceData, ev: Table, findings: list[dict[str, Any]], *, p
     """Annotates the findings; returns (summary.json "whatif", whatif.json)."""
     e = engine(trace, ev, peaks, gpu)
     path = critical_path(e.graph, cast(Replay, e.base))
-    e.steps_only()
     fixes = [(k, c, saved) for k, c, saved in annotate(e, findings) if not c.empty]
+    if fixes:  # the fixes' replay will hold its own node times: not beside the unchanged one's
+        e.steps_only()
     steps, fixed = recommend(e, [(k, c) for k, c, _ in fixes], [saved for _, _, saved in fixes], limit=TOP[-1])
     order = [s.label for s in steps]
     sizes = sorted({n for n in TOP if n < len(order)} | ({min(len(order), TOP[-1])} if order else set()))
@@ -141,7 +142,7 @@ def run_whatif(trace: TraceData, ev: Table, findings: list[dict[str, Any]], *, p
         "fixes": len(fixes),
         "top": top,
     }
-    file = {"critical_path": path, "critical_path_fixed": critical_path(e.graph, fixed)}
+    file = {"critical_path": path, "critical_path_fixed": path if fixed is e.base else critical_path(e.graph, fixed)}
     return summary, file
 
 
