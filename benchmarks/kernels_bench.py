@@ -33,8 +33,8 @@ def main() -> None:
     summary = []
     for j, r in enumerate(runs[0]["results"]):
         row = {"kernel": r["kernel"], "case": r["case"]}
-        for key in ("gbps", "pct_bandwidth"):
-            vals = [run["results"][j][key] for run in runs if run["results"][j][key] is not None]
+        for key in ("gbps", "pct_bandwidth", "in_cache_gbps"):
+            vals = [run["results"][j][key] for run in runs if run["results"][j].get(key) is not None]
             if vals:
                 row[key] = [round(statistics.median(vals), 2), round(min(vals), 2), round(max(vals), 2)]
         for key in r["ratios"]:
@@ -44,15 +44,26 @@ def main() -> None:
         # the verdict of the median run's ratios (opscope kernels --bench --json carries the same keys per run)
         ratios = {k: row[k][0] for k in r["ratios"]}
         pct = row["pct_bandwidth"][0] if "pct_bandwidth" in row else None
-        summary.append({"kernel": r["kernel"], "case": r["case"], **kb.verdict(ratios, pct),
+        in_cache = row["in_cache_gbps"][0] if "in_cache_gbps" in row else None
+        peak = runs[0]["machine"]["peak_bandwidth_gbps"]
+        # what limits the case here (the median run's in-cache rate against the ceiling), and how close it gets
+        limit = kb.bound(in_cache, peak)
+        attainable = min(in_cache, peak) if limit is not None else peak
+        summary.append({"kernel": r["kernel"], "case": r["case"], **kb.verdict(ratios, pct), "bound": limit,
+                        "pct_attainable": round(100 * row["gbps"][0] / attainable, 1) if attainable else None,
                         **{k: v for k, v in row.items() if k not in ("kernel", "case", "pct_bandwidth")},
                         "pct_bandwidth_range": row.get("pct_bandwidth")})
     (args.out / "summary.json").write_text(json.dumps({"machine": runs[0]["machine"], "runs": args.runs,
                                                        "rows": summary}, indent=1) + "\n")
     for row in summary:
-        print(json.dumps({k: row[k] for k in ("kernel", "case", "vs_aten", "vs_compile", "vs_best", "pct_bandwidth",
-                                              "suggested", "why")}))
+        print(json.dumps({k: row.get(k) for k in ("kernel", "case", "vs_aten", "vs_compile", "vs_best", "pct_bandwidth",
+                                              "bound", "in_cache_gbps", "pct_attainable", "suggested", "why")}))
     print(f"suggested: {sum(r['suggested'] for r in summary)} of {len(summary)} cases")
+    short = [r for r in summary if r["pct_attainable"] is not None and r["pct_attainable"] < kb.BANDWIDTH_GOAL_PCT]
+    print(f"below {kb.BANDWIDTH_GOAL_PCT:g} % of their ceiling (the memory's, or their in-cache rate where that is "
+          f"lower): {len(short)} of {len(summary)}"
+          + "".join(f"\n  {r['kernel']} {r['case']}: {r['pct_attainable']} % ({r['bound'] or 'not probed'})"
+                    for r in short))
 
 
 if __name__ == "__main__":

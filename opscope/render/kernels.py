@@ -32,8 +32,8 @@ def listing(doc: dict[str, Any], console: Console) -> None:
 def benchmark(doc: dict[str, Any], console: Console) -> None:
     """`opscope kernels --bench`: one row per (kernel, case), the goals, and the machine."""
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("kernel", "case", "kernel ms (p20-p80)", "GB/s", "% BW", "vs aten", "vs compile", "vs best",
-                "suggested"):
+    for col in ("kernel", "case", "kernel ms (p20-p80)", "GB/s", "% BW", "bound (in cache GB/s)", "vs aten",
+                "vs compile", "vs best", "suggested"):
         table.add_column(col, justify="left" if col in ("kernel", "case", "suggested") else "right")
 
     def ratio(value: Any) -> str:
@@ -43,7 +43,7 @@ def benchmark(doc: dict[str, Any], console: Console) -> None:
         t = r["timings"]["kernel"]
         pct = f"{r['pct_bandwidth']:.0f}%" if r["pct_bandwidth"] is not None else "-"
         table.add_row(r["kernel"], r["case"], f"{t['median_ms']:.2f} ({t['p20_ms']:.2f}-{t['p80_ms']:.2f})",
-                      f"{r['gbps']:.1f}", pct, ratio(r.get("vs_aten")), ratio(r.get("vs_compile")),
+                      f"{r['gbps']:.1f}", pct, _bound(r), ratio(r.get("vs_aten")), ratio(r.get("vs_compile")),
                       ratio(r.get("vs_best")), "yes" if r.get("suggested") else "no")
     console.print(table)
     suggested = sum(bool(r.get("suggested")) for r in doc["results"])
@@ -65,6 +65,14 @@ def benchmark(doc: dict[str, Any], console: Console) -> None:
     if mach["gpu"] is None:
         console.print("no GPU here: the Triton and CUDA kernels are compiled and interpreter-checked, not timed",
                       markup=False)
+
+
+def _bound(result: dict[str, Any]) -> str:
+    """What limits the case here (opscope.kernels.bench.bound), with the rate it reached in cache."""
+    rate = result.get("in_cache_gbps")
+    if rate is None:
+        return "-"
+    return f"{result.get('bound') or '?'} ({rate:.0f})"
 
 
 def tuning(doc: dict[str, Any], console: Console) -> None:

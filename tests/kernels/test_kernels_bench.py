@@ -48,6 +48,46 @@ def test_goal_checks_mark_met_and_missed() -> None:
     assert got == {"vs_eager >= 1.5": True, "vs_compiled >= 0.9": False, "% of bandwidth >= 70": True}
 
 
+def test_in_cache_cut_keeps_rows_whole_and_other_ranks_untouched() -> None:
+    """The bound probe's cut: the first rows of every tensor of the first one's rank and leading dim, the
+    traffic under the limit; a bias (another rank) stays whole; a case whose one row is over the limit
+    is not cut."""
+    x, y, bias = torch.randn(4096, 64), torch.randn(4096, 64), torch.randn(64)
+    add = lambda a, b, c, s: (a + b + c) * s  # noqa: E731
+    (cut, rows) = kb.in_cache_args((x, y, bias, 0.5), add, limit=96 * 1024)
+    # 3 tensors of rows x 64 floats (x, y, out) + the 256-byte bias <= 96 KiB: 4096 * 96 KiB / 3 MiB = 128 rows
+    assert rows == 127 and cut[0].shape == (127, 64) and cut[1].shape == (127, 64)
+    assert cut[2] is bias and cut[3] == 0.5 and torch.equal(cut[0], x[:127])
+    assert kb.traffic_bytes(cut, add(*cut)) <= 96 * 1024
+    wide = torch.randn(8, 1, 4096)  # broadcast to 8 x 8 x 4096 by the (8, 1) operand: one row is over 64 KiB
+    assert kb.in_cache_args((wide, torch.randn(8, 1)), torch.add, limit=64 * 1024) is None
+    assert kb.in_cache_args((torch.randn(4096),), torch.neg) is None  # 1-D: no rows to cut
+
+
+def test_bound_is_the_lower_of_the_memory_and_the_in_cache_rate() -> None:
+    assert kb.bound(120.0, 35.0) == "memory" and kb.bound(20.0, 35.0) == "compute"
+    assert kb.bound(None, 35.0) is None and kb.bound(20.0, None) is None
+    t = kb.Timing(1.0, 1.0, 1.0)
+    slow = kb.CaseResult("bias_gelu", "c", "float32", [[2]], 8, {"kernel": t}, gbps=16.0, pct_bandwidth=16 / 35 * 100,
+                         ratios={}, grain=0, in_cache_gbps=20.0, bound="compute")
+    fast = kb.CaseResult("sum", "c", "float32", [[2]], 8, {"kernel": t}, gbps=28.0, pct_bandwidth=80.0,
+                         ratios={}, grain=0, in_cache_gbps=120.0, bound="memory")
+    got = {(g["kernel"], g["goal"]): (g["value"], g["met"]) for g in kb.goal_checks([slow, fast])}
+    # compute-bound: the goal against what its arithmetic allows (16 of 20 GB/s), not the memory's 35
+    assert got == {("bias_gelu", "% of its in-cache rate >= 70 (compute-bound here)"): (80.0, True),
+                   ("sum", "% of bandwidth >= 70"): (80.0, True)}
+    assert slow.to_json()["bound"] == "compute" and slow.to_json()["in_cache_gbps"] == 20.0
+
+
+def test_in_cache_rate_of_a_real_kernel_is_a_rate() -> None:
+    """The probe on a real op: a positive rate, or None when noise made the two cuts indistinguishable
+    (never a negative or zero rate); the thread count is put back."""
+    before = torch.get_num_threads()
+    rate = kb.in_cache_gbps(torch.add, (torch.randn(1024, 256), torch.randn(1024, 256)), threads=2)
+    assert rate is None or rate > 0
+    assert torch.get_num_threads() == before
+
+
 def test_bench_verdict_is_against_the_better_of_aten_and_compile() -> None:
     won = kb.verdict({"vs_native": 1.3, "vs_eager": 2.0, "vs_compiled": 1.1}, 75.0)
     assert won == {"vs_aten": 1.3, "vs_compile": 1.1, "vs_best": 1.1, "pct_bandwidth": 75.0, "suggested": True,
@@ -222,6 +262,8 @@ def test_cli_bench_quick_writes_consistent_results(tmp_path: Path) -> None:
     assert r["gbps"] == pytest.approx(r["bytes"] / (t["kernel"]["median_ms"] * 1e-3) / 1e9)
     assert r["pct_bandwidth"] == pytest.approx(100 * r["gbps"] / 20)
     assert r["bytes"] == (256 * 256 * 2 + 256) * 4  # x read + y written, weight read, scale 1/16
+    # the bound probe: 256 rows fit in cache, so it ran (a rate, or None when noise hid the difference)
+    assert r["bound"] == (kb.bound(r["in_cache_gbps"], 20) if r["in_cache_gbps"] is not None else None)
     for cand in t.values():
         assert cand["p20_ms"] <= cand["median_ms"] <= cand["p80_ms"]
     # the case's verdict: torch.compile left out (--quick), so vs_best is vs aten (the native F.rms_norm)
