@@ -303,3 +303,20 @@ def test_every_bench_input_is_on_the_benchmarks_device() -> None:
             args = kb.make_args(manifest, case, device="meta")
             built = [a for a in args if isinstance(a, torch.Tensor)]
             assert built and all(t.device.type == "meta" for t in built), (manifest.name, case.name)
+
+
+def test_every_bench_case_passes_the_whole_signature() -> None:
+    """A case's arguments are the op's every parameter, in order: what the CPU forward gets before its grain
+    (a sum case without keepdim gave the grain as keepdim), and what the tuning key is made of, so that a
+    case tuned is the class the op's calls look up (reference_kernels._dispatch passes every parameter)."""
+    import re
+
+    from reference_kernels.manifest import load_manifests
+
+    for manifest in load_manifests():
+        params = re.search(r"\((.*)\)", manifest.signature)
+        assert params is not None
+        arity = len(params.group(1).split(", "))
+        for case in manifest.bench:
+            args = kb.make_args(manifest, case, device="meta")
+            assert len(args) == arity, (manifest.name, case.name, arity, len(args))
