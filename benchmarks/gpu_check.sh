@@ -2,8 +2,10 @@
 # The GPU check of opscope's bundled kernels: one log holding
 #   1. the GPU tests: CUDA and Triton backends against PyTorch, forward and backward, fp32/bf16/fp16
 #      (tests/kernels/test_kernels_cuda.py; conftest leaves Triton compiled where torch sees a GPU);
-#   2. `opscope kernels --bench --device cuda` for both backends at bandwidth-bound shapes (--scale 2:
-#      8192x8192, softmax 32x2048x2048);
+#   2. `opscope kernels --tune --device cuda`: the Triton forwards' launches (BLOCK, num_warps, num_stages
+#      over each manifest's [tune.triton] space), cached for this run; then `opscope kernels --bench
+#      --device cuda` for both backends at bandwidth-bound shapes (--scale 2: 8192x8192, softmax
+#      32x2048x2048), Triton on the tuned launches;
 #   3. `opscope profile` of the examples on the GPU;
 #   4. one `opscope swap` per bundled kernel.
 # It installs nothing: it runs this checkout in place (PYTHONPATH) with the machine's Python, torch,
@@ -90,7 +92,12 @@ if command -v nvcc >/dev/null; then nvcc --version 2>&1 | tail -1 >>"$LOG"; else
 step "GPU tests" 150 env -u TRITON_INTERPRET "$PYTHON" -m pytest -q -rs -p no:cacheprovider -m "not slow" \
     tests/kernels/test_kernels_cuda.py tests/kernels/test_kernels_gpu_mode.py
 
-# 2. kernel benchmarks, both GPU backends, bandwidth-bound shapes
+# 2. the Triton launches tuned on the manifests' cases (their table goes to the log; a case tuned before
+#    the step's limit stays cached for the bench), then kernel benchmarks, both GPU backends,
+#    bandwidth-bound shapes
+export OPSCOPE_CACHE_DIR="$WORK/cache"
+step "tune triton" 60 env OPSCOPE_KERNELS_GPU_BACKEND=triton "$PYTHON" -m opscope kernels --tune --device cuda \
+    --scale 2 --repeats 5
 COMPILE=(--no-compile)
 [ "${GPU_CHECK_COMPILE:-0}" = "1" ] && COMPILE=()
 for backend in triton cuda; do

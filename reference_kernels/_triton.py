@@ -7,15 +7,52 @@ which has no bfloat16 arithmetic. Blocks are large and fixed, so the interpreter
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
+
+from reference_kernels import tuning
 
 BLOCK = 1024        # elements per program, elementwise kernels
 ROW_BLOCK = 1024    # columns per step, row kernels (rows longer than this loop)
 ROWS_PER_CHUNK = 32  # rows per program in backward partial sums (fixed: results do not depend on the grid)
 SPLIT_ROWS = 256     # rows per program in column sums (fixed, likewise)
 COLUMN_BLOCK = 256   # columns per program in column sums
+
+
+# A forward's launch options a tuning sets (`opscope kernels --tune --device cuda`, over the manifest's
+# [tune.triton] space): BLOCK for element-wise kernels only (a row kernel's BLOCK fixes its order of
+# additions, and so its result: not a knob, as the reductions' chunk sizes on the CPU), num_warps and
+# num_stages for all (they change the schedule, never a result). Cached under "triton:<function>".
+TUNED_PREFIX = "triton:"
+_forced: dict[str, int] | None = None  # the configuration a tuner is timing
+
+
+@contextlib.contextmanager
+def forced(config: dict[str, int]) -> Iterator[None]:
+    """Within the block every forward launches with `config` (the tuner timing it), not the cached one."""
+    global _forced
+    before, _forced = _forced, dict(config)
+    try:
+        yield
+    finally:
+        _forced = before
+
+
+def launch_options(kernel: str, fn: str, args: tuple[Any, ...], block: int, block_is_knob: bool) -> dict[str, int]:
+    """BLOCK, and num_warps and num_stages where tuned, for one launch of `kernel`'s `fn` on `args`: the
+    configuration being timed, else the tuned one of these arguments' class, else the defaults (BLOCK as
+    given, Triton's own num_warps and num_stages)."""
+    values = _forced if _forced is not None else tuning.lookup(kernel, TUNED_PREFIX + fn, args) or {}
+    out = {"BLOCK": int(values.get("block") or block) if block_is_knob else block}
+    for name in ("num_warps", "num_stages"):
+        if values.get(name):
+            out[name] = int(values[name])
+    return out
 
 
 def is_f64(t: torch.Tensor) -> bool:

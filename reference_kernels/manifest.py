@@ -12,10 +12,13 @@ Schema (every key required unless marked optional):
     category   = "memory-bound"                   # or "compute-bound": what % of peak is measured against
     dtypes     = ["float32", "float64", "bfloat16", "float16"]
     backends   = ["cpu", "triton", "cuda"]        # implementations in this folder
-    knobs      = ["grain_size"]                   # optional: tunable parameters (see reference_kernels.tuning)
+    knobs      = ["grain_size", "num_warps", "num_stages"]  # optional: tunables (see reference_kernels.tuning)
 
     [tune.cpu]                                   # optional: per backend, each knob's search space
     grain_size = [1, 4, 16, 64]                  # (`opscope kernels --tune` measures every value per shape class)
+    [tune.triton]                                # the Triton forward's launch (`--tune --device cuda`, on a GPU):
+    num_warps = [1, 2, 4, 8, 16]                 # every combination of the values is timed; `block` only for
+    num_stages = [1, 2, 3]                       # element-wise kernels (a row kernel's BLOCK fixes its result)
 
     [tolerance.float32]                          # one table per dtype in `dtypes`: allowed error against
     rtol = 1e-5                                  # a float64 reference of the same math

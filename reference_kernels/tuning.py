@@ -5,7 +5,8 @@ manifest declares (`[tune.cpu]`), and stored on disk beside opscope's CPU calibr
 
 Knobs: `grain_size` of the CPU kernels (elements or rows per at::parallel_for task: too small and the
 tasks' overhead shows, too large and a thread idles at the end). 0 means "the kernel's built-in
-default". Lookups happen on every call, so they only read an in-memory dict loaded once per process.
+default". The Triton forwards' `block`, `num_warps` and `num_stages` (`[tune.triton]`, keyed
+"triton:<function>" and by the GPU's model instead of the CPU's: reference_kernels._triton). Lookups happen on every call, so they only read an in-memory dict loaded once per process.
 
 Keys. The machine: the CPU model, its logical CPUs and the architecture (a cache copied to another
 machine finds nothing of its own). The shape class: per tensor argument, its element count and its
@@ -23,6 +24,7 @@ A file that cannot be read as such (corrupt, truncated, another format) is ignor
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -93,7 +95,16 @@ def key(kernel: str, fn: str, args: tuple[Any, ...]) -> str:
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     dtype = str(tensors[0].dtype).removeprefix("torch.") if tensors else "-"
     device = tensors[0].device.type if tensors else "cpu"
-    return f"{machine()}|{kernel}|{fn}|{shape_class(args)}|{dtype}|{device}|t{torch.get_num_threads()}"
+    where = gpu_name(tensors[0].device.index or 0) if device == "cuda" else machine()
+    return f"{where}|{kernel}|{fn}|{shape_class(args)}|{dtype}|{device}|t{torch.get_num_threads()}"
+
+
+@functools.cache
+def gpu_name(index: int) -> str:
+    """A GPU's identity in the keys of its tunings (the Triton launches'): its model, as torch names it."""
+    import torch
+
+    return torch.cuda.get_device_name(index).replace("|", "/")
 
 
 def _read(path: Path) -> tuple[dict[str, dict[str, Any]], str | None]:

@@ -561,9 +561,10 @@ def calibrate(
 def kernels(
     name: str | None = typer.Argument(None, help="With --bench: only this kernel."),
     bench: bool = typer.Option(False, "--bench", help="Time the kernels against aten, eager and torch.compile."),
-    tune: bool = typer.Option(False, "--tune", help="Pick each CPU kernel's grain size by measurement over its "
-                                                     "manifest's search space, per shape class, and cache it "
-                                                     "(with --bench: before timing each case)."),
+    tune: bool = typer.Option(False, "--tune", help="Pick each CPU kernel's grain size (--device cuda: each Triton "
+                                                     "forward's launch) by measurement over its manifest's search "
+                                                     "space, per shape class, and cache it (with --bench: before "
+                                                     "timing each case)."),
     shape: list[str] = typer.Option([], "--shape", help="With --tune and NAME: a tensor argument's shape "
                                                        "(4096x4096), repeated in signature order; default: the "
                                                        "manifest's cases."),
@@ -572,9 +573,10 @@ def kernels(
     quick: bool = typer.Option(False, "--quick", help="Shapes scaled down 16x per dim, no torch.compile (a smoke run)."),
     no_compile: bool = typer.Option(False, "--no-compile", help="Leave torch.compile out of the comparison."),
     scale: float | None = typer.Option(None, "--scale", min=0.001, max=16.0,
-                                       help="Multiply every dim of the bench shapes (2: 4096x4096 -> 8192x8192, "
+                                       help="Multiply every dim of the bench (or --tune) shapes (2: 4096x4096 -> 8192x8192, "
                                             "bandwidth-bound on a big GPU); --quick is 1/16."),
-    device: Device = typer.Option(Device.cpu, "--device", help="With --bench: where to time (cuda needs a GPU)."),
+    device: Device = typer.Option(Device.cpu, "--device", help="With --bench: where to time; with --tune: cuda tunes "
+                                                             "the Triton launches on the GPU (cuda needs a GPU)."),
     peak_bw: float | None = PEAK_BW,
     out: Path | None = typer.Option(None, "--out", parser=_user_path, help="Folder for kernels-bench.json/.csv "
                                                         "(default reports/kernels-bench-<time>)."),
@@ -593,7 +595,8 @@ def kernels(
         from opscope.kernels import bench as kb
         from opscope.render.kernels import tuning
 
-        doc = kb.tune_run([name] if name else [], shape, dtype, progress=lambda m: _warn(m))
+        doc = kb.tune_run([name] if name else [], shape, dtype, progress=lambda m: _warn(m),
+                           device="cuda" if device == Device.cuda else "cpu", scale=scale or 1.0)
         if doc["note"]:
             _warn(f"note: {doc['note']}")
         if json_out:

@@ -335,6 +335,55 @@ def ensure_tuned(manifest: Any, args: tuple, budget_s: float = FIRST_USE_BUDGET_
         return None
 
 
+def triton_configs(manifest: Any) -> list[dict[str, int]]:
+    """Every launch configuration of the manifest's `[tune.triton]` space (each knob's values crossed), in
+    the knobs' declared order; empty when it declares none."""
+    import itertools
+
+    space = manifest.tune.get("triton", {})
+    names = list(space)
+    return [dict(zip(names, values, strict=True)) for values in itertools.product(*(space[n] for n in names))]
+
+
+def tune_triton(manifest: Any, args: tuple, repeats: int = 7) -> dict[str, Any]:
+    """Time the Triton forward at every configuration of its manifest's `[tune.triton]` space on `args`
+    (on the GPU: each configuration compiled first, then batched calls, interleaved rounds with
+    torch.cuda.synchronize around each) and cache the fastest for these arguments' class (key function
+    "triton:<name>_forward", keyed by the GPU's model). Under the Triton interpreter it runs too, but
+    its times say nothing about a GPU: the tests use it for the plumbing only."""
+    import importlib
+
+    import torch
+
+    from reference_kernels import _triton, tuning
+
+    configs = triton_configs(manifest)
+    if not configs:
+        raise BenchError(f"{manifest.name}: its manifest declares no [tune.triton] space")
+    fwd = getattr(importlib.import_module(f"reference_kernels.{manifest.name}.triton_kernels"),
+                  f"{manifest.name}_forward")
+    on_gpu = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args)
+    sync: Callable[[], None] = torch.cuda.synchronize if on_gpu else (lambda: None)
+    calls: dict[str, Callable[[], Any]] = {}
+    per: dict[str, int] = {}
+    with torch.no_grad():
+        for config in configs:
+            label = " ".join(f"{k}={v}" for k, v in config.items())
+
+            def call(config: dict[str, int] = config) -> Any:
+                with _triton.forced(config):
+                    return fwd(*args)
+
+            call()  # compiles this configuration: not part of the batch size's measure
+            calls[label], per[label] = batched(call, sync, TUNE_SAMPLE_S)
+        timings = {k: per_call(t, per[k]) for k, t in interleaved(calls, repeats, sync).items()}
+    best = min(range(len(configs)), key=lambda i: timings[list(calls)[i]].median_ms)
+    values = {**configs[best], "candidates_ms": {k: round(v.median_ms, 5) for k, v in timings.items()},
+              "rounds": repeats, "measured": _dt.datetime.now().isoformat(timespec="seconds")}
+    tuning.store(manifest.name, _triton.TUNED_PREFIX + f"{manifest.name}_forward", args, values)
+    return values
+
+
 class FirstUseTuning:
     """A reference_kernels.tuning.first_use tuner that defers: within the block it only keeps, per untuned key,
     the first arguments a bundled kernel's CPU forward ran on (copies); `tune()` then tunes each, outside
@@ -388,10 +437,12 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 
 def tune_run(names: list[str], shapes: list[str], dtype: str = "float32", repeats: int = 15,
-             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+             progress: Callable[[str], None] | None = None, device: str = "cpu", scale: float = 1.0) -> dict[str, Any]:
     """`opscope kernels --tune [NAME] [--shape S ...]`: tune each CPU kernel on its manifest's cases, or the
     named kernel on the given tensor shapes (in signature order; other arguments from its first case),
-    and cache the winners. Returns the document the CLI prints."""
+    and cache the winners. `device` "cuda": the Triton forwards' launch configurations, on the GPU; `scale`
+    multiplies every dim of the manifest's cases (as --bench --scale does, so a bench finds its classes tuned).
+    Returns the document the CLI prints."""
     import torch
 
     import reference_kernels
@@ -400,10 +451,14 @@ def tune_run(names: list[str], shapes: list[str], dtype: str = "float32", repeat
 
     if shapes and len(names) != 1:
         raise BenchError("--shape tunes one kernel: name it (opscope kernels NAME --tune --shape 4096x4096 ...)")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BenchError("--tune --device cuda: no GPU is available here (the Triton launches are tuned on the GPU "
+                         "they will run on)")
+    backend = "triton" if device == "cuda" else "cpu"
     note = tuning.note()  # before this run's stores replace an ignored file
     results = []
     for m in reference_kernels.manifests():
-        if names and m.name not in names or "cpu" not in m.tune:
+        if names and m.name not in names or backend not in m.tune:
             continue
         if dtype not in m.dtypes:
             raise BenchError(f"--dtype {dtype}: {m.name} takes {', '.join(m.dtypes)}")
@@ -413,18 +468,27 @@ def tune_run(names: list[str], shapes: list[str], dtype: str = "float32", repeat
             if progress:
                 progress(f"opscope: tuning {m.name} {case.name}")
             try:
-                args = make_args(m, case)
+                args = make_args(m, case, 1.0 if shapes else scale, device)
             except (RuntimeError, ValueError, TypeError) as exc:
                 raise BenchError(f"{m.name}: cannot build its arguments from {[list(i) for i in case.inputs]} "
                                  f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from exc
-            fn = f"{m.name}_forward"
-            values = tune(m, args, repeats=repeats)
+            if backend == "triton":
+                from reference_kernels import _triton  # imports triton: only where it tunes Triton launches
+
+                fn = _triton.TUNED_PREFIX + f"{m.name}_forward"
+                values = tune_triton(m, args, repeats=repeats)
+                chosen = " ".join(f"{k}={values[k]}" for k in m.tune["triton"])
+            else:
+                fn = f"{m.name}_forward"
+                values = tune(m, args, repeats=repeats)
+                chosen = f"grain_size={values['grain_size']}"
             results.append({"kernel": m.name, "case": case.name, "shapes": [list(a.shape) for a in args
                                                                            if isinstance(a, torch.Tensor)],
                             "dtype": case.dtype, "shape_class": tuning.shape_class(args), **values,
-                            "key": tuning.key(m.name, fn, args)})
-    return {"machine": tuning.machine(), "threads": torch.get_num_threads(), "cache": str(tuning.cache_path()),
-            "note": note, "results": results}
+                            "chosen": chosen, "key": tuning.key(m.name, fn, args)})
+    return {"machine": tuning.gpu_name(torch.cuda.current_device()) if backend == "triton" else tuning.machine(),
+            "threads": torch.get_num_threads(), "cache": str(tuning.cache_path()), "note": note, "backend": backend,
+            "results": results}
 
 
 def bench_case(manifest: Any, case: Any, repeats: int, peak_gbps: float | None, compiled: bool = True,
@@ -438,6 +502,11 @@ def bench_case(manifest: Any, case: Any, repeats: int, peak_gbps: float | None, 
     args = make_args(manifest, case, scale, device)
     if do_tune and device == "cpu":
         tune(manifest, args)
+    elif do_tune and "triton" in manifest.tune:
+        from reference_kernels import _dispatch
+
+        if _dispatch.backend_for(torch.device(device)) == "triton":
+            tune_triton(manifest, args)
     elif device == "cpu":
         ensure_tuned(manifest, args)
     kernel = reference_kernels.load(manifest.name)  # torch.ops.opscope.<name>, registered on first use

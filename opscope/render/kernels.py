@@ -78,11 +78,12 @@ def _bound(result: dict[str, Any]) -> str:
 def tuning(doc: dict[str, Any], console: Console) -> None:
     """`opscope kernels --tune`: per kernel and case, the shape class, the chosen grain and each candidate's time."""
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("kernel", "case", "dtype", "shape class", "grain", "candidates (ms per call)"):
+    for col in ("kernel", "case", "dtype", "shape class", "chosen", "candidates (ms per call)"):
         table.add_column(col)
     for r in doc["results"]:
         cands = "  ".join(f"{g}: {ms:.4g}" for g, ms in r["candidates_ms"].items())
-        table.add_row(r["kernel"], r["case"], r["dtype"], r["shape_class"], str(r["grain_size"]), cands)
+        table.add_row(r["kernel"], r["case"], r["dtype"], r["shape_class"], r["chosen"], cands)
     console.print(table)
-    console.print(f"machine: {doc['machine']}, {doc['threads']} threads; cached in {doc['cache']} "
-                  "(0: the kernel's built-in default)", markup=False, soft_wrap=True)
+    what = "Triton launches on" if doc.get("backend") == "triton" else "machine:"
+    console.print(f"{what} {doc['machine']}, {doc['threads']} threads; cached in {doc['cache']} "
+                  "(grain_size=0: the kernel's built-in default)", markup=False, soft_wrap=True)

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_kernels._triton import BLOCK, acc_dtype, column_sum, is_f64
+from reference_kernels._triton import BLOCK, acc_dtype, column_sum, is_f64, launch_options
 from reference_kernels.bias_gelu.op import _check
 
 
@@ -64,8 +64,9 @@ def bias_gelu_forward(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> 
     xc, bc = x.contiguous(), bias.to(acc_dtype(x)).contiguous()  # mixed precision: explicit conversion
     y = torch.empty_like(xc)
     if y.numel():
-        _fwd[(triton.cdiv(y.numel(), BLOCK),)](xc, bc, y, y.numel(), x.shape[-1], BLOCK=BLOCK,
-                                               TANH=approximate == "tanh", F64=is_f64(x))
+        opts = launch_options("bias_gelu", "bias_gelu_forward", (x, bias, approximate), BLOCK, block_is_knob=True)
+        _fwd[(triton.cdiv(y.numel(), opts["BLOCK"]),)](xc, bc, y, y.numel(), x.shape[-1],
+                                                       TANH=approximate == "tanh", F64=is_f64(x), **opts)
     return y
 
 

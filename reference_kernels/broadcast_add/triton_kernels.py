@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from reference_kernels import _checks
-from reference_kernels._triton import BLOCK, is_f64
+from reference_kernels._triton import BLOCK, is_f64, launch_options
 
 OP = "opscope::broadcast_add"
 
@@ -65,6 +65,7 @@ def broadcast_add_forward(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         sizes, sa, sb = [out.numel()], [1], [1]
     pad = 4 - len(sizes)
     sizes, sa, sb = [1] * pad + sizes, [0] * pad + sa, [0] * pad + sb
-    _add_kernel[(triton.cdiv(out.numel(), BLOCK),)](ea, eb, out, out.numel(), sizes[1], sizes[2], sizes[3], *sa, *sb,
-                                                    BLOCK=BLOCK, F64=is_f64(a))
+    opts = launch_options("broadcast_add", "broadcast_add_forward", (a, b), BLOCK, block_is_knob=True)
+    _add_kernel[(triton.cdiv(out.numel(), opts["BLOCK"]),)](ea, eb, out, out.numel(), sizes[1], sizes[2], sizes[3],
+                                                            *sa, *sb, F64=is_f64(a), **opts)
     return out

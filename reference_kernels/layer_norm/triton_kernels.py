@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_kernels._triton import ROWS_PER_CHUNK, acc_dtype, column_sum, is_f64, row_block
+from reference_kernels._triton import ROWS_PER_CHUNK, acc_dtype, column_sum, is_f64, launch_options, row_block
 from reference_kernels.layer_norm.op import _check
 
 
@@ -117,8 +117,9 @@ def layer_norm_forward(x: torch.Tensor, normalized_shape: list[int], weight: tor
     y = torch.empty_like(xc)
     rows = xc.numel() // n if n else 0
     if rows:
-        _fwd[(rows,)](xc, _affine(weight, n, 1.0, x), _affine(bias, n, 0.0, x), y, n, eps, BLOCK=row_block(n),
-                      F64=is_f64(x))
+        opts = launch_options("layer_norm", "layer_norm_forward", (x, normalized_shape, weight, bias, eps),
+                              row_block(n), block_is_knob=False)
+        _fwd[(rows,)](xc, _affine(weight, n, 1.0, x), _affine(bias, n, 0.0, x), y, n, eps, F64=is_f64(x), **opts)
     return y
 
 

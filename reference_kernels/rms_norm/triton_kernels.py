@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_kernels._triton import ROWS_PER_CHUNK, acc_dtype, column_sum, is_f64, row_block
+from reference_kernels._triton import ROWS_PER_CHUNK, acc_dtype, column_sum, is_f64, launch_options, row_block
 from reference_kernels.rms_norm.op import _check
 
 
@@ -81,7 +81,8 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch
     y = torch.empty_like(xc)
     rows = xc.numel() // n if n else 0
     if rows:
-        _fwd[(rows,)](xc, wc, y, n, eps, BLOCK=row_block(n), F64=is_f64(x))
+        opts = launch_options("rms_norm", "rms_norm_forward", (x, weight, eps), row_block(n), block_is_knob=False)
+        _fwd[(rows,)](xc, wc, y, n, eps, F64=is_f64(x), **opts)
     return y
 
 

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_kernels._triton import acc_dtype, is_f64, row_block
+from reference_kernels._triton import acc_dtype, is_f64, launch_options, row_block
 from reference_kernels.softmax.op import _check
 
 
@@ -97,12 +97,12 @@ def softmax_forward(x: torch.Tensor, scale: float, mask: torch.Tensor | None) ->
     rows = xc.numel() // n if n else 0
     if not rows:
         return y
+    opts = launch_options("softmax", "softmax_forward", (x, scale, mask), row_block(n), block_is_knob=False)
     if mask is not None:
         mk, sizes, strides, ms = _mask_view(mask, x)
-        _fwd[(rows,)](xc, mk, y, n, scale, sizes[1], sizes[2], *strides, ms, BLOCK=row_block(n), HAS_MASK=True,
-                      F64=is_f64(x))
+        _fwd[(rows,)](xc, mk, y, n, scale, sizes[1], sizes[2], *strides, ms, HAS_MASK=True, F64=is_f64(x), **opts)
     else:
-        _fwd[(rows,)](xc, xc, y, n, scale, 1, 1, 0, 0, 0, 0, BLOCK=row_block(n), HAS_MASK=False, F64=is_f64(x))
+        _fwd[(rows,)](xc, xc, y, n, scale, 1, 1, 0, 0, 0, 0, HAS_MASK=False, F64=is_f64(x), **opts)
     return y
 
 

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from reference_kernels import _checks
-from reference_kernels._triton import column_sum, is_f64, row_block
+from reference_kernels._triton import column_sum, is_f64, launch_options, row_block
 from reference_kernels.sum.op import out_shape
 
 
@@ -47,8 +47,10 @@ def reduce_forward(x: torch.Tensor, dim: int, keepdim: bool, mean: bool, op: str
     if r == 0:
         return out.fill_(float("nan") if mean else 0.0)
     scale = 1.0 / r if mean else 1.0
-    if k0 == 1:  # rows
-        _rows[(k1,)](xc, out, r, scale, BLOCK=row_block(r), F64=is_f64(x))
+    if k0 == 1:  # rows (the column sums' launch is fixed: its splits fix the order of additions)
+        kernel = op.split("::")[-1]
+        opts = launch_options(kernel, f"{kernel}_forward", (x, dim, keepdim), row_block(r), block_is_knob=False)
+        _rows[(k1,)](xc, out, r, scale, F64=is_f64(x), **opts)
         return out
     return column_sum(xc.view(k1, r, k0), x.dtype, scale).view(shape)  # columns
 

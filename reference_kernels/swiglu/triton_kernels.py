@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_kernels._triton import BLOCK, is_f64
+from reference_kernels._triton import BLOCK, is_f64, launch_options
 from reference_kernels.swiglu.op import _check
 
 
@@ -50,7 +50,8 @@ def swiglu_forward(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     ac, bc = a.contiguous(), b.contiguous()
     y = torch.empty_like(ac)
     if y.numel():
-        _fwd[(triton.cdiv(y.numel(), BLOCK),)](ac, bc, y, y.numel(), BLOCK=BLOCK, F64=is_f64(a))
+        opts = launch_options("swiglu", "swiglu_forward", (a, b), BLOCK, block_is_knob=True)
+        _fwd[(triton.cdiv(y.numel(), opts["BLOCK"]),)](ac, bc, y, y.numel(), F64=is_f64(a), **opts)
     return y
 
 

@@ -247,6 +247,29 @@ def test_cli_tune_a_shape_with_a_corrupt_cache(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "name it" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: gpu_check.sh tunes on it")
+def test_cli_tune_on_cuda_without_a_gpu_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Triton launches are tuned on the GPU they will run on: none here, one line, exit 2, no cache."""
+    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path))
+    proc = run_cli("kernels", "softmax", "--tune", "--device", "cuda")
+    assert proc.returncode == 2 and "no GPU is available here" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "kernels-tuning.json").exists()
+
+
+def test_tune_scale_multiplies_the_cases_like_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--tune --scale F tunes the classes `--bench --scale F` will look up (gpu_check.sh: --scale 2)."""
+    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path))
+    tuning.reset()
+    try:
+        doc = kb.tune_run(["swiglu"], [], scale=1 / 64, repeats=3)
+        (r,) = doc["results"]
+        assert r["shapes"] == [[64, 64], [64, 64]] and r["chosen"] == f"grain_size={r['grain_size']}"
+        args = kb.make_args(find("swiglu"), find("swiglu").bench[0], scale=1 / 64)
+        assert r["key"] == tuning.key("swiglu", "swiglu_forward", args) and doc["backend"] == "cpu"
+    finally:
+        tuning.reset()
+
+
 @pytest.mark.slow
 def test_cli_bench_quick_writes_consistent_results(tmp_path: Path) -> None:
     out = tmp_path / "bench"

@@ -57,6 +57,11 @@ def test_bundled_manifests_load_and_describe_their_swaps() -> None:
             assert r.kind in REPLACE_KINDS and r.target and r.call
         # every CPU kernel declares its grain search space, the built-in default (0) among the candidates
         assert 0 in m.tune["cpu"]["grain_size"] and len(m.tune["cpu"]["grain_size"]) > 1, m.name
+        # the Triton forward's launch: powers of two (Triton's BLOCK and warp counts); a row kernel's BLOCK
+        # fixes its order of additions (its result), so only element-wise kernels tune it
+        triton = m.tune.get("triton", {})
+        assert triton and all(v > 0 and v & (v - 1) == 0 for k, vs in triton.items() if k != "num_stages" for v in vs)
+        assert ("block" in triton) == (m.name in ("bias_gelu", "swiglu", "broadcast_add")), m.name
 
 
 def test_valid_manifest_round_trips_to_json(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ convert to float32 and store, which it does support. Slow per program, so inputs
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -130,3 +131,67 @@ def test_column_sum_split_reduction(shape: tuple, dtype: torch.dtype, monkeypatc
     expected = 0.5 * x.double().sum(dim=-2)
     assert got.dtype == out_dtype and got.shape == expected.shape
     torch.testing.assert_close(got.double(), expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", TRITON)
+def test_every_tuned_launch_gives_the_default_launchs_result(name: str) -> None:
+    """Each configuration of the manifest's [tune.triton] space (forced, as the tuner times it) computes
+    exactly what the default launch does: a BLOCK of an element-wise kernel, a warp or stage count change
+    the schedule, never a value. (The interpreter ignores num_warps and num_stages: on a GPU
+    test_kernels_cuda.py runs the compiled kernels.)"""
+    from opscope.kernels import bench as kb
+    from reference_kernels import _triton
+
+    m = MANIFESTS[name]
+    for case in m.bench:  # rows and columns, with and without a mask: 32x32 (1x8x8), a few programs
+        args = kb.make_args(m, case, scale=1 / 128)
+        with reference_kernels.use_backend("triton"):
+            default = op(name)(*args)
+            for config in kb.triton_configs(m):
+                with _triton.forced(config):
+                    assert torch.equal(op(name)(*args), default), (name, case.name, config)
+
+
+def test_launch_options_forced_then_tuned_then_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from reference_kernels import _triton, tuning
+
+    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path))
+    tuning.reset()
+    try:
+        args = (torch.randn(8, 64), torch.randn(8, 64))
+        assert _triton.launch_options("swiglu", "swiglu_forward", args, 1024, block_is_knob=True) == {"BLOCK": 1024}
+        tuning.store("swiglu", "triton:swiglu_forward", args, {"block": 256, "num_warps": 2})
+        assert _triton.launch_options("swiglu", "swiglu_forward", args, 1024, block_is_knob=True) == {
+            "BLOCK": 256, "num_warps": 2}
+        # a row kernel's BLOCK stays what its caller computed, whatever an entry says
+        assert _triton.launch_options("swiglu", "swiglu_forward", args, 64, block_is_knob=False) == {
+            "BLOCK": 64, "num_warps": 2}
+        with _triton.forced({"num_warps": 8, "num_stages": 3}):
+            assert _triton.launch_options("swiglu", "swiglu_forward", args, 1024, block_is_knob=True) == {
+                "BLOCK": 1024, "num_warps": 8, "num_stages": 3}
+        # the CPU kernel's key is another one: its grain is not the Triton launch's
+        assert tuning.knob("swiglu", "swiglu_forward", args, "grain_size") == 0
+    finally:
+        tuning.reset()
+
+
+def test_tune_triton_caches_a_configuration_of_the_space(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tuner's plumbing, under the interpreter (its times say nothing of a GPU): every configuration
+    timed, one of them cached under the Triton key, and the next launch on that class uses it."""
+    from opscope.kernels import bench as kb
+    from reference_kernels import _triton, tuning
+
+    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path))
+    tuning.reset()
+    try:
+        m = MANIFESTS["rms_norm"]
+        args = (torch.randn(4, 32), torch.randn(32), 1e-6)
+        values = kb.tune_triton(m, args, repeats=3)
+        labels = {" ".join(f"{k}={v}" for k, v in c.items()) for c in kb.triton_configs(m)}
+        assert set(values["candidates_ms"]) == labels and len(labels) == 15
+        chosen = {k: values[k] for k in m.tune["triton"]}
+        assert chosen in kb.triton_configs(m)
+        assert _triton.launch_options("rms_norm", "rms_norm_forward", args, 32, block_is_knob=False) == {
+            "BLOCK": 32, **chosen}
+    finally:
+        tuning.reset()
