@@ -144,32 +144,57 @@ def bound(in_cache_gbps: float | None, peak_gbps: float | None) -> str | None:
     return "memory" if in_cache_gbps >= peak_gbps else "compute"
 
 
-def in_cache_args(args: tuple, fn: Callable[..., Any], limit: int = IN_CACHE_BYTES) -> tuple[tuple, int] | None:
-    """The case's arguments cut to their first rows, so that inputs and output together move at most
-    `limit` bytes, and that many rows: every tensor with the first tensor's rank and leading dim is cut (a
-    bias, a weight or a broadcast operand of another rank is kept whole), each row as long as at full
-    size, so the work per element is the same. None when even one row is over the limit."""
+def in_cache_args(args: tuple, fn: Callable[..., Any], limit: int = IN_CACHE_BYTES
+                  ) -> tuple[tuple, tuple, int] | None:
+    """The case's arguments cut so that inputs and output together move at most `limit` bytes, for the
+    bound probe: a band of rows from the middle of the first tensor (rows of a causal mask near the top
+    or bottom do less or more work than the average row), at its outermost dim where such a band of at
+    least 2 rows fits (the dims before it cut to their middle index), each row as long as at full size.
+    Other tensors are cut alike where a dim of theirs, aligned from the right as broadcasting aligns it,
+    is that same dim (a bias, a weight, a broadcast operand's size-1 dims are kept whole). Returns
+    (the cut, the same cut with half the rows, the rows), or None when no band of 2 rows fits."""
     import torch
 
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if not tensors or tensors[0].dim() < 2:
         return None
-    rank, lead = tensors[0].dim(), tensors[0].shape[0]
-    rows = max(1, lead * limit // max(1, traffic_bytes(args, fn(*args))))
-    while True:
-        cut = cut_rows(args, rank, lead, rows)
-        if traffic_bytes(cut, fn(*cut)) <= limit:
-            return cut, rows
-        if rows == 1:
-            return None
-        rows = max(1, rows // 2)
+    first = tensors[0]
+    for d in range(first.dim() - 1):
+        lead = first.shape[d]
+        if lead < 2:
+            continue
+        one, two = cut_band(args, first, d, 1), cut_band(args, first, d, 2)
+        t1, t2 = traffic_bytes(one, fn(*one)), traffic_bytes(two, fn(*two))
+        per_row, fixed = t2 - t1, 2 * t1 - t2  # the traffic is linear in the rows: the whole tensors are fixed
+        rows = min(lead, (limit - fixed) // per_row) if per_row > 0 else 0
+        while rows >= 2:
+            cut = cut_band(args, first, d, rows)
+            if traffic_bytes(cut, fn(*cut)) <= limit:
+                return cut, cut_band(args, first, d, rows // 2), rows
+            rows //= 2
+    return None
 
 
-def cut_rows(args: tuple, rank: int, lead: int, rows: int) -> tuple:
+def cut_band(args: tuple, first: Any, d: int, rows: int) -> tuple:
+    """`args` with `rows` middle indices of `first`'s dim d, the middle index of each of its dims before d,
+    and the same cut in every tensor dim aligned (from the right) with one of those dims and as long."""
     import torch
 
-    return tuple(a[:rows].contiguous() if isinstance(a, torch.Tensor) and a.dim() == rank and a.shape[0] == lead
-                 else a for a in args)
+    rank = first.dim()
+
+    def cut(t: torch.Tensor) -> torch.Tensor:
+        index: list[slice] = []
+        for j in range(t.dim()):
+            i = j + rank - t.dim()  # the first tensor's dim that broadcasting aligns with t's dim j
+            if 0 <= i <= d and t.shape[j] == first.shape[i] and t.shape[j] > 1:
+                n = rows if i == d else 1
+                lo = (t.shape[j] - n) // 2
+                index.append(slice(lo, lo + n))
+            else:
+                index.append(slice(None))
+        return t[tuple(index)].contiguous()
+
+    return tuple(cut(a) if isinstance(a, torch.Tensor) else a for a in args)
 
 
 def in_cache_gbps(fn: Callable[..., Any], args: tuple, threads: int) -> float | None:
@@ -178,16 +203,14 @@ def in_cache_gbps(fn: Callable[..., Any], args: tuple, threads: int) -> float | 
     threads' start), times `threads` (each core has its own cache): the rate its arithmetic allows
     whatever the memory. From the cut and half of it, interleaved: the difference in bytes over the
     difference in time, so that the per-call cost (dispatch, allocation) cancels. None when the case
-    cannot be cut in two."""
+    cannot be cut to a band of 2 rows."""
     import torch
 
     with torch.no_grad():
         found = in_cache_args(args, fn)
-        if found is None or found[1] < 2:
+        if found is None:
             return None
-        cut, rows = found
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        half = cut_rows(args, tensors[0].dim(), tensors[0].shape[0], rows // 2)
+        cut, half, _rows = found
         before = torch.get_num_threads()
         torch.set_num_threads(1)
         try:

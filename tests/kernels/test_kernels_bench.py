@@ -48,17 +48,23 @@ def test_goal_checks_mark_met_and_missed() -> None:
     assert got == {"vs_eager >= 1.5": True, "vs_compiled >= 0.9": False, "% of bandwidth >= 70": True}
 
 
-def test_in_cache_cut_keeps_rows_whole_and_other_ranks_untouched() -> None:
-    """The bound probe's cut: the first rows of every tensor of the first one's rank and leading dim, the
-    traffic under the limit; a bias (another rank) stays whole; a case whose one row is over the limit
-    is not cut."""
+def test_in_cache_cut_keeps_rows_whole_and_broadcast_operands_aligned() -> None:
+    """The bound probe's cut: a band of middle rows of the first tensor, as many as keep the traffic under
+    the limit, cut alike in every tensor dim broadcasting aligns with it; a bias (aligned with the row
+    dim) stays whole; a 3-D case is cut at its second dim when one slice of the first is over the limit,
+    and its 2-D mask along with it; a case with no band of 2 rows under the limit is not cut."""
     x, y, bias = torch.randn(4096, 64), torch.randn(4096, 64), torch.randn(64)
     add = lambda a, b, c, s: (a + b + c) * s  # noqa: E731
-    (cut, rows) = kb.in_cache_args((x, y, bias, 0.5), add, limit=96 * 1024)
-    # 3 tensors of rows x 64 floats (x, y, out) + the 256-byte bias <= 96 KiB: 4096 * 96 KiB / 3 MiB = 128 rows
-    assert rows == 127 and cut[0].shape == (127, 64) and cut[1].shape == (127, 64)
-    assert cut[2] is bias and cut[3] == 0.5 and torch.equal(cut[0], x[:127])
+    cut, half, rows = kb.in_cache_args((x, y, bias, 0.5), add, limit=96 * 1024)
+    # 3 tensors of rows x 64 floats (x, y, out) + the 256-byte bias <= 96 KiB: 127 rows, from the middle
+    assert rows == 127 and cut[0].shape == (127, 64) and cut[1].shape == (127, 64) and half[0].shape == (63, 64)
+    assert cut[2] is not None and torch.equal(cut[2], bias) and cut[3] == 0.5
+    assert torch.equal(cut[0], x[1984:2111]) and torch.equal(cut[1], y[1984:2111])
     assert kb.traffic_bytes(cut, add(*cut)) <= 96 * 1024
+    att, mask = torch.randn(4, 256, 256), torch.randn(256, 256)  # one head is 768 KiB with its mask and output
+    cut, half, rows = kb.in_cache_args((att, 0.5, mask), lambda a, s, m: a * s + m, limit=96 * 1024)
+    assert rows == 32 and cut[0].shape == (1, 32, 256) and cut[2].shape == (32, 256)
+    assert torch.equal(cut[0], att[1:2, 112:144]) and torch.equal(cut[2], mask[112:144])
     wide = torch.randn(8, 1, 4096)  # broadcast to 8 x 8 x 4096 by the (8, 1) operand: one row is over 64 KiB
     assert kb.in_cache_args((wide, torch.randn(8, 1)), torch.add, limit=64 * 1024) is None
     assert kb.in_cache_args((torch.randn(4096),), torch.neg) is None  # 1-D: no rows to cut
