@@ -17,7 +17,8 @@ the int, bool and string arguments (a reduction's dim, a GELU's form), which pic
 File: $OPSCOPE_CACHE_DIR/kernels-tuning.json, else the platform's user cache dir for "opscope" (where
 the calibration is cached):
     {"format": 2, "entries": {"<key>": {"grain_size": 65536, "candidates_ms": {...}, "measured": "..."}}}
-A file that cannot be read as such (corrupt, truncated, another format) is ignored: no knob is tuned,
+A file that cannot be read as such (corrupt, truncated, another format, a knob value no launch can
+take) is ignored: no knob is tuned,
 `note()` says so in one line, and the next store writes a fresh file.
 """
 
@@ -121,12 +122,21 @@ def _read(path: Path) -> tuple[dict[str, dict[str, Any]], str | None]:
         if entries is None:
             return {}, (f"the kernel tuning cache {path} is of another format ({doc.get('format')!r}, not {FORMAT}); "
                         "ignored, knobs untuned until re-tuned")
-        if not isinstance(entries, dict) or not all(isinstance(v, dict) and isinstance(v.get("grain_size", 0), int)
-                                                    for v in entries.values()):
+        if not isinstance(entries, dict) or not all(isinstance(v, dict) and _valid_knobs(v) for v in entries.values()):
             raise TypeError("entries")
     except (ValueError, KeyError, TypeError, AttributeError):
         return {}, f"the kernel tuning cache {path} is corrupt; ignored, knobs untuned until re-tuned"
     return entries, None
+
+
+def _valid_knobs(entry: dict[str, Any]) -> bool:
+    """An entry's knob values are what a launch can take: a grain size >= 0; a Triton BLOCK and warp count
+    that are powers of two, and a stage count >= 1 (a hand-edited BLOCK of 1000 would fail every launch)."""
+    def is_int(v: Any, least: int) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+    return (is_int(entry.get("grain_size", 0), 0) and is_int(entry.get("num_stages", 1), 1)
+            and all(is_int(v := entry.get(k, 1), 1) and v & (v - 1) == 0 for k in ("block", "num_warps")))
 
 
 def _load() -> dict[str, dict[str, Any]]:

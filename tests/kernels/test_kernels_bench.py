@@ -203,7 +203,10 @@ def test_tuning_keys_hold_machine_shape_class_and_dtype(monkeypatch: pytest.Monk
 
 
 @pytest.mark.parametrize("content", ["{not json", '{"format": 2, "entries": [1, 2]}',
-                                     '{"format": 2, "entries": {"k": {"grain_size": "big"}}}', '"just a string"'])
+                                     '{"format": 2, "entries": {"k": {"grain_size": "big"}}}', '"just a string"',
+                                     '{"format": 2, "entries": {"k": {"block": 1000}}}',
+                                     '{"format": 2, "entries": {"k": {"num_warps": 0}}}',
+                                     '{"format": 2, "entries": {"k": {"num_stages": true}}}'])
 def test_a_corrupt_tuning_cache_is_ignored_with_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        content: str) -> None:
     monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path))
