@@ -6,7 +6,8 @@ manifest declares (`[tune.cpu]`), and stored on disk beside opscope's CPU calibr
 Knobs: `grain_size` of the CPU kernels (elements or rows per at::parallel_for task: too small and the
 tasks' overhead shows, too large and a thread idles at the end). 0 means "the kernel's built-in
 default". The Triton forwards' `block`, `num_warps` and `num_stages` (`[tune.triton]`, keyed
-"triton:<function>" and by the GPU's model instead of the CPU's: reference_kernels._triton). Lookups happen on every call, so they only read an in-memory dict loaded once per process.
+"triton:<function>" and by the GPU's model instead of the CPU's: reference_kernels._triton). Lookups
+happen on every call, so they only read an in-memory dict loaded once per process.
 
 Keys. The machine: the CPU model, its logical CPUs and the architecture (a cache copied to another
 machine finds nothing of its own). The shape class: per tensor argument, its element count and its
@@ -18,8 +19,7 @@ File: $OPSCOPE_CACHE_DIR/kernels-tuning.json, else the platform's user cache dir
 the calibration is cached):
     {"format": 2, "entries": {"<key>": {"grain_size": 65536, "candidates_ms": {...}, "measured": "..."}}}
 A file that cannot be read as such (corrupt, truncated, another format, a knob value no launch can
-take) is ignored: no knob is tuned,
-`note()` says so in one line, and the next store writes a fresh file.
+take) is ignored: no knob is tuned, `note()` says so in one line, and the next store writes a fresh file.
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ Method, per (kernel, case):
     is faster);
   - bytes: each input tensor read once plus the output written once (the minimum traffic of the op);
     GB/s = bytes / median; % of the calibrated CPU bandwidth (opscope.machine.calibrate; --peak-bw overrides).
-  - bound (CPU): the kernel again on the case cut to its first rows (IN_CACHE_BYTES of traffic, rows as long
-    as at full size), one thread, times the threads: the bytes per second its arithmetic allows with the
-    data in cache. Above the memory's bandwidth, the memory limits it at full size ("memory"); below,
+  - bound (CPU): the kernel's own forward again on a band of the case's middle rows (IN_CACHE_BYTES of
+    traffic, rows as long as at full size), one thread, times the threads: the bytes per second its
+    arithmetic allows with the data in cache (in_cache_gbps). Above the memory's bandwidth, the memory limits it at full size ("memory"); below,
     its own instructions do ("compute"), and the bandwidth goal is read against that in-cache rate.
   - steady memory: by default glibc's malloc is told not to return big blocks to the OS (mallopt
     M_MMAP_MAX=0, M_TRIM_THRESHOLD=1 GiB), as jemalloc/tcmalloc setups do, so a 64 MiB output does not
@@ -214,11 +214,8 @@ def in_cache_gbps(fn: Callable[..., Any], args: tuple, threads: int) -> float | 
         before = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            calls = {}
-            per = {}
-            for name, a in (("cut", cut), ("half", half)):
-                calls[name], per[name] = batched(functools.partial(fn, *a), lambda: None, TUNE_SAMPLE_S)
-            t = {n: per_call(v, per[n]).median_ms for n, v in interleaved(calls, PROBE_ROUNDS).items()}
+            t = {n: v.median_ms for n, v in race({"cut": functools.partial(fn, *cut),
+                                                   "half": functools.partial(fn, *half)}, PROBE_ROUNDS).items()}
         finally:
             torch.set_num_threads(before)
         extra_bytes = traffic_bytes(cut, fn(*cut)) - traffic_bytes(half, fn(*half))
@@ -286,6 +283,23 @@ def per_call(t: Timing, k: int) -> Timing:
     return summarize([s / 1e3 / k for s in t.samples_ms])
 
 
+def race(calls: dict[str, Callable[[], Any]], rounds: int, sync: Callable[[], None] = lambda: None,
+         sample_s: float = TUNE_SAMPLE_S) -> dict[str, Timing]:
+    """Each call batched to last about `sample_s`, then `rounds` interleaved rounds of the batches: each
+    one's timing per call, by name (the tuners', the bound probe's and the in-context timing's method)."""
+    batches: dict[str, Callable[[], Any]] = {}
+    counts: dict[str, int] = {}
+    for name, fn in calls.items():
+        batches[name], counts[name] = batched(fn, sync, sample_s)
+    return {name: per_call(t, counts[name]) for name, t in interleaved(batches, rounds, sync).items()}
+
+
+def _tuned(knobs: dict[str, int], timings: dict[str, Timing], rounds: int) -> dict[str, Any]:
+    """A tuning cache entry: the chosen knob values and the evidence (every candidate's median, the rounds)."""
+    return {**knobs, "candidates_ms": {k: round(v.median_ms, 5) for k, v in timings.items()}, "rounds": rounds,
+            "measured": _dt.datetime.now().isoformat(timespec="seconds")}
+
+
 def _module(name: str) -> Any:
     """The kernel's op module (its composite, native op and bench arguments); importing it registers
     nothing."""
@@ -329,17 +343,11 @@ def tune(manifest: Any, args: tuple, repeats: int = 7, budget_s: float | None = 
     fn = f"{manifest.name}_forward"
     raw = getattr(torch.ops.opscope_cpu, fn)
     grains = search_space(manifest)
-    no_sync: Callable[[], None] = lambda: None  # noqa: E731 - CPU
-    calls = {}
-    per = {}
+    rounds = repeats if budget_s is None else max(3, min(repeats, int(budget_s / (len(grains) * TUNE_SAMPLE_S))))
     with torch.no_grad():
-        for g in grains:
-            calls[str(g)], per[str(g)] = batched(functools.partial(raw, *args, g), no_sync, TUNE_SAMPLE_S)
-        rounds = repeats if budget_s is None else max(3, min(repeats, int(budget_s / (len(grains) * TUNE_SAMPLE_S))))
-        timings = {k: per_call(t, per[k]) for k, t in interleaved(calls, rounds).items()}
+        timings = race({str(g): functools.partial(raw, *args, g) for g in grains}, rounds)
     best = min(grains, key=lambda g: timings[str(g)].median_ms)
-    values = {"grain_size": best, "candidates_ms": {k: round(v.median_ms, 5) for k, v in timings.items()},
-              "rounds": rounds, "measured": _dt.datetime.now().isoformat(timespec="seconds")}
+    values = _tuned({"grain_size": best}, timings, rounds)
     tuning.store(manifest.name, fn, args, values)
     return values
 
@@ -388,21 +396,20 @@ def tune_triton(manifest: Any, args: tuple, repeats: int = 7) -> dict[str, Any]:
     on_gpu = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args)
     sync: Callable[[], None] = torch.cuda.synchronize if on_gpu else (lambda: None)
     calls: dict[str, Callable[[], Any]] = {}
-    per: dict[str, int] = {}
+    for config in configs:
+
+        def call(config: dict[str, int] = config) -> Any:
+            with _triton.forced(config):
+                return fwd(*args)
+
+        calls[" ".join(f"{k}={v}" for k, v in config.items())] = call
     with torch.no_grad():
-        for config in configs:
-            label = " ".join(f"{k}={v}" for k, v in config.items())
-
-            def call(config: dict[str, int] = config) -> Any:
-                with _triton.forced(config):
-                    return fwd(*args)
-
-            call()  # compiles this configuration: not part of the batch size's measure
-            calls[label], per[label] = batched(call, sync, TUNE_SAMPLE_S)
-        timings = {k: per_call(t, per[k]) for k, t in interleaved(calls, repeats, sync).items()}
-    best = min(range(len(configs)), key=lambda i: timings[list(calls)[i]].median_ms)
-    values = {**configs[best], "candidates_ms": {k: round(v.median_ms, 5) for k, v in timings.items()},
-              "rounds": repeats, "measured": _dt.datetime.now().isoformat(timespec="seconds")}
+        for launch in calls.values():
+            launch()  # compiles each configuration: not part of the batch size's measure
+        timings = race(calls, repeats, sync)
+    labels = list(calls)
+    best = min(range(len(configs)), key=lambda i: timings[labels[i]].median_ms)
+    values = _tuned(configs[best], timings, repeats)
     tuning.store(manifest.name, _triton.TUNED_PREFIX + f"{manifest.name}_forward", args, values)
     return values
 
@@ -554,16 +561,15 @@ def bench_case(manifest: Any, case: Any, repeats: int, peak_gbps: float | None, 
     if "vs_native" not in ratios and mod.native is mod.composite:
         ratios["vs_native"] = ratios["vs_eager"]  # the composite is the native op (a + b, torch.sum, ...)
     gbps = nbytes / (k * 1e-3) / 1e9
+    grain = tuning.knob(manifest.name, f"{manifest.name}_forward", args, "grain_size")
     cached = None
     if device == "cpu":
         raw = getattr(torch.ops.opscope_cpu, f"{manifest.name}_forward")
-        grain = tuning.knob(manifest.name, f"{manifest.name}_forward", args, "grain_size")
         cached = in_cache_gbps(lambda *a: raw(*a, grain), args, torch.get_num_threads())
     return CaseResult(kernel=manifest.name, case=case.name, dtype=case.dtype,
                       shapes=[list(a.shape) for a in args if isinstance(a, torch.Tensor)], bytes=nbytes,
                       timings=timings, gbps=gbps, pct_bandwidth=100 * gbps / peak_gbps if peak_gbps else None,
-                      ratios=ratios, grain=tuning.knob(manifest.name, f"{manifest.name}_forward", args, "grain_size"),
-                      compile_s=compile_s, in_cache_gbps=cached, bound=bound(cached, peak_gbps))
+                      ratios=ratios, grain=grain, compile_s=compile_s, in_cache_gbps=cached, bound=bound(cached, peak_gbps))
 
 
 def goal_checks(results: list[CaseResult]) -> list[dict[str, Any]]:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from opscope.kernels.bench import Timing, batched, interleaved, per_call
+from opscope.kernels.bench import Timing, race
 from opscope.kernels.catalog import row_shape
 from opscope.table import Table, nrows
 
@@ -46,14 +46,11 @@ Timer = Callable[[str, Callable[[], Any], Callable[[], Any], float], tuple[Timin
 def time_pair(name: str, original: Callable[[], Any], kernel: Callable[[], Any],
               budget_s: float) -> tuple[Timing, Timing]:
     """Interleaved rounds of batched calls of both (load on the machine hits both alike), within budget_s."""
-    no_sync: Callable[[], None] = lambda: None  # noqa: E731 - CPU tensors
     original()  # a first call pays one-time costs (allocations, lazy init): not the batch size's measure
     kernel()
-    orig, k1 = batched(original, no_sync, SAMPLE_S)
-    new, k2 = batched(kernel, no_sync, SAMPLE_S)
     rounds = max(MIN_ROUNDS, min(MAX_ROUNDS, int(budget_s / (2 * SAMPLE_S))))
-    t = interleaved({"original": orig, "kernel": new}, rounds)
-    return per_call(t["original"], k1), per_call(t["kernel"], k2)
+    t = race({"original": original, "kernel": kernel}, rounds, sample_s=SAMPLE_S)
+    return t["original"], t["kernel"]
 
 
 @dataclass
