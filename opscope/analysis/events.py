@@ -147,7 +147,9 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
     `opscope profile`'s untimed line pass), or is a function computing that map from the event table
     (tree, steps and kernels already filled in); without it, locations come from the trace's Python
     stacks or "Call stack" args."""
-    ev: Table = {c: list(v) for c, v in trace.ops.items()}
+    # The trace's own columns are the table's, not copies (a pointer per event and column): nothing
+    # changes them in place (tests/analysis/test_events.py holds every analysis to that)
+    ev: Table = dict(trace.ops)
     n = nrows(ev)
     ts = ev["ts"]
     dur = ev["dur"]
