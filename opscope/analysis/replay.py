@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
-from opscope.analysis.replay_graph import WAIT_END, StepGraph
+from opscope.analysis.replay_graph import INDEX, WAIT_END, StepGraph
 from opscope.limits import bounded as bounded_text
 
 MAX_SEGMENTS = 2000  # critical path segments kept (whatif.json; the HTML timeline draws them)
@@ -60,7 +60,7 @@ class Change:
 @dataclass
 class Steps:
     """A replay's step times, all a saving needs: what-if keeps a dozen replays at once, and their node
-    arrays (32 bytes a node) would hold more memory than the graph."""
+    arrays (28 bytes a node) would hold more memory than the graph."""
 
     step_us: list[float]  # each profiled step's replayed time
 
@@ -107,7 +107,7 @@ def replay(g: StepGraph, change: Change | None = None) -> Replay:
     n = g.n
     start = array("d", bytes(8 * n))
     finish = array("d", bytes(8 * n))
-    why = array("q", [-1]) * n
+    why = array(INDEX, [-1]) * n
     ptr, pred, lag, from_start, rec = g.ptr, g.pred, g.lag, g.from_start, g.start
     # a wait that no longer blocks keeps only its edge from its own start (the first)
     free = {i for i in g.waits if g.owner[i] in change.unblocked} if change is not None and change.unblocked else set()
@@ -144,7 +144,7 @@ def replay(g: StepGraph, change: Change | None = None) -> Replay:
             sums = list(accumulate(steps, initial=f))
             start[i + 1:end] = array("d", sums[1::2])
             finish[i + 1:end] = array("d", sums[2::2])
-            why[i + 1:end] = array("q", range(i, end - 1))
+            why[i + 1:end] = array(INDEX, range(i, end - 1))
     out = Replay(step_us=[], start=start, finish=finish, why=why, dur=dur)
     out.step_us = [b - a for a, b in step_bounds(g, out)]
     return out
@@ -175,14 +175,14 @@ def step_bounds(g: StepGraph, r: Replay) -> list[tuple[float, float]]:
 def _at(g: StepGraph, r: Replay, lane: str, t: float) -> float:
     """Where the replay puts recorded time `t` of a thread: the same offset into the piece holding it
     (scaled with the piece), or past the thread's last piece by the same distance."""
-    starts = g.thread_starts.get(lane)
-    if not starts:
+    nodes = g.thread_nodes.get(lane)
+    if not nodes:
         return t
-    at = bisect_right(starts, t) - 1
+    at = bisect_right(nodes, t, key=g.start.__getitem__) - 1
     if at < 0:
-        node = g.thread_nodes[lane][0]
+        node = nodes[0]
         return r.start[node] - (g.start[node] - t)
-    node = g.thread_nodes[lane][at]
+    node = nodes[at]
     offset, dur = t - g.start[node], g.dur[node]
     if offset <= dur:
         return r.start[node] + (offset * r.dur[node] / dur if dur > 0 else 0.0)
@@ -192,10 +192,10 @@ def _at(g: StepGraph, r: Replay, lane: str, t: float) -> float:
 def _end_node(g: StepGraph, r: Replay) -> int:
     if g.steps:
         lane, _, end = g.steps[-1]
-        starts = g.thread_starts.get(lane, array("d"))
-        at = bisect_right(starts, end) - 1
+        nodes = g.thread_nodes.get(lane, array(INDEX))
+        at = bisect_right(nodes, end, key=g.start.__getitem__) - 1
         if at >= 0:
-            node = g.thread_nodes[lane][at]
+            node = nodes[at]
             # a host wait's end sits at the recorded end of its wait: take it when the step ends there
             return node
     return max(range(g.n), key=r.finish.__getitem__) if g.n else -1
@@ -214,7 +214,7 @@ def critical_path(g: StepGraph, r: Replay, limit: int = MAX_SEGMENTS) -> list[di
     one lane merge first when there are more than `limit`."""
     node = _end_node(g, r)
     t0 = origin(g, r)
-    chain = array("q")
+    chain = array(INDEX)
     seen = bytearray(g.n)
     while node >= 0 and not seen[node] and r.finish[node] > t0:
         seen[node] = 1
@@ -241,12 +241,12 @@ def critical_path(g: StepGraph, r: Replay, limit: int = MAX_SEGMENTS) -> list[di
 
 
 class _Segments:
-    """Segments as parallel typed arrays (32 bytes each): a long trace's critical path has a segment per
+    """Segments as parallel typed arrays (24 bytes each): a long trace's critical path has a segment per
     node on it, and as dicts they held more memory than the graph. `lane` and `label` are indices (into
     the caller's lanes, and its nodes or names)."""
 
     def __init__(self) -> None:
-        self.lane, self.ts, self.dur, self.label = array("q"), array("d"), array("d"), array("q")
+        self.lane, self.ts, self.dur, self.label = array(INDEX), array("d"), array("d"), array(INDEX)
 
     def append(self, lane: int, ts: float, dur: float, label: int) -> None:
         self.lane.append(lane)

@@ -40,6 +40,9 @@ DEFAULT_GAP_US = 1.0  # back-to-back kernels' gap on a stream when the trace sho
 DEFAULT_LAUNCH_US = 5.0  # launch-to-start latency when the trace shows none
 
 GAP = -1  # owner of a host gap piece
+# Node, edge, event and kernel numbers: 4-byte ints (half of "q"'s 8; a graph of 2**31 nodes would need
+# hundreds of GB before it got there)
+INDEX = "i"
 CPU, KERNEL, WAIT_START, WAIT_END = 0, 1, 2, 3  # node kinds
 
 
@@ -56,30 +59,29 @@ class StepGraph:
     name: list[str] = field(default_factory=list)
     start: array[float] = field(default_factory=lambda: array("d"))  # recorded
     dur: array[float] = field(default_factory=lambda: array("d"))  # recorded
-    owner: array[int] = field(default_factory=lambda: array("q"))  # CPU piece: the row event whose self time it is (-1: none)
-    kernel: array[int] = field(default_factory=lambda: array("q"))  # KERNEL node: its row in trace.kernels
+    owner: array[int] = field(default_factory=lambda: array(INDEX))  # CPU piece: the row event whose self time it is (-1: none)
+    kernel: array[int] = field(default_factory=lambda: array(INDEX))  # KERNEL node: its row in trace.kernels
     gap: array[int] = field(default_factory=lambda: array("b"))  # a host gap piece
     launching: array[int] = field(default_factory=lambda: array("b"))  # host work that CUDA graphs would replay
     # predecessor edges, CSR by node: pred[ptr[i]:ptr[i+1]]
-    ptr: array[int] = field(default_factory=lambda: array("q", [0]))
-    pred: array[int] = field(default_factory=lambda: array("q"))
+    ptr: array[int] = field(default_factory=lambda: array(INDEX, [0]))
+    pred: array[int] = field(default_factory=lambda: array(INDEX))
     lag: array[float] = field(default_factory=lambda: array("d"))
     from_start: array[int] = field(default_factory=lambda: array("b"))
-    order: array[int] = field(default_factory=lambda: array("q"))  # topological
+    order: array[int] = field(default_factory=lambda: array(INDEX))  # topological
     # The replay's units, in a topological order: a node, or a run of consecutive nodes [head, end) each of
     # which after the head has one predecessor, the node before it, binding at its finish (a thread's
     # pieces): a run is replayed as one running sum (_runs).
-    heads: array[int] = field(default_factory=lambda: array("q"))
-    ends: array[int] = field(default_factory=lambda: array("q"))
-    # per thread (lane name): its pieces' node ids in time order, and their recorded starts
+    heads: array[int] = field(default_factory=lambda: array(INDEX))
+    ends: array[int] = field(default_factory=lambda: array(INDEX))
+    # per thread (lane name): its pieces' node ids in time order (so in order of their recorded starts)
     thread_nodes: dict[str, array[int]] = field(default_factory=dict)
-    thread_starts: dict[str, array[float]] = field(default_factory=dict)
     kernel_node: dict[int, int] = field(default_factory=dict)  # trace.kernels row -> node
     waits: list[int] = field(default_factory=list)  # WAIT_END nodes (their owner: the row around the call)
     # row event -> its nodes (its CPU pieces, the runtime calls in them): the owned nodes sorted by owner,
     # and their owners (nodes_of(); a list per event held more memory than the graph's own columns)
-    by_owner: array[int] = field(default_factory=lambda: array("q"))
-    owners: array[int] = field(default_factory=lambda: array("q"))
+    by_owner: array[int] = field(default_factory=lambda: array(INDEX))
+    owners: array[int] = field(default_factory=lambda: array(INDEX))
     # the profiled steps: (lane, recorded start, recorded end); empty: the whole trace is one step
     steps: list[tuple[str, float, float]] = field(default_factory=list)
     # per step: the kernels launched in it, and how far past the step's end the last of them ran in the
@@ -116,8 +118,8 @@ class _Edges:
     wait's, found at the end (_waits) and merged in by into()."""
 
     def __init__(self) -> None:
-        self.ptr = array("q", [0])
-        self.pred = array("q")
+        self.ptr = array(INDEX, [0])
+        self.pred = array(INDEX)
         self.lag = array("d")
         self.from_start = array("b")
         self.later: dict[int, list[tuple[int, float, bool]]] = {}
@@ -169,12 +171,12 @@ def build_graph(trace: TraceData, ev: Table) -> StepGraph:
     _gpu_lanes(trace, g, edges, launch_piece)
     _waits(trace, g, edges, sync_end)
     edges.into(g)
-    g.order = array("q", _topological(g))
+    g.order = _topological(g)
     g.heads, g.ends = _runs(g)
     owned = [i for i, o in enumerate(g.owner) if o >= 0]
     owned.sort(key=g.owner.__getitem__)  # stable: each event's nodes in node order
-    g.by_owner = array("q", owned)
-    g.owners = array("q", (g.owner[i] for i in owned))
+    g.by_owner = array(INDEX, owned)
+    g.owners = array(INDEX, (g.owner[i] for i in owned))
     if nrows(trace.steps):
         for tid, ts, dur in zip(trace.steps["tid"], trace.steps["ts"], trace.steps["dur"], strict=True):
             g.steps.append((cpu_lane(tid), float(ts), float(ts) + float(dur)))
@@ -259,8 +261,7 @@ class _Cutter:
             if node_top[k] >= 0 and top_launches[node_top[k]]:
                 first = k if first < 0 else first
                 last = k
-        g.thread_nodes[lane] = array("q", nodes)
-        g.thread_starts[lane] = array("d", (g.start[x] for x in nodes))
+        g.thread_nodes[lane] = array(INDEX, nodes)
 
     def _append(self, node: int, top: int) -> None:
         self.edges.node(((self.prev, 0.0, False),) if self.prev >= 0 else ())
@@ -408,7 +409,7 @@ def _runs(g: StepGraph) -> tuple[array[int], array[int]]:
         if (ptr[i + 1] - a == 1 and pred[a] == i - 1 and not from_start[a] and lag[a] != -math.inf
                 and i not in waits):
             inside[i] = 1
-    heads, ends = array("q"), array("q")
+    heads, ends = array(INDEX), array(INDEX)
     for i in g.order:
         if not inside[i]:
             end = i + 1
@@ -419,27 +420,27 @@ def _runs(g: StepGraph) -> tuple[array[int], array[int]]:
     return heads, ends
 
 
-def _topological(g: StepGraph) -> list[int]:
+def _topological(g: StepGraph) -> array[int]:
     """Kahn's order over the edges; an edge that closes a cycle (timestamps that contradict each other)
     is dropped: its lag becomes -inf."""
     n = g.n
     ptr, pred = g.ptr, g.pred
-    indeg = [ptr[i + 1] - ptr[i] for i in range(n)]
+    indeg = array(INDEX, (ptr[i + 1] - ptr[i] for i in range(n)))
     # successors, CSR (a list per node cost more memory than the graph's own columns)
-    sptr = array("q", bytes(8 * (n + 1)))
+    sptr = array(INDEX, [0]) * (n + 1)
     for p in pred:
         sptr[p + 1] += 1
     for i in range(n):
         sptr[i + 1] += sptr[i]
-    fill = array("q", sptr)
-    succ = array("q", bytes(8 * len(pred)))
+    fill = array(INDEX, sptr)
+    succ = array(INDEX, [0]) * len(pred)
     for i in range(n):
         for e in range(ptr[i], ptr[i + 1]):
             p = pred[e]
             succ[fill[p]] = i
             fill[p] += 1
     del fill
-    order = [i for i in range(n) if indeg[i] == 0]
+    order = array(INDEX, (i for i in range(n) if indeg[i] == 0))
     pos = 0
     while True:
         while pos < len(order):

@@ -35,7 +35,7 @@ class Engine:
         return replay(self.graph, change)
 
     def steps_only(self) -> None:
-        """Drops the unchanged replay's node times (32 bytes a node), once its critical path is taken:
+        """Drops the unchanged replay's node times (28 bytes a node), once its critical path is taken:
         the fixes' replays then need only its step times."""
         self.base = Steps(self.base.step_us)
 
