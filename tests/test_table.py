@@ -38,3 +38,19 @@ def test_filled_replaces_what_pandas_fillna_replaces():
     values = ["a", math.nan, None, "", 0, 0.0, False]
     assert filled(values) == pd.Series(values, dtype=object).fillna("").tolist() == ["a", "", "", "", 0, 0.0, False]
     assert filled([math.nan, "memory"], "unknown") == ["unknown", "memory"]
+
+
+def test_sort_order_is_the_tuple_sort_with_ties_in_index_order():
+    import random
+
+    from opscope.table import sort_order
+
+    rng = random.Random(7)
+    n = 400
+    a = [rng.randrange(4) for _ in range(n)]  # many ties on every key
+    b = [rng.choice([0.0, 0.5, 1.0, 2.5]) for _ in range(n)]
+    c = [rng.choice([True, False]) for _ in range(n)]
+    expected = sorted(range(n), key=lambda i: (a[i], -b[i], c[i]))
+    assert sort_order(n, ((a, False), (b, True), (c, False))) == expected
+    assert sort_order(n, ((b, True),)) == sorted(range(n), key=lambda i: -b[i])
+    assert sort_order(3, ()) == [0, 1, 2] and sort_order(0, ((a, False),)) == []

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from opscope.sources import location_from_call_stack
-from opscope.table import Table, group_codes, nrows
+from opscope.table import Table, group_codes, nrows, sort_order
 from opscope.trace.kernel_names import kernel_family
 from opscope.trace.reader import COMPILED_GRAPH_RE, TraceData
 
@@ -72,8 +72,7 @@ def thread_keys(pid: Sequence[Any], tid: Sequence[Any]) -> list[int]:
 def _start_order(keys: Sequence[Any], starts: Sequence[float], ends: Sequence[float]) -> list[int]:
     """Interval indices by key, then start, then longest first (then index): a parent before its
     children, siblings in time order."""
-    sort_key = list(zip(keys, starts, [-e for e in ends], strict=True))
-    return sorted(range(len(sort_key)), key=sort_key.__getitem__)
+    return sort_order(len(starts), ((keys, False), (starts, False), (ends, True)))
 
 
 def nest(keys: Sequence[Any], starts: Sequence[float], ends: Sequence[float]) -> list[int]:
@@ -117,12 +116,12 @@ def innermost(c_keys: Sequence[Any], c_starts: Sequence[float], c_ends: Sequence
     times = _values(c_starts) + _values(p_times)
     ends = _values(c_ends)
     # by key, time, containers before points on ties, longest container first (then index)
-    sort_key = [(keys[j], times[j], 0, -ends[j]) for j in range(n_c)]
-    sort_key += [(keys[j], times[j], 1, 0.0) for j in range(n_c, n_c + n_p)]
+    order = sort_order(n_c + n_p, ((keys, False), (times, False), ([0] * n_c + [1] * n_p, False),
+                                   (ends + [0.0] * n_p, True)))
     stack_end: list[float] = []
     stack_idx: list[int] = []
     cur_key = None
-    for j in sorted(range(n_c + n_p), key=sort_key.__getitem__):
+    for j in order:
         k, t = keys[j], times[j]
         if k != cur_key:
             stack_end.clear()

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from statistics import median
 
-from opscope.table import Table, nrows
+from opscope.table import Table, nrows, sort_order
 from opscope.trace.reader import TraceData
 
 # Runtime calls after which the host waits for the device.
@@ -192,18 +192,25 @@ def _cpu_lanes(trace: TraceData, ev: Table, g: StepGraph,
     live = [not c for c in ev["captured"]] if "captured" in ev else [True] * n_ev
     la = trace.launches
     launched = set(trace.kernels["correlation"]) if nrows(trace.kernels) else set()
-    # intervals per thread: (start, end, id) with id >= 0 an event, id < 0 launch -(j + 2)
-    per_thread: dict[tuple[object, object], list[tuple[float, float, int]]] = {}
+    # intervals per thread, as columns: start, end, id (>= 0 an event, < 0 launch -(j + 2)); a tuple per
+    # interval, and another as its sort key, held more memory than the graph
+    per_thread: dict[tuple[object, object], tuple[list[float], list[float], array[int]]] = {}
+    ev_ts, ev_end, ev_pid, ev_tid = ev["ts"], ev["end"], ev["pid"], ev["tid"]
     for i in range(n_ev):
         if live[i]:
-            per_thread.setdefault((ev["pid"][i], ev["tid"][i]), []).append(
-                (float(ev["ts"][i]), float(ev["end"][i]), i))
+            starts, ends, ids = per_thread.setdefault((ev_pid[i], ev_tid[i]), ([], [], array(INDEX)))
+            starts.append(float(ev_ts[i]))
+            ends.append(float(ev_end[i]))
+            ids.append(i)
     for j in range(nrows(la)):
         ts = float(la["ts"][j])
-        per_thread.setdefault((la["pid"][j], la["tid"][j]), []).append((ts, ts + float(la["dur"][j]), -(j + 2)))
+        starts, ends, ids = per_thread.setdefault((la["pid"][j], la["tid"][j]), ([], [], array(INDEX)))
+        starts.append(ts)
+        ends.append(ts + float(la["dur"][j]))
+        ids.append(-(j + 2))
     cutter = _Cutter(g, edges, ev, la, launched)
-    for (_pid, tid), items in sorted(per_thread.items(), key=lambda kv: str(kv[0])):
-        cutter.thread(cpu_lane(tid), items)
+    for (_pid, tid), (starts, ends, ids) in sorted(per_thread.items(), key=lambda kv: str(kv[0])):
+        cutter.thread(cpu_lane(tid), starts, ends, ids)
     return cutter.launch_piece, cutter.sync_end
 
 
@@ -218,17 +225,19 @@ class _Cutter:
         self.launch_piece: dict[int, int] = {}
         self.sync_end: dict[int, tuple[int, float, float]] = {}
 
-    def thread(self, lane: str, items: list[tuple[float, float, int]]) -> None:
+    def thread(self, lane: str, starts: list[float], ends: list[float], ids: array[int]) -> None:
         self.lane = lane
-        items.sort(key=lambda x: (x[0], -x[1], x[2] < 0))  # parents first; an op before a call at its start
-        self.nodes: list[int] = []
-        self.node_top: list[int] = []
+        # parents first; an op before a call at its start
+        order = sort_order(len(ids), ((starts, False), (ends, True), ([x < 0 for x in ids], False)))
+        self.nodes = array(INDEX)
+        self.node_top = array(INDEX)
         self.stack: list[tuple[float, int, int]] = []  # (end, id, top-level item index)
         top_launches: list[bool] = []
-        self.cur = items[0][0]
+        self.cur = starts[order[0]]
         self.prev = -1
         stack = self.stack
-        for s, e, ident in items:
+        for k in order:
+            s, e, ident = starts[k], ends[k], ids[k]
             while stack and stack[-1][0] <= s:
                 self._emit(stack[-1][0], stack[-1][1], stack[-1][2])
                 stack.pop()
@@ -252,7 +261,8 @@ class _Cutter:
         # and the stretches between waits are taken one by one.
         g, nodes, node_top = self.g, self.nodes, self.node_top
         first = last = -1
-        for k, node in enumerate([*nodes, -1]):
+        for k in range(len(nodes) + 1):
+            node = nodes[k] if k < len(nodes) else -1
             if node < 0 or g.kind[node] != CPU:
                 for x in nodes[first:last + 1] if first >= 0 else ():
                     g.launching[x] = g.kind[x] == CPU
@@ -261,7 +271,7 @@ class _Cutter:
             if node_top[k] >= 0 and top_launches[node_top[k]]:
                 first = k if first < 0 else first
                 last = k
-        g.thread_nodes[lane] = array(INDEX, nodes)
+        g.thread_nodes[lane] = nodes
 
     def _append(self, node: int, top: int) -> None:
         self.edges.node(((self.prev, 0.0, False),) if self.prev >= 0 else ())

@@ -31,7 +31,7 @@ from typing import Any
 from opscope.analysis.gpu_timeline import Windows, step_windows
 from opscope.analysis.memory import MemoryProfile
 from opscope.analysis.ops_table import KEY
-from opscope.table import Table, nrows
+from opscope.table import Table, nrows, sort_order
 from opscope.trace.reader import TraceData
 
 FORMAT_VERSION = 1
@@ -217,7 +217,7 @@ def _kernel_rows(k: Table, ops: Table) -> dict[int, int]:
 def _lane(lane_id: str, kind: str, ts: Sequence[float], dur: Sequence[float], names: Sequence[str],
           rows: Sequence[int], marks: Sequence[int], origin: float) -> dict[str, Any]:
     """A lane before aggregation: its segments in start order, clipped to start at the origin."""
-    order = sorted(range(len(ts)), key=lambda i: (ts[i], -dur[i]))
+    order = sort_order(len(ts), ((ts, False), (dur, True)))
     start = [max(float(ts[i]) - origin, 0.0) for i in order]
     end = [float(ts[i]) + float(dur[i]) - origin for i in order]
     return {"id": lane_id, "kind": kind, "start": start, "end": end, "names": [names[i] for i in order],
