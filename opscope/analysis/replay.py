@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from array import array
 from bisect import bisect_right
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
@@ -84,9 +85,9 @@ class Replay(Steps):
 
 
 def durations(g: StepGraph, change: Change | None) -> array[float]:
-    dur = array("d", g.dur)
     if change is None:
-        return dur
+        return g.dur  # the recorded ones, shared: nothing writes to a replay's durations
+    dur = array("d", g.dur)
     for key, f in change.cpu.items():
         # its waits too, whose recorded duration is 0 (their wait is an edge): scaled, still 0
         for node in g.nodes_of(key):
@@ -220,24 +221,28 @@ def critical_path(g: StepGraph, r: Replay, limit: int = MAX_SEGMENTS) -> list[di
         seen[node] = 1
         chain.append(node)
         node = r.why[node]
+    start, finish, kind, lane_of = r.start, r.finish, g.kind, g.lane
+
+    def kept() -> Iterator[tuple[int, float, float]]:
+        """(node, start, end) of the path's segments in time order, clipped at the origin."""
+        for node in reversed(chain):
+            a, b = start[node], finish[node]
+            if a < t0:
+                a = t0
+            if not (b - a <= 0 or kind[node] == WAIT_END):
+                yield node, a, b
+
     lanes: dict[str, int] = {}
-    segments = _Segments()
-    # the path of a long trace runs through most of its nodes: appends bound once
-    s_lane, s_ts, s_dur, s_label = segments.lane.append, segments.ts.append, segments.dur.append, segments.label.append
-    start, finish, kind, lane_of, lane_id = r.start, r.finish, g.kind, g.lane, lanes.setdefault
-    for node in reversed(chain):
-        a, b = start[node], finish[node]
-        if a < t0:
-            a = t0
-        if b - a <= 0 or kind[node] == WAIT_END:
-            continue
-        s_lane(lane_id(lane_of[node], len(lanes)))
-        s_ts(a - t0)
-        s_dur(b - a)
-        s_label(node)
+    lane_id = lanes.setdefault
+    # the path of a long trace runs through most of its nodes: when it has more segments than kept, they
+    # merge as they come (the first of _bounded's merges), never all held at once
+    rows = ((lane_id(lane_of[node], len(lanes)), a - t0, b - a, node) for node, a, b in kept())
+    count = sum(1 for _ in kept())
+    span = sum(b - a for _, a, b in kept()) if count > limit else 0.0
+    segments = _bounded(rows, count, span, limit)
     names = list(lanes)
     return [{"lane": names[lane], "ts": ts, "dur": dur, "name": bounded_text(g.name[node], NAME_CHARS)}
-            for lane, ts, dur, node in _bounded(segments, limit).rows()]
+            for lane, ts, dur, node in segments.rows()]
 
 
 class _Segments:
@@ -266,34 +271,44 @@ def bounded(segments: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
     the longest part) up to a length that doubles each round; when that is not enough (the path switches
     lanes too often), neighbours on any lane merge the same way, laned after the longest part."""
     lanes: dict[str, int] = {}
-    packed = _Segments()
-    for k, seg in enumerate(segments):
-        packed.append(lanes.setdefault(seg["lane"], len(lanes)), seg["ts"], seg["dur"], k)
+    rows = ((lanes.setdefault(seg["lane"], len(lanes)), seg["ts"], seg["dur"], k) for k, seg in enumerate(segments))
+    span = sum(seg["dur"] for seg in segments) if len(segments) > limit else 0.0
+    packed = _bounded(rows, len(segments), span, limit)
     names = list(lanes)
     return [{"lane": names[lane], "ts": ts, "dur": dur, "name": segments[k]["name"]}
-            for lane, ts, dur, k in _bounded(packed, limit).rows()]
+            for lane, ts, dur, k in packed.rows()]
 
 
-def _bounded(segments: _Segments, limit: int) -> _Segments:
-    if len(segments) <= limit:
-        return segments
-    span = sum(segments.dur)
-    out = segments
+Row = tuple[int, float, float, int]  # lane, ts, dur, label
+
+
+def _bounded(rows: Iterable[Row], count: int, span: float, limit: int) -> _Segments:
+    """`rows` (`count` of them, their durations summing to `span`) bounded as bounded() says."""
+    if count <= limit:
+        out = _Segments()
+        for row in rows:
+            out.append(*row)
+        return out
+    merged: _Segments | None = None
     for any_lane in (False, True):
         quantum = span / limit
         while quantum <= 2 * span:
-            out = _merge(out, quantum, any_lane)
-            if len(out) <= limit:
-                return out
+            merged = _merge(rows if merged is None else merged.rows(), quantum, any_lane)
+            if len(merged) <= limit:
+                return merged
             quantum *= 2
-    return out
+    if merged is None:  # a span that is not a number: nothing merged
+        merged = _Segments()
+        for row in rows:
+            merged.append(*row)
+    return merged
 
 
-def _merge(segments: _Segments, quantum: float, any_lane: bool) -> _Segments:
+def _merge(rows: Iterable[Row], quantum: float, any_lane: bool) -> _Segments:
     out = _Segments()
     longest = array("d")
     o_lane, o_ts, o_dur, o_label = out.lane, out.ts, out.dur, out.label
-    for lane, ts, dur, label in segments.rows():
+    for lane, ts, dur, label in rows:
         if o_ts and (any_lane or o_lane[-1] == lane) and o_dur[-1] + dur <= quantum:
             if dur > longest[-1]:
                 longest[-1] = dur

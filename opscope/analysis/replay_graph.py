@@ -173,15 +173,33 @@ def build_graph(trace: TraceData, ev: Table) -> StepGraph:
     edges.into(g)
     g.order = _topological(g)
     g.heads, g.ends = _runs(g)
-    owned = [i for i, o in enumerate(g.owner) if o >= 0]
-    owned.sort(key=g.owner.__getitem__)  # stable: each event's nodes in node order
-    g.by_owner = array(INDEX, owned)
-    g.owners = array(INDEX, (g.owner[i] for i in owned))
+    g.by_owner, g.owners = _by_owner(g.owner)
     if nrows(trace.steps):
         for tid, ts, dur in zip(trace.steps["tid"], trace.steps["ts"], trace.steps["dur"], strict=True):
             g.steps.append((cpu_lane(tid), float(ts), float(ts) + float(dur)))
         _step_kernels(g)
     return g
+
+
+def _by_owner(owner: array[int]) -> tuple[array[int], array[int]]:
+    """The owned nodes sorted by owner, each owner's in node order, and their owners: a counting sort
+    (a list of node numbers and their sort keys took twice the graph's own memory at the peak)."""
+    n_owners = max(owner, default=-1) + 1
+    at = array(INDEX, [0]) * (n_owners + 1)
+    for o in owner:
+        if o >= 0:
+            at[o + 1] += 1
+    for k in range(n_owners):
+        at[k + 1] += at[k]
+    nodes = array(INDEX, [0]) * at[n_owners]
+    owners = array(INDEX, [0]) * at[n_owners]
+    for node, o in enumerate(owner):
+        if o >= 0:
+            k = at[o]
+            nodes[k] = node
+            owners[k] = o
+            at[o] = k + 1
+    return nodes, owners
 
 
 def _cpu_lanes(trace: TraceData, ev: Table, g: StepGraph,

@@ -164,6 +164,33 @@ def test_a_long_critical_path_is_bounded():
     assert sum(s["dur"] for s in out) == pytest.approx(5000.0)
 
 
+def test_nodes_by_owner_are_a_stable_sort_by_owner():
+    from array import array
+
+    from opscope.analysis.replay_graph import INDEX, _by_owner
+
+    owner = array(INDEX, [3, -1, 0, 3, 2, -1, 0, 3, 7])
+    nodes, owners = _by_owner(owner)
+    expected = sorted((i for i, o in enumerate(owner) if o >= 0), key=owner.__getitem__)
+    assert list(nodes) == expected == [2, 6, 4, 0, 3, 7, 8]
+    assert list(owners) == [owner[i] for i in expected]
+    assert [len(x) for x in _by_owner(array(INDEX, [-1, -1]))] == [0, 0]
+
+
+@pytest.mark.parametrize("name", ["sglang_qwen3-8b_decode_cudagraph", "h100_bert-small_bf16"])
+def test_a_bounded_critical_path_merges_what_the_whole_path_would(name: str):
+    """critical_path() merges its segments as they come, never all held: the same segments as bounding
+    the whole path afterwards."""
+    trace = load_trace(TRACES / f"{name}.json.gz")
+    ev = build_events(trace)
+    g = build_graph(trace, ev)
+    r = replay(g)
+    whole = critical_path(g, r, limit=10**9)
+    for limit in (1, 7, 50, len(whole) - 1, len(whole)):
+        assert critical_path(g, r, limit=limit) == bounded(whole, limit), limit
+    assert len(critical_path(g, r, limit=50)) <= 50 < len(whole)
+
+
 GPU_TRACES = sorted(TRACES.glob("*.json.gz")) + sorted((TESTS / "fixtures" / "h200").glob("*_bf16.json.gz"))
 CPU_TRACES = sorted((TESTS / "fixtures" / "cpu_traces").glob("*.json.gz")) + [
     TESTS / "fixtures" / "compile" / "cpu_compiled_inference.json.gz"]
