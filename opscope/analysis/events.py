@@ -244,6 +244,8 @@ def _self_times(dur: list[float], parent: list[int], row_parent: list[int], is_r
     for d, b, r, rp in zip(dur, below, is_row, row_parent, strict=True):
         if not r and rp >= 0:
             out.append(0.0)
+        elif b == 0.0 and type(d) is float:
+            out.append(d)  # d - 0.0 is d itself: its float, not a new one per event
         else:
             x = d - b
             out.append(0.0 if x < 0.0 else x)
@@ -512,6 +514,12 @@ def _modules(trace: TraceData, ev: Table, order: list[int],
 _INSTANCE_RE = re.compile(r"^(?P<cls>.+)_(?P<n>\d+)$")
 
 
+def _module_class(name: str) -> str:
+    """`<Class>_<N>` -> `<Class>`."""
+    m = _INSTANCE_RE.match(name)
+    return m.group("cls") if m else name
+
+
 def _trace_modules(trace: TraceData, ev: Table) -> list[tuple[str, str]]:
     """Module paths from with_modules traces. torch.profiler names each module call `<Class>_<N>`, N
     counting instances of that class across the model; the path names each module `<Class>_<k>`, k its
@@ -529,7 +537,9 @@ def _trace_modules(trace: TraceData, ev: Table) -> list[tuple[str, str]]:
     parents_first = _start_order(m_keys, m_ts, m_end)
     parent = _nest(m_keys, m_ts, m_end, parents_first)
     names = mods["name"]
-    classes = [m.group("cls") if (m := _INSTANCE_RE.match(x)) else x for x in names]
+    # one string object per distinct class and path, not one per module call (the events share them)
+    same: dict[str, str] = {}
+    classes = [same.setdefault(c, c) for c in map(_module_class, names)]
     # (parent's path, class) -> {trace name: local index}; paths are tuples of (class, local index)
     index: dict[tuple[ModulePath, str], dict[str, int]] = {}
     raw: list[ModulePath] = [()] * n_mods
@@ -546,7 +556,7 @@ def _trace_modules(trace: TraceData, ev: Table) -> list[tuple[str, str]]:
     if len(roots) == 1:
         (root,) = roots
         cut = len(root) + 1
-        paths = [p[cut:] if p != root else "" for p in paths]
+        paths = [same.setdefault(q, q) for q in (p[cut:] if p != root else "" for p in paths)]
     trace.module_classes = dict(zip(paths, classes, strict=True))
     enclosing = innermost(m_keys, m_ts, m_end, o_keys, ev["ts"])
     return [(paths[j], classes[j]) if j >= 0 else NO_MODULE for j in enclosing]

@@ -122,7 +122,8 @@ def prepare_events(trace: TraceData, source_override: SourceOverride | None, mod
     if any(m == COMPILE_WRAPPER or m.startswith(COMPILE_WRAPPER + ".") for m in classes):
         # torch.compile's wrapper (an OptimizedModule holding the user's module as `_orig_mod`): modules are
         # named as in the user's own module, never after the wrapper
-        ev["module"] = [module_key(m) for m in ev["module"]]
+        keys: dict[str, str] = {}  # one string per distinct module, not per event
+        ev["module"] = [keys[m] if m in keys else keys.setdefault(m, module_key(m)) for m in ev["module"]]
         classes = {module_key(k): v for k, v in classes.items() if not (k == "" and v == "OptimizedModule")}
         renamed = True
     place_compiled(ev, log, inductor_cache=inductor_cache, module_classes=classes, gpu=trace.has_gpu)
