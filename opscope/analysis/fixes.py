@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import hashlib
 import re
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from opscope.analysis.replay import Change
+from opscope.analysis.replay_graph import INDEX
 from opscope.errors import OpscopeError
 from opscope.findings.copies import COPY_OPS
 from opscope.machine.peaks import Peaks, ceiling_key
@@ -102,15 +104,16 @@ class Fixer:
 
     def __init__(self, ev: Table, kernels: Table, peaks: Peaks, gpu: bool) -> None:
         self.ev, self.peaks, self.gpu = ev, peaks, gpu
-        self.rows_by_name: dict[str, list[int]] = {}
+        # typed arrays: a list of row numbers held an int object and a pointer per row event
+        self.rows_by_name: dict[str, array[int]] = {}
         for i, (r, name) in enumerate(zip(ev["is_row"], ev["name"], strict=True)):
             if r:
-                self.rows_by_name.setdefault(name, []).append(i)
-        self.kernels_of: dict[int, list[int]] = {}
+                self.rows_by_name.setdefault(name, array(INDEX)).append(i)
+        self.kernels_of: dict[int, array[int]] = {}
         if nrows(kernels) and "op" in kernels:
             for k, op in enumerate(kernels["op"]):
                 if op >= 0:
-                    self.kernels_of.setdefault(op, []).append(k)
+                    self.kernels_of.setdefault(op, array(INDEX)).append(k)
 
     def rows_change(self, rows: Iterable[int], factor: float, *, cpu: bool = True, gpu: bool = True) -> Change:
         change = Change()
@@ -132,7 +135,7 @@ class Fixer:
             rows = [i for i, (r, m) in enumerate(zip(ev["is_row"], ev["module"], strict=True))
                     if r and _in_module(m, path)]
         else:
-            rows = self.rows_by_name.get(s.target, [])
+            rows = self.rows_by_name.get(s.target, array(INDEX))
         return self.rows_change(rows, 1.0 / s.factor)
 
     def rows(self, f: dict[str, Any]) -> list[int]:

@@ -108,12 +108,15 @@ def recommend(e: Engine, fixes: Sequence[tuple[str, Change]], alone: Sequence[fl
 
 def annotate(e: Engine, findings: list[dict[str, Any]]) -> list[tuple[str, Change, float]]:
     """Adds "id" and "critical_path_saving_us" to every finding; returns (id, change, saving) per finding
-    (one replay per distinct change)."""
+    (one replay per distinct change). When a finding changes anything, the unchanged replay keeps only its
+    step times from here on (take its critical path before)."""
     assign_ids(findings)
+    changes = [e.fixer.finding(f) for f in findings]
+    if any(not c.empty for c in changes):  # the fixes' replays then never sit beside its node times
+        e.steps_only()
     fixes = []
     done: dict[tuple[Any, ...], float] = {}
-    for f in findings:
-        change = e.fixer.finding(f)
+    for f, change in zip(findings, changes, strict=True):
         key = change.signature
         if key not in done:
             done[key] = e.saving_us(change)
@@ -128,8 +131,6 @@ def run_whatif(trace: TraceData, ev: Table, findings: list[dict[str, Any]], *, p
     e = engine(trace, ev, peaks, gpu)
     path = critical_path(e.graph, cast(Replay, e.base))
     fixes = [(k, c, saved) for k, c, saved in annotate(e, findings) if not c.empty]
-    if fixes:  # the fixes' replay will hold its own node times: not beside the unchanged one's
-        e.steps_only()
     steps, fixed = recommend(e, [(k, c) for k, c, _ in fixes], [saved for _, _, saved in fixes], limit=TOP[-1])
     order = [s.label for s in steps]
     sizes = sorted({n for n in TOP if n < len(order)} | ({min(len(order), TOP[-1])} if order else set()))
