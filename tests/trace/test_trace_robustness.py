@@ -174,6 +174,30 @@ def test_tables_hold_python_values_of_one_type_per_column(tmp_path):
     assert list(trace.memory) == ["pid", "tid", "ts", "bytes", "addr", "total_allocated", "device_type", "device_id"]
 
 
+def test_equal_durations_and_memory_numbers_are_one_object(tmp_path):
+    """A trace repeats a few thousand durations and memory sizes over millions of events: the tables hold one
+    object per distinct value, with its type and sign kept (-0.0 stays -0.0; an int duration is a float)."""
+    def x(name: str, ts: float, dur: float) -> dict:
+        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
+
+    def mem(ts: float, size: float, addr: int, total: float) -> dict:
+        return {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": ts,
+                "args": {"Bytes": size, "Addr": addr, "Total Allocated": total, "Device Type": 0, "Device Id": -1}}
+
+    events = [x("aten::a", 0, 2.5), x("aten::b", 10, 2.5), x("aten::c", 20, -0.0), x("aten::d", 30, 0),
+              x("aten::e", 40, 2.5), x("aten::f", 50, 3),
+              mem(1, 4096, 140000000000, 8192), mem(2, 4096, 140000000000, 8192), mem(3, -4096, 140000000000, 4096)]
+    trace = load_trace(_write(tmp_path, json.dumps({"traceEvents": events})))  # -0.0 is written "-0.0"
+    dur = trace.ops["dur"]
+    assert dur == [2.5, 2.5, 0.0, 0.0, 2.5, 3.0] and all(type(d) is float for d in dur)
+    assert dur[0] is dur[1] is dur[4]
+    assert math.copysign(1.0, dur[2]) == -1.0 and math.copysign(1.0, dur[3]) == 1.0
+    m = trace.memory
+    assert m["bytes"] == [4096.0, 4096.0, -4096.0] and m["bytes"][0] is m["bytes"][1]
+    assert m["addr"][0] is m["addr"][1] is m["addr"][2] and m["addr"][0] == 140000000000
+    assert m["total_allocated"][0] is m["total_allocated"][1]
+
+
 # --- whole files that are not traces: one clean line ---------------------------------------------
 
 @pytest.mark.parametrize("content,needle", [
