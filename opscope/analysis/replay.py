@@ -232,7 +232,7 @@ def critical_path(g: StepGraph, r: Replay, limit: int = MAX_SEGMENTS) -> list[di
             if not (b - a <= 0 or kind[node] == WAIT_END):
                 yield node, a, b
 
-    lanes: dict[str, int] = {}
+    lanes: dict[int, int] = {}  # the graph's lane number -> the path's
     lane_id = lanes.setdefault
     # the path of a long trace runs through most of its nodes: when it has more segments than kept, they
     # merge as they come (the first of _bounded's merges), never all held at once
@@ -240,8 +240,8 @@ def critical_path(g: StepGraph, r: Replay, limit: int = MAX_SEGMENTS) -> list[di
     count = sum(1 for _ in kept())
     span = sum(b - a for _, a, b in kept()) if count > limit else 0.0
     segments = _bounded(rows, count, span, limit)
-    names = list(lanes)
-    return [{"lane": names[lane], "ts": ts, "dur": dur, "name": bounded_text(g.name[node], NAME_CHARS)}
+    names = [g.lanes[x] for x in lanes]
+    return [{"lane": names[lane], "ts": ts, "dur": dur, "name": bounded_text(g.name_of(node), NAME_CHARS)}
             for lane, ts, dur, node in segments.rows()]
 
 

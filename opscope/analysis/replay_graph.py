@@ -55,20 +55,24 @@ class StepGraph:
     # Columns of numbers are typed arrays: 1-8 bytes a value instead of a list's pointer and boxed
     # number (the graph of a trace has several nodes per event; lists tripled analyze's peak memory).
     kind: array[int] = field(default_factory=lambda: array("b"))
-    lane: list[str] = field(default_factory=list)  # "cpu:<tid>" | "gpu:<device>:<stream>"
-    name: list[str] = field(default_factory=list)
+    # a node's lane ("cpu:<tid>" | "gpu:<device>:<stream>") and name, as numbers into `lanes` and `names`
+    # (lane_of(), name_of()): half a pointer's size a node
+    lane: array[int] = field(default_factory=lambda: array(INDEX))
+    name: array[int] = field(default_factory=lambda: array(INDEX))
+    lanes: list[str] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    _lane_ids: dict[str, int] = field(default_factory=dict)  # while building
+    _name_ids: dict[str, int] = field(default_factory=dict)
     start: array[float] = field(default_factory=lambda: array("d"))  # recorded
     dur: array[float] = field(default_factory=lambda: array("d"))  # recorded
     owner: array[int] = field(default_factory=lambda: array(INDEX))  # CPU piece: the row event whose self time it is (-1: none)
     kernel: array[int] = field(default_factory=lambda: array(INDEX))  # KERNEL node: its row in trace.kernels
-    gap: array[int] = field(default_factory=lambda: array("b"))  # a host gap piece
     launching: array[int] = field(default_factory=lambda: array("b"))  # host work that CUDA graphs would replay
     # predecessor edges, CSR by node: pred[ptr[i]:ptr[i+1]]
     ptr: array[int] = field(default_factory=lambda: array(INDEX, [0]))
     pred: array[int] = field(default_factory=lambda: array(INDEX))
     lag: array[float] = field(default_factory=lambda: array("d"))
     from_start: array[int] = field(default_factory=lambda: array("b"))
-    order: array[int] = field(default_factory=lambda: array(INDEX))  # topological
     # The replay's units, in a topological order: a node, or a run of consecutive nodes [head, end) each of
     # which after the head has one predecessor, the node before it, binding at its finish (a thread's
     # pieces): a run is replayed as one running sum (_runs).
@@ -98,16 +102,29 @@ class StepGraph:
         waits inside them), in node order."""
         return self.by_owner[bisect_left(self.owners, event):bisect_right(self.owners, event)]
 
+    def lane_of(self, node: int) -> str:
+        return self.lanes[self.lane[node]]
+
+    def name_of(self, node: int) -> str:
+        return self.names[self.name[node]]
+
     def add(self, kind: int, lane: str, name: str, start: float, dur: float, *, owner: int = -1,
-            kernel: int = -1, gap: bool = False) -> int:
+            kernel: int = -1) -> int:
+        lane_id = self._lane_ids.get(lane)
+        if lane_id is None:
+            lane_id = self._lane_ids[lane] = len(self.lanes)
+            self.lanes.append(lane)
+        name_id = self._name_ids.get(name)
+        if name_id is None:
+            name_id = self._name_ids[name] = len(self.names)
+            self.names.append(name)
         self.kind.append(kind)
-        self.lane.append(lane)
-        self.name.append(name)
+        self.lane.append(lane_id)
+        self.name.append(name_id)
         self.start.append(start)
         self.dur.append(dur)
         self.owner.append(owner)
         self.kernel.append(kernel)
-        self.gap.append(gap)
         self.launching.append(False)
         return len(self.kind) - 1
 
@@ -171,8 +188,8 @@ def build_graph(trace: TraceData, ev: Table) -> StepGraph:
     _gpu_lanes(trace, g, edges, launch_piece)
     _waits(trace, g, edges, sync_end)
     edges.into(g)
-    g.order = _topological(g)
-    g.heads, g.ends = _runs(g)
+    g.heads, g.ends = _runs(g, _topological(g))
+    g._lane_ids, g._name_ids = {}, {}
     g.by_owner, g.owners = _by_owner(g.owner)
     if nrows(trace.steps):
         for tid, ts, dur in zip(trace.steps["tid"], trace.steps["ts"], trace.steps["dur"], strict=True):
@@ -304,7 +321,7 @@ class _Cutter:
         if dur <= 0 and not (owner_id < -1 and self.is_sync[j]):
             return
         if owner_id == GAP:
-            self._append(g.add(CPU, lane, "host gap", cur, dur, gap=True), -1)
+            self._append(g.add(CPU, lane, "host gap", cur, dur), -1)
         elif owner_id >= 0:
             key = row_anc[owner_id] if row_anc[owner_id] >= 0 else owner_id
             self._append(g.add(CPU, lane, self.names[key], cur, dur, owner=key), top)
@@ -384,8 +401,8 @@ def _waits(trace: TraceData, g: StepGraph, edges: _Edges,
     grow with each launch)."""
     la = trace.launches
     per_stream: dict[str, tuple[list[int], list[int]]] = {}  # lane -> (running max correlation, nodes)
-    for i, node in sorted(g.kernel_node.items(), key=lambda kv: (g.lane[kv[1]], g.start[kv[1]])):
-        corr, nodes = per_stream.setdefault(g.lane[node], ([], []))
+    for i, node in sorted(g.kernel_node.items(), key=lambda kv: (g.lane_of(kv[1]), g.start[kv[1]])):
+        corr, nodes = per_stream.setdefault(g.lane_of(node), ([], []))
         c = int(trace.kernels["correlation"][i])
         corr.append(max(c, corr[-1]) if corr else c)
         nodes.append(node)
@@ -425,7 +442,7 @@ def _step_kernels(g: StepGraph) -> None:
         g.step_tail.append(max(last - b, 0.0))
 
 
-def _runs(g: StepGraph) -> tuple[array[int], array[int]]:
+def _runs(g: StepGraph, order: array[int]) -> tuple[array[int], array[int]]:
     """The replay's units (StepGraph.heads/ends). A run's head is ordered where the topological order has
     it: its nodes after the head depend on nothing outside the run, and whatever depends on them comes
     later in that order than they, so later than the head."""
@@ -438,7 +455,7 @@ def _runs(g: StepGraph) -> tuple[array[int], array[int]]:
                 and i not in waits):
             inside[i] = 1
     heads, ends = array(INDEX), array(INDEX)
-    for i in g.order:
+    for i in order:
         if not inside[i]:
             end = i + 1
             while end < g.n and inside[end]:
