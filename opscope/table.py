@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 
 Table = dict[str, list[Any]]
 NAN = math.nan
+# Typecode of the typed arrays that hold row, event, node and edge numbers: 4-byte ints (half of "q"'s 8;
+# 2**31 events would need hundreds of GB before they got there).
+INDEX = "i"
 
 
 def nrows(table: Table) -> int:

@@ -33,11 +33,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from opscope.analysis.replay import Change
-from opscope.analysis.replay_graph import INDEX
 from opscope.errors import OpscopeError
 from opscope.findings.copies import COPY_OPS
 from opscope.machine.peaks import Peaks, ceiling_key
-from opscope.table import Table, nrows
+from opscope.table import INDEX, Table, nrows
 
 FIXES: dict[str, str] = {
     "implicit-copy": "remove-copies",

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
-from opscope.analysis.replay_graph import INDEX, WAIT_END, StepGraph
+from opscope.analysis.replay_graph import WAIT_END, StepGraph
 from opscope.limits import bounded as bounded_text
+from opscope.table import INDEX
 
 MAX_SEGMENTS = 2000  # critical path segments kept (whatif.json; the HTML timeline draws them)
 NAME_CHARS = 200  # a segment's name at most (ROCm's GEMM kernel names run to 600 characters)

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from statistics import median
 
-from opscope.table import Table, nrows, sort_order
+from opscope.table import INDEX, Table, nrows, sort_order
 from opscope.trace.reader import TraceData
 
 # Runtime calls after which the host waits for the device.
@@ -40,9 +40,6 @@ DEFAULT_GAP_US = 1.0  # back-to-back kernels' gap on a stream when the trace sho
 DEFAULT_LAUNCH_US = 5.0  # launch-to-start latency when the trace shows none
 
 GAP = -1  # owner of a host gap piece
-# Node, edge, event and kernel numbers: 4-byte ints (half of "q"'s 8; a graph of 2**31 nodes would need
-# hundreds of GB before it got there)
-INDEX = "i"
 CPU, KERNEL, WAIT_START, WAIT_END = 0, 1, 2, 3  # node kinds
 
 

@@ -4,11 +4,13 @@ of each event. Everything derived from the table is computed once per run and ke
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Sequence
 from typing import Any
 
 from opscope.findings.base import Context, cached
 from opscope.sources import HARNESS
-from opscope.table import Table, records
+from opscope.table import INDEX, Table, records
 
 # Views and wrappers that never move data (skipped when looking for "the next op").
 VIEW_FAMILIES = frozenset({"view", "composite"})
@@ -55,16 +57,35 @@ def subtree_sum(ctx: Context, column: str) -> list[float]:
     return cached(ctx, f"subtree:{column}", build)
 
 
-def children(ctx: Context) -> list[list[int]]:
-    """Direct children of each event (any event type), in trace order."""
-    def build() -> list[list[int]]:
-        parent = col(ctx, "parent")
-        kids: list[list[int]] = [[] for _ in range(len(parent))]
+class Children:
+    """Direct children of each event, in trace order: `children[i]`. Two typed arrays (CSR by parent): a
+    list per event, most of them empty, took 64 bytes an event."""
+
+    def __init__(self, parent: Sequence[int]) -> None:
+        n = len(parent)
+        at = array(INDEX, [0]) * (n + 1)
+        for p in parent:
+            if p >= 0:
+                at[p + 1] += 1
+        for k in range(n):
+            at[k + 1] += at[k]
+        self.start = array(INDEX, at)
+        self.kids = array(INDEX, [0]) * at[n]
         for i, p in enumerate(parent):
             if p >= 0:
-                kids[p].append(i)
-        return kids
-    return cached(ctx, "children", build)
+                self.kids[at[p]] = i
+                at[p] += 1
+
+    def __getitem__(self, i: int) -> array[int]:
+        return self.kids[self.start[i]:self.start[i + 1]]
+
+    def __len__(self) -> int:
+        return len(self.start) - 1
+
+
+def children(ctx: Context) -> Children:
+    """Direct children of each event (any event type), in trace order."""
+    return cached(ctx, "children", lambda: Children(col(ctx, "parent")))
 
 
 def descendants(ctx: Context, i: int) -> list[int]:
@@ -168,12 +189,15 @@ def event_bound(ctx: Context) -> list[str]:
     return cached(ctx, "event_bound", build)
 
 
-def events_by_ops_row(ctx: Context) -> dict[int, list[int]]:
-    """ops.csv row index -> the user events (see user_mask) grouped into it, in trace order."""
-    def build() -> dict[int, list[int]]:
-        out: dict[int, list[int]] = {}
+def events_by_ops_row(ctx: Context) -> dict[int, array[int]]:
+    """ops.csv row index -> the user events (see user_mask) grouped into it, in trace order (typed arrays:
+    a list held an int object and a pointer per event)."""
+    def build() -> dict[int, array[int]]:
+        out: dict[int, array[int]] = {}
         for i, (r, user) in enumerate(zip(ops_row_of_events(ctx), user_mask(ctx), strict=True)):
             if r >= 0 and user:
-                out.setdefault(r, []).append(i)
+                if r not in out:
+                    out[r] = array(INDEX)
+                out[r].append(i)
         return out
     return cached(ctx, "events_by_row", build)

@@ -167,7 +167,8 @@ def test_a_long_critical_path_is_bounded():
 def test_nodes_by_owner_are_a_stable_sort_by_owner():
     from array import array
 
-    from opscope.analysis.replay_graph import INDEX, _by_owner
+    from opscope.analysis.replay_graph import _by_owner
+    from opscope.table import INDEX
 
     owner = array(INDEX, [3, -1, 0, 3, 2, -1, 0, 3, 7])
     nodes, owners = _by_owner(owner)
