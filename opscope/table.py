@@ -73,16 +73,30 @@ def factorize(values: Iterable[Any]) -> tuple[list[int], list[Any]]:
     return codes, list(seen)
 
 
-def sort_order(n: int, keys: Sequence[tuple[Sequence[Any], bool]]) -> list[int]:
+def sort_order(n: int, keys: Sequence[tuple[Sequence[Any], bool]]) -> Sequence[int]:
     """Indices 0..n-1 sorted by `keys`, most significant first, each (values, descending), ties in index
     order: what sorted(range(n), key=lambda i: (values[i] or -values[i], ...)) gives, without a tuple
     and a negated number per row. One stable sort per key, least significant first (Python's sort keeps
-    equal items in order, reversed or not): on a trace's events, a quarter of the tuples' memory. The
-    values must be totally ordered (no NaN)."""
+    equal items in order, reversed or not): on a trace's events, a quarter of the tuples' memory; rows
+    already in order (a trace's events on one thread, as the profiler writes them) are range(n), with
+    nothing allocated. The values must be totally ordered (no NaN)."""
+    if _in_order(n, keys):
+        return range(n)
     order = list(range(n))
     for values, descending in reversed(keys):
         order.sort(key=values.__getitem__, reverse=descending)
     return order
+
+
+def _in_order(n: int, keys: Sequence[tuple[Sequence[Any], bool]]) -> bool:
+    for i in range(1, n):
+        for values, descending in keys:
+            a, b = values[i - 1], values[i]
+            if a != b:
+                if (a > b) != descending:
+                    return False
+                break
+    return True
 
 
 def group_codes(columns: Sequence[Sequence[Any]]) -> list[int]:

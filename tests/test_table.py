@@ -51,6 +51,10 @@ def test_sort_order_is_the_tuple_sort_with_ties_in_index_order():
     b = [rng.choice([0.0, 0.5, 1.0, 2.5]) for _ in range(n)]
     c = [rng.choice([True, False]) for _ in range(n)]
     expected = sorted(range(n), key=lambda i: (a[i], -b[i], c[i]))
-    assert sort_order(n, ((a, False), (b, True), (c, False))) == expected
-    assert sort_order(n, ((b, True),)) == sorted(range(n), key=lambda i: -b[i])
-    assert sort_order(3, ()) == [0, 1, 2] and sort_order(0, ((a, False),)) == []
+    assert list(sort_order(n, ((a, False), (b, True), (c, False)))) == expected
+    assert list(sort_order(n, ((b, True),))) == sorted(range(n), key=lambda i: -b[i])
+    assert list(sort_order(3, ())) == [0, 1, 2] and list(sort_order(0, ((a, False),))) == []
+    # rows already in order (ties included) come back as range(n), nothing sorted
+    a2, b2 = [a[i] for i in expected], [b[i] for i in expected]
+    assert sort_order(n, ((a2, False), (b2, True))) == range(n)
+    assert list(sort_order(3, (([1, 1, 0], False),))) == [2, 0, 1]  # one pair out of order: sorted

@@ -69,7 +69,7 @@ def thread_keys(pid: Sequence[Any], tid: Sequence[Any]) -> list[int]:
     return group_codes([_values(pid), _values(tid)])
 
 
-def _start_order(keys: Sequence[Any], starts: Sequence[float], ends: Sequence[float]) -> list[int]:
+def _start_order(keys: Sequence[Any], starts: Sequence[float], ends: Sequence[float]) -> Sequence[int]:
     """Interval indices by key, then start, then longest first (then index): a parent before its
     children, siblings in time order."""
     return sort_order(len(starts), ((keys, False), (starts, False), (ends, True)))
@@ -81,7 +81,7 @@ def nest(keys: Sequence[Any], starts: Sequence[float], ends: Sequence[float]) ->
     return _nest(keys, starts, ends, _start_order(keys, starts, ends))
 
 
-def _nest(keys: list[Any], starts: list[float], ends: list[float], order: list[int]) -> list[int]:
+def _nest(keys: list[Any], starts: list[float], ends: list[float], order: Sequence[int]) -> list[int]:
     parent = [-1] * len(starts)
     # One sequential pass in start order with a stack of open intervals per thread.
     stack_end: list[float] = []
@@ -157,7 +157,8 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
     keys = thread_keys(ev["pid"], ev["tid"])
     ev["thread"] = keys
     # Walk the tree in start-time order so a parent is always resolved before its children.
-    order = _start_order(keys, ts, end)
+    # a list, not a range: the tree's columns (parent, row_anc, ...) then share its int objects
+    order = list(_start_order(keys, ts, end))
     par = _nest(keys, ts, end, order)
     ev["parent"] = par
 
@@ -438,7 +439,7 @@ def launcher_locations(trace: TraceData, ev: Table) -> list[str]:
             for o, a in zip(kern["launcher_op"], kern["launcher_ann"], strict=True)]
 
 
-def _sources(trace: TraceData, ev: Table, order: list[int], source_override: SourceOverride | None) -> list[str]:
+def _sources(trace: TraceData, ev: Table, order: Sequence[int], source_override: SourceOverride | None) -> list[str]:
     n = nrows(ev)
     loc = [""] * n
     if callable(source_override):
@@ -455,7 +456,7 @@ def _sources(trace: TraceData, ev: Table, order: list[int], source_override: Sou
     return _inherit(loc, ev, order, bool)
 
 
-def _inherit(values: list[Label], ev: Table, order: list[int], known: Callable[[Label], bool]) -> list[Label]:
+def _inherit(values: list[Label], ev: Table, order: Sequence[int], known: Callable[[Label], bool]) -> list[Label]:
     """Fills in per-event labels (source lines, modules) the capture did not give: an op without one
     takes its parent's (it ran inside it); a composite parent without one its first labelled child's
     (the same statement issued both), and what is still missing then its parent's again. Backward ops
@@ -493,7 +494,7 @@ def _inherit(values: list[Label], ev: Table, order: list[int], known: Callable[[
 NO_MODULE = ("", "")
 
 
-def _modules(trace: TraceData, ev: Table, order: list[int],
+def _modules(trace: TraceData, ev: Table, order: Sequence[int],
              source_override: SourceOverride | None) -> list[tuple[str, str]]:
     """(qualified module name, class) per event: from `profile`'s dispatch pass (LineJoin.modules) when
     given, else from the trace's `nn.Module: ...` events (with_modules); NO_MODULE outside the model."""

@@ -25,7 +25,7 @@ import math
 import re
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from statistics import median
 
@@ -224,26 +224,64 @@ def _cpu_lanes(trace: TraceData, ev: Table, g: StepGraph,
     live = [not c for c in ev["captured"]] if "captured" in ev else [True] * n_ev
     la = trace.launches
     launched = set(trace.kernels["correlation"]) if nrows(trace.kernels) else set()
-    # intervals per thread, as columns: start, end, id (>= 0 an event, < 0 launch -(j + 2)); a tuple per
-    # interval, and another as its sort key, held more memory than the graph
-    per_thread: dict[tuple[object, object], tuple[list[float], list[float], array[int]]] = {}
+    # intervals per thread, as columns: its events' (start, end, event) and its launches' (start, end,
+    # -(j + 2)); a tuple per interval, and another as its sort key, held more memory than the graph
+    per_thread: dict[tuple[object, object], tuple[_Items, _Items]] = {}
     ev_ts, ev_end, ev_pid, ev_tid = ev["ts"], ev["end"], ev["pid"], ev["tid"]
     for i in range(n_ev):
         if live[i]:
-            starts, ends, ids = per_thread.setdefault((ev_pid[i], ev_tid[i]), ([], [], array(INDEX)))
-            starts.append(float(ev_ts[i]))
-            ends.append(float(ev_end[i]))
-            ids.append(i)
+            mine = per_thread.setdefault((ev_pid[i], ev_tid[i]), (_Items(), _Items()))[0]
+            mine.add(float(ev_ts[i]), float(ev_end[i]), i)
     for j in range(nrows(la)):
         ts = float(la["ts"][j])
-        starts, ends, ids = per_thread.setdefault((la["pid"][j], la["tid"][j]), ([], [], array(INDEX)))
-        starts.append(ts)
-        ends.append(ts + float(la["dur"][j]))
-        ids.append(-(j + 2))
+        mine = per_thread.setdefault((la["pid"][j], la["tid"][j]), (_Items(), _Items()))[1]
+        mine.add(ts, ts + float(la["dur"][j]), -(j + 2))
     cutter = _Cutter(g, edges, ev, la, launched)
-    for (_pid, tid), (starts, ends, ids) in sorted(per_thread.items(), key=lambda kv: str(kv[0])):
-        cutter.thread(cpu_lane(tid), starts, ends, ids)
+    for (_pid, tid), (events, launches) in sorted(per_thread.items(), key=lambda kv: str(kv[0])):
+        cutter.thread(cpu_lane(tid), _in_time_order(events, launches))
     return cutter.launch_piece, cutter.sync_end
+
+
+class _Items:
+    """Intervals of one thread as columns: start, end, id."""
+
+    def __init__(self) -> None:
+        self.start: list[float] = []
+        self.end: list[float] = []
+        self.id = array(INDEX)
+
+    def add(self, start: float, end: float, ident: int) -> None:
+        self.start.append(start)
+        self.end.append(end)
+        self.id.append(ident)
+
+    def order(self) -> Sequence[int]:
+        """By start, the longer first, then as added (range(n) when added in that order, as a profiler
+        writes its events)."""
+        return sort_order(len(self.id), ((self.start, False), (self.end, True)))
+
+
+def _in_time_order(events: _Items, launches: _Items) -> Iterator[tuple[float, float, int]]:
+    """A thread's (start, end, id) by start, the longer first (parents before children), an event before a
+    launch with the same start and end, else as added."""
+    ev_order, la_order = events.order(), launches.order()
+    es, ee, ei, ls, le, li = events.start, events.end, events.id, launches.start, launches.end, launches.id
+    a, b, na, nb = 0, 0, len(ev_order), len(la_order)
+    while a < na or b < nb:
+        if a < na:
+            x = ev_order[a]
+            if b >= nb:
+                a += 1
+                yield es[x], ee[x], ei[x]
+                continue
+            y = la_order[b]
+            if es[x] < ls[y] or es[x] == ls[y] and ee[x] >= le[y]:
+                a += 1
+                yield es[x], ee[x], ei[x]
+                continue
+        y = la_order[b]
+        b += 1
+        yield ls[y], le[y], li[y]
 
 
 class _Cutter:
@@ -257,19 +295,20 @@ class _Cutter:
         self.launch_piece: dict[int, int] = {}
         self.sync_end: dict[int, tuple[int, float, float]] = {}
 
-    def thread(self, lane: str, starts: list[float], ends: list[float], ids: array[int]) -> None:
+    def thread(self, lane: str, items: Iterator[tuple[float, float, int]]) -> None:
+        """`items`: the thread's (start, end, id) in time order, parents first (_in_time_order)."""
         self.lane = lane
-        # parents first; an op before a call at its start
-        order = sort_order(len(ids), ((starts, False), (ends, True), ([x < 0 for x in ids], False)))
         self.nodes = array(INDEX)
         self.node_top = array(INDEX)
         self.stack: list[tuple[float, int, int]] = []  # (end, id, top-level item index)
         top_launches: list[bool] = []
-        self.cur = starts[order[0]]
         self.prev = -1
         stack = self.stack
-        for k in order:
-            s, e, ident = starts[k], ends[k], ids[k]
+        started = False
+        for s, e, ident in items:
+            if not started:
+                self.cur = s
+                started = True
             while stack and stack[-1][0] <= s:
                 self._emit(stack[-1][0], stack[-1][1], stack[-1][2])
                 stack.pop()

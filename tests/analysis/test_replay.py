@@ -178,6 +178,28 @@ def test_nodes_by_owner_are_a_stable_sort_by_owner():
     assert [len(x) for x in _by_owner(array(INDEX, [-1, -1]))] == [0, 0]
 
 
+def test_a_threads_intervals_merge_in_time_order_parents_first():
+    """_in_time_order: by start, the longer first, an event before a launch with the same start and end,
+    else as added: the order of sorting (start, -end, is a launch) stably."""
+    import random
+
+    from opscope.analysis.replay_graph import _in_time_order, _Items
+
+    rng = random.Random(3)
+    for _ in range(50):
+        events, launches = _Items(), _Items()
+        for k in range(rng.randrange(0, 30)):
+            s = float(rng.randrange(5))
+            e = s + rng.choice([0.0, 1.0, 2.0])
+            if rng.random() < 0.6:
+                events.add(s, e, k)
+            else:
+                launches.add(s, e, -(k + 2))
+        added = [(s, e, i) for items in (events, launches) for s, e, i in zip(items.start, items.end, items.id, strict=True)]
+        expected = sorted(added, key=lambda x: (x[0], -x[1], x[2] < 0))
+        assert list(_in_time_order(events, launches)) == expected
+
+
 @pytest.mark.parametrize("name", ["sglang_qwen3-8b_decode_cudagraph", "h100_bert-small_bf16"])
 def test_a_bounded_critical_path_merges_what_the_whole_path_would(name: str):
     """critical_path() merges its segments as they come, never all held: the same segments as bounding
