@@ -9,6 +9,7 @@ No command imports pandas or numpy (their import costs more than analyzing a few
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -97,6 +98,25 @@ def _in_order(n: int, keys: Sequence[tuple[Sequence[Any], bool]]) -> bool:
                     return False
                 break
     return True
+
+
+def grouped(keys: Sequence[int], n_groups: int) -> tuple[array[int], array[int]]:
+    """Positions grouped by key, as CSR: members[start[k]:start[k + 1]] are the positions i with keys[i] == k,
+    in order (a key < 0 is in no group). A counting sort into two typed arrays: a list per group, or a
+    sorted list of positions with their sort keys, held several times the memory on a trace's events."""
+    start = array(INDEX, [0]) * (n_groups + 1)
+    for k in keys:
+        if k >= 0:
+            start[k + 1] += 1
+    for k in range(n_groups):
+        start[k + 1] += start[k]
+    at = array(INDEX, start)
+    members = array(INDEX, [0]) * start[n_groups]
+    for i, k in enumerate(keys):
+        if k >= 0:
+            members[at[k]] = i
+            at[k] += 1
+    return start, members
 
 
 def group_codes(columns: Sequence[Sequence[Any]]) -> list[int]:

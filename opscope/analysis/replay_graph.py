@@ -24,12 +24,12 @@ from __future__ import annotations
 import math
 import re
 from array import array
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from statistics import median
 
-from opscope.table import INDEX, Table, nrows, sort_order
+from opscope.table import INDEX, Table, grouped, nrows, sort_order
 from opscope.trace.reader import TraceData
 
 # Runtime calls after which the host waits for the device.
@@ -82,7 +82,7 @@ class StepGraph:
     # row event -> its nodes (its CPU pieces, the runtime calls in them): the owned nodes sorted by owner,
     # and their owners (nodes_of(); a list per event held more memory than the graph's own columns)
     by_owner: array[int] = field(default_factory=lambda: array(INDEX))
-    owners: array[int] = field(default_factory=lambda: array(INDEX))
+    owner_start: array[int] = field(default_factory=lambda: array(INDEX, [0]))  # CSR by event into by_owner
     # the profiled steps: (lane, recorded start, recorded end); empty: the whole trace is one step
     steps: list[tuple[str, float, float]] = field(default_factory=list)
     # per step: the kernels launched in it, and how far past the step's end the last of them ran in the
@@ -97,7 +97,9 @@ class StepGraph:
     def nodes_of(self, event: int) -> array[int]:
         """The nodes whose time is row event `event`'s self time (its pieces, and runtime calls and
         waits inside them), in node order."""
-        return self.by_owner[bisect_left(self.owners, event):bisect_right(self.owners, event)]
+        if not 0 <= event < len(self.owner_start) - 1:
+            return array(INDEX)
+        return self.by_owner[self.owner_start[event]:self.owner_start[event + 1]]
 
     def lane_of(self, node: int) -> str:
         return self.lanes[self.lane[node]]
@@ -187,33 +189,12 @@ def build_graph(trace: TraceData, ev: Table) -> StepGraph:
     edges.into(g)
     g.heads, g.ends = _runs(g, _topological(g))
     g._lane_ids, g._name_ids = {}, {}
-    g.by_owner, g.owners = _by_owner(g.owner)
+    g.owner_start, g.by_owner = grouped(g.owner, max(g.owner, default=-1) + 1)
     if nrows(trace.steps):
         for tid, ts, dur in zip(trace.steps["tid"], trace.steps["ts"], trace.steps["dur"], strict=True):
             g.steps.append((cpu_lane(tid), float(ts), float(ts) + float(dur)))
         _step_kernels(g)
     return g
-
-
-def _by_owner(owner: array[int]) -> tuple[array[int], array[int]]:
-    """The owned nodes sorted by owner, each owner's in node order, and their owners: a counting sort
-    (a list of node numbers and their sort keys took twice the graph's own memory at the peak)."""
-    n_owners = max(owner, default=-1) + 1
-    at = array(INDEX, [0]) * (n_owners + 1)
-    for o in owner:
-        if o >= 0:
-            at[o + 1] += 1
-    for k in range(n_owners):
-        at[k + 1] += at[k]
-    nodes = array(INDEX, [0]) * at[n_owners]
-    owners = array(INDEX, [0]) * at[n_owners]
-    for node, o in enumerate(owner):
-        if o >= 0:
-            k = at[o]
-            nodes[k] = node
-            owners[k] = o
-            at[o] = k + 1
-    return nodes, owners
 
 
 def _cpu_lanes(trace: TraceData, ev: Table, g: StepGraph,

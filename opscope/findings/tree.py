@@ -10,7 +10,7 @@ from typing import Any
 
 from opscope.findings.base import Context, cached
 from opscope.sources import HARNESS
-from opscope.table import INDEX, Table, records
+from opscope.table import INDEX, Table, grouped, records
 
 # Views and wrappers that never move data (skipped when looking for "the next op").
 VIEW_FAMILIES = frozenset({"view", "composite"})
@@ -62,19 +62,7 @@ class Children:
     list per event, most of them empty, took 64 bytes an event."""
 
     def __init__(self, parent: Sequence[int]) -> None:
-        n = len(parent)
-        at = array(INDEX, [0]) * (n + 1)
-        for p in parent:
-            if p >= 0:
-                at[p + 1] += 1
-        for k in range(n):
-            at[k + 1] += at[k]
-        self.start = array(INDEX, at)
-        self.kids = array(INDEX, [0]) * at[n]
-        for i, p in enumerate(parent):
-            if p >= 0:
-                self.kids[at[p]] = i
-                at[p] += 1
+        self.start, self.kids = grouped(parent, len(parent))
 
     def __getitem__(self, i: int) -> array[int]:
         return self.kids[self.start[i]:self.start[i + 1]]

@@ -164,18 +164,25 @@ def test_a_long_critical_path_is_bounded():
     assert sum(s["dur"] for s in out) == pytest.approx(5000.0)
 
 
-def test_nodes_by_owner_are_a_stable_sort_by_owner():
+def test_grouped_positions_are_a_stable_sort_by_key():
     from array import array
 
-    from opscope.analysis.replay_graph import _by_owner
-    from opscope.table import INDEX
+    from opscope.table import INDEX, grouped
 
     owner = array(INDEX, [3, -1, 0, 3, 2, -1, 0, 3, 7])
-    nodes, owners = _by_owner(owner)
+    start, members = grouped(owner, 8)
     expected = sorted((i for i, o in enumerate(owner) if o >= 0), key=owner.__getitem__)
-    assert list(nodes) == expected == [2, 6, 4, 0, 3, 7, 8]
-    assert list(owners) == [owner[i] for i in expected]
-    assert [len(x) for x in _by_owner(array(INDEX, [-1, -1]))] == [0, 0]
+    assert list(members) == expected == [2, 6, 4, 0, 3, 7, 8]
+    assert [list(members[start[k]:start[k + 1]]) for k in range(8)] == [[2, 6], [], [4], [0, 3, 7], [], [], [], [8]]
+    assert [len(x) for x in grouped([-1, -1], 0)] == [1, 0]
+
+
+def test_an_events_nodes_are_its_pieces_in_node_order(tiny):
+    trace, ev = tiny
+    g = build_graph(trace, ev)
+    for event in range(len(ev["name"])):
+        assert list(g.nodes_of(event)) == [i for i in range(g.n) if g.owner[i] == event]
+    assert len(g.nodes_of(-1)) == len(g.nodes_of(10**6)) == 0
 
 
 def test_a_threads_intervals_merge_in_time_order_parents_first():
