@@ -79,10 +79,11 @@ class StepGraph:
     thread_nodes: dict[str, array[int]] = field(default_factory=dict)
     kernel_node: dict[int, int] = field(default_factory=dict)  # trace.kernels row -> node
     waits: list[int] = field(default_factory=list)  # WAIT_END nodes (their owner: the row around the call)
-    # row event -> its nodes (its CPU pieces, the runtime calls in them): the owned nodes sorted by owner,
-    # and their owners (nodes_of(); a list per event held more memory than the graph's own columns)
+    # row event -> its nodes (its CPU pieces, the runtime calls in them), CSR by event (nodes_of()): the
+    # owned nodes grouped by owner, and where each event's nodes start (a list per event held more memory than
+    # the graph's own columns)
     by_owner: array[int] = field(default_factory=lambda: array(INDEX))
-    owner_start: array[int] = field(default_factory=lambda: array(INDEX, [0]))  # CSR by event into by_owner
+    owner_start: array[int] = field(default_factory=lambda: array(INDEX, [0]))
     # the profiled steps: (lane, recorded start, recorded end); empty: the whole trace is one step
     steps: list[tuple[str, float, float]] = field(default_factory=list)
     # per step: the kernels launched in it, and how far past the step's end the last of them ran in the
