@@ -147,7 +147,7 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
     (tree, steps and kernels already filled in); without it, locations come from the trace's Python
     stacks or "Call stack" args."""
     # The trace's own columns are the table's, not copies (a pointer per event and column): nothing
-    # changes them in place (tests/analysis/test_events.py holds every analysis to that)
+    # changes them in place (tests/analysis/test_trace_columns_shared.py holds every analysis to that)
     ev: Table = dict(trace.ops)
     n = nrows(ev)
     ts = ev["ts"]

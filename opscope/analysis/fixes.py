@@ -107,12 +107,16 @@ class Fixer:
         self.rows_by_name: dict[str, array[int]] = {}
         for i, (r, name) in enumerate(zip(ev["is_row"], ev["name"], strict=True)):
             if r:
-                self.rows_by_name.setdefault(name, array(INDEX)).append(i)
+                if name not in self.rows_by_name:
+                    self.rows_by_name[name] = array(INDEX)
+                self.rows_by_name[name].append(i)
         self.kernels_of: dict[int, array[int]] = {}
         if nrows(kernels) and "op" in kernels:
             for k, op in enumerate(kernels["op"]):
                 if op >= 0:
-                    self.kernels_of.setdefault(op, array(INDEX)).append(k)
+                    if op not in self.kernels_of:
+                        self.kernels_of[op] = array(INDEX)
+                    self.kernels_of[op].append(k)
 
     def rows_change(self, rows: Iterable[int], factor: float, *, cpu: bool = True, gpu: bool = True) -> Change:
         change = Change()

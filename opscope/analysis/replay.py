@@ -222,7 +222,7 @@ def critical_path(g: StepGraph, r: Replay, limit: int = MAX_SEGMENTS) -> list[di
         seen[node] = 1
         chain.append(node)
         node = r.why[node]
-    start, finish, kind, lane_of = r.start, r.finish, g.kind, g.lane
+    start, finish, kind, node_lane = r.start, r.finish, g.kind, g.lane
 
     def kept() -> Iterator[tuple[int, float, float]]:
         """(node, start, end) of the path's segments in time order, clipped at the origin."""
@@ -237,8 +237,9 @@ def critical_path(g: StepGraph, r: Replay, limit: int = MAX_SEGMENTS) -> list[di
     lane_id = lanes.setdefault
     # the path of a long trace runs through most of its nodes: when it has more segments than kept, they
     # merge as they come (the first of _bounded's merges), never all held at once
-    rows = ((lane_id(lane_of[node], len(lanes)), a - t0, b - a, node) for node, a, b in kept())
+    rows = ((lane_id(node_lane[node], len(lanes)), a - t0, b - a, node) for node, a, b in kept())
     count = sum(1 for _ in kept())
+    # its own sum() over the same values as bounded()'s (a running total differs from sum() since 3.12)
     span = sum(b - a for _, a, b in kept()) if count > limit else 0.0
     segments = _bounded(rows, count, span, limit)
     names = [g.lanes[x] for x in lanes]

@@ -980,12 +980,11 @@ def _columnize(path: str, events: _Events, *, with_python: bool, rejects: _Rejec
     # (two columns of the op, launch, Python and memory tables: 9 MB of the 5x scaling trace's ops alone).
     ids: dict[int | str, int | str] = {}
     share = ids.setdefault
-    # Likewise one float per distinct duration (a trace repeats a few thousand values: 587 in 160k ops of
-    # the 5x scaling trace) and one number per distinct memory size and address. Never ±0.0: equal as
-    # keys, but written apart.
+    # Likewise one object per distinct memory address (`share` too), and one float per distinct duration
+    # and memory size (a trace repeats a few thousand values: 587 in 160k ops of the 5x scaling trace).
+    # Never ±0.0: equal as keys, but written apart.
     floats: dict[float, float] = {}
-    ints: dict[int, int] = {}
-    one_float, one_int = floats.setdefault, ints.setdefault
+    one_float = floats.setdefault
     no_args = _Args()
     lo, hi = _INT64
     for batch in events.batches():
@@ -994,7 +993,7 @@ def _columnize(path: str, events: _Events, *, with_python: bool, rejects: _Rejec
             e.tid = share(e.tid, e.tid)
             if e.ph != "X":
                 if e.ph == "i" and e.name == MEMORY_EVENT and e.args is not None:
-                    _memory_event(e, e.args, mem, rejects, one_float, one_int)
+                    _memory_event(e, e.args, mem, rejects, one_float, share)
                 continue
             if not 0.0 <= e.dur <= MAX_DURATION_US:
                 rejects.add("events with a negative or absurd duration (excluded)", f"{e.name[:40]!r} dur {e.dur:g} µs")
@@ -1195,9 +1194,9 @@ def _near_the_rest(tables: list[Table], rejects: _Rejects) -> list[Table]:
 
 
 def _memory_event(e: _Event, a: _Args, mem: Table, rejects: _Rejects, one_float: Callable[[float, float], float],
-                  one_int: Callable[[int, int], int]) -> None:
+                  share: Callable[[int | str, int | str], int | str]) -> None:
     """One `[memory]` instant event (its args `a`): an allocation (Bytes > 0) or a free (Bytes < 0) at Addr.
-    `one_float`, `one_int`: the one object of each distinct value (neither ±0.0 nor NaN goes in)."""
+    `one_float`, `share`: the one object of each distinct float (neither ±0.0 nor NaN goes in) and id."""
     if a.mem_bytes is None or not math.isfinite(a.mem_bytes) or not math.isfinite(e.ts):
         rejects.add("malformed [memory] events", f"Bytes {a.mem_bytes!r}")
         return
@@ -1207,7 +1206,7 @@ def _memory_event(e: _Event, a: _Args, mem: Table, rejects: _Rejects, one_float:
         total = one_float(total, total)
     addr = _int64(a.mem_addr, rejects)
     for k, v in (("pid", e.pid), ("tid", e.tid), ("ts", e.ts), ("bytes", size),
-                 ("addr", one_int(addr, addr)), ("total_allocated", total),
+                 ("addr", share(addr, addr)), ("total_allocated", total),
                  ("device_type", _int64(a.mem_device_type, rejects, 0)),
                  ("device_id", _int64(a.mem_device_id, rejects))):
         mem[k].append(v)
