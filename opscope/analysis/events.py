@@ -112,17 +112,34 @@ def innermost(c_keys: Sequence[Any], c_starts: Sequence[float], c_ends: Sequence
     result = [-1] * n_p
     if n_c == 0 or n_p == 0:
         return result
-    keys = _values(c_keys) + _values(p_keys)
-    times = _values(c_starts) + _values(p_times)
-    ends = _values(c_ends)
-    # by key, time, containers before points on ties, longest container first (then index)
-    order = sort_order(n_c + n_p, ((keys, False), (times, False), ([0] * n_c + [1] * n_p, False),
-                                   (ends + [0.0] * n_p, True)))
+    # One pass through containers and points together by key, then time, containers before points on a
+    # tie (longest container first, then index). Each side is sorted on its own and the two merged: one
+    # sort of both would hold a concatenated copy of every key and time column.
+    containers = _start_order(c_keys, c_starts, c_ends)
+    points = sort_order(n_p, ((p_keys, False), (p_times, False)))
     stack_end: list[float] = []
     stack_idx: list[int] = []
     cur_key = None
-    for j in order:
-        k, t = keys[j], times[j]
+    ci = 0
+    c = containers[0]
+    ck, cs = c_keys[c], c_starts[c]
+    for j in points:
+        k, t = p_keys[j], p_times[j]
+        # the containers that come before this point: a lower key, or the same key and a start <= t
+        while ci < n_c and (ck < k or (ck == k and cs <= t)):
+            if ck != cur_key:
+                stack_end.clear()
+                stack_idx.clear()
+                cur_key = ck
+            while stack_end and stack_end[-1] <= cs:
+                stack_end.pop()
+                stack_idx.pop()
+            stack_end.append(c_ends[c])
+            stack_idx.append(c)
+            ci += 1
+            if ci < n_c:
+                c = containers[ci]
+                ck, cs = c_keys[c], c_starts[c]
         if k != cur_key:
             stack_end.clear()
             stack_idx.clear()
@@ -130,11 +147,8 @@ def innermost(c_keys: Sequence[Any], c_starts: Sequence[float], c_ends: Sequence
         while stack_end and stack_end[-1] <= t:
             stack_end.pop()
             stack_idx.pop()
-        if j < n_c:
-            stack_end.append(ends[j])
-            stack_idx.append(j)
-        elif stack_idx:
-            result[j - n_c] = stack_idx[-1]
+        if stack_idx:
+            result[j] = stack_idx[-1]
     return result
 
 

@@ -22,11 +22,12 @@ import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
-from opscope.analysis.events import assign_steps, innermost, thread_keys
+from opscope.analysis.events import assign_steps, innermost
 from opscope.analysis.gpu_timeline import Windows, step_windows
-from opscope.table import Table, filled, nrows, take
+from opscope.table import Table, factorize, filled, nrows, sort_order, take
 from opscope.trace.reader import TraceData
 
 CPU_DEVICE = 0  # c10::DeviceType
@@ -71,7 +72,11 @@ def memory_profile(trace: TraceData, ev: Table, source: str) -> MemoryProfile | 
     if not mine:
         return None
     mem_ts = mem["ts"]
-    mem = take(mem, sorted(mine, key=mem_ts.__getitem__))  # stable: events at the same time keep their order
+    used = {c: mem[c] for c in ("ts", "bytes", "addr", "total_allocated", "pid", "tid")}
+    if len(mine) == nrows(mem) and isinstance(sort_order(len(mine), ((mem_ts, False),)), range):
+        mem = used  # every event of this device, in time order already (as a profiler writes them): no copy
+    else:
+        mem = take(used, sorted(mine, key=mem_ts.__getitem__))  # stable: events at the same time keep their order
     ts = mem["ts"]
     nbytes = [float(b) for b in mem["bytes"]]
     addr = mem["addr"]
@@ -83,8 +88,10 @@ def memory_profile(trace: TraceData, ev: Table, source: str) -> MemoryProfile | 
 
     # the op row each event happened in
     n_ev = nrows(ev)
-    threads = [int(x) for x in thread_keys(list(ev["pid"]) + list(mem["pid"]), list(ev["tid"]) + list(mem["tid"]))]
+    # one thread numbering for events and memory events, without a concatenated copy of their columns
+    threads = factorize(zip(chain(ev["pid"], mem["pid"]), chain(ev["tid"], mem["tid"]), strict=True))[0]
     op = innermost(threads[:n_ev], ev["ts"], ev["end"], threads[n_ev:], ts)
+    del threads
     row = _charged_rows(ev, op)
 
     step = [int(s) for s in assign_steps(trace, ts)]

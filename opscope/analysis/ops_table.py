@@ -150,7 +150,10 @@ def build_ops_table(ev: Table, *, gpu: bool, peaks: Peaks, kernels: Table | None
     if "flops" not in ev:
         ev = {**ev, **event_costs(ev)}
     row_events = [i for i, r in enumerate(ev["is_row"]) if r]
-    rows = take({c: ev[c] for c in _ROW_COLUMNS if c in ev}, row_events)
+    row_columns = {c: ev[c] for c in _ROW_COLUMNS if c in ev}
+    # every event a row (an eager trace without folded children): the event columns as they are, not a
+    # copy of them all; _compiled_costs copies what it changes
+    rows = row_columns if len(row_events) == nrows(ev) else take(row_columns, row_events)
     rows["op"] = rows["name"]
     for col in MODULE_COLUMNS:
         if col not in rows:
@@ -384,6 +387,8 @@ def _compiled_costs(rows: Table) -> None:
     compiled = [i for i, kind in enumerate(kinds) if kind in ("graph", "kernel")]
     if not compiled:
         return
+    for col in ("flops", "bytes", "family", "note"):
+        rows[col] = list(rows[col])  # the event table's own columns are never changed in place
     flops, nbytes, family, note = rows["flops"], rows["bytes"], rows["family"], rows["note"]
     has_estimates = "kernel_num_gb" in rows
     for i in compiled:

@@ -4,6 +4,7 @@ build_events with every number worked out by hand."""
 
 from __future__ import annotations
 
+import random
 from types import SimpleNamespace
 
 from opscope.analysis.events import assign_steps, build_events, innermost, nest, thread_keys
@@ -34,6 +35,38 @@ def test_innermost_tie_rules():
     keys = [0, 0, 0, 0, 1]
     assert innermost(c_keys, c_starts, c_ends, keys, points) == [1, 2, 0, -1, -1]
     assert innermost([], [], [], [0], [1.0]) == [-1]
+
+
+def _innermost_one_sort(c_keys, c_starts, c_ends, p_keys, p_times):
+    """innermost() as it was first written: containers and points in one sort, one stack."""
+    n_c = len(c_starts)
+    items = sorted([(k, s, 0, -e, i) for i, (k, s, e) in enumerate(zip(c_keys, c_starts, c_ends, strict=True))]
+                   + [(k, t, 1, 0.0, n_c + j) for j, (k, t) in enumerate(zip(p_keys, p_times, strict=True))])
+    result, stack, cur = [-1] * len(p_times), [], None
+    for k, t, is_point, _, i in items:
+        if k != cur:
+            stack, cur = [], k
+        while stack and c_ends[stack[-1]] <= t:
+            stack.pop()
+        if not is_point:
+            stack.append(i)
+        elif stack:
+            result[i - n_c] = stack[-1]
+    return result
+
+
+def test_innermost_merge_equals_one_sort():
+    # the two sides sorted apart and merged give what one sort of both gave, overlaps and ties included
+    rng = random.Random(7)
+    for _ in range(2000):
+        n_c, n_p = rng.randint(0, 10), rng.randint(0, 10)
+        c_keys = [rng.randint(0, 2) for _ in range(n_c)]
+        c_starts = [float(rng.randint(0, 8)) for _ in range(n_c)]
+        c_ends = [s + rng.randint(0, 5) for s in c_starts]
+        p_keys = [rng.randint(0, 2) for _ in range(n_p)]
+        p_times = [float(rng.randint(0, 12)) for _ in range(n_p)]
+        args = (c_keys, c_starts, c_ends, p_keys, p_times)
+        assert innermost(*args) == _innermost_one_sort(*args), args
 
 
 def test_steps_start_inclusive_end_exclusive():
