@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
-from opscope.analysis.replay_graph import WAIT_END, StepGraph
+from opscope.analysis.replay_graph import KERNEL, WAIT_END, StepGraph
 from opscope.limits import bounded as bounded_text
 from opscope.table import INDEX
 
@@ -160,7 +160,7 @@ def replay_steps(g: StepGraph, change: Change | None = None) -> Steps:
 def step_bounds(g: StepGraph, r: Replay) -> list[tuple[float, float]]:
     """Each profiled step's (start, end) in the replay; the whole trace's span without steps."""
     if not g.steps:
-        work = [i for i in range(g.n) if g.owner[i] >= 0 or g.kernel[i] >= 0] or list(range(g.n))
+        work = [i for i in range(g.n) if g.owner[i] >= 0 or g.kind[i] == KERNEL] or list(range(g.n))
         if not work:
             return [(0.0, 0.0)]
         return [(min(r.start[i] for i in work), max(r.finish[i] for i in work))]

@@ -63,7 +63,6 @@ class StepGraph:
     start: array[float] = field(default_factory=lambda: array("d"))  # recorded
     dur: array[float] = field(default_factory=lambda: array("d"))  # recorded
     owner: array[int] = field(default_factory=lambda: array(INDEX))  # CPU piece: the row event whose self time it is (-1: none)
-    kernel: array[int] = field(default_factory=lambda: array(INDEX))  # KERNEL node: its row in trace.kernels
     launching: array[int] = field(default_factory=lambda: array("b"))  # host work that CUDA graphs would replay
     # predecessor edges, CSR by node: pred[ptr[i]:ptr[i+1]]
     ptr: array[int] = field(default_factory=lambda: array(INDEX, [0]))
@@ -77,7 +76,7 @@ class StepGraph:
     ends: array[int] = field(default_factory=lambda: array(INDEX))
     # per thread (lane name): its pieces' node ids in time order (so in order of their recorded starts)
     thread_nodes: dict[str, array[int]] = field(default_factory=dict)
-    kernel_node: dict[int, int] = field(default_factory=dict)  # trace.kernels row -> node
+    kernel_node: dict[int, int] = field(default_factory=dict)  # trace.kernels row -> its KERNEL node
     waits: list[int] = field(default_factory=list)  # WAIT_END nodes (their owner: the row around the call)
     # row event -> its nodes (its CPU pieces, the runtime calls in them), CSR by event (nodes_of()): the
     # owned nodes grouped by owner, and where each event's nodes start (a list per event held more memory than
@@ -108,8 +107,7 @@ class StepGraph:
     def name_of(self, node: int) -> str:
         return self.names[self.name[node]]
 
-    def add(self, kind: int, lane: str, name: str, start: float, dur: float, *, owner: int = -1,
-            kernel: int = -1) -> int:
+    def add(self, kind: int, lane: str, name: str, start: float, dur: float, *, owner: int = -1) -> int:
         lane_id = self._lane_ids.get(lane)
         if lane_id is None:
             lane_id = self._lane_ids[lane] = len(self.lanes)
@@ -124,7 +122,6 @@ class StepGraph:
         self.start.append(start)
         self.dur.append(dur)
         self.owner.append(owner)
-        self.kernel.append(kernel)
         self.launching.append(False)
         return len(self.kind) - 1
 
@@ -203,7 +200,7 @@ def _cpu_lanes(trace: TraceData, ev: Table, g: StepGraph,
     """Cuts each thread's time into pieces. Returns {launch row: its first piece's node} and {sync launch
     row: (its wait-end node, piece start, piece end)}."""
     n_ev = nrows(ev)
-    live = [not c for c in ev["captured"]] if "captured" in ev else [True] * n_ev
+    captured = ev.get("captured")  # copies of a graph capture's ops, which did not run here
     la = trace.launches
     launched = set(trace.kernels["correlation"]) if nrows(trace.kernels) else set()
     # intervals per thread, as columns: its events' (start, end, event) and its launches' (start, end,
@@ -211,7 +208,7 @@ def _cpu_lanes(trace: TraceData, ev: Table, g: StepGraph,
     per_thread: dict[tuple[object, object], tuple[_Items, _Items]] = {}
     ev_ts, ev_end, ev_pid, ev_tid = ev["ts"], ev["end"], ev["pid"], ev["tid"]
     for i in range(n_ev):
-        if live[i]:
+        if captured is None or not captured[i]:
             mine = per_thread.setdefault((ev_pid[i], ev_tid[i]), (_Items(), _Items()))[0]
             mine.add(float(ev_ts[i]), float(ev_end[i]), i)
     for j in range(nrows(la)):
@@ -402,7 +399,7 @@ def _gpu_lanes(trace: TraceData, g: StepGraph, edges: _Edges,
     launch_us = max(median(launch_lags), 0.0) if launch_lags else DEFAULT_LAUNCH_US
     for i, prev, node, a, b in plans:
         lane = gpu_lane(k["device"][i], k["stream"][i])
-        me = g.add(KERNEL, lane, str(k["name"][i]), ts[i], end[i] - ts[i], kernel=i)
+        me = g.add(KERNEL, lane, str(k["name"][i]), ts[i], end[i] - ts[i])
         g.kernel_node[i] = me
         es: list[tuple[int, float, bool]] = []
         stream_bound = prev >= 0 and a >= b
