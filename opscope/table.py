@@ -2,6 +2,9 @@
 
 A table is a plain dict of column name -> Python list, every list the same length. Values are Python
 objects only (never numpy scalars): floats with NaN for "missing", ints, bools, and str ("" for none).
+An analysis compacts the columns of its trace and event tables once they are built (`compact`): a column
+of few distinct values becomes a `Coded` one, which reads as the list it was (indexing, slicing,
+iterating, ==) and refuses changes. A list's 8-byte pointer per row was most of analyze's memory.
 No command imports pandas or numpy (their import costs more than analyzing a few thousand events);
 `to_frame` imports pandas for users who want a DataFrame (Run.to_pandas).
 """
@@ -10,8 +13,9 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
+from typing import TYPE_CHECKING, Any, cast, overload
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -21,6 +25,108 @@ NAN = math.nan
 # Typecode of the typed arrays that hold row, event, node and edge numbers: 4-byte ints (half of "q"'s 8;
 # 2**31 events would need hundreds of GB before they got there).
 INDEX = "i"
+
+
+# Coded columns: at most 2**16 distinct values (2-byte codes; 1-byte up to 2**8). A column whose first
+# CODED_SAMPLE rows are more than half distinct (times, ids) is left a list without coding the rest.
+CODED_MAX_VALUES = 1 << 16
+CODED_SAMPLE = 4096
+
+
+class Coded(Sequence[Any]):
+    """A read-only column of few distinct values: a 1- or 2-byte code per row into the list of its distinct
+    values. Reads as the list it was made from; changing it is a TypeError (a column a stage changes in
+    place is copied by that stage first)."""
+
+    __slots__ = ("codes", "values")
+
+    def __init__(self, codes: array[int], values: list[Any]) -> None:
+        self.codes = codes
+        self.values = values
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Any]: ...
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return [self.values[c] for c in self.codes[i]]
+        return self.values[self.codes[i]]
+
+    def __iter__(self) -> Iterator[Any]:
+        return map(self.values.__getitem__, self.codes)
+
+    def __reversed__(self) -> Iterator[Any]:
+        return map(self.values.__getitem__, reversed(self.codes))
+
+    def __contains__(self, value: object) -> bool:
+        return value in self.values  # every value is some row's
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (list, Coded)):
+            return len(self) == len(other) and list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to a list, like a list
+
+    def __add__(self, other: Sequence[Any]) -> list[Any]:
+        return list(self) + list(other)
+
+    def __radd__(self, other: Sequence[Any]) -> list[Any]:
+        return list(other) + list(self)
+
+    def __repr__(self) -> str:
+        return f"Coded({list(self)!r})"
+
+
+def _signed(v: Any) -> float:
+    return math.copysign(1.0, v) if type(v) is float else 0.0
+
+
+def coded(values: Sequence[Any]) -> Coded | None:
+    """`values` as a Coded column, or None when they have too many distinct values or one that cannot be
+    a dict key. Values are told apart by type and value, and floats by sign too (0 and 0.0, False, and
+    0.0 and -0.0 each keep their own); each row reads back a value equal to its own and of its type."""
+    n = len(values)
+    if not n or isinstance(values, Coded):
+        return None
+    try:
+        types = set(map(type, values))
+        text = types == {str}
+        keys: Iterator[Any]  # made one at a time: a tuple per row held at once would cost more than the list
+        if text:
+            keys = iter(values)
+        elif float in types:
+            keys = zip(map(type, values), values, map(_signed, values), strict=True)
+        else:
+            keys = zip(map(type, values), values, strict=True)
+        seen: dict[Any, int] = {}
+        add = seen.setdefault
+        codes = [add(k, len(seen)) for k in islice(keys, CODED_SAMPLE)]
+        if len(seen) > 1 and len(seen) > min(n, CODED_SAMPLE) // 2:
+            return None
+        while len(codes) < n:  # in chunks, to stop early on a column of many distinct values
+            codes += [add(k, len(seen)) for k in islice(keys, CODED_MAX_VALUES)]
+            if len(seen) > CODED_MAX_VALUES:
+                return None
+    except TypeError:  # unhashable values (lists)
+        return None
+    return Coded(array("B" if len(seen) <= 1 << 8 else "H", codes), [k if text else k[1] for k in seen])
+
+
+def compact(table: Table) -> None:
+    """Replaces each column of few distinct values with its Coded form (the same values, read-only). A
+    Coded column is typed as the list it reads as: tables keep one type; what would change it fails at
+    run time (the whole suite runs on compacted tables)."""
+    for name, values in list(table.items()):
+        column = coded(values)
+        if column is not None:
+            table[name] = cast(list[Any], column)
 
 
 def nrows(table: Table) -> int:

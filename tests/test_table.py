@@ -1,16 +1,18 @@
 """opscope.table helpers that stand in for pandas/numpy: pairwise_sum (the float sum numpy's and pandas'
 .sum() give, to the last bit: summary values computed without numpy must keep the bytes they had) and
-filled (fillna)."""
+filled (fillna); Coded columns (a column of few distinct values, read back exactly)."""
 
 from __future__ import annotations
 
 import math
+import pickle
 import random
 
 import numpy as np
 import pandas as pd
+import pytest
 
-from opscope.table import filled, pairwise_sum
+from opscope.table import CODED_MAX_VALUES, CODED_SAMPLE, Coded, coded, compact, filled, pairwise_sum
 
 
 def test_pairwise_sum_equals_numpy_and_pandas_bit_for_bit():
@@ -58,3 +60,51 @@ def test_sort_order_is_the_tuple_sort_with_ties_in_index_order():
     a2, b2 = [a[i] for i in expected], [b[i] for i in expected]
     assert sort_order(n, ((a2, False), (b2, True))) == range(n)
     assert list(sort_order(3, (([1, 1, 0], False),))) == [2, 0, 1]  # one pair out of order: sorted
+
+
+def test_coded_reads_back_every_value_with_its_type_and_sign():
+    nan = float("nan")
+    values = [0, 0.0, False, -0.0, "a", nan, None, 1, True, 1.0, "a", 0.0] * 50
+    column = coded(values)
+    assert isinstance(column, Coded) and len(column) == len(values)
+    # 0, 0.0, False and -0.0 are equal as dict keys; each row still reads back its own type and sign
+    assert [(type(v), repr(v)) for v in column] == [(type(v), repr(v)) for v in values]
+    assert [(type(column[i]), repr(column[i])) for i in range(len(values))] == [(type(v), repr(v)) for v in values]
+    assert column[0] is values[0] and column[5] is nan
+    assert len(column.values) == 10 and column.codes.typecode == "B"
+
+
+def test_coded_reads_as_a_list():
+    values = ["x", "y", "z"] * 1000
+    column = coded(values)
+    assert isinstance(column, Coded)
+    assert column == values and values == column and column != values[:-1]
+    assert column[1:4] == ["y", "z", "x"] and column[-1] == "z"
+    assert list(reversed(column))[:2] == ["z", "y"]
+    assert "y" in column and "w" not in column and column.count("x") == 1000 and column.index("z") == 2
+    assert column + ["w"] == values + ["w"] and ["w"] + column == ["w"] + values
+    assert list(zip(column, values, strict=True)) == list(zip(values, values, strict=True))
+    assert pickle.loads(pickle.dumps(column)) == values
+    with pytest.raises(TypeError):
+        column[0] = "w"  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        column.append("w")  # type: ignore[attr-defined]
+
+
+def test_columns_not_worth_coding_stay_lists():
+    assert coded([]) is None
+    assert coded([float(i) for i in range(10_000)]) is None  # a time column: distinct from its first rows
+    assert coded([[1], [1]] * 10) is None  # unhashable
+    # few distinct values at first, more than 2**16 in all: given up at the chunk that passes the limit
+    many = [i % 3 for i in range(CODED_SAMPLE)] + list(range(CODED_MAX_VALUES + 10))
+    assert coded(many) is None
+    two_bytes = coded([i % 1000 for i in range(CODED_SAMPLE * 4)])
+    assert two_bytes is not None and two_bytes.codes.typecode == "H" and list(two_bytes) == [i % 1000 for i in range(CODED_SAMPLE * 4)]
+
+
+def test_compact_replaces_only_the_columns_it_codes():
+    table = {"ts": [float(i) for i in range(5000)], "name": ["aten::mm", "aten::add"] * 2500}
+    ts = table["ts"]
+    compact(table)
+    assert table["ts"] is ts and isinstance(table["name"], Coded)
+    assert table["name"] == ["aten::mm", "aten::add"] * 2500

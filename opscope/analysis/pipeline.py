@@ -27,7 +27,7 @@ from opscope.machine.peaks import Peaks
 from opscope.run.compare import COMPILE_WRAPPER, module_key
 from opscope.run.model import Run
 from opscope.run.schema import FORMAT_VERSION
-from opscope.table import Table, group_sums, mean, nrows, pairwise_sum, records, take
+from opscope.table import Table, compact, group_sums, mean, nrows, pairwise_sum, records, take
 from opscope.trace.reader import TraceData, no_gc
 from opscope.trace.torch_trace import TorchTraceLog, read_torch_trace
 
@@ -127,7 +127,22 @@ def prepare_events(trace: TraceData, source_override: SourceOverride | None, mod
         classes = {module_key(k): v for k, v in classes.items() if not (k == "" and v == "OptimizedModule")}
         renamed = True
     place_compiled(ev, log, inductor_cache=inductor_cache, module_classes=classes, gpu=trace.has_gpu)
+    compact_columns(trace, ev)
     return ev, classes, renamed
+
+
+def compact_columns(trace: TraceData, ev: Table) -> None:
+    """The trace's and the event table's columns of few distinct values as Coded columns
+    (opscope.table.compact), once every stage that writes them is done; a column the event table shares
+    with trace.ops stays shared."""
+    shared = [c for c, values in trace.ops.items() if ev.get(c) is values]
+    compact(trace.ops)
+    for c in shared:
+        ev[c] = trace.ops[c]
+    compact(ev)
+    for table in (trace.memory, trace.python):
+        if table:
+            compact(table)
 
 
 # The most per-step wall times summary.json keeps (step_times_us): samples for opscope gate, bounded in size.

@@ -14,7 +14,7 @@ import pytest
 import opscope.analysis.trace_file as trace_file
 from conftest import TESTS
 from opscope.analysis.trace_file import analyze_trace_file
-from opscope.table import nrows
+from opscope.table import Coded, nrows
 
 
 class FrozenColumn(list[Any]):
@@ -55,8 +55,10 @@ def test_no_analysis_changes_a_trace_column_in_place(tmp_path: Path, monkeypatch
                              torch_trace=log)
     assert frozen and nrows(run.ops) > 0
     assert run.events is not None
-    # the sharing is real: the event table's name column is the trace's own list
+    # the sharing is real, and survives the compaction (opscope.analysis.pipeline.compact_columns): the event
+    # table's name column is the trace's own, coded once for both; coded columns refuse changes themselves
     assert run.events["name"] is frozen[0].ops["name"]
+    assert isinstance(run.events["name"], Coded)
 
 
 def test_a_frozen_column_refuses_changes() -> None:
