@@ -3,8 +3,10 @@
 A table is a plain dict of column name -> Python list, every list the same length. Values are Python
 objects only (never numpy scalars): floats with NaN for "missing", ints, bools, and str ("" for none).
 An analysis compacts the columns of its trace and event tables once they are built (`compact`): a column
-of few distinct values becomes a `Coded` one, which reads as the list it was (indexing, slicing,
-iterating, ==) and refuses changes. A list's 8-byte pointer per row was most of analyze's memory.
+of few distinct values becomes a `Coded` one (a 1- or 2-byte code per row), one of distinct floats or ints
+a `Packed` one (a typed array). Both read as the list they were (indexing, slicing, iterating, ==) and
+refuse changes. A list's pointer per row, and a number object per row where values are distinct, were
+most of analyze's memory.
 No command imports pandas or numpy (their import costs more than analyzing a few thousand events);
 `to_frame` imports pandas for users who want a DataFrame (Run.to_pandas).
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import islice
+from itertools import islice, repeat
 from typing import TYPE_CHECKING, Any, cast, overload
 
 if TYPE_CHECKING:
@@ -33,10 +35,32 @@ CODED_MAX_VALUES = 1 << 16
 CODED_SAMPLE = 4096
 
 
-class Coded(Sequence[Any]):
-    """A read-only column of few distinct values: a 1- or 2-byte code per row into the list of its distinct
-    values. Reads as the list it was made from; changing it is a TypeError (a column a stage changes in
-    place is copied by that stage first)."""
+class Column(Sequence[Any]):
+    """A read-only column that reads as the list it was made from: indexing, slicing (a list), iterating,
+    len, == and + with lists. Changing it is a TypeError (a stage that changes a column in place copies
+    it first)."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (list, Column)):
+            return len(self) == len(other) and list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to a list, like a list
+
+    def __add__(self, other: Sequence[Any]) -> list[Any]:
+        return list(self) + list(other)
+
+    def __radd__(self, other: Sequence[Any]) -> list[Any]:
+        return list(other) + list(self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self)!r})"
+
+
+class Coded(Column):
+    """A column of few distinct values: a 1- or 2-byte code per row into the list of its distinct values."""
 
     __slots__ = ("codes", "values")
 
@@ -67,21 +91,55 @@ class Coded(Sequence[Any]):
     def __contains__(self, value: object) -> bool:
         return value in self.values  # every value is some row's
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (list, Coded)):
-            return len(self) == len(other) and list(self) == list(other)
-        return NotImplemented
 
-    __hash__ = None  # type: ignore[assignment]  # equal to a list, like a list
+class Packed(Column):
+    """A column of floats, or of ints, each row's number in a typed array ("d", "q"): 8 bytes a row where a
+    list holds a pointer and a number object of its own (32-36 bytes: times, ids, a row's ancestor)."""
 
-    def __add__(self, other: Sequence[Any]) -> list[Any]:
-        return list(self) + list(other)
+    __slots__ = ("numbers",)
 
-    def __radd__(self, other: Sequence[Any]) -> list[Any]:
-        return list(other) + list(self)
+    def __init__(self, numbers: array[Any]) -> None:
+        self.numbers = numbers
 
-    def __repr__(self) -> str:
-        return f"Coded({list(self)!r})"
+    def __len__(self) -> int:
+        return len(self.numbers)
+
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Any]: ...
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return self.numbers[i].tolist()
+        return self.numbers[i]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.numbers)
+
+    def __reversed__(self) -> Iterator[Any]:
+        return iter(self.numbers[::-1])
+
+
+def packed(values: Sequence[Any]) -> Packed | None:
+    """`values` as a Packed column when they are all floats ("d": each float exactly, NaN and -0.0 too) or all
+    ints of 8 bytes ("q"), else None."""
+    if not len(values) or isinstance(values, Column):
+        return None
+    types = set(map(type, values))
+    if types == {float}:
+        return Packed(array("d", values))
+    if types == {int}:
+        try:
+            return Packed(array("q", values))
+        except OverflowError:
+            return None
+    return None
+
+
+def _negative_zero(values: Sequence[Any]) -> bool:
+    return any(v == 0.0 and type(v) is float and math.copysign(1.0, v) < 0 for v in values)
 
 
 def _signed(v: Any) -> float:
@@ -93,38 +151,44 @@ def coded(values: Sequence[Any]) -> Coded | None:
     a dict key. Values are told apart by type and value, and floats by sign too (0 and 0.0, False, and
     0.0 and -0.0 each keep their own); each row reads back a value equal to its own and of its type."""
     n = len(values)
-    if not n or isinstance(values, Coded):
+    if not n or isinstance(values, Column):
         return None
     try:
         types = set(map(type, values))
-        text = types == {str}
-        keys: Iterator[Any]  # made one at a time: a tuple per row held at once would cost more than the list
-        if text:
-            keys = iter(values)
-        elif float in types:
-            keys = zip(map(type, values), values, map(_signed, values), strict=True)
-        else:
-            keys = zip(map(type, values), values, strict=True)
-        seen: dict[Any, int] = {}
-        add = seen.setdefault
-        codes = [add(k, len(seen)) for k in islice(keys, CODED_SAMPLE)]
+        # values are their own keys unless two of them are equal but tell apart: numbers of two types
+        # (0, 0.0, False), or 0.0 and -0.0
+        plain = len(types & {int, float, bool}) <= 1 and not (float in types and _negative_zero(values))
+
+        def keys() -> Iterator[Any]:  # made as they are read: a tuple per row held at once would cost more
+            if plain:
+                return iter(values)
+            if float in types:  # floats' signs: math.copysign itself when every value is a number
+                signs = map(math.copysign, repeat(1.0), values) if types <= {float, int, bool} else map(_signed, values)
+                return zip(map(type, values), values, signs, strict=False)  # repeat() is endless
+            return zip(map(type, values), values, strict=True)
+
+        rows = keys()
+        seen = dict.fromkeys(islice(rows, CODED_SAMPLE))
         if len(seen) > 1 and len(seen) > min(n, CODED_SAMPLE) // 2:
             return None
-        while len(codes) < n:  # in chunks, to stop early on a column of many distinct values
-            codes += [add(k, len(seen)) for k in islice(keys, CODED_MAX_VALUES)]
+        while chunk := dict.fromkeys(islice(rows, CODED_MAX_VALUES)):  # stops early on many distinct values
+            seen.update(chunk)
             if len(seen) > CODED_MAX_VALUES:
                 return None
     except TypeError:  # unhashable values (lists)
         return None
-    return Coded(array("B" if len(seen) <= 1 << 8 else "H", codes), [k if text else k[1] for k in seen])
+    code = {k: i for i, k in enumerate(seen)}
+    codes = array("B" if len(seen) <= 1 << 8 else "H", map(code.__getitem__, keys()))
+    return Coded(codes, [k if plain else k[1] for k in seen])
 
 
 def compact(table: Table) -> None:
-    """Replaces each column of few distinct values with its Coded form (the same values, read-only). A
-    Coded column is typed as the list it reads as: tables keep one type; what would change it fails at
-    run time (the whole suite runs on compacted tables)."""
+    """Replaces each column of few distinct values with its Coded form, and each other column of floats or
+    of ints with its Packed form (the same values, read-only). Such a column is typed as the list it reads
+    as: tables keep one type; what would change it fails at run time (the whole suite runs on compacted
+    tables)."""
     for name, values in list(table.items()):
-        column = coded(values)
+        column: Column | None = coded(values) or packed(values)
         if column is not None:
             table[name] = cast(list[Any], column)
 
@@ -187,12 +251,21 @@ def sort_order(n: int, keys: Sequence[tuple[Sequence[Any], bool]]) -> Sequence[i
     equal items in order, reversed or not): on a trace's events, a quarter of the tuples' memory; rows
     already in order (a trace's events on one thread, as the profiler writes them) are range(n), with
     nothing allocated. The values must be totally ordered (no NaN)."""
+    # a compacted column's values as a plain sequence (a Coded one as a list, for as long as the sort takes):
+    # a Python call per row and comparison would cost more than the sorting
+    keys = [(list(values) if isinstance(values, Coded) else indexable(values), descending) for values, descending in keys]
     if _in_order(n, keys):
         return range(n)
     order = list(range(n))
     for values, descending in reversed(keys):
         order.sort(key=values.__getitem__, reverse=descending)
     return order
+
+
+def indexable(values: Sequence[Any]) -> Sequence[Any]:
+    """The column itself, or a Packed column's typed array: the same numbers, indexed without a Python call
+    (for a loop that reads a column by index)."""
+    return values.numbers if isinstance(values, Packed) else values
 
 
 def _in_order(n: int, keys: Sequence[tuple[Sequence[Any], bool]]) -> bool:

@@ -12,7 +12,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from opscope.table import CODED_MAX_VALUES, CODED_SAMPLE, Coded, coded, compact, filled, pairwise_sum
+from opscope.table import (
+    CODED_MAX_VALUES,
+    CODED_SAMPLE,
+    Coded,
+    Packed,
+    coded,
+    compact,
+    filled,
+    packed,
+    pairwise_sum,
+)
 
 
 def test_pairwise_sum_equals_numpy_and_pandas_bit_for_bit():
@@ -102,9 +112,26 @@ def test_columns_not_worth_coding_stay_lists():
     assert two_bytes is not None and two_bytes.codes.typecode == "H" and list(two_bytes) == [i % 1000 for i in range(CODED_SAMPLE * 4)]
 
 
+def test_packed_reads_back_every_number_exactly():
+    floats = [float(i) / 3 for i in range(5000)] + [-0.0, float("nan"), float("inf"), 1e308, 5e-324]
+    column = packed(floats)
+    assert isinstance(column, Packed) and column.numbers.typecode == "d"
+    assert [repr(v) for v in column] == [repr(v) for v in floats] and column[-4] != column[-4]
+    assert column[:3] == floats[:3] and type(column[:3]) is list and list(reversed(column))[0] == 5e-324
+    ints = [i * 7919 for i in range(-2500, 2500)] + [2**63 - 1, -(2**63)]
+    packed_ints = packed(ints)
+    assert isinstance(packed_ints, Packed) and packed_ints.numbers.typecode == "q" and packed_ints == ints
+    assert packed_ints + [1] == ints + [1] and [1] + packed_ints == [1] + ints
+    with pytest.raises(TypeError):
+        packed_ints[0] = 1  # type: ignore[index]
+    assert packed([2**63]) is None  # beyond 8 bytes
+    assert packed([1, 2.0]) is None and packed([True, 1]) is None and packed([]) is None
+
+
 def test_compact_replaces_only_the_columns_it_codes():
-    table = {"ts": [float(i) for i in range(5000)], "name": ["aten::mm", "aten::add"] * 2500}
-    ts = table["ts"]
+    table = {"ts": [float(i) for i in range(5000)], "name": ["aten::mm", "aten::add"] * 2500,
+             "mixed": [i if i % 2 else str(i) for i in range(5000)]}
+    mixed = table["mixed"]
     compact(table)
-    assert table["ts"] is ts and isinstance(table["name"], Coded)
-    assert table["name"] == ["aten::mm", "aten::add"] * 2500
+    assert isinstance(table["ts"], Packed) and isinstance(table["name"], Coded) and table["mixed"] is mixed
+    assert table["name"] == ["aten::mm", "aten::add"] * 2500 and table["ts"] == [float(i) for i in range(5000)]

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from opscope.sources import location_from_call_stack
-from opscope.table import Table, group_codes, nrows, sort_order
+from opscope.table import Table, group_codes, indexable, nrows, sort_order
 from opscope.trace.kernel_names import kernel_family
 from opscope.trace.reader import COMPILED_GRAPH_RE, TraceData
 
@@ -117,6 +117,7 @@ def innermost(c_keys: Sequence[Any], c_starts: Sequence[float], c_ends: Sequence
     # sort of both would hold a concatenated copy of every key and time column.
     containers = _start_order(c_keys, c_starts, c_ends)
     points = sort_order(n_p, ((p_keys, False), (p_times, False)))
+    c_starts, c_ends, p_times = indexable(c_starts), indexable(c_ends), indexable(p_times)
     stack_end: list[float] = []
     stack_idx: list[int] = []
     cur_key = None

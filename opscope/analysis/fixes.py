@@ -36,7 +36,7 @@ from opscope.analysis.replay import Change
 from opscope.errors import OpscopeError
 from opscope.findings.copies import COPY_OPS
 from opscope.machine.peaks import Peaks, ceiling_key
-from opscope.table import INDEX, Table, nrows
+from opscope.table import INDEX, Table, indexable, nrows
 
 FIXES: dict[str, str] = {
     "implicit-copy": "remove-copies",
@@ -215,7 +215,7 @@ class Fixer:
     def _below(self, rows: list[int]) -> list[int]:
         """The rows and every row below them."""
         inside = set(rows)
-        row_parent = self.ev["row_parent"]
+        row_parent = indexable(self.ev["row_parent"])
         out = list(rows)
         for i, r in enumerate(self.ev["is_row"]):
             if r and i not in inside:

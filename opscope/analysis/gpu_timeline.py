@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from itertools import accumulate
 from typing import Any
 
-from opscope.table import Table, nrows, pairwise_sum
+from opscope.table import Table, indexable, nrows, pairwise_sum
 from opscope.trace.kernel_names import FAMILY_NAMES, OTHER
 from opscope.trace.reader import TraceData
 
@@ -281,7 +281,7 @@ class _CpuTimeline:
         ev = self.ev
         best, best_depth = -1, None
         if self.live:
-            ts, end, depth = ev["ts"], ev["end"], ev["depth"]
+            ts, end, depth = indexable(ev["ts"]), indexable(ev["end"]), ev["depth"]
             for i in self.live:  # the first of the deepest events holding t
                 if ts[i] <= t <= end[i] and (best_depth is None or depth[i] > best_depth):
                     best, best_depth = i, depth[i]

@@ -115,6 +115,7 @@ def prepare_events(trace: TraceData, source_override: SourceOverride | None, mod
                    log: TorchTraceLog | None, inductor_cache: Path | None) -> tuple[Table, dict[str, str], bool]:
     """The event table the findings read: build_events, costs, module names as in the user's module, and
     compiled code placed. Returns (events, module classes, whether the classes were renamed)."""
+    compact(trace.ops)  # before the event table is built beside it
     ev = build_events(trace, source_override)
     ev.update(event_costs(ev))
     classes = module_classes or trace.module_classes

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from statistics import median
 
-from opscope.table import INDEX, Table, grouped, nrows, sort_order
+from opscope.table import INDEX, Table, grouped, indexable, nrows, sort_order
 from opscope.trace.reader import TraceData
 
 # Runtime calls after which the host waits for the device.
@@ -206,7 +206,7 @@ def _cpu_lanes(trace: TraceData, ev: Table, g: StepGraph,
     # intervals per thread, as columns: its events' (start, end, event) and its launches' (start, end,
     # -(j + 2)); a tuple per interval, and another as its sort key, held more memory than the graph
     per_thread: dict[tuple[object, object], tuple[_Items, _Items]] = {}
-    ev_ts, ev_end, ev_pid, ev_tid = ev["ts"], ev["end"], ev["pid"], ev["tid"]
+    ev_ts, ev_end, ev_pid, ev_tid = indexable(ev["ts"]), indexable(ev["end"]), ev["pid"], ev["tid"]
     for i in range(n_ev):
         if captured is None or not captured[i]:
             mine = per_thread.setdefault((ev_pid[i], ev_tid[i]), (_Items(), _Items()))[0]
@@ -269,7 +269,7 @@ class _Cutter:
     def __init__(self, g: StepGraph, edges: _Edges, ev: Table, la: Table,
                  launched: set[int]) -> None:
         self.g, self.edges, self.la, self.launched = g, edges, la, launched
-        self.row_anc, self.names = ev["row_anc"], ev["name"]
+        self.row_anc, self.names = indexable(ev["row_anc"]), ev["name"]
         self.is_sync = [bool(SYNC_RE.search(x)) for x in la["name"]]
         self.launch_piece: dict[int, int] = {}
         self.sync_end: dict[int, tuple[int, float, float]] = {}

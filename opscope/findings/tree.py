@@ -10,7 +10,7 @@ from typing import Any
 
 from opscope.findings.base import Context, cached
 from opscope.sources import HARNESS
-from opscope.table import INDEX, Table, grouped, records
+from opscope.table import INDEX, Table, grouped, indexable, records
 
 # Views and wrappers that never move data (skipped when looking for "the next op").
 VIEW_FAMILIES = frozenset({"view", "composite"})
@@ -43,7 +43,7 @@ def subtree_sum(ctx: Context, column: str) -> list[float]:
     """Per event: `column` summed over the event and everything nested in it (NaN counts as 0)."""
     def build() -> list[float]:
         acc = [0.0 if v != v else float(v) for v in col(ctx, column)]
-        parent, depth = col(ctx, "parent"), col(ctx, "depth")
+        parent, depth = indexable(col(ctx, "parent")), col(ctx, "depth")
         by_depth: dict[int, list[int]] = {}
         for i, d in enumerate(depth):
             if d > 0:
