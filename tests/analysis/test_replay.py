@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from opscope.analysis.events import build_events
 from opscope.analysis.fixes import Fixer, OpSpeedup, assign_ids, finding_id, parse_op_speedup
 from opscope.analysis.pipeline import device_busy_share, step_stats
 from opscope.analysis.replay import Change, bounded, critical_path, replay
-from opscope.analysis.replay_graph import build_graph
+from opscope.analysis.replay_graph import CPU, KERNEL, StepGraph, _Edges, _step_kernels, build_graph
 from opscope.analysis.whatif import engine, recommend, run_whatif
 from opscope.errors import OpscopeError
 from opscope.machine.peaks import Peaks
@@ -251,3 +252,28 @@ def test_gzip_round_trip_of_the_tiny_trace(tmp_path: Path):
     path.write_bytes(gzip.compress(json.dumps({"traceEvents": EVENTS}).encode()))
     trace = load_trace(path)
     assert replay(build_graph(trace, build_events(trace))).step_us == [pytest.approx(62.0)]
+
+
+def test_each_steps_kernels_are_those_launched_inside_it():
+    # kernels launched (their launch piece's start) at random times, some at a step's exact start or end
+    rng = random.Random(3)
+    g, edges = StepGraph(), _Edges()
+    launch_at: dict[int, float] = {}
+    for _ in range(300):
+        t = float(rng.randint(0, 100))
+        launch = g.add(CPU, "cpu:1", "cudaLaunchKernel", t, 1.0)
+        edges.node(())
+        if rng.random() < 0.8:  # launched: an edge from its launch's start; else timed by its own start
+            k = g.add(KERNEL, "gpu:0:7", "k", t + 5.0, 2.0)
+            edges.node(((launch, 5.0, True),))
+            launch_at[k] = t
+        else:
+            k = g.add(KERNEL, "gpu:0:7", "k", t, 2.0)
+            edges.node(())
+            launch_at[k] = t
+        g.kernel_node[len(g.kernel_node)] = k
+    edges.into(g)
+    g.steps = [("cpu:1", float(a), float(a + 10)) for a in range(0, 100, 10)] + [("cpu:1", 35.0, 35.0)]
+    _step_kernels(g)
+    for (_, a, b), mine in zip(g.steps, g.step_kernels, strict=True):
+        assert mine == [k for k, at in launch_at.items() if a <= at < b]
