@@ -78,9 +78,12 @@ class Coded(Column):
     def __getitem__(self, i: slice) -> list[Any]: ...
 
     def __getitem__(self, i: int | slice) -> Any:
-        if isinstance(i, slice):
+        try:  # an index, the common case, without a type check first: it is a Python call per read
+            return self.values[self.codes[i]]
+        except TypeError:  # a slice: a list indexed by an array of codes
+            if not isinstance(i, slice):
+                raise
             return [self.values[c] for c in self.codes[i]]
-        return self.values[self.codes[i]]
 
     def __iter__(self) -> Iterator[Any]:
         return map(self.values.__getitem__, self.codes)
