@@ -79,7 +79,7 @@ class Coded(Column):
 
     def __getitem__(self, i: int | slice) -> Any:
         try:  # an index, the common case, without a type check first: it is a Python call per read
-            return self.values[self.codes[i]]
+            return self.values[self.codes[i]]  # type: ignore[index]  # a slice's codes raise TypeError here
         except TypeError:  # a slice: a list indexed by an array of codes
             if not isinstance(i, slice):
                 raise
