@@ -118,9 +118,20 @@ def innermost(c_keys: Sequence[Any], c_starts: Sequence[float], c_ends: Sequence
     containers = _start_order(c_keys, c_starts, c_ends)
     points = sort_order(n_p, ((p_keys, False), (p_times, False)))
     c_starts, c_ends, p_times = indexable(c_starts), indexable(c_ends), indexable(p_times)
-    stack_end: list[float] = []
+    stack_end: list[float] = []  # the containers open at the time reached, innermost last
     stack_idx: list[int] = []
-    cur_key = None
+    cur_key: list[Any] = [None]
+
+    def reach(key: Any, t: float) -> None:
+        """Moves to time `t` of `key`: closes the containers ended by then (all of them on a new key)."""
+        if key != cur_key[0]:
+            stack_end.clear()
+            stack_idx.clear()
+            cur_key[0] = key
+        while stack_end and stack_end[-1] <= t:
+            stack_end.pop()
+            stack_idx.pop()
+
     ci = 0
     c = containers[0]
     ck, cs = c_keys[c], c_starts[c]
@@ -128,26 +139,14 @@ def innermost(c_keys: Sequence[Any], c_starts: Sequence[float], c_ends: Sequence
         k, t = p_keys[j], p_times[j]
         # the containers that come before this point: a lower key, or the same key and a start <= t
         while ci < n_c and (ck < k or (ck == k and cs <= t)):
-            if ck != cur_key:
-                stack_end.clear()
-                stack_idx.clear()
-                cur_key = ck
-            while stack_end and stack_end[-1] <= cs:
-                stack_end.pop()
-                stack_idx.pop()
+            reach(ck, cs)
             stack_end.append(c_ends[c])
             stack_idx.append(c)
             ci += 1
             if ci < n_c:
                 c = containers[ci]
                 ck, cs = c_keys[c], c_starts[c]
-        if k != cur_key:
-            stack_end.clear()
-            stack_idx.clear()
-            cur_key = k
-        while stack_end and stack_end[-1] <= t:
-            stack_end.pop()
-            stack_idx.pop()
+        reach(k, t)
         if stack_idx:
             result[j] = stack_idx[-1]
     return result
