@@ -133,13 +133,9 @@ def prepare_events(trace: TraceData, source_override: SourceOverride | None, mod
 
 
 def compact_columns(trace: TraceData, ev: Table) -> None:
-    """The trace's and the event table's columns of few distinct values as Coded columns
-    (opscope.table.compact), once every stage that writes them is done; a column the event table shares
-    with trace.ops stays shared."""
-    shared = [c for c, values in trace.ops.items() if ev.get(c) is values]
-    compact(trace.ops)
-    for c in shared:
-        ev[c] = trace.ops[c]
+    """The event table's own columns, and the trace's memory and Python tables, compacted
+    (opscope.table.compact: Coded or Packed) once every stage that writes them is done. The columns the
+    event table shares with trace.ops were compacted before it was built, and are left as they are."""
     compact(ev)
     for table in (trace.memory, trace.python):
         if table:
