@@ -16,6 +16,7 @@ from opscope.table import (
     CODED_MAX_VALUES,
     CODED_SAMPLE,
     Coded,
+    ColumnBuilder,
     Packed,
     coded,
     compact,
@@ -135,3 +136,71 @@ def test_compact_replaces_only_the_columns_it_codes():
     compact(table)
     assert isinstance(table["ts"], Packed) and isinstance(table["name"], Coded) and table["mixed"] is mixed
     assert table["name"] == ["aten::mm", "aten::add"] * 2500 and table["ts"] == [float(i) for i in range(5000)]
+
+
+def _built(values: list, sizes: list[int]) -> list:
+    builder = ColumnBuilder()
+    at = 0
+    for size in sizes:
+        batch = list(values[at:at + size])
+        builder.extend(batch)
+        at += size
+    builder.extend(list(values[at:]))
+    return builder.column()
+
+
+def _same(column: list, values: list) -> bool:
+    return len(column) == len(values) and all(
+        type(a) is type(b) and (a == b or (a != a and b != b))
+        and (type(a) is not float or math.copysign(1.0, a) == math.copysign(1.0, b))
+        for a, b in zip(column, values, strict=True))
+
+
+def test_column_builder_gives_compacts_forms_batch_by_batch():
+    names = ["aten::mm", "aten::add", "aten::relu"] * 3000
+    column = _built(names, [100, 5000])
+    assert isinstance(column, Coded) and column.codes.typecode == "B" and column == names
+    # past 256 distinct values the codes widen to 2 bytes, the earlier rows kept
+    widening = [f"op{i % 1000}" for i in range(CODED_SAMPLE * 4)]
+    column = _built(widening, [200, 300, 10_000])
+    assert isinstance(column, Coded) and column.codes.typecode == "H" and column == widening
+    # distinct numbers (times, ids) become Packed once the sample shows it, the coded rows carried over
+    times = [float(i) * 0.5 for i in range(CODED_SAMPLE * 3)]
+    column = _built(times, [10, 4000, 100])
+    assert isinstance(column, Packed) and column.numbers.typecode == "d" and _same(column, times)
+    ids = list(range(CODED_SAMPLE * 3))
+    column = _built(ids, [CODED_SAMPLE])
+    assert isinstance(column, Packed) and column.numbers.typecode == "q" and _same(column, ids)
+    assert _built([], []) == [] and ColumnBuilder().column() == []
+
+
+def test_column_builder_keeps_types_and_signs_or_gives_a_list():
+    # 0.0 and -0.0: a Packed column keeps each sign (a Coded one would read -0.0 back as 0.0)
+    durations = [2.5, 0.0, 1.0] * 100 + [-0.0] + [2.5] * 10
+    column = _built(durations, [300])
+    assert isinstance(column, Packed) and _same(column, durations)
+    # types that compare equal (0, 0.0, False), mixed types, unhashable values, ints past 8 bytes: a list
+    for values in ([0, 1] * 50 + [0.0, False], [1, "a"] * 10, [[1], [2]] * 10, list(range(10_000)) + [2**64]):
+        column = _built(values, [len(values) // 2])
+        assert type(column) is list and _same(column, values)
+    # NaN: each object its own value, as coded() keys it
+    nan = float("nan")
+    column = _built([nan, 1.0] * 100, [7])
+    assert isinstance(column, Coded) and column[0] is nan and _same(column, [nan, 1.0] * 100)
+
+
+def test_column_builder_reads_back_random_columns_exactly():
+    rng = random.Random(11)
+    pools = [["a", "b", "c"], [0.0, 1.5, -0.0, float("inf")], [0, 1, -1, 2**62], [0, 0.0, False, "x"],
+             [str(i) for i in range(400)]]
+    for trial in range(60):
+        pool = pools[trial % len(pools)]
+        n = rng.choice([0, 1, 50, 3000, 9000])
+        distinct = trial % 3 == 0 and all(type(v) is float for v in pool)
+        values = [rng.random() for _ in range(n)] if distinct else [rng.choice(pool) for _ in range(n)]
+        sizes = [rng.randint(1, 3000) for _ in range(5)]
+        column = _built(values, sizes)
+        assert _same(column, values), (trial, pool)
+        compacted = {"c": list(values)}
+        compact(compacted)
+        assert _same(compacted["c"], values)

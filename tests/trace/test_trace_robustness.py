@@ -22,7 +22,7 @@ import pytest
 from conftest import TRACES, run_cli
 from opscope.analysis.trace_file import analyze_trace_file
 from opscope.errors import OpscopeError, TraceError
-from opscope.table import nrows
+from opscope.table import Packed, nrows
 from opscope.trace.reader import load_trace, read_bytes
 
 BERT = TRACES / "h100_bert-small_bf16.json.gz"
@@ -175,8 +175,9 @@ def test_tables_hold_python_values_of_one_type_per_column(tmp_path):
 
 
 def test_equal_durations_and_memory_numbers_are_one_object(tmp_path):
-    """A trace repeats a few thousand durations and memory sizes over millions of events: the tables hold one
-    object per distinct value, with its type and sign kept (-0.0 stays -0.0; an int duration is a float)."""
+    """A trace repeats a few thousand durations and memory sizes over millions of events: the tables hold no
+    object per row (a Coded column one per distinct value; a Packed one, as here where -0.0 and 0.0 are both
+    durations, none), with each value's type and sign kept (-0.0 stays -0.0; an int duration is a float)."""
     def x(name: str, ts: float, dur: float) -> dict:
         return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
 
@@ -190,7 +191,7 @@ def test_equal_durations_and_memory_numbers_are_one_object(tmp_path):
     trace = load_trace(_write(tmp_path, json.dumps({"traceEvents": events})))  # -0.0 is written "-0.0"
     dur = trace.ops["dur"]
     assert dur == [2.5, 2.5, 0.0, 0.0, 2.5, 3.0] and all(type(d) is float for d in dur)
-    assert dur[0] is dur[1] is dur[4]
+    assert isinstance(dur, Packed)
     assert math.copysign(1.0, dur[2]) == -1.0 and math.copysign(1.0, dur[3]) == 1.0
     m = trace.memory
     assert m["bytes"] == [4096.0, 4096.0, -4096.0] and m["bytes"][0] is m["bytes"][1]
