@@ -403,7 +403,6 @@ def place_compiled(ev: Table, log: TorchTraceLog | None, *, inductor_cache: Path
     n = nrows(ev)
     names, kinds, parents = ev["name"], ev["row_kind"], ev["parent"]
     flops, nbytes, family, note, dtype = ev["flops"], ev["bytes"], ev["family"], ev["note"], ev["dtype"]
-    location, module, module_class = ev["source_location"], ev["module"], ev["module_class"]
     stats = {"kernels": 0, "costed_from_log": 0, "costed_from_trace": 0, "placed": 0}
     placed: dict[int, Placement] = {}
 
@@ -462,6 +461,9 @@ def place_compiled(ev: Table, log: TorchTraceLog | None, *, inductor_cache: Path
 
     # every event under a placed one (an extern kernel's own ATen children) shares its place
     if placed:
+        # copies, changed here (build_events compacted its columns: read-only)
+        location, module, module_class = (list(ev[c]) for c in ("source_location", "module", "module_class"))
+        ev["source_location"], ev["module"], ev["module_class"] = location, module, module_class
         memo: dict[int, int] = {}
 
         def anchor(k: int) -> int:

@@ -16,12 +16,13 @@ its graph's time.
 from __future__ import annotations
 
 import re
+from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from opscope.sources import location_from_call_stack
-from opscope.table import Table, group_codes, indexable, nrows, sort_order
+from opscope.table import INDEX, Table, compacted, group_codes, indexable, nrows, sort_order
 from opscope.trace.kernel_names import kernel_family
 from opscope.trace.reader import COMPILED_GRAPH_RE, TraceData
 
@@ -167,14 +168,18 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
     ts = ev["ts"]
     dur = ev["dur"]
     end = [t + d for t, d in zip(ts, dur, strict=True)]
-    ev["end"] = end
     keys = thread_keys(ev["pid"], ev["tid"])
-    ev["thread"] = keys
     # Walk the tree in start-time order so a parent is always resolved before its children.
-    # a list, not a range: the tree's columns (parent, row_anc, ...) then share its int objects
-    order = list(_start_order(keys, ts, end))
+    order = _start_order(keys, ts, end)
+    if isinstance(order, list):
+        order = array(INDEX, order)  # 4 bytes an event, not a pointer and an int object
     par = _nest(keys, ts, end, order)
-    ev["parent"] = par
+    # Each column is compacted (opscope.table.compact) once this function has no loop left over it: a list
+    # per column held at once was most of the analysis' peak (200 MiB of a 2.6M-event trace's).
+    ev["end"] = compacted(end)
+    ev["thread"] = compacted(keys)
+    ev["parent"] = par  # compacted below, in its place among the columns
+    del end, keys
 
     names = ev["name"]
     kinds = {x: "op" if is_row_name(x) else compiled_kind(x) for x in set(names)}
@@ -211,35 +216,43 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
                 folded[i] = True
             else:
                 row_anc[i] = i
-    ev["is_row"] = is_row
-    ev["folded"] = folded
-    ev["row_kind"] = [k if r else "" for k, r in zip(kind, is_row, strict=True)]
-    ev["compiled_graph"] = graph
-    ev["depth"] = depth
-    ev["row_anc"] = row_anc
-    ev["bwd_root"] = bwd_root
+    ev["is_row"] = is_row  # compacted below, likewise
+    ev["folded"] = compacted(folded)
+    ev["row_kind"] = compacted([k if r else "" for k, r in zip(kind, is_row, strict=True)])
+    ev["compiled_graph"] = compacted(graph)
+    ev["depth"] = compacted(depth)
+    del kind, folded, graph, depth
     # Row ancestor strictly above an event (used to find composite parents and copy sources).
     row_parent = [row_anc[p] if p >= 0 else -1 for p in par]
-    ev["row_parent"] = row_parent
-    ev["self_us"] = _self_times(dur, par, row_parent, is_row)
+    ev["row_anc"] = compacted(row_anc)
+    ev["bwd_root"] = compacted(bwd_root)
+    del row_anc, bwd_root
+    self_us = _self_times(dur, par, row_parent, is_row)
+    ev["parent"] = compacted(par)
+    ev["row_parent"] = compacted(row_parent)
+    ev["is_row"] = compacted(is_row)
+    del par, row_parent, is_row
 
-    ev["step"] = assign_steps(trace, ts)
+    step = assign_steps(trace, ts)
     if "captured" in ev:  # a graph capture's ops copied into a replay (opscope.analysis.capture_merge)
         copies = [i for i, c in enumerate(ev["captured"]) if c]
         replay_ts = ev["replay_ts"]
-        self_us, step = ev["self_us"], ev["step"]
         for i, s in zip(copies, assign_steps(trace, [replay_ts[i] for i in copies]), strict=True):
             self_us[i] = 0.0  # they ran during capture, not in the replay
             step[i] = s
+    ev["self_us"] = compacted(self_us)
+    ev["step"] = compacted(step)
+    del self_us, step
     _attribute_kernels(trace, ev)
     if callable(source_override):
         source_override = source_override(ev)
-    ev["dispatch_input_types"] = _dispatch_input_types(source_override, n)
-    ev["source_location"] = _sources(trace, ev, order, source_override)
+    ev["dispatch_input_types"] = compacted(_dispatch_input_types(source_override, n))
+    ev["source_location"] = compacted(_sources(trace, ev, order, source_override))
     modules = _modules(trace, ev, order, source_override)
-    ev["module"] = [m for m, _ in modules]
-    ev["module_class"] = [c for _, c in modules]
-    ev["optimizer"] = _optimizer_steps(trace, ev)
+    ev["module"] = compacted([m for m, _ in modules])
+    ev["module_class"] = compacted([c for _, c in modules])
+    del modules
+    ev["optimizer"] = compacted(_optimizer_steps(trace, ev))
     if nrows(trace.kernels):
         trace.kernels["launcher_loc"] = launcher_locations(trace, ev)
     return ev
@@ -394,12 +407,13 @@ def _attribute_kernels(trace: TraceData, ev: Table) -> None:
             backlog[j] = True
     if "replay_launch" in kern:  # captured kernels: attributed to their ops, still replayed by a graph launch
         graph_launch = [r if r >= 0 else g for r, g in zip(kern["replay_launch"], graph_launch, strict=True)]
-    ev["device_us"] = dev_us
-    ev["n_kernels"] = counts
+    ev["device_us"] = compacted(dev_us)
+    ev["n_kernels"] = compacted(counts)
+    del dev_us, counts
     kernels_col = [""] * n
     for op, kn in names_by_op.items():
         kernels_col[op] = ";".join(kn)
-    ev["kernels"] = kernels_col
+    ev["kernels"] = compacted(kernels_col)
     family = [kernel_family(k, c) for k, c in zip(kern["name"], kern["cat"], strict=True)]
     trace.kernels = {**kern, "op": kern_op, "kernel_row": kernel_row, "launcher_op": launcher_op,
                      "launcher_ann": launcher_ann, "launcher": launcher, "graph_launch": graph_launch,
@@ -475,7 +489,7 @@ def _inherit(values: list[Label], ev: Table, order: Sequence[int], known: Callab
     takes its parent's (it ran inside it); a composite parent without one its first labelled child's
     (the same statement issued both), and what is still missing then its parent's again. Backward ops
     take the label of the forward op they differentiate (autograd sequence number)."""
-    par = ev["parent"]
+    par = indexable(ev["parent"])
     for i in order:
         if not known(values[i]) and par[i] >= 0:
             values[i] = values[par[i]]
