@@ -96,8 +96,9 @@ class Coded(Column):
 
 
 class Packed(Column):
-    """A column of floats, or of ints, each row's number in a typed array ("d", "q"): 8 bytes a row where a
-    list holds a pointer and a number object of its own (32-36 bytes: times, ids, a row's ancestor)."""
+    """A column of floats, or of ints, each row's number in a typed array ("d"; ints "i" while they fit in 4
+    bytes, else "q"): 4-8 bytes a row where a list holds a pointer and a number object of its own (32-36
+    bytes: times, ids, a row's ancestor)."""
 
     __slots__ = ("numbers",)
 
@@ -127,17 +128,25 @@ class Packed(Column):
 
 def packed(values: Sequence[Any]) -> Packed | None:
     """`values` as a Packed column when they are all floats ("d": each float exactly, NaN and -0.0 too) or all
-    ints of 8 bytes ("q"), else None."""
+    ints of 4 bytes ("i") or 8 ("q"), else None."""
     if not len(values) or isinstance(values, Column):
         return None
     types = set(map(type, values))
     if types == {float}:
         return Packed(array("d", values))
     if types == {int}:
+        numbers = _ints(values)
+        return None if numbers is None else Packed(numbers)
+    return None
+
+
+def _ints(values: Sequence[int], typecode: str = INDEX) -> array[int] | None:
+    """`values` in an array of 4-byte ints ("i") when they fit, else of 8 ("q"); None past 8 bytes."""
+    for code in (typecode, "q") if typecode == INDEX else ("q",):
         try:
-            return Packed(array("q", values))
+            return array(code, values)
         except OverflowError:
-            return None
+            continue
     return None
 
 
@@ -264,12 +273,13 @@ class ColumnBuilder:
         """Leaves coding: a Packed column of the rows so far, or a list when they are not numbers of 8 bytes."""
         so_far = list(self._coded())
         self.keys, self.codes = None, array("B")
-        if self.kind is float or self.kind is int:
-            try:
-                self.numbers = array("d" if self.kind is float else "q", so_far)
+        if self.kind is float:
+            self.numbers = array("d", so_far)
+            return
+        if self.kind is int:
+            self.numbers = _ints(so_far)
+            if self.numbers is not None:
                 return
-            except OverflowError:
-                pass
         self.values = so_far
 
     def _pack_extend(self, batch: list[Any]) -> bool:
@@ -279,7 +289,11 @@ class ColumnBuilder:
         try:
             numbers.extend(batch)
         except OverflowError:
-            del numbers[before:]  # what the batch added before the int past 8 bytes
+            del numbers[before:]  # what the batch added before the int that does not fit
+            wider = _ints(numbers, "q") if numbers.typecode == INDEX else None  # 4 bytes -> 8
+            if wider is not None:
+                self.numbers = wider
+                return self._pack_extend(batch)
             self._to_list()
             return False
         return True

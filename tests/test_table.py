@@ -126,6 +126,8 @@ def test_packed_reads_back_every_number_exactly():
     with pytest.raises(TypeError):
         packed_ints[0] = 1  # type: ignore[index]
     assert packed([2**63]) is None  # beyond 8 bytes
+    small = packed(list(range(-5, 5000)))
+    assert isinstance(small, Packed) and small.numbers.typecode == "i" and small == list(range(-5, 5000))
     assert packed([1, 2.0]) is None and packed([True, 1]) is None and packed([]) is None
 
 
@@ -170,7 +172,11 @@ def test_column_builder_gives_compacts_forms_batch_by_batch():
     assert isinstance(column, Packed) and column.numbers.typecode == "d" and _same(column, times)
     ids = list(range(CODED_SAMPLE * 3))
     column = _built(ids, [CODED_SAMPLE])
-    assert isinstance(column, Packed) and column.numbers.typecode == "q" and _same(column, ids)
+    assert isinstance(column, Packed) and column.numbers.typecode == "i" and _same(column, ids)
+    # ints in 4 bytes while they fit, widened to 8 by the batch that does not
+    wide = ids + [2**40 + i for i in range(100)]
+    column = _built(wide, [CODED_SAMPLE, CODED_SAMPLE * 2, 50])
+    assert isinstance(column, Packed) and column.numbers.typecode == "q" and _same(column, wide)
     assert _built([], []) == [] and ColumnBuilder().column() == []
 
 
