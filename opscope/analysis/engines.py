@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import Any, Protocol, TypeVar, cast
 
 from opscope.errors import OpscopeError
+from opscope.heap import keep_large_blocks_apart
 from opscope.limits import bounded
 
 ENGINES = ("local", "ray")
@@ -85,6 +86,7 @@ def _worker_signals() -> None:
 def _worker(conn: Connection, fn: Callable[[Any], Any]) -> None:
     """A worker process: (index, job) in, (index, ok, result or exception) out, until None."""
     _worker_signals()
+    keep_large_blocks_apart()  # as the CLI's own process (a forked worker has it already)
     while (item := conn.recv()) is not None:
         index, job = item
         try:

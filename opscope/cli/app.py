@@ -20,6 +20,7 @@ from rich.text import Text
 
 from opscope.capture.options import Progress
 from opscope.errors import OpscopeError
+from opscope.heap import keep_large_blocks_apart
 from opscope.machine.peaks import dtype_names
 from opscope.version import __version__
 
@@ -862,6 +863,7 @@ def _fail(message: str, code: int = 2) -> None:
 def main() -> None:
     """Entry point: every bad input (an OpscopeError, or a usage error such as a bad option value) is one
     line on stderr and exit 2; --debug adds the traceback."""
+    keep_large_blocks_apart()  # this process's memory: a large trace's freed columns go back (opscope.heap)
     try:
         _main()
     except SystemExit as exc:
