@@ -391,15 +391,25 @@ def sort_order(n: int, keys: Sequence[tuple[Sequence[Any], bool]]) -> Sequence[i
     equal items in order, reversed or not): on a trace's events, a quarter of the tuples' memory; rows
     already in order (a trace's events on one thread, as the profiler writes them) are range(n), with
     nothing allocated. The values must be totally ordered (no NaN)."""
-    # a compacted column's values as a plain sequence (a Coded one as a list, for as long as the sort takes):
-    # a Python call per row and comparison would cost more than the sorting
-    keys = [(list(values) if isinstance(values, Coded) else indexable(values), descending) for values, descending in keys]
+    keys = [(_sortable(values), descending) for values, descending in keys]
     if _in_order(n, keys):
         return range(n)
     order = list(range(n))
-    for values, descending in reversed(keys):
-        order.sort(key=values.__getitem__, reverse=descending)
+    sort_rows(order, keys)
     return order
+
+
+def sort_rows(rows: list[int], keys: Sequence[tuple[Sequence[Any], bool]]) -> None:
+    """Sorts `rows` (row numbers) in place by `keys` as sort_order does: the order of sorting by a tuple of
+    the rows' values, ties kept as they are, without a tuple per row (one stable sort per key)."""
+    for values, descending in reversed(keys):
+        rows.sort(key=_sortable(values).__getitem__, reverse=descending)
+
+
+def _sortable(values: Sequence[Any]) -> Sequence[Any]:
+    # a compacted column's values as a plain sequence (a Coded one as a list, for as long as the sort takes):
+    # a Python call per row and comparison would cost more than the sorting
+    return list(values) if isinstance(values, Coded) else indexable(values)
 
 
 def indexable(values: Sequence[Any]) -> Sequence[Any]:

@@ -34,6 +34,7 @@ from opscope.findings.compiled import INSIDE_COMPILED, OUTSIDE_COMPILED, compile
 from opscope.findings.layout import Tensor, tensors
 from opscope.findings.strided_reduction import reduced_dims
 from opscope.findings.tree import col, event_bound, inside_worker_flags, is_worker, names, user_mask
+from opscope.table import sort_rows
 
 FUSABLE_FAMILIES = frozenset({"elementwise", "reduction", "norm", "softmax"})
 FUSABLE_BOUNDS = frozenset({"memory", "overhead"})
@@ -195,7 +196,7 @@ def _runs(ctx: Context) -> list[tuple[list[int], set[str], tuple[int, ...]]]:
     step, thread, ts = col(ctx, "step"), col(ctx, "thread"), col(ctx, "ts")
     work = is_worker(ctx)
     workers = [i for i, (row, s) in enumerate(zip(is_row, step, strict=True)) if row and s >= 0]
-    workers.sort(key=lambda i: (step[i], thread[i], ts[i]))
+    sort_rows(workers, ((step, False), (thread, False), (ts, False)))  # without a tuple per event
     runs: list[tuple[list[int], set[str], tuple[int, ...]]] = []
     cur: _Run | None = None
     where = None
