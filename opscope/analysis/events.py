@@ -360,11 +360,16 @@ def _attribute_kernels(trace: TraceData, ev: Table) -> None:
         enclosing_ann = _enclosing(ann["pid"], ann["tid"], a_ts, a_end, l_pid, l_tid, l_ts)
         launch_names = launches["name"]
         is_graph = [bool(GRAPH_LAUNCH_RE.search(x)) for x in launch_names]
-        corr_to_launch = {c: j for j, c in enumerate(launches["correlation"])}
-    first_corr = min(corr_to_launch, default=-1)  # correlation ids grow with each launch
+        # the kernels' launches only, and each kernel's op by its External id: a dict entry per launch and
+        # per event held more memory than the event table (70 MiB of a 2.6M-event trace's)
+        wanted = set(kern["correlation"])
+        corr_to_launch = {c: j for j, c in enumerate(launches["correlation"]) if c in wanted}
+    # correlation ids grow with each launch
+    first_corr = min(launches["correlation"], default=-1) if nrows(launches) else -1
+    wanted_ext = {x for x in kern["ext_id"] if x >= 0}
     ext_to_op: dict[int, int] = {}
     for i, x in enumerate(ev["ext_id"]):
-        if x >= 0 and x not in ext_to_op:
+        if x in wanted_ext and x not in ext_to_op:
             ext_to_op[x] = i
     gpu_only = n == 0
     dev_us = [0.0] * n
