@@ -107,8 +107,8 @@ def durations(g: StepGraph, change: Change | None) -> array[float]:
 def replay(g: StepGraph, change: Change | None = None) -> Replay:
     dur = durations(g, change)
     n = g.n
-    start = array("d", bytes(8 * n))
-    finish = array("d", bytes(8 * n))
+    start = array("d", [0.0]) * n  # not array("d", bytes(8 * n)): that holds the bytes beside their copy
+    finish = array("d", [0.0]) * n
     why = array(INDEX, [-1]) * n
     ptr, pred, lag, from_start, rec = g.ptr, g.pred, g.lag, g.from_start, g.start
     # a wait that no longer blocks keeps only its edge from its own start (the first)

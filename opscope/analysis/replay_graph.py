@@ -28,6 +28,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from statistics import median
+from typing import Any
 
 from opscope.table import INDEX, Table, grouped, indexable, nrows, sort_order
 from opscope.trace.reader import TraceData
@@ -152,20 +153,38 @@ class _Edges:
         self.later[node] = []
 
     def into(self, g: StepGraph) -> None:
-        if not any(self.later.values()):
+        """Moves the edges into `g`, each waiting node's after its own. Array by array, each copied in slices
+        (its old one freed before the next is copied: one array's copy at a time, not the four's)."""
+        later = [(i, es) for i, es in sorted(self.later.items()) if es]
+        if not later:
             g.ptr, g.pred, g.lag, g.from_start = self.ptr, self.pred, self.lag, self.from_start
             return
-        ptr, pred, lag, from_start = self.ptr, self.pred, self.lag, self.from_start
-        for i in range(len(ptr) - 1):
-            for e in range(ptr[i], ptr[i + 1]):
-                g.pred.append(pred[e])
-                g.lag.append(lag[e])
-                g.from_start.append(from_start[e])
-            for p, x, fs in self.later.get(i, ()):
-                g.pred.append(p)
-                g.lag.append(x)
-                g.from_start.append(fs)
-            g.ptr.append(len(g.pred))
+        ptr = self.ptr
+        for field_at, name in enumerate(("pred", "lag", "from_start")):
+            old: array[Any] = getattr(self, name)
+            raw = memoryview(old).cast("B")  # slices of it copy nothing
+            size = old.itemsize
+            new: array[Any] = array(old.typecode)
+            at = 0
+            for i, es in later:
+                end = ptr[i + 1]
+                new.frombytes(raw[at * size:end * size])
+                new.extend(e[field_at] for e in es)
+                at = end
+            new.frombytes(raw[at * size:])
+            raw.release()
+            setattr(self, name, None)
+            del old
+            setattr(g, name, new)
+        shifted = array(INDEX)
+        shift = at = 0
+        for i, es in later:  # a node's edges start later by the waiting nodes' edges before it
+            shifted.extend(x + shift for x in ptr[at:i + 1])
+            shift += len(es)
+            at = i + 1
+        shifted.extend(x + shift for x in ptr[at:])
+        g.ptr = shifted
+        self.ptr = array(INDEX)
 
 
 def cpu_lane(tid: object) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+from itertools import accumulate
 from pathlib import Path
 
 import pytest
@@ -277,3 +278,26 @@ def test_each_steps_kernels_are_those_launched_inside_it():
     _step_kernels(g)
     for (_, a, b), mine in zip(g.steps, g.step_kernels, strict=True):
         assert mine == [k for k, at in launch_at.items() if a <= at < b]
+
+
+def test_waiting_nodes_edges_are_merged_after_their_own():
+    """_Edges.into puts each waiting node's later edges right after its own, in node order (random graphs
+    against a node-by-node merge)."""
+    rng = random.Random(5)
+    for _ in range(30):
+        edges, expected = _Edges(), []
+        n = rng.randint(1, 60)
+        for node in range(n):
+            mine = [(rng.randrange(n), rng.random(), rng.random() < 0.3) for _ in range(rng.randint(0, 3))]
+            if rng.random() < 0.2:
+                edges.node(())
+                edges.later[node] = mine  # a waiting node: its edges found at the end
+            else:
+                edges.node(mine)
+            expected.append(mine)
+        g = StepGraph()
+        edges.into(g)
+        assert list(g.ptr) == [0, *accumulate(len(es) for es in expected)]
+        flat = [e for es in expected for e in es]
+        assert list(g.pred) == [p for p, _, _ in flat] and list(g.lag) == [x for _, x, _ in flat]
+        assert list(g.from_start) == [int(fs) for _, _, fs in flat]
