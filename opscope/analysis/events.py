@@ -254,7 +254,7 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
     del modules
     ev["optimizer"] = compacted(_optimizer_steps(trace, ev))
     if nrows(trace.kernels):
-        trace.kernels["launcher_loc"] = launcher_locations(trace, ev)
+        trace.kernels["launcher_loc"] = compacted(launcher_locations(trace, ev))
     return ev
 
 
@@ -420,9 +420,9 @@ def _attribute_kernels(trace: TraceData, ev: Table) -> None:
         kernels_col[op] = ";".join(kn)
     ev["kernels"] = compacted(kernels_col)
     family = [kernel_family(k, c) for k, c in zip(kern["name"], kern["cat"], strict=True)]
-    trace.kernels = {**kern, "op": kern_op, "kernel_row": kernel_row, "launcher_op": launcher_op,
-                     "launcher_ann": launcher_ann, "launcher": launcher, "graph_launch": graph_launch,
-                     "backlog": backlog, "family": family}
+    trace.kernels = {**kern, **{name: compacted(values) for name, values in (
+        ("op", kern_op), ("kernel_row", kernel_row), ("launcher_op", launcher_op), ("launcher_ann", launcher_ann),
+        ("launcher", launcher), ("graph_launch", graph_launch), ("backlog", backlog), ("family", family))}}
 
 
 def _enclosing(c_pid: Sequence[Any], c_tid: Sequence[Any], c_start: Sequence[float], c_end: Sequence[float],
