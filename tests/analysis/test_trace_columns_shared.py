@@ -13,8 +13,11 @@ import pytest
 
 import opscope.analysis.trace_file as trace_file
 from conftest import TESTS
+from opscope.analysis.pipeline import prepare_events
 from opscope.analysis.trace_file import analyze_trace_file
-from opscope.table import Coded, nrows
+from opscope.table import Coded, Column, nrows
+from opscope.trace.reader import load_trace
+from opscope.trace.torch_trace import read_torch_trace
 
 
 class FrozenColumn(list[Any]):
@@ -67,3 +70,16 @@ def test_a_frozen_column_refuses_changes() -> None:
         with pytest.raises(AssertionError):
             change()
     assert col + [3] == [1, 2, 3] and col[1:] == [2]
+
+
+@pytest.mark.parametrize(("path", "log"), TRACES, ids=[p.name.split(".")[0] for p, _ in TRACES])
+def test_every_trace_and_event_column_is_compact(path: Path, log: Path | None) -> None:
+    """Columns are compact from the moment they exist (the reader's ColumnBuilder, build_events' compacted):
+    a list per column, a pointer and often a number object per event, was most of analyze's peak memory."""
+    trace = load_trace(path)
+    for name in ("ops", "kernels", "launches", "python", "modules", "memory"):
+        table = getattr(trace, name)
+        assert not [c for c, v in table.items() if len(v) and not isinstance(v, Column)], name
+    ev, _, _ = prepare_events(trace, None, None, read_torch_trace(log) if log else None, None)
+    assert not [c for c, v in ev.items() if len(v) and not isinstance(v, Column)]
+    assert not [c for c, v in trace.kernels.items() if len(v) and not isinstance(v, Column)]
