@@ -110,23 +110,25 @@ def replay(g: StepGraph, change: Change | None = None) -> Replay:
     start = array("d", [0.0]) * n  # not array("d", bytes(8 * n)): that holds the bytes beside their copy
     finish = array("d", [0.0]) * n
     why = array(INDEX, [-1]) * n
-    ptr, pred, lag, from_start, rec = g.ptr, g.pred, g.lag, g.from_start, g.start
+    ptr, pred, lag, from_start, rec, chained = g.ptr, g.pred, g.lag, g.from_start, g.start, g.chained
     # a wait that no longer blocks keeps only its edge from its own start (the first)
     free = {i for i in g.waits if g.owner[i] in change.unblocked} if change is not None and change.unblocked else set()
     for i, end in zip(g.heads, g.ends, strict=True):
         a, b = ptr[i], ptr[i + 1]
-        if b - a == 1:  # most nodes: the piece before on the thread
+        if b - a == 1 and not chained[i]:  # one predecessor
             p = pred[a]
             s = (start[p] if from_start[a] else finish[p]) + lag[a]
             if s == -math.inf:
                 s = rec[i]
             else:
                 why[i] = p
-        elif a == b:
+        elif a == b and not chained[i]:
             s = rec[i]
         else:
             s = -math.inf
             w = -1
+            if chained[i]:  # its first predecessor: the node before, at its finish, no lag
+                s, w = finish[i - 1] + 0.0, i - 1
             for e in range(a, a + 1 if i in free else b):
                 p = pred[e]
                 v = (start[p] if from_start[e] else finish[p]) + lag[e]
@@ -139,8 +141,12 @@ def replay(g: StepGraph, change: Change | None = None) -> Replay:
         finish[i] = f = s + dur[i]
         if end > i + 1:  # the run after it: each node starts at the finish before it plus its lag
             m = end - i - 1
-            steps = [0.0] * (2 * m)
-            steps[0::2] = lag[ptr[i + 1]:ptr[end]]
+            steps = [0.0] * (2 * m)  # the lags: 0.0 where chained (StepGraph.chained)
+            a, b = ptr[i + 1], ptr[end]
+            if b - a == m:  # each node's one edge explicit
+                steps[0::2] = lag[a:b]
+            elif b > a:  # some chained, some not
+                steps[0::2] = [lag[ptr[k]] if ptr[k + 1] > ptr[k] else 0.0 for k in range(i + 1, end)]
             steps[1::2] = dur[i + 1:end]
             # the same additions in the same order as node by node: f + lag, then + dur
             sums = list(accumulate(steps, initial=f))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import random
 from itertools import accumulate
 from pathlib import Path
@@ -16,7 +17,16 @@ from opscope.analysis.events import build_events
 from opscope.analysis.fixes import Fixer, OpSpeedup, assign_ids, finding_id, parse_op_speedup
 from opscope.analysis.pipeline import device_busy_share, step_stats
 from opscope.analysis.replay import Change, bounded, critical_path, replay
-from opscope.analysis.replay_graph import CPU, KERNEL, StepGraph, _Edges, _step_kernels, build_graph
+from opscope.analysis.replay_graph import (
+    CPU,
+    KERNEL,
+    StepGraph,
+    _Edges,
+    _runs,
+    _step_kernels,
+    _topological,
+    build_graph,
+)
 from opscope.analysis.whatif import engine, recommend, run_whatif
 from opscope.errors import OpscopeError
 from opscope.machine.peaks import Peaks
@@ -301,3 +311,37 @@ def test_waiting_nodes_edges_are_merged_after_their_own():
         flat = [e for es in expected for e in es]
         assert list(g.pred) == [p for p, _, _ in flat] and list(g.lag) == [x for _, x, _ in flat]
         assert list(g.from_start) == [int(fs) for _, _, fs in flat]
+
+
+def _random_graph(rng: random.Random, implicit: bool) -> StepGraph:
+    """A random graph, cycles included: each node follows the one before it (a chain edge: implicit, or
+    the same edge written out) or has random edges to any node; the same seed gives the same graph."""
+    g, edges = StepGraph(), _Edges()
+    n = rng.randint(2, 40)
+    for i in range(n):
+        g.add(CPU if rng.random() < 0.7 else KERNEL, f"cpu:{i % 3}", "op", rng.uniform(0, 100), rng.uniform(0, 5))
+        if i and rng.random() < 0.6:
+            if implicit:
+                edges.chain()
+            else:
+                edges.node(((i - 1, 0.0, False),))
+        else:
+            edges.node([(rng.randrange(n), rng.uniform(-1, 3), rng.random() < 0.3)
+                        for _ in range(rng.randint(0, 3))])
+    edges.into(g)
+    g.heads, g.ends = _runs(g, _topological(g))
+    return g
+
+
+def test_implicit_chain_edges_replay_as_the_written_out_ones():
+    """StepGraph.chained (a thread's piece after the piece before, no edge stored) gives the same
+    topological order, cycles dropped, runs and replayed times as the same edges written out."""
+    cycles = 0
+    for seed in range(200):
+        a, b = _random_graph(random.Random(seed), True), _random_graph(random.Random(seed), False)
+        cycles += -math.inf in b.lag
+        assert len(a.pred) < len(b.pred) or not any(a.chained)
+        assert (list(a.heads), list(a.ends)) == (list(b.heads), list(b.ends)), seed
+        ra, rb = replay(a), replay(b)
+        assert (list(ra.start), list(ra.finish), list(ra.why)) == (list(rb.start), list(rb.finish), list(rb.why)), seed
+    assert cycles > 20  # timestamps that contradict each other: edges dropped, chained ones too
