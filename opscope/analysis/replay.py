@@ -80,9 +80,28 @@ class Replay(Steps):
     """A replay with every node's times (the critical path needs them)."""
 
     start: array[float]
-    finish: array[float]
     why: array[int]  # the binding predecessor of each node (-1: none)
     dur: array[float]
+
+    @property
+    def finish(self) -> Finish:
+        return Finish(self.start, self.dur)
+
+
+class Finish:
+    """A replay's finish times: each node's start plus its duration, the very sum the replay made (8 bytes a
+    node not held)."""
+
+    __slots__ = ("dur", "start")
+
+    def __init__(self, start: array[float], dur: array[float]) -> None:
+        self.start, self.dur = start, dur
+
+    def __getitem__(self, node: int) -> float:
+        return self.start[node] + self.dur[node]
+
+    def __len__(self) -> int:
+        return len(self.start)
 
 
 def durations(g: StepGraph, change: Change | None) -> array[float]:
@@ -108,7 +127,6 @@ def replay(g: StepGraph, change: Change | None = None) -> Replay:
     dur = durations(g, change)
     n = g.n
     start = array("d", [0.0]) * n  # not array("d", bytes(8 * n)): that holds the bytes beside their copy
-    finish = array("d", [0.0]) * n
     why = array(INDEX, [-1]) * n
     ptr, pred, lag, from_start, rec, chained = g.ptr, g.pred, g.lag, g.from_start, g.start, g.chained
     # a wait that no longer blocks keeps only its edge from its own start (the first)
@@ -117,7 +135,7 @@ def replay(g: StepGraph, change: Change | None = None) -> Replay:
         a, b = ptr[i], ptr[i + 1]
         if b - a == 1 and not chained[i]:  # one predecessor
             p = pred[a]
-            s = (start[p] if from_start[a] else finish[p]) + lag[a]
+            s = (start[p] if from_start[a] else start[p] + dur[p]) + lag[a]  # its finish, as summed below
             if s == -math.inf:
                 s = rec[i]
             else:
@@ -128,17 +146,17 @@ def replay(g: StepGraph, change: Change | None = None) -> Replay:
             s = -math.inf
             w = -1
             if chained[i]:  # its first predecessor: the node before, at its finish, no lag
-                s, w = finish[i - 1] + 0.0, i - 1
+                s, w = start[i - 1] + dur[i - 1] + 0.0, i - 1
             for e in range(a, a + 1 if i in free else b):
                 p = pred[e]
-                v = (start[p] if from_start[e] else finish[p]) + lag[e]
+                v = (start[p] if from_start[e] else start[p] + dur[p]) + lag[e]
                 if v > s:
                     s, w = v, p
             if w < 0:  # every edge dropped (a cycle in the timestamps)
                 s = rec[i]
             why[i] = w
         start[i] = s
-        finish[i] = f = s + dur[i]
+        f = s + dur[i]
         if end > i + 1:  # the run after it: each node starts at the finish before it plus its lag
             m = end - i - 1
             steps = [0.0] * (2 * m)  # the lags: 0.0 where chained (StepGraph.chained)
@@ -150,10 +168,9 @@ def replay(g: StepGraph, change: Change | None = None) -> Replay:
             steps[1::2] = dur[i + 1:end]
             # the same additions in the same order as node by node: f + lag, then + dur
             sums = list(accumulate(steps, initial=f))
-            start[i + 1:end] = array("d", sums[1::2])
-            finish[i + 1:end] = array("d", sums[2::2])
+            start[i + 1:end] = array("d", sums[1::2])  # each finish, sums[2::2], is its start plus its duration
             why[i + 1:end] = array(INDEX, range(i, end - 1))
-    out = Replay(step_us=[], start=start, finish=finish, why=why, dur=dur)
+    out = Replay(step_us=[], start=start, why=why, dur=dur)
     out.step_us = [b - a for a, b in step_bounds(g, out)]
     return out
 
