@@ -140,9 +140,10 @@ def packed(values: Sequence[Any]) -> Packed | None:
     return None
 
 
-def _ints(values: Sequence[int], typecode: str = INDEX) -> array[int] | None:
-    """`values` in an array of 4-byte ints ("i") when they fit, else of 8 ("q"); None past 8 bytes."""
-    for code in (typecode, "q") if typecode == INDEX else ("q",):
+def _ints(values: Sequence[int], typecodes: tuple[str, ...] = (INDEX, "q")) -> array[int] | None:
+    """`values` in an array of the first of `typecodes` they fit (4-byte ints "i", then 8-byte "q"); None
+    when none fits."""
+    for code in typecodes:
         try:
             return array(code, values)
         except OverflowError:
@@ -212,7 +213,7 @@ def compacted(values: list[Any]) -> list[Any]:
 class ColumnBuilder:
     """A column built a batch of rows at a time (`extend`) straight into the form `compact` would give it:
     Coded while its values are few and of one type (and no float is -0.0), else Packed while they are
-    all floats or all 8-byte ints, else a list. A reader that kept lists until the end held a pointer
+    all floats or all ints of at most 8 bytes, else a list. A reader that kept lists until the end held a pointer
     per row, and a number object per row where values are distinct, at its peak (about 240 MiB of a
     2.6M-event trace's 300). Each batch costs a few passes at C speed."""
 
@@ -239,9 +240,8 @@ class ColumnBuilder:
                 if kind is None:
                     kind = self.kind = types.pop()
                 # 0.0 and -0.0 are equal keys but written apart; an array("d") keeps them apart (0.0 in
-                # batch: at C speed, then the signs where a zero is)
-                if kind is float and self.keys is not None and 0.0 in batch \
-                        and any(math.copysign(1.0, v) < 0 for v in batch if v == 0.0):
+                # batch: at C speed, before the signs are looked at)
+                if kind is float and self.keys is not None and 0.0 in batch and _negative_zero(batch):
                     self._pack()
         added = self.keys is not None and self._code(batch)
         if not added and self.numbers is not None:
@@ -270,7 +270,8 @@ class ColumnBuilder:
         return True
 
     def _pack(self) -> None:
-        """Leaves coding: a Packed column of the rows so far, or a list when they are not numbers of 8 bytes."""
+        """Leaves coding: a Packed column of the rows so far, or a list when they are not floats or ints of
+        at most 8 bytes."""
         so_far = list(self._coded())
         self.keys, self.codes = None, array("B")
         if self.kind is float:
@@ -290,7 +291,7 @@ class ColumnBuilder:
             numbers.extend(batch)
         except OverflowError:
             del numbers[before:]  # what the batch added before the int that does not fit
-            wider = _ints(numbers, "q") if numbers.typecode == INDEX else None  # 4 bytes -> 8
+            wider = _ints(numbers, ("q",)) if numbers.typecode == INDEX else None  # 4 bytes -> 8
             if wider is not None:
                 self.numbers = wider
                 return self._pack_extend(batch)

@@ -365,7 +365,7 @@ def _attribute_kernels(trace: TraceData, ev: Table) -> None:
         wanted = set(kern["correlation"])
         corr_to_launch = {c: j for j, c in enumerate(launches["correlation"]) if c in wanted}
     # correlation ids grow with each launch
-    first_corr = min(launches["correlation"], default=-1) if nrows(launches) else -1
+    first_corr = min(launches["correlation"]) if nrows(launches) else -1
     wanted_ext = {x for x in kern["ext_id"] if x >= 0}
     ext_to_op: dict[int, int] = {}
     for i, x in enumerate(ev["ext_id"]):

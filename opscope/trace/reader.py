@@ -966,7 +966,7 @@ def _columnize(path: str, events: _Events, *, with_python: bool, rejects: _Rejec
     mem = empty(_MEMORY_COLUMNS)
     # The big tables' rows go into their compact columns (opscope.table.ColumnBuilder) batch by batch:
     # their lists hold one batch at a time.
-    compacted = [(table, built(table)) for table in (ops, kern, launch, ann, py, mods, mem)]
+    builders = [(table, built(table)) for table in (ops, kern, launch, ann, py, mods, mem)]
     n_ops = 0  # op rows moved to their columns
     dims_text = _TextCache(rejects, "Input Dims", check_sizes=True).text
     types_text = _TextCache(rejects, "Input type").text
@@ -1102,9 +1102,9 @@ def _columnize(path: str, events: _Events, *, with_python: bool, rejects: _Rejec
                                         else bounded(k) if isinstance(k, str) else "")
         del batch
         n_ops += len(ops["name"])
-        for table, builders in compacted:
-            flush(builders, table)
-    ops, kern, launch, ann, py, mods, mem = (finished(builders) for _, builders in compacted)
+        for table, columns in builders:
+            flush(columns, table)
+    ops, kern, launch, ann, py, mods, mem = (finished(columns) for _, columns in builders)
     doc = events.top()
     n_events = events.n_events
     if doc.hip_runtime_version is not None or doc.roctracer_version is not None:
