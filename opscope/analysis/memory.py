@@ -28,7 +28,7 @@ from typing import Any
 
 from opscope.analysis.events import assign_steps, innermost
 from opscope.analysis.gpu_timeline import Windows, step_windows
-from opscope.table import INDEX, Table, factorize, filled, nrows, sort_order, take
+from opscope.table import INDEX, Coded, Packed, Table, factorize, filled, nrows, sort_order
 from opscope.trace.reader import TraceData
 
 CPU_DEVICE = 0  # c10::DeviceType
@@ -56,7 +56,8 @@ class MemoryProfile:
     steps: int = 0
     # (times, allocated bytes after each event) on the recording's own clock, and its steps (ProfilerStep
     # windows, None without them): the memory curve of the report's timeline (opscope.analysis.timeline)
-    curve: tuple[list[float], list[float]] = field(default_factory=lambda: ([], []))
+    # (typed arrays: two floats an event, where lists held a pointer and a float object each: 60 bytes)
+    curve: tuple[Sequence[float], Sequence[float]] = field(default_factory=lambda: (array("d"), array("d")))
     windows: Windows | None = None
 
 
@@ -77,11 +78,13 @@ def memory_profile(trace: TraceData, ev: Table, source: str) -> MemoryProfile | 
     if len(mine) == nrows(mem) and isinstance(sort_order(len(mine), ((mem_ts, False),)), range):
         mem = used  # every event of this device, in time order already (as a profiler writes them): no copy
     else:
-        mem = take(used, sorted(mine, key=mem_ts.__getitem__))  # stable: events at the same time keep their order
+        # stable: events at the same time keep their order
+        mem = _taken(used, array(INDEX, sorted(mine, key=mem_ts.__getitem__)))
+    del mine
     ts = mem["ts"]
-    nbytes = [float(b) for b in mem["bytes"]]
+    nbytes = array("d", (float(b) for b in mem["bytes"]))
     addr = mem["addr"]
-    level: list[float] = []  # allocated bytes after each event: the trace's count, else the running sum of the events
+    level = array("d")  # allocated bytes after each event: the trace's count, else the running sum of the events
     running = 0.0
     for b, t in zip(nbytes, mem["total_allocated"], strict=True):
         running = b if not level else running + b
@@ -95,7 +98,7 @@ def memory_profile(trace: TraceData, ev: Table, source: str) -> MemoryProfile | 
     del threads
     row = _charged_rows(ev, op)
 
-    step = [int(s) for s in assign_steps(trace, ts)]
+    step = array(INDEX, (int(s) for s in assign_steps(trace, ts)))
     codes, distinct = _row_keys(ev)
     per_key = _per_key(ev, codes, distinct, row, nbytes)
     del codes, distinct
@@ -168,7 +171,21 @@ def memory_profile(trace: TraceData, ev: Table, source: str) -> MemoryProfile | 
     retained_list = [{"step": s, **who(r), "bytes": b, "tensors": n}
                      for (s, r), (b, n) in sorted(retained.items(), key=lambda kv: (kv[0][0], -kv[1][0]))]
     return MemoryProfile(per_key=per_key, summary=summary, retained=retained_list, steps=len(step_ids),
-                         curve=([float(t) for t in ts], level), windows=step_windows(trace))
+                         curve=(array("d", (float(t) for t in ts)), level), windows=step_windows(trace))
+
+
+def _taken(table: Table, index: array[int]) -> Table:
+    """The rows at `index`, in that order, each column as compact as it was (opscope.table.take gives
+    lists: a pointer and a number object per event)."""
+    out: Table = {}
+    for name, values in table.items():
+        if isinstance(values, Packed):
+            out[name] = Packed(array(values.numbers.typecode, map(values.numbers.__getitem__, index)))
+        elif isinstance(values, Coded):
+            out[name] = Coded(array(values.codes.typecode, map(values.codes.__getitem__, index)), values.values)
+        else:
+            out[name] = [values[i] for i in index]
+    return out
 
 
 # Ops that only allocate: inside another op they allocate for it (its output or workspace).
@@ -176,7 +193,7 @@ ALLOCATORS = frozenset({"aten::empty", "aten::empty_like", "aten::empty_strided"
                         "aten::new_empty_strided", "aten::resize_"})
 
 
-def _charged_rows(ev: Table, op: Sequence[int]) -> list[int]:
+def _charged_rows(ev: Table, op: Sequence[int]) -> array[int]:
     """Per memory event, the op row it is charged to (-1: none): the innermost row around it, lifted out
     of allocation-only ops nested in another row."""
     row_anc = ev["row_anc"]
@@ -192,7 +209,7 @@ def _charged_rows(ev: Table, op: Sequence[int]) -> list[int]:
             lifted[r] = x
         return lifted[r]
 
-    return [lift(int(row_anc[o])) if o >= 0 and row_anc[o] >= 0 else -1 for o in op]
+    return array(INDEX, (lift(int(row_anc[o])) if o >= 0 and row_anc[o] >= 0 else -1 for o in op))
 
 
 def _device(mem: Table, gpu: bool) -> tuple[int, int]:
@@ -218,8 +235,8 @@ def _row_keys(ev: Table) -> tuple[array[int], list[RowKey]]:
     return codes, list(seen)
 
 
-def _per_key(ev: Table, codes: array[int], keys: list[RowKey], row: list[int],
-             nbytes: list[float]) -> dict[RowKey, tuple[float, float, int]]:
+def _per_key(ev: Table, codes: array[int], keys: list[RowKey], row: Sequence[int],
+             nbytes: Sequence[float]) -> dict[RowKey, tuple[float, float, int]]:
     alloc: dict[int, float] = {}
     freed: dict[int, float] = {}
     for r, b in zip(row, nbytes, strict=True):

@@ -76,7 +76,8 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
     if source == "trace":
         meta["dtype"] = dominant_dtype(ev)
         meta["mode"] = trace_mode(ev)
-    ev["time_us"] = list(ev["device_us"] if gpu else ev["self_us"])
+    # the very column (compact, never written in place): a list of it held a pointer per event
+    ev["time_us"] = ev["device_us"] if gpu else ev["self_us"]
     ops = build_ops_table(ev, gpu=gpu, peaks=peaks, kernels=trace.kernels, windows=step_windows(trace))
     if memory is None:
         memory = memory_profile(trace, ev, "trace")

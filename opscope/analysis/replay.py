@@ -14,6 +14,7 @@ import math
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
@@ -105,26 +106,60 @@ class Finish:
 
 
 def durations(g: StepGraph, change: Change | None) -> array[float]:
+    """The durations with `change`: a copy of the recorded ones (they are shared where nothing changes)."""
     if change is None:
         return g.dur  # the recorded ones, shared: nothing writes to a replay's durations
     dur = array("d", g.dur)
-    for key, f in change.cpu.items():
-        # its waits too, whose recorded duration is 0 (their wait is an edge): scaled, still 0
-        for node in g.nodes_of(key):
-            dur[node] = g.dur[node] * f
-    for k, f in change.kernels.items():
-        node = g.kernel_node.get(k, -1)
-        if node >= 0:
-            dur[node] = g.dur[node] * f
-    if change.remove_gaps:
-        for node, launching in enumerate(g.launching):
-            if launching:
-                dur[node] = 0.0
+    for node, f in _changed(g, change):
+        dur[node] = g.dur[node] * f if f is not None else 0.0
     return dur
 
 
+def _changed(g: StepGraph, change: Change) -> Iterator[tuple[int, float | None]]:
+    """(node, the factor on its recorded duration; None: 0) for each node the change touches. A node comes
+    once, except where `remove_gaps` sets it to 0 after its factor."""
+    for key, f in change.cpu.items():
+        # its waits too, whose recorded duration is 0 (their wait is an edge): scaled, still 0. The owners'
+        # nodes do not overlap (StepGraph.nodes_of), nor do the kernels'.
+        for node in g.nodes_of(key):
+            yield node, f
+    for k, f in change.kernels.items():
+        node = g.kernel_node.get(k, -1)
+        if node >= 0:
+            yield node, f
+    if change.remove_gaps:
+        for node, launching in enumerate(g.launching):
+            if launching:
+                yield node, None
+
+
+@contextmanager
+def changed_in_place(g: StepGraph, change: Change) -> Iterator[array[float]]:
+    """The durations with `change`, written into the graph's own (`g.dur`) and put back on exit: a replay
+    whose node times are not kept then holds no copy of them (8 bytes a node). A change that removes the
+    launch gaps touches most CPU nodes, some twice: it gets a copy."""
+    if change.remove_gaps:
+        yield durations(g, change)
+        return
+    dur = g.dur
+    nodes, old = array(INDEX), array("d")
+    try:
+        for node, f in _changed(g, change):
+            recorded = dur[node]
+            nodes.append(node)
+            old.append(recorded)
+            dur[node] = recorded * f if f is not None else 0.0
+        yield dur
+    finally:
+        for k in range(len(nodes) - 1, -1, -1):
+            dur[nodes[k]] = old[k]
+
+
 def replay(g: StepGraph, change: Change | None = None) -> Replay:
-    dur = durations(g, change)
+    return _replay(g, durations(g, change), change)
+
+
+def _replay(g: StepGraph, dur: array[float], change: Change | None) -> Replay:
     n = g.n
     start = array("d", [0.0]) * n  # not array("d", bytes(8 * n)): that holds the bytes beside their copy
     why = array(INDEX, [-1]) * n
@@ -176,8 +211,22 @@ def replay(g: StepGraph, change: Change | None = None) -> Replay:
 
 
 def replay_steps(g: StepGraph, change: Change | None = None) -> Steps:
-    """replay()'s step times only; its node arrays are freed on return."""
-    return Steps(replay(g, change).step_us)
+    """replay()'s step times only; its node arrays are freed on return, and its durations are never copied."""
+    if change is None:
+        return Steps(replay(g).step_us)
+    with changed_in_place(g, change) as dur:
+        return Steps(_replay(g, dur, change).step_us)
+
+
+def replay_path(g: StepGraph, change: Change | None = None) -> tuple[Steps, list[dict[str, Any]]]:
+    """replay()'s step times and critical path; its node arrays are freed on return, and its durations are
+    never copied."""
+    if change is None:
+        r = replay(g)
+        return Steps(r.step_us), critical_path(g, r)
+    with changed_in_place(g, change) as dur:
+        r = _replay(g, dur, change)
+        return Steps(r.step_us), critical_path(g, r)
 
 
 def step_bounds(g: StepGraph, r: Replay) -> list[tuple[float, float]]:
@@ -186,13 +235,15 @@ def step_bounds(g: StepGraph, r: Replay) -> list[tuple[float, float]]:
         work = [i for i in range(g.n) if g.owner[i] >= 0 or g.kind[i] == KERNEL] or list(range(g.n))
         if not work:
             return [(0.0, 0.0)]
-        return [(min(r.start[i] for i in work), max(r.finish[i] for i in work))]
+        start, dur = r.start, r.dur
+        return [(min(start[i] for i in work), max(start[i] + dur[i] for i in work))]
     out = []
+    start, dur = r.start, r.dur
     for k, (lane, a, b) in enumerate(g.steps):
         end = _at(g, r, lane, b)
         kernels = g.step_kernels[k] if k < len(g.step_kernels) else []
-        if kernels:
-            end = max(end, max(r.finish[x] for x in kernels) - g.step_tail[k])
+        if kernels:  # each finish summed as Finish sums it, without a call per kernel
+            end = max(end, max(start[x] + dur[x] for x in kernels) - g.step_tail[k])
         out.append((_at(g, r, lane, a), end))
     return out
 
@@ -239,29 +290,33 @@ def critical_path(g: StepGraph, r: Replay, limit: int = MAX_SEGMENTS) -> list[di
     one lane merge first when there are more than `limit`."""
     node = _end_node(g, r)
     t0 = origin(g, r)
+    start, node_dur, why = r.start, r.dur, r.why
     chain = array(INDEX)
     seen = bytearray(g.n)
-    while node >= 0 and not seen[node] and r.finish[node] > t0:
+    # a finish is its start plus its duration, summed here as Finish sums it (no call per node)
+    while node >= 0 and not seen[node] and start[node] + node_dur[node] > t0:
         seen[node] = 1
         chain.append(node)
-        node = r.why[node]
-    start, finish, kind, node_lane = r.start, r.finish, g.kind, g.lane
+        node = why[node]
+    del seen
+    kind, node_lane = g.kind, g.lane
 
     def kept() -> Iterator[tuple[int, float, float]]:
         """(node, start, end) of the path's segments in time order, clipped at the origin."""
         for node in reversed(chain):
-            a, b = start[node], finish[node]
+            a = start[node]
+            b = a + node_dur[node]
             if a < t0:
                 a = t0
             if not (b - a <= 0 or kind[node] == WAIT_END):
                 yield node, a, b
 
+    count = sum(1 for _ in kept())
     lanes: dict[int, int] = {}  # the graph's lane number -> the path's
     lane_id = lanes.setdefault
     # the path of a long trace runs through most of its nodes: when it has more segments than kept, they
     # merge as they come (the first of _bounded's merges), never all held at once
     rows = ((lane_id(node_lane[node], len(lanes)), a - t0, b - a, node) for node, a, b in kept())
-    count = sum(1 for _ in kept())
     # its own sum() over the same values as bounded()'s (a running total differs from sum() since 3.12)
     span = sum(b - a for _, a, b in kept()) if count > limit else 0.0
     segments = _bounded(rows, count, span, limit)

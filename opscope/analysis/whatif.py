@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from opscope.analysis.fixes import Fixer, OpSpeedup, assign_ids
-from opscope.analysis.replay import Change, Replay, Steps, critical_path, replay, replay_steps
+from opscope.analysis.replay import Change, Replay, Steps, critical_path, replay, replay_path, replay_steps
 from opscope.analysis.replay_graph import StepGraph, build_graph
 from opscope.errors import OpscopeError
 from opscope.machine.peaks import Peaks
@@ -29,10 +29,11 @@ class Engine:
     fixer: Fixer
     base: Steps  # the unchanged replay (a Replay until steps_only())
 
-    def replay(self, change: Change | None) -> Replay:
-        if change is None or change.empty:
-            return self.base if isinstance(self.base, Replay) else replay(self.graph)
-        return replay(self.graph, change)
+    def path(self, change: Change) -> tuple[Steps, list[dict[str, Any]]]:
+        """The step times and the critical path of the replay with `change` (its node times are not kept)."""
+        if change.empty and isinstance(self.base, Replay):
+            return self.base, critical_path(self.graph, self.base)
+        return replay_path(self.graph, None if change.empty else change)
 
     def steps_only(self) -> None:
         """Drops the unchanged replay's node times (28 bytes a node), once its critical path is taken:
@@ -64,14 +65,14 @@ class Step:
 
 
 def recommend(e: Engine, fixes: Sequence[tuple[str, Change]], alone: Sequence[float] | None = None,
-              limit: int | None = None, exact: bool = False) -> tuple[list[Step], Replay]:
+              limit: int | None = None, exact: bool = False) -> tuple[list[Step], Change]:
     """The fixes in the order to apply them, greedily: the largest saving on top of those already taken
     first. Lazy: each round only the leader by its last known saving (`alone`: each fix's saving on its
     own, when already known) is replayed on top of the fixes taken, until a leader's saving is current.
     The savings reported are exact; the order is greedy where a fix does not gain from another (a kernel
     off the critical path gains once the launch gaps are gone, and is then taken after it). Returns the
-    steps and the replay with all of them; with `limit`, only the first `limit` steps (the replay is still
-    the one with every fix). `exact`: every round replays every fix left on top of those taken (n²/2
+    steps and the change with all of them (Engine.path replays it); with `limit`, only the first `limit`
+    steps (the change is still the one with every fix). `exact`: every round replays every fix left on top of those taken (n²/2
     replays: for `opscope whatif`, where the order is the answer), so a fix that gains only after another
     is ranked by what it gains then."""
     current = Change()
@@ -103,7 +104,7 @@ def recommend(e: Engine, fixes: Sequence[tuple[str, Change]], alone: Sequence[fl
         out.append(Step(fixes[k][0], max(prev.total_us - now.total_us, 0.0), now.mean_step_us))
         del bound[k]
         fresh, tried = set(), {}
-    return out, e.replay(current)  # replayed once more with its node times, for the critical path
+    return out, current
 
 
 def annotate(e: Engine, findings: list[dict[str, Any]]) -> list[tuple[str, Change, float]]:
@@ -131,7 +132,9 @@ def run_whatif(trace: TraceData, ev: Table, findings: list[dict[str, Any]], *, p
     e = engine(trace, ev, peaks, gpu)
     path = critical_path(e.graph, cast(Replay, e.base))
     fixes = [(k, c, saved) for k, c, saved in annotate(e, findings) if not c.empty]
-    steps, fixed = recommend(e, [(k, c) for k, c, _ in fixes], [saved for _, _, saved in fixes], limit=TOP[-1])
+    steps, current = recommend(e, [(k, c) for k, c, _ in fixes], [saved for _, _, saved in fixes], limit=TOP[-1])
+    # replayed once more for its critical path (the unchanged one's when nothing changes)
+    fixed, fixed_path = (e.base, path) if current.empty and isinstance(e.base, Replay) else e.path(current)
     order = [s.label for s in steps]
     sizes = sorted({n for n in TOP if n < len(order)} | ({min(len(order), TOP[-1])} if order else set()))
     top: list[dict[str, Any]] = [{"ids": order[:n], "predicted_step_time_us": round(steps[n - 1].predicted_step_us, 3)}
@@ -143,7 +146,7 @@ def run_whatif(trace: TraceData, ev: Table, findings: list[dict[str, Any]], *, p
         "fixes": len(fixes),
         "top": top,
     }
-    file = {"critical_path": path, "critical_path_fixed": path if fixed is e.base else critical_path(e.graph, fixed)}
+    file = {"critical_path": path, "critical_path_fixed": fixed_path}
     return summary, file
 
 
@@ -180,7 +183,8 @@ def what_if(trace: TraceData, ev: Table, findings: list[dict[str, Any]], fixes: 
     changes += [(f"swap:{label}", e.fixer.measured_swap(keys, saving)) for label, keys, saving in swaps]
     if remove_gaps:
         changes.append(("remove-gaps", Change(remove_gaps=True)))
-    steps, fixed = recommend(e, changes, exact=True)
+    steps, current = recommend(e, changes, exact=True)
+    fixed, path = e.path(current)
     return Outcome(recorded_step_us=recorded_step_us, replayed_step_us=e.base.mean_step_us,
                    predicted_step_us=fixed.mean_step_us, steps=len(e.base.step_us), applied=steps,
-                   critical_path=critical_path(e.graph, fixed))
+                   critical_path=path)

@@ -7,6 +7,7 @@ import gzip
 import json
 import math
 import random
+from array import array
 from itertools import accumulate
 from pathlib import Path
 
@@ -16,7 +17,15 @@ from conftest import TESTS, TRACES
 from opscope.analysis.events import build_events
 from opscope.analysis.fixes import Fixer, OpSpeedup, assign_ids, finding_id, parse_op_speedup
 from opscope.analysis.pipeline import device_busy_share, step_stats
-from opscope.analysis.replay import Change, bounded, critical_path, replay
+from opscope.analysis.replay import (
+    Change,
+    bounded,
+    changed_in_place,
+    critical_path,
+    replay,
+    replay_path,
+    replay_steps,
+)
 from opscope.analysis.replay_graph import (
     CPU,
     KERNEL,
@@ -146,7 +155,7 @@ def test_recommend_puts_the_largest_marginal_saving_first(tiny):
     steps, after = recommend(e, [("small", small), ("big", big)])
     assert [s.label for s in steps] == ["big", "small"]
     assert steps[0].marginal_us == pytest.approx(62.0 - 48.5)
-    assert sum(s.marginal_us for s in steps) == pytest.approx(62.0 - after.mean_step_us)
+    assert sum(s.marginal_us for s in steps) == pytest.approx(62.0 - e.path(after)[0].mean_step_us)
 
 
 def test_finding_ids_are_stable_and_distinct():
@@ -255,6 +264,29 @@ def test_removing_gaps_lands_between_gpu_busy_and_the_recorded_step(name: str):
     busy = device_busy_share(trace, steps, recorded) * recorded
     predicted = replay(build_graph(trace, ev), Change(remove_gaps=True)).mean_step_us
     assert busy <= predicted < recorded
+
+
+@pytest.mark.parametrize("name", ["h100_bert-small_bf16", "sglang_qwen3-8b_decode_cudagraph"])
+def test_in_place_replays_match_the_copied_ones_and_put_the_durations_back(name: str):
+    trace = load_trace(TRACES / f"{name}.json.gz")
+    ev = build_events(trace)
+    g = build_graph(trace, ev)
+    recorded = array("d", g.dur)
+    rows = [i for i, r in enumerate(ev["is_row"]) if r]
+    changes = [Change(cpu={e: 0.5 for e in rows[::3]}),
+               Change(kernels={k: 0.25 for k in range(0, len(g.kernel_node), 2)}),
+               Change(cpu={rows[0]: 0.0}, kernels={0: 2.0}, remove_gaps=True)]
+    for change in changes:
+        copied = replay(g, change)
+        assert replay_steps(g, change).step_us == copied.step_us
+        steps, path = replay_path(g, change)
+        assert steps.step_us == copied.step_us
+        assert path == critical_path(g, copied)
+        assert g.dur == recorded
+    with pytest.raises(RuntimeError), changed_in_place(g, changes[0]) as dur:
+        assert dur is g.dur and dur != recorded
+        raise RuntimeError
+    assert g.dur == recorded
 
 
 def test_gzip_round_trip_of_the_tiny_trace(tmp_path: Path):
