@@ -124,7 +124,7 @@ def _changed(g: StepGraph, change: Change) -> Iterator[tuple[int, float | None]]
         for node in g.nodes_of(key):
             yield node, f
     for k, f in change.kernels.items():
-        node = g.kernel_node.get(k, -1)
+        node = g.node_of_kernel(k)
         if node >= 0:
             yield node, f
     if change.remove_gaps:
@@ -136,23 +136,31 @@ def _changed(g: StepGraph, change: Change) -> Iterator[tuple[int, float | None]]
 @contextmanager
 def changed_in_place(g: StepGraph, change: Change) -> Iterator[array[float]]:
     """The durations with `change`, written into the graph's own (`g.dur`) and put back on exit: a replay
-    whose node times are not kept then holds no copy of them (8 bytes a node). A change that removes the
-    launch gaps touches most CPU nodes, some twice: it gets a copy."""
-    if change.remove_gaps:
-        yield durations(g, change)
-        return
+    whose node times are not kept then holds no copy of them (8 bytes a node), only the old durations of the
+    nodes it touches and a byte a node. Put back in the order they were written, found again by
+    _changed()."""
     dur = g.dur
-    nodes, old = array(INDEX), array("d")
+    touched = bytearray(len(dur))
+    old = array("d")
     try:
         for node, f in _changed(g, change):
+            if touched[node]:  # only `remove_gaps` comes back to a node: 0, as in durations()
+                dur[node] = 0.0
+                continue
+            touched[node] = 1
             recorded = dur[node]
-            nodes.append(node)
             old.append(recorded)
             dur[node] = recorded * f if f is not None else 0.0
         yield dur
     finally:
-        for k in range(len(nodes) - 1, -1, -1):
-            dur[nodes[k]] = old[k]
+        k = 0
+        for node, _ in _changed(g, change):
+            if k == len(old):  # all put back (or written: a failure half-way)
+                break
+            if touched[node]:
+                touched[node] = 0
+                dur[node] = old[k]
+                k += 1
 
 
 def replay(g: StepGraph, change: Change | None = None) -> Replay:

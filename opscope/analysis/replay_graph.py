@@ -54,7 +54,7 @@ class StepGraph:
     # number (the graph of a trace has several nodes per event; lists tripled analyze's peak memory).
     kind: array[int] = field(default_factory=lambda: array("b"))
     # a node's lane ("cpu:<tid>" | "gpu:<device>:<stream>") and name, as numbers into `lanes` and `names`
-    # (lane_of(), name_of()): half a pointer's size a node
+    # (lane_of(), name_of()): 4 bytes a node while built, then 1 or 2 where they fit (_narrowed)
     lane: array[int] = field(default_factory=lambda: array(INDEX))
     name: array[int] = field(default_factory=lambda: array(INDEX))
     lanes: list[str] = field(default_factory=list)
@@ -81,7 +81,10 @@ class StepGraph:
     ends: array[int] = field(default_factory=lambda: array(INDEX))
     # per thread (lane name): its pieces' node ids in time order (so in order of their recorded starts)
     thread_nodes: dict[str, array[int]] = field(default_factory=dict)
-    kernel_node: dict[int, int] = field(default_factory=dict)  # trace.kernels row -> its KERNEL node
+    # trace.kernels row -> its KERNEL node (-1: none, a graph capture's copy), and the rows that have one in
+    # node order (a dict of them took more memory than the graph's names)
+    kernel_node: array[int] = field(default_factory=lambda: array(INDEX))
+    kernel_rows: array[int] = field(default_factory=lambda: array(INDEX))
     waits: list[int] = field(default_factory=list)  # WAIT_END nodes (their owner: the row around the call)
     # row event -> its nodes (its CPU pieces, the runtime calls in them), CSR by event (nodes_of()): the
     # owned nodes grouped by owner, and where each event's nodes start (a list per event held more memory than
@@ -105,6 +108,21 @@ class StepGraph:
         if not 0 <= event < len(self.owner_start) - 1:
             return array(INDEX)
         return self.by_owner[self.owner_start[event]:self.owner_start[event + 1]]
+
+    def node_of_kernel(self, row: int) -> int:
+        """trace.kernels row `row`'s KERNEL node (-1: none)."""
+        return self.kernel_node[row] if 0 <= row < len(self.kernel_node) else -1
+
+    def set_kernel_node(self, row: int, node: int) -> None:
+        if row >= len(self.kernel_node):
+            self.kernel_node.extend(array(INDEX, [-1]) * (row + 1 - len(self.kernel_node)))
+        self.kernel_node[row] = node
+        self.kernel_rows.append(row)
+
+    def kernel_nodes(self) -> Iterator[tuple[int, int]]:
+        """(trace.kernels row, its KERNEL node) in node order."""
+        node_of = self.kernel_node
+        return ((row, node_of[row]) for row in self.kernel_rows)
 
     def lane_of(self, node: int) -> str:
         return self.lanes[self.lane[node]]
@@ -218,12 +236,22 @@ def build_graph(trace: TraceData, ev: Table) -> StepGraph:
     edges.into(g)
     g.heads, g.ends = _runs(g, _topological(g))
     g._lane_ids, g._name_ids = {}, {}
+    g.lane, g.name = _narrowed(g.lane, len(g.lanes)), _narrowed(g.name, len(g.names))
     g.owner_start, g.by_owner = grouped(g.owner, max(g.owner, default=-1) + 1)
     if nrows(trace.steps):
         for tid, ts, dur in zip(trace.steps["tid"], trace.steps["ts"], trace.steps["dur"], strict=True):
             g.steps.append((cpu_lane(tid), float(ts), float(ts) + float(dur)))
         _step_kernels(g)
     return g
+
+
+def _narrowed(numbers: array[int], distinct: int) -> array[int]:
+    """Numbers in [0, distinct) in 1 or 2 bytes each where they fit (a trace has a few lanes and a few
+    thousand names: 5 of the graph's bytes a node), else as they are."""
+    for typecode, size in (("B", 1 << 8), ("H", 1 << 16)):
+        if distinct <= size:
+            return array(typecode, numbers)
+    return numbers
 
 
 def _cpu_lanes(trace: TraceData, ev: Table, g: StepGraph,
@@ -405,6 +433,7 @@ def _gpu_lanes(trace: TraceData, g: StepGraph, edges: _Edges,
     nk = nrows(k)
     if not nk:
         return
+    g.kernel_node = array(INDEX, [-1]) * nk
     la = trace.launches
     corr_to_launch = {int(c): j for j, c in enumerate(la["correlation"])} if nrows(la) else {}
     captured = k.get("captured") or [False] * nk
@@ -437,7 +466,7 @@ def _gpu_lanes(trace: TraceData, g: StepGraph, edges: _Edges,
     for i, prev, node, a, b in plans:
         lane = gpu_lane(k["device"][i], k["stream"][i])
         me = g.add(KERNEL, lane, str(k["name"][i]), ts[i], end[i] - ts[i])
-        g.kernel_node[i] = me
+        g.set_kernel_node(i, me)
         es: list[tuple[int, float, bool]] = []
         stream_bound = prev >= 0 and a >= b
         if prev >= 0:
@@ -453,7 +482,7 @@ def _waits(trace: TraceData, g: StepGraph, edges: _Edges,
     grow with each launch)."""
     la = trace.launches
     per_stream: dict[str, tuple[list[int], list[int]]] = {}  # lane -> (running max correlation, nodes)
-    for i, node in sorted(g.kernel_node.items(), key=lambda kv: (g.lane_of(kv[1]), g.start[kv[1]])):
+    for i, node in sorted(g.kernel_nodes(), key=lambda kv: (g.lane_of(kv[1]), g.start[kv[1]])):
         corr, nodes = per_stream.setdefault(g.lane_of(node), ([], []))
         c = int(trace.kernels["correlation"][i])
         corr.append(max(c, corr[-1]) if corr else c)
@@ -481,7 +510,7 @@ def _step_kernels(g: StepGraph) -> None:
     """Each step's kernels: those launched inside it (by their launch's start; a kernel without a launch
     by its own)."""
     launched_at: dict[int, float] = {}
-    for node in g.kernel_node.values():
+    for _, node in g.kernel_nodes():
         at = g.start[node]
         for e in range(g.ptr[node], g.ptr[node + 1]):
             if g.from_start[e]:

@@ -314,7 +314,7 @@ def test_each_steps_kernels_are_those_launched_inside_it():
             k = g.add(KERNEL, "gpu:0:7", "k", t, 2.0)
             edges.node(())
             launch_at[k] = t
-        g.kernel_node[len(g.kernel_node)] = k
+        g.set_kernel_node(len(g.kernel_rows), k)
     edges.into(g)
     g.steps = [("cpu:1", float(a), float(a + 10)) for a in range(0, 100, 10)] + [("cpu:1", 35.0, 35.0)]
     _step_kernels(g)
