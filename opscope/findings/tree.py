@@ -16,12 +16,16 @@ from opscope.table import INDEX, Table, grouped, indexable, records
 VIEW_FAMILIES = frozenset({"view", "composite"})
 
 
-def user_mask(ctx: Context) -> list[bool]:
+# Per-event results are typed (a float array, a byte per flag): a list held a pointer an event, and a
+# float object each, whose freed blocks then stayed spread over the heap through the what-if.
+
+
+def user_mask(ctx: Context) -> bytearray:
     """Events inside a profiled step that the user's code issued: not opscope's harness (loss,
-    backward seed, optimizer), not outside the ProfilerStep annotations."""
-    def build() -> list[bool]:
-        return [step >= 0 and loc != HARNESS
-                for step, loc in zip(col(ctx, "step"), col(ctx, "source_location"), strict=True)]
+    backward seed, optimizer), not outside the ProfilerStep annotations. 1 or 0 per event."""
+    def build() -> bytearray:
+        return bytearray(step >= 0 and loc != HARNESS
+                         for step, loc in zip(col(ctx, "step"), col(ctx, "source_location"), strict=True))
     return cached(ctx, "user_mask", build)
 
 
@@ -39,10 +43,10 @@ def ops_rows(ctx: Context) -> list[dict[str, Any]]:
     return cached(ctx, "ops_rows", lambda: records(ctx.ops))
 
 
-def subtree_sum(ctx: Context, column: str) -> list[float]:
+def subtree_sum(ctx: Context, column: str) -> array[float]:
     """Per event: `column` summed over the event and everything nested in it (NaN counts as 0)."""
-    def build() -> list[float]:
-        acc = [0.0 if v != v else float(v) for v in col(ctx, column)]
+    def build() -> array[float]:
+        acc = array("d", (0.0 if v != v else float(v) for v in col(ctx, column)))
         parent, depth = indexable(col(ctx, "parent")), col(ctx, "depth")
         by_depth: dict[int, list[int]] = {}
         for i, d in enumerate(depth):
@@ -87,17 +91,17 @@ def descendants(ctx: Context, i: int) -> list[int]:
     return out
 
 
-def is_worker(ctx: Context) -> list[bool]:
+def is_worker(ctx: Context) -> bytearray:
     """Per event: a row op that does work of its own, i.e. neither a view, a composite wrapper, nor an
-    op the cost model does not know that has row ops beneath it (an unknown wrapper)."""
-    def build() -> list[bool]:
+    op the cost model does not know that has row ops beneath it (an unknown wrapper). 1 or 0."""
+    def build() -> bytearray:
         fam = col(ctx, "family")
         is_row = col(ctx, "is_row")
-        has_row_child = [False] * len(fam)
+        has_row_child = bytearray(len(fam))
         for p in col(ctx, "row_parent"):
             if p >= 0:
-                has_row_child[p] = True
-        out = []
+                has_row_child[p] = 1
+        out = bytearray()
         for f, row, kids in zip(fam, is_row, has_row_child, strict=True):
             f = f if isinstance(f, str) else ""
             out.append(bool(row) and f not in VIEW_FAMILIES and not (f == "" and kids))
@@ -108,38 +112,38 @@ def is_worker(ctx: Context) -> list[bool]:
 def inside_worker(ctx: Context, i: int) -> bool:
     """Event i runs inside another row op that does work (e.g. fill_ initializing sum's output, copy_
     writing addmm's bias): part of that op's implementation."""
-    return inside_worker_flags(ctx)[i]
+    return bool(inside_worker_flags(ctx)[i])
 
 
-def inside_worker_flags(ctx: Context) -> list[bool]:
-    """inside_worker() for every event."""
+def inside_worker_flags(ctx: Context) -> bytearray:
+    """inside_worker() for every event: 1 or 0."""
     return cached(ctx, "inside_worker", lambda: _inside_worker_all(ctx))
 
 
-def _inside_worker_all(ctx: Context) -> list[bool]:
+UNKNOWN = 2  # _inside_worker_all: not resolved yet
+
+
+def _inside_worker_all(ctx: Context) -> bytearray:
     work = is_worker(ctx)
     rp = col(ctx, "row_parent")
-    memo: list[bool | None] = [None] * len(rp)
-
-    def resolve(i: int) -> bool:
+    memo = bytearray([UNKNOWN]) * len(rp)
+    for start in range(len(rp)):
+        i = start
         chain = []
-        while memo[i] is None:
+        while memo[i] == UNKNOWN:
             a = rp[i]
             if a < 0:
-                memo[i] = False
+                memo[i] = 0
                 break
             if work[a]:
-                memo[i] = True
+                memo[i] = 1
                 break
             chain.append(i)
             i = a
         value = memo[i]
-        assert value is not None  # the walk stops at a resolved event
         for k in chain:
             memo[k] = value
-        return value
-
-    return [resolve(i) for i in range(len(rp))]
+    return memo
 
 
 def row_ancestors(ctx: Context, i: int) -> list[int]:

@@ -87,8 +87,8 @@ def _context(events: dict[str, list], ops: dict[str, list] | None = None) -> Con
 
 def test_subtree_sum_adds_each_event_and_everything_beneath_it_nan_as_zero():
     ctx = _context(_events())
-    assert subtree_sum(ctx, "time_us") == [1.0 + 2.0 + 4.0, 2.0 + 4.0, 4.0, 0.0, 16.0, 32.0]
-    assert user_mask(ctx) == [True, True, True, False, True, False]
+    assert list(subtree_sum(ctx, "time_us")) == [1.0 + 2.0 + 4.0, 2.0 + 4.0, 4.0, 0.0, 16.0, 32.0]
+    assert list(user_mask(ctx)) == [True, True, True, False, True, False]
 
 
 def test_ops_rows_for_events_reads_tables_and_dataframes_alike():
