@@ -83,6 +83,9 @@ class Replay(Steps):
     start: array[float]
     why: array[int]  # the binding predecessor of each node (-1: none)
     dur: array[float]
+    # the recorded durations of the pieces holding the steps' ends where `dur` is the graph's own, changed
+    # in place (changed_in_place): g.dur then holds the changed ones
+    recorded: dict[int, float] = field(default_factory=dict)
 
     @property
     def finish(self) -> Finish:
@@ -134,12 +137,14 @@ def _changed(g: StepGraph, change: Change) -> Iterator[tuple[int, float | None]]
 
 
 @contextmanager
-def changed_in_place(g: StepGraph, change: Change) -> Iterator[array[float]]:
-    """The durations with `change`, written into the graph's own (`g.dur`) and put back on exit: a replay
-    whose node times are not kept then holds no copy of them (8 bytes a node), only the old durations of the
-    nodes it touches and a byte a node. Put back in the order they were written, found again by
-    _changed()."""
+def changed_in_place(g: StepGraph, change: Change) -> Iterator[tuple[array[float], dict[int, float]]]:
+    """The durations with `change`, written into the graph's own (`g.dur`) and put back on exit, and the
+    recorded durations of the pieces holding the steps' ends (Replay.recorded: where a step ends is
+    placed by them): a replay whose node times are not kept then holds no copy of the durations (8 bytes a
+    node), only the old durations of the nodes it touches and a byte a node. Put back in the order they
+    were written, found again by _changed()."""
     dur = g.dur
+    recorded = {node: dur[node] for node in _step_holders(g)}
     touched = bytearray(len(dur))
     old = array("d")
     try:
@@ -148,10 +153,10 @@ def changed_in_place(g: StepGraph, change: Change) -> Iterator[array[float]]:
                 dur[node] = 0.0
                 continue
             touched[node] = 1
-            recorded = dur[node]
-            old.append(recorded)
-            dur[node] = recorded * f if f is not None else 0.0
-        yield dur
+            was = dur[node]
+            old.append(was)
+            dur[node] = was * f if f is not None else 0.0
+        yield dur, recorded
     finally:
         k = 0
         for node, _ in _changed(g, change):
@@ -167,7 +172,9 @@ def replay(g: StepGraph, change: Change | None = None) -> Replay:
     return _replay(g, durations(g, change), change)
 
 
-def _replay(g: StepGraph, dur: array[float], change: Change | None) -> Replay:
+def _replay(g: StepGraph, dur: array[float], change: Change | None,
+            recorded: dict[int, float] | None = None) -> Replay:
+    """`recorded`: where `dur` is g.dur changed in place, the recorded durations changed_in_place gives."""
     n = g.n
     start = array("d", [0.0]) * n  # not array("d", bytes(8 * n)): that holds the bytes beside their copy
     why = array(INDEX, [-1]) * n
@@ -213,7 +220,7 @@ def _replay(g: StepGraph, dur: array[float], change: Change | None) -> Replay:
             sums = list(accumulate(steps, initial=f))
             start[i + 1:end] = array("d", sums[1::2])  # each finish, sums[2::2], is its start plus its duration
             why[i + 1:end] = array(INDEX, range(i, end - 1))
-    out = Replay(step_us=[], start=start, why=why, dur=dur)
+    out = Replay(step_us=[], start=start, why=why, dur=dur, recorded=recorded or {})
     out.step_us = [b - a for a, b in step_bounds(g, out)]
     return out
 
@@ -222,8 +229,8 @@ def replay_steps(g: StepGraph, change: Change | None = None) -> Steps:
     """replay()'s step times only; its node arrays are freed on return, and its durations are never copied."""
     if change is None:
         return Steps(replay(g).step_us)
-    with changed_in_place(g, change) as dur:
-        return Steps(_replay(g, dur, change).step_us)
+    with changed_in_place(g, change) as (dur, recorded):
+        return Steps(_replay(g, dur, change, recorded).step_us)
 
 
 def replay_path(g: StepGraph, change: Change | None = None) -> tuple[Steps, list[dict[str, Any]]]:
@@ -232,8 +239,8 @@ def replay_path(g: StepGraph, change: Change | None = None) -> tuple[Steps, list
     if change is None:
         r = replay(g)
         return Steps(r.step_us), critical_path(g, r)
-    with changed_in_place(g, change) as dur:
-        r = _replay(g, dur, change)
+    with changed_in_place(g, change) as (dur, recorded):
+        r = _replay(g, dur, change, recorded)
         return Steps(r.step_us), critical_path(g, r)
 
 
@@ -262,22 +269,39 @@ def _at(g: StepGraph, r: Replay, lane: str, t: float) -> float:
     nodes = g.thread_nodes.get(lane)
     if not nodes:
         return t
-    at = bisect_right(nodes, t, key=g.start.__getitem__) - 1
+    at = _piece_at(g, nodes, t)
     if at < 0:
         node = nodes[0]
         return r.start[node] - (g.start[node] - t)
     node = nodes[at]
-    offset, dur = t - g.start[node], g.dur[node]
+    offset, dur = t - g.start[node], r.recorded.get(node, g.dur[node])
     if offset <= dur:
         return r.start[node] + (offset * r.dur[node] / dur if dur > 0 else 0.0)
     return r.finish[node] + offset - dur
+
+
+def _piece_at(g: StepGraph, nodes: array[int], t: float) -> int:
+    """The position in a thread's pieces (`nodes`, by recorded start) of the last one starting at or
+    before recorded time `t` (-1: none)."""
+    return bisect_right(nodes, t, key=g.start.__getitem__) - 1
+
+
+def _step_holders(g: StepGraph) -> Iterator[int]:
+    """The pieces _at() reads the recorded durations of: those holding a step's start or end."""
+    for lane, a, b in g.steps:
+        nodes = g.thread_nodes.get(lane)
+        if nodes:
+            for t in (a, b):
+                at = _piece_at(g, nodes, t)
+                if at >= 0:
+                    yield nodes[at]
 
 
 def _end_node(g: StepGraph, r: Replay) -> int:
     if g.steps:
         lane, _, end = g.steps[-1]
         nodes = g.thread_nodes.get(lane, array(INDEX))
-        at = bisect_right(nodes, end, key=g.start.__getitem__) - 1
+        at = _piece_at(g, nodes, end)
         if at >= 0:
             node = nodes[at]
             # a host wait's end sits at the recorded end of its wait: take it when the step ends there

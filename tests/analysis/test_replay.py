@@ -25,6 +25,7 @@ from opscope.analysis.replay import (
     replay,
     replay_path,
     replay_steps,
+    step_bounds,
 )
 from opscope.analysis.replay_graph import (
     CPU,
@@ -274,6 +275,7 @@ def test_in_place_replays_match_the_copied_ones_and_put_the_durations_back(name:
     recorded = array("d", g.dur)
     rows = [i for i, r in enumerate(ev["is_row"]) if r]
     changes = [Change(cpu={e: 0.5 for e in rows[::3]}),
+               Change(cpu={e: 0.5 for e in rows}),  # the pieces holding the steps' ends too
                Change(kernels={k: 0.25 for k in range(0, len(g.kernel_node), 2)}),
                Change(cpu={rows[0]: 0.0}, kernels={0: 2.0}, remove_gaps=True)]
     for change in changes:
@@ -283,10 +285,26 @@ def test_in_place_replays_match_the_copied_ones_and_put_the_durations_back(name:
         assert steps.step_us == copied.step_us
         assert path == critical_path(g, copied)
         assert g.dur == recorded
-    with pytest.raises(RuntimeError), changed_in_place(g, changes[0]) as dur:
+    with pytest.raises(RuntimeError), changed_in_place(g, changes[0]) as (dur, _):
         assert dur is g.dur and dur != recorded
         raise RuntimeError
     assert g.dur == recorded
+
+
+def test_a_step_starting_inside_a_changed_piece_is_placed_by_its_recorded_duration(tmp_path: Path):
+    """The step starts 1 µs into aten::copy_'s first piece [0, 2): halved, the piece lasts 1 µs and the step
+    starts halfway into it, at 0.5, whether the replay copies the durations or changes the graph's own."""
+    path = tmp_path / "inside.json"
+    path.write_text(json.dumps({"traceEvents": [_x("cpu_op", "ProfilerStep#1", 1, 61), *EVENTS[1:]]}))
+    trace = load_trace(path)
+    ev = build_events(trace)
+    g = build_graph(trace, ev)
+    copy_op = list(ev["name"]).index("aten::copy_")
+    change = Change(cpu={copy_op: 0.5})
+    copied = replay(g, change)
+    assert step_bounds(g, copied)[0][0] == pytest.approx(0.5 + T0)
+    assert replay_steps(g, change).step_us == copied.step_us
+    assert replay_path(g, change)[0].step_us == copied.step_us
 
 
 def test_gzip_round_trip_of_the_tiny_trace(tmp_path: Path):
