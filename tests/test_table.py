@@ -23,6 +23,8 @@ from opscope.table import (
     filled,
     packed,
     pairwise_sum,
+    take,
+    take_compact,
 )
 
 
@@ -210,3 +212,15 @@ def test_column_builder_reads_back_random_columns_exactly():
         compacted = {"c": list(values)}
         compact(compacted)
         assert _same(compacted["c"], values)
+
+
+def test_take_compact_takes_the_rows_as_take_does_keeping_each_columns_form():
+    table = {"name": coded(["a", "b", "a", "c"] * 10), "ts": packed([float(i) for i in range(40)]),
+             "id": packed(list(range(100, 140))), "note": ["x", "y", "z", "w"] * 10}
+    index = [39, 0, 7, 7, 12]
+    got = take_compact(table, index)
+    assert {c: list(v) for c, v in got.items()} == take(table, index)
+    assert isinstance(got["name"], Coded) and got["name"].values is table["name"].values
+    assert isinstance(got["ts"], Packed) and got["ts"].numbers.typecode == "d"
+    assert isinstance(got["id"], Packed) and got["id"].numbers.typecode == table["id"].numbers.typecode
+    assert isinstance(got["note"], list)

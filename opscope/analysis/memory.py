@@ -28,7 +28,7 @@ from typing import Any
 
 from opscope.analysis.events import assign_steps, innermost
 from opscope.analysis.gpu_timeline import Windows, step_windows
-from opscope.table import INDEX, Coded, Packed, Table, factorize, filled, nrows, sort_order
+from opscope.table import INDEX, Table, factorize, filled, nrows, sort_order, take_compact
 from opscope.trace.reader import TraceData
 
 CPU_DEVICE = 0  # c10::DeviceType
@@ -79,7 +79,7 @@ def memory_profile(trace: TraceData, ev: Table, source: str) -> MemoryProfile | 
         mem = used  # every event of this device, in time order already (as a profiler writes them): no copy
     else:
         # stable: events at the same time keep their order
-        mem = _taken(used, array(INDEX, sorted(mine, key=mem_ts.__getitem__)))
+        mem = take_compact(used, array(INDEX, sorted(mine, key=mem_ts.__getitem__)))
     del mine
     ts = mem["ts"]
     nbytes = array("d", (float(b) for b in mem["bytes"]))
@@ -173,19 +173,6 @@ def memory_profile(trace: TraceData, ev: Table, source: str) -> MemoryProfile | 
     return MemoryProfile(per_key=per_key, summary=summary, retained=retained_list, steps=len(step_ids),
                          curve=(array("d", (float(t) for t in ts)), level), windows=step_windows(trace))
 
-
-def _taken(table: Table, index: array[int]) -> Table:
-    """The rows at `index`, in that order, each column as compact as it was (opscope.table.take gives
-    lists: a pointer and a number object per event)."""
-    out: Table = {}
-    for name, values in table.items():
-        if isinstance(values, Packed):
-            out[name] = Packed(array(values.numbers.typecode, map(values.numbers.__getitem__, index)))
-        elif isinstance(values, Coded):
-            out[name] = Coded(array(values.codes.typecode, map(values.codes.__getitem__, index)), values.values)
-        else:
-            out[name] = [values[i] for i in index]
-    return out
 
 
 # Ops that only allocate: inside another op they allocate for it (its output or workspace).

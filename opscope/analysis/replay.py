@@ -227,21 +227,25 @@ def _replay(g: StepGraph, dur: array[float], change: Change | None,
 
 def replay_steps(g: StepGraph, change: Change | None = None) -> Steps:
     """replay()'s step times only; its node arrays are freed on return, and its durations are never copied."""
-    if change is None:
-        return Steps(replay(g).step_us)
-    with changed_in_place(g, change) as (dur, recorded):
-        return Steps(_replay(g, dur, change, recorded).step_us)
+    with _replayed(g, change) as r:
+        return Steps(r.step_us)
 
 
 def replay_path(g: StepGraph, change: Change | None = None) -> tuple[Steps, list[dict[str, Any]]]:
     """replay()'s step times and critical path; its node arrays are freed on return, and its durations are
     never copied."""
+    with _replayed(g, change) as r:
+        return Steps(r.step_us), critical_path(g, r)
+
+
+@contextmanager
+def _replayed(g: StepGraph, change: Change | None) -> Iterator[Replay]:
+    """The replay with `change`, its durations the graph's own changed in place while it is used."""
     if change is None:
-        r = replay(g)
-        return Steps(r.step_us), critical_path(g, r)
+        yield replay(g)
+        return
     with changed_in_place(g, change) as (dur, recorded):
-        r = _replay(g, dur, change, recorded)
-        return Steps(r.step_us), critical_path(g, r)
+        yield _replay(g, dur, change, recorded)
 
 
 def step_bounds(g: StepGraph, r: Replay) -> list[tuple[float, float]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from opscope.analysis.fixes import Fixer, OpSpeedup, assign_ids
 from opscope.analysis.replay import Change, Replay, Steps, critical_path, replay, replay_path, replay_steps
@@ -28,16 +28,22 @@ class Engine:
     graph: StepGraph
     fixer: Fixer
     base: Steps  # the unchanged replay (a Replay until steps_only())
+    base_path: list[dict[str, Any]] | None = None  # its critical path, once taken
 
     def path(self, change: Change) -> tuple[Steps, list[dict[str, Any]]]:
-        """The step times and the critical path of the replay with `change` (its node times are not kept)."""
-        if change.empty and isinstance(self.base, Replay):
-            return self.base, critical_path(self.graph, self.base)
-        return replay_path(self.graph, None if change.empty else change)
+        """The step times and the critical path of the replay with `change` (its node times are not kept;
+        the unchanged replay's path is taken once)."""
+        if not change.empty:
+            return replay_path(self.graph, change)
+        if self.base_path is None:
+            self.base_path = (critical_path(self.graph, self.base) if isinstance(self.base, Replay)
+                              else replay_path(self.graph)[1])
+        return self.base, self.base_path
 
     def steps_only(self) -> None:
-        """Drops the unchanged replay's node times (28 bytes a node), once its critical path is taken:
-        the fixes' replays then need only its step times."""
+        """Drops the unchanged replay's node times (28 bytes a node), its critical path taken first: the
+        fixes' replays then need only its step times."""
+        self.path(Change())
         self.base = Steps(self.base.step_us)
 
     def steps(self, change: Change | None) -> Steps:
@@ -110,7 +116,7 @@ def recommend(e: Engine, fixes: Sequence[tuple[str, Change]], alone: Sequence[fl
 def annotate(e: Engine, findings: list[dict[str, Any]]) -> list[tuple[str, Change, float]]:
     """Adds "id" and "critical_path_saving_us" to every finding; returns (id, change, saving) per finding
     (one replay per distinct change). When a finding changes anything, the unchanged replay keeps only its
-    step times from here on (take its critical path before)."""
+    step times from here on (Engine.steps_only)."""
     assign_ids(findings)
     changes = [e.fixer.finding(f) for f in findings]
     if any(not c.empty for c in changes):  # the fixes' replays then never sit beside its node times
@@ -130,11 +136,10 @@ def run_whatif(trace: TraceData, ev: Table, findings: list[dict[str, Any]], *, p
                step_time_us: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """Annotates the findings; returns (summary.json "whatif", whatif.json)."""
     e = engine(trace, ev, peaks, gpu)
-    path = critical_path(e.graph, cast(Replay, e.base))
+    _, path = e.path(Change())
     fixes = [(k, c, saved) for k, c, saved in annotate(e, findings) if not c.empty]
     steps, current = recommend(e, [(k, c) for k, c, _ in fixes], [saved for _, _, saved in fixes], limit=TOP[-1])
-    # replayed once more for its critical path (the unchanged one's when nothing changes)
-    fixed, fixed_path = (e.base, path) if current.empty and isinstance(e.base, Replay) else e.path(current)
+    fixed, fixed_path = e.path(current)  # replayed once more for its critical path
     order = [s.label for s in steps]
     sizes = sorted({n for n in TOP if n < len(order)} | ({min(len(order), TOP[-1])} if order else set()))
     top: list[dict[str, Any]] = [{"ids": order[:n], "predicted_step_time_us": round(steps[n - 1].predicted_step_us, 3)}
