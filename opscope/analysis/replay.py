@@ -81,11 +81,12 @@ class Replay(Steps):
     """A replay with every node's times (the critical path needs them)."""
 
     start: array[float]
-    why: array[int]  # the binding predecessor of each node (-1: none)
     dur: array[float]
     # the recorded durations of the pieces holding the steps' ends where `dur` is the graph's own, changed
     # in place (changed_in_place): g.dur then holds the changed ones
     recorded: dict[int, float] = field(default_factory=dict)
+    # the host waits that no longer wait for the GPU (Change.unblocked): only their first edge counts
+    free: set[int] = field(default_factory=set)
 
     @property
     def finish(self) -> Finish:
@@ -176,8 +177,9 @@ def _replay(g: StepGraph, dur: array[float], change: Change | None,
             recorded: dict[int, float] | None = None) -> Replay:
     """`recorded`: where `dur` is g.dur changed in place, the recorded durations changed_in_place gives."""
     n = g.n
+    # each node's binding predecessor is not kept (4 bytes a node): the critical path finds it again, for
+    # the nodes on it only (binding())
     start = array("d", [0.0]) * n  # not array("d", bytes(8 * n)): that holds the bytes beside their copy
-    why = array(INDEX, [-1]) * n
     ptr, pred, lag, from_start, rec, chained = g.ptr, g.pred, g.lag, g.from_start, g.start, g.chained
     # a wait that no longer blocks keeps only its edge from its own start (the first)
     free = {i for i in g.waits if g.owner[i] in change.unblocked} if change is not None and change.unblocked else set()
@@ -188,8 +190,6 @@ def _replay(g: StepGraph, dur: array[float], change: Change | None,
             s = (start[p] if from_start[a] else start[p] + dur[p]) + lag[a]  # its finish, as summed below
             if s == -math.inf:
                 s = rec[i]
-            else:
-                why[i] = p
         elif a == b and not chained[i]:
             s = rec[i]
         else:
@@ -204,7 +204,6 @@ def _replay(g: StepGraph, dur: array[float], change: Change | None,
                     s, w = v, p
             if w < 0:  # every edge dropped (a cycle in the timestamps)
                 s = rec[i]
-            why[i] = w
         start[i] = s
         f = s + dur[i]
         if end > i + 1:  # the run after it: each node starts at the finish before it plus its lag
@@ -219,8 +218,7 @@ def _replay(g: StepGraph, dur: array[float], change: Change | None,
             # the same additions in the same order as node by node: f + lag, then + dur
             sums = list(accumulate(steps, initial=f))
             start[i + 1:end] = array("d", sums[1::2])  # each finish, sums[2::2], is its start plus its duration
-            why[i + 1:end] = array(INDEX, range(i, end - 1))
-    out = Replay(step_us=[], start=start, why=why, dur=dur, recorded=recorded or {})
+    out = Replay(step_us=[], start=start, dur=dur, recorded=recorded or {}, free=free)
     out.step_us = [b - a for a, b in step_bounds(g, out)]
     return out
 
@@ -246,6 +244,31 @@ def _replayed(g: StepGraph, change: Change | None) -> Iterator[Replay]:
         return
     with changed_in_place(g, change) as (dur, recorded):
         yield _replay(g, dur, change, recorded)
+
+
+def binding(g: StepGraph, r: Replay, i: int) -> int:
+    """Node `i`'s binding predecessor in the replay (-1: none, it started at its recorded time): the
+    predecessor whose edge _replay() took its start from, found by the same comparisons on the same sums.
+    A node of a run after its head gets the node before it, as _replay() gives it."""
+    ptr, pred, lag, from_start, chained = g.ptr, g.pred, g.lag, g.from_start, g.chained
+    start, dur = r.start, r.dur
+    a, b = ptr[i], ptr[i + 1]
+    if b - a == 1 and not chained[i]:
+        p = pred[a]
+        s = (start[p] if from_start[a] else start[p] + dur[p]) + lag[a]
+        return -1 if s == -math.inf else p
+    if a == b and not chained[i]:
+        return -1
+    s = -math.inf
+    w = -1
+    if chained[i]:
+        s, w = start[i - 1] + dur[i - 1] + 0.0, i - 1
+    for e in range(a, a + 1 if i in r.free else b):
+        p = pred[e]
+        v = (start[p] if from_start[e] else start[p] + dur[p]) + lag[e]
+        if v > s:
+            s, w = v, p
+    return w
 
 
 def step_bounds(g: StepGraph, r: Replay) -> list[tuple[float, float]]:
@@ -284,7 +307,7 @@ def _at(g: StepGraph, r: Replay, lane: str, t: float) -> float:
     return r.finish[node] + offset - dur
 
 
-def _piece_at(g: StepGraph, nodes: array[int], t: float) -> int:
+def _piece_at(g: StepGraph, nodes: range, t: float) -> int:
     """The position in a thread's pieces (`nodes`, by recorded start) of the last one starting at or
     before recorded time `t` (-1: none)."""
     return bisect_right(nodes, t, key=g.start.__getitem__) - 1
@@ -304,7 +327,7 @@ def _step_holders(g: StepGraph) -> Iterator[int]:
 def _end_node(g: StepGraph, r: Replay) -> int:
     if g.steps:
         lane, _, end = g.steps[-1]
-        nodes = g.thread_nodes.get(lane, array(INDEX))
+        nodes = g.thread_nodes.get(lane, range(0))
         at = _piece_at(g, nodes, end)
         if at >= 0:
             node = nodes[at]
@@ -326,14 +349,14 @@ def critical_path(g: StepGraph, r: Replay, limit: int = MAX_SEGMENTS) -> list[di
     one lane merge first when there are more than `limit`."""
     node = _end_node(g, r)
     t0 = origin(g, r)
-    start, node_dur, why = r.start, r.dur, r.why
+    start, node_dur = r.start, r.dur
     chain = array(INDEX)
     seen = bytearray(g.n)
     # a finish is its start plus its duration, summed here as Finish sums it (no call per node)
     while node >= 0 and not seen[node] and start[node] + node_dur[node] > t0:
         seen[node] = 1
         chain.append(node)
-        node = why[node]
+        node = binding(g, r, node)
     del seen
     kind, node_lane = g.kind, g.lane
 

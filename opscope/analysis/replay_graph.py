@@ -79,8 +79,9 @@ class StepGraph:
     # pieces): a run is replayed as one running sum (_runs).
     heads: array[int] = field(default_factory=lambda: array(INDEX))
     ends: array[int] = field(default_factory=lambda: array(INDEX))
-    # per thread (lane name): its pieces' node ids in time order (so in order of their recorded starts)
-    thread_nodes: dict[str, array[int]] = field(default_factory=dict)
+    # per thread (lane name): its pieces' node ids in time order (so in order of their recorded starts): a
+    # thread's nodes are added one after another, so a range (an array of them took 4 bytes a CPU node)
+    thread_nodes: dict[str, range] = field(default_factory=dict)
     # trace.kernels row -> its KERNEL node (-1: none, a graph capture's copy), and the rows that have one in
     # node order (a dict of them took more memory than the graph's names)
     kernel_node: array[int] = field(default_factory=lambda: array(INDEX))
@@ -337,8 +338,8 @@ class _Cutter:
     def thread(self, lane: str, items: Iterator[tuple[float, float, int]]) -> None:
         """`items`: the thread's (start, end, id) in time order, parents first (_in_time_order)."""
         self.lane = lane
-        self.nodes = array(INDEX)
-        self.node_top = array(INDEX)
+        first_node = self.g.n  # its nodes are those added from here on (thread_nodes)
+        self.node_top = array(INDEX)  # per node of the thread: its top-level item (-1: none)
         self.stack: list[tuple[float, int, int]] = []  # (end, id, top-level item index)
         top_launches: list[bool] = []
         self.prev = -1
@@ -369,7 +370,9 @@ class _Cutter:
         # CUDA graphs would replay the host work from the first top-level item that launches GPU work to
         # the last, everything between included (Python, view ops): a wait breaks the graph, so it stays
         # and the stretches between waits are taken one by one.
-        g, nodes, node_top = self.g, self.nodes, self.node_top
+        g, node_top = self.g, self.node_top
+        nodes = range(first_node, g.n)
+        assert len(nodes) == len(node_top)  # every node added here is the thread's
         first = last = -1
         for k in range(len(nodes) + 1):
             node = nodes[k] if k < len(nodes) else -1
@@ -388,7 +391,6 @@ class _Cutter:
             self.edges.chain()
         else:
             self.edges.node(((self.prev, 0.0, False),) if self.prev >= 0 else ())
-        self.nodes.append(node)
         self.node_top.append(top)
         self.prev = node
 
@@ -415,7 +417,6 @@ class _Cutter:
                 node = g.add(WAIT_END, lane, lname + " (wait)", end, 0.0, owner=key)
                 self.sync_end[j] = (node, cur, end)
                 g.waits.append(node)
-                self.nodes.append(node)
                 self.node_top.append(top)
                 self.edges.node_waiting(node)  # its edges: _waits
                 self.prev = node

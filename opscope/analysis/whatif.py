@@ -32,13 +32,14 @@ class Engine:
 
     def path(self, change: Change) -> tuple[Steps, list[dict[str, Any]]]:
         """The step times and the critical path of the replay with `change` (its node times are not kept;
-        the unchanged replay's path is taken once)."""
+        the unchanged replay's path is taken once). The step times only: a caller holding the unchanged
+        replay itself would keep its node times (12 bytes a node) past steps_only()."""
         if not change.empty:
             return replay_path(self.graph, change)
         if self.base_path is None:
             self.base_path = (critical_path(self.graph, self.base) if isinstance(self.base, Replay)
                               else replay_path(self.graph)[1])
-        return self.base, self.base_path
+        return Steps(self.base.step_us), self.base_path
 
     def steps_only(self) -> None:
         """Drops the unchanged replay's node times (28 bytes a node), its critical path taken first: the
@@ -136,7 +137,7 @@ def run_whatif(trace: TraceData, ev: Table, findings: list[dict[str, Any]], *, p
                step_time_us: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """Annotates the findings; returns (summary.json "whatif", whatif.json)."""
     e = engine(trace, ev, peaks, gpu)
-    _, path = e.path(Change())
+    path = e.path(Change())[1]
     fixes = [(k, c, saved) for k, c, saved in annotate(e, findings) if not c.empty]
     steps, current = recommend(e, [(k, c) for k, c, _ in fixes], [saved for _, _, saved in fixes], limit=TOP[-1])
     fixed, fixed_path = e.path(current)  # replayed once more for its critical path

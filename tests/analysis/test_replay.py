@@ -7,6 +7,7 @@ import gzip
 import json
 import math
 import random
+import weakref
 from array import array
 from itertools import accumulate
 from pathlib import Path
@@ -19,6 +20,7 @@ from opscope.analysis.fixes import Fixer, OpSpeedup, assign_ids, finding_id, par
 from opscope.analysis.pipeline import device_busy_share, step_stats
 from opscope.analysis.replay import (
     Change,
+    binding,
     bounded,
     changed_in_place,
     critical_path,
@@ -37,7 +39,7 @@ from opscope.analysis.replay_graph import (
     _topological,
     build_graph,
 )
-from opscope.analysis.whatif import engine, recommend, run_whatif
+from opscope.analysis.whatif import annotate, engine, recommend, run_whatif
 from opscope.errors import OpscopeError
 from opscope.machine.peaks import Peaks
 from opscope.trace.reader import load_trace
@@ -132,6 +134,20 @@ def test_two_findings_on_one_op_count_once(tiny):
     assert summary["top"] == [{"ids": first, "predicted_step_time_us": 41.0},
                               {"ids": both, "predicted_step_time_us": 41.0}]
     assert file["critical_path"][0]["name"] == "aten::copy_"
+
+
+def test_the_unchanged_replays_node_times_go_once_the_fixes_replay(tiny):
+    """Engine.path gives the unchanged replay's step times, never the replay itself: a caller holding what it
+    gave kept every node's times (12 bytes a node) through the fixes' replays, the what-if's peak."""
+    trace, ev = tiny
+    findings = [{"rule": "implicit-copy", "op": "aten::copy_", "source_location": "", "module": None}]
+    e = engine(trace, ev, Peaks(None), gpu=True)
+    unchanged = weakref.ref(e.base)
+    steps, path = e.path(Change())
+    assert steps.step_us == [pytest.approx(62.0)] and path
+    annotate(e, findings)  # a finding that changes something: the fixes' replays need only step times
+    assert unchanged() is None
+    assert e.path(Change()) == (steps, path)
 
 
 def test_a_host_sync_fix_by_hand(tmp_path: Path):
@@ -393,5 +409,37 @@ def test_implicit_chain_edges_replay_as_the_written_out_ones():
         assert len(a.pred) < len(b.pred) or not any(a.chained)
         assert (list(a.heads), list(a.ends)) == (list(b.heads), list(b.ends)), seed
         ra, rb = replay(a), replay(b)
-        assert (list(ra.start), list(ra.finish), list(ra.why)) == (list(rb.start), list(rb.finish), list(rb.why)), seed
+        assert (list(ra.start), list(ra.finish)) == (list(rb.start), list(rb.finish)), seed
+        assert [binding(a, ra, i) for i in range(a.n)] == [binding(b, rb, i) for i in range(b.n)], seed
     assert cycles > 20  # timestamps that contradict each other: edges dropped, chained ones too
+
+
+def _node_by_node(g: StepGraph) -> tuple[list[float], list[int]]:
+    """Each node's start and binding predecessor, one node at a time in the replay's order (a run's nodes
+    after their head), every edge written out: the latest predecessor's finish (or start) plus its lag,
+    the first of equals; the recorded start when none binds."""
+    start, why = [0.0] * g.n, [-1] * g.n
+    for head, end in zip(g.heads, g.ends, strict=True):
+        for i in range(head, end):
+            edges = [(i - 1, 0.0, False)] if g.chained[i] else []
+            edges += [(g.pred[e], g.lag[e], g.from_start[e]) for e in range(g.ptr[i], g.ptr[i + 1])]
+            best, w = -math.inf, -1
+            for p, lag, from_start in edges:
+                v = (start[p] if from_start else start[p] + g.dur[p]) + lag
+                if v > best:
+                    best, w = v, p
+            start[i], why[i] = (best, w) if w >= 0 else (g.start[i], -1)
+    return start, why
+
+
+def test_the_binding_predecessors_are_the_node_by_node_replays():
+    """binding() (the critical path's step back, found again for the nodes on it) names the predecessor a
+    node-by-node replay takes each start from, on random graphs with cycles, chained edges implicit or
+    written out."""
+    for seed in range(200):
+        for implicit in (True, False):
+            g = _random_graph(random.Random(seed), implicit)
+            r = replay(g)
+            start, why = _node_by_node(g)
+            assert list(r.start) == start, seed
+            assert [binding(g, r, i) for i in range(g.n)] == why, seed
