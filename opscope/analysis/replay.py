@@ -182,7 +182,8 @@ def _replay(g: StepGraph, dur: array[float], change: Change | None,
     start = array("d", [0.0]) * n  # not array("d", bytes(8 * n)): that holds the bytes beside their copy
     ptr, pred, lag, from_start, rec, chained = g.ptr, g.pred, g.lag, g.from_start, g.start, g.chained
     # a wait that no longer blocks keeps only its edge from its own start (the first)
-    free = {i for i in g.waits if g.owner[i] in change.unblocked} if change is not None and change.unblocked else set()
+    free = ({i for i in g.waits if g.wait_owner.get(i, -1) in change.unblocked} if change is not None and change.unblocked
+            else set())
     for i, end in zip(g.heads, g.ends, strict=True):
         a, b = ptr[i], ptr[i + 1]
         if b - a == 1 and not chained[i]:  # one predecessor
@@ -274,7 +275,10 @@ def binding(g: StepGraph, r: Replay, i: int) -> int:
 def step_bounds(g: StepGraph, r: Replay) -> list[tuple[float, float]]:
     """Each profiled step's (start, end) in the replay; the whole trace's span without steps."""
     if not g.steps:
-        work = [i for i in range(g.n) if g.owner[i] >= 0 or g.kind[i] == KERNEL] or list(range(g.n))
+        owned = bytearray(g.n)  # the nodes some row event owns (StepGraph.by_owner)
+        for node in g.by_owner:
+            owned[node] = 1
+        work = [i for i in range(g.n) if owned[i] or g.kind[i] == KERNEL] or list(range(g.n))
         if not work:
             return [(0.0, 0.0)]
         start, dur = r.start, r.dur

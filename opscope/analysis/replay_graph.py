@@ -63,7 +63,9 @@ class StepGraph:
     _name_ids: dict[str, int] = field(default_factory=dict)
     start: array[float] = field(default_factory=lambda: array("d"))  # recorded
     dur: array[float] = field(default_factory=lambda: array("d"))  # recorded
-    owner: array[int] = field(default_factory=lambda: array(INDEX))  # CPU piece: the row event whose self time it is (-1: none)
+    # while built: each node's row event, whose self time a CPU piece is (-1: none); emptied once grouped into
+    # by_owner (4 bytes a node), the waits' kept in wait_owner
+    owner: array[int] = field(default_factory=lambda: array(INDEX))
     launching: array[int] = field(default_factory=lambda: array("b"))  # host work that CUDA graphs would replay
     # predecessor edges, CSR by node: pred[ptr[i]:ptr[i+1]]
     ptr: array[int] = field(default_factory=lambda: array(INDEX, [0]))
@@ -86,7 +88,8 @@ class StepGraph:
     # node order (a dict of them took more memory than the graph's names)
     kernel_node: array[int] = field(default_factory=lambda: array(INDEX))
     kernel_rows: array[int] = field(default_factory=lambda: array(INDEX))
-    waits: list[int] = field(default_factory=list)  # WAIT_END nodes (their owner: the row around the call)
+    waits: list[int] = field(default_factory=list)  # WAIT_END nodes
+    wait_owner: dict[int, int] = field(default_factory=dict)  # a WAIT_END node -> the row event around the call
     # row event -> its nodes (its CPU pieces, the runtime calls in them), CSR by event (nodes_of()): the
     # owned nodes grouped by owner, and where each event's nodes start (a list per event held more memory than
     # the graph's own columns)
@@ -239,6 +242,7 @@ def build_graph(trace: TraceData, ev: Table) -> StepGraph:
     g._lane_ids, g._name_ids = {}, {}
     g.lane, g.name = _narrowed(g.lane, len(g.lanes)), _narrowed(g.name, len(g.names))
     g.owner_start, g.by_owner = grouped(g.owner, max(g.owner, default=-1) + 1)
+    g.owner = array(INDEX)
     if nrows(trace.steps):
         for tid, ts, dur in zip(trace.steps["tid"], trace.steps["ts"], trace.steps["dur"], strict=True):
             g.steps.append((cpu_lane(tid), float(ts), float(ts) + float(dur)))
@@ -417,6 +421,7 @@ class _Cutter:
                 node = g.add(WAIT_END, lane, lname + " (wait)", end, 0.0, owner=key)
                 self.sync_end[j] = (node, cur, end)
                 g.waits.append(node)
+                g.wait_owner[node] = key
                 self.node_top.append(top)
                 self.edges.node_waiting(node)  # its edges: _waits
                 self.prev = node

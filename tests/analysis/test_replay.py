@@ -218,9 +218,13 @@ def test_grouped_positions_are_a_stable_sort_by_key():
 def test_an_events_nodes_are_its_pieces_in_node_order(tiny):
     trace, ev = tiny
     g = build_graph(trace, ev)
-    for event in range(len(ev["name"])):
-        assert list(g.nodes_of(event)) == [i for i in range(g.n) if g.owner[i] == event]
+    # aten::copy_ [0, 10) holds its launch call [2, 4), aten::relu [15, 20) its [16, 18) (the trace at 1000 µs)
+    pieces = [[(g.name_of(x), g.start[x], g.dur[x]) for x in g.nodes_of(event)] for event in range(len(ev["name"]))]
+    assert pieces == [[("aten::copy_", 1000.0, 2.0), ("cudaLaunchKernel", 1002.0, 2.0), ("aten::copy_", 1004.0, 6.0)],
+                      [("aten::relu", 1015.0, 1.0), ("cudaLaunchKernel", 1016.0, 2.0), ("aten::relu", 1018.0, 2.0)]]
+    assert all(list(g.nodes_of(e)) == sorted(g.nodes_of(e)) for e in range(len(ev["name"])))
     assert len(g.nodes_of(-1)) == len(g.nodes_of(10**6)) == 0
+    assert g.wait_owner == {g.waits[0]: -1}  # the sync is inside no op
 
 
 def test_a_threads_intervals_merge_in_time_order_parents_first():
