@@ -87,6 +87,29 @@ def test_coded_reads_back_every_value_with_its_type_and_sign():
     assert len(column.values) == 10 and column.codes.typecode == "B"
 
 
+def test_a_coded_columns_numbers_are_new_objects_equal_to_the_rows():
+    """A column of floats (or of ints) keeps its distinct values as objects of its own, made after the rows':
+    the rows' objects, a few in each small-object arena of their list, held all of those arenas."""
+    nan = float("nan")
+    floats = [i * 0.5 for i in range(300)] * 3 + [-0.0, float("inf"), nan]
+    column = coded(floats)
+    assert isinstance(column, Coded)
+    assert [repr(v) for v in column] == [repr(v) for v in floats]  # -0.0 keeps its sign
+    assert all(type(v) is float for v in column.values)
+    assert not any(v is row for v in column.values for row in floats[:300])
+    assert column[-1] is nan and column == floats  # a NaN is its own object: equal only as itself
+    ints = [10**6 + i for i in range(300)] * 3
+    column = coded(ints)
+    assert isinstance(column, Coded) and list(column) == ints and all(type(v) is int for v in column.values)
+    assert not any(v is row for v in column.values for row in ints[:300])
+    huge = [2**70 + i % 3 for i in range(100)]  # past 8 bytes: kept as they are
+    column = coded(huge)
+    assert isinstance(column, Coded) and list(column) == huge
+    flags = [True, False] * 50  # bools are not ints here
+    column = coded(flags)
+    assert isinstance(column, Coded) and list(column) == flags and column.values[0] is True
+
+
 def test_coded_reads_as_a_list():
     values = ["x", "y", "z"] * 1000
     column = coded(values)
