@@ -25,7 +25,7 @@ import math
 import re
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
@@ -54,9 +54,10 @@ class StepGraph:
     # number (the graph of a trace has several nodes per event; lists tripled analyze's peak memory).
     kind: array[int] = field(default_factory=lambda: array("b"))
     # a node's lane ("cpu:<tid>" | "gpu:<device>:<stream>") and name, as numbers into `lanes` and `names`
-    # (lane_of(), name_of()): 4 bytes a node while built, then 1 or 2 where they fit (_narrowed)
-    lane: array[int] = field(default_factory=lambda: array(INDEX))
-    name: array[int] = field(default_factory=lambda: array(INDEX))
+    # (lane_of(), name_of()): 1 byte a node, 2 or 4 once there are more than 256 or 65,536 (_widened; a trace
+    # has a few lanes and a few thousand names)
+    lane: array[int] = field(default_factory=lambda: array("B"))
+    name: array[int] = field(default_factory=lambda: array("B"))
     lanes: list[str] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
     _lane_ids: dict[str, int] = field(default_factory=dict)  # while building
@@ -139,10 +140,12 @@ class StepGraph:
         if lane_id is None:
             lane_id = self._lane_ids[lane] = len(self.lanes)
             self.lanes.append(lane)
+            self.lane = _widened(self.lane, lane_id)
         name_id = self._name_ids.get(name)
         if name_id is None:
             name_id = self._name_ids[name] = len(self.names)
             self.names.append(name)
+            self.name = _widened(self.name, name_id)
         self.kind.append(kind)
         self.lane.append(lane_id)
         self.name.append(name_id)
@@ -240,7 +243,6 @@ def build_graph(trace: TraceData, ev: Table) -> StepGraph:
     edges.into(g)
     g.heads, g.ends = _runs(g, _topological(g))
     g._lane_ids, g._name_ids = {}, {}
-    g.lane, g.name = _narrowed(g.lane, len(g.lanes)), _narrowed(g.name, len(g.names))
     g.owner_start, g.by_owner = grouped(g.owner, max(g.owner, default=-1) + 1)
     g.owner = array(INDEX)
     if nrows(trace.steps):
@@ -250,12 +252,11 @@ def build_graph(trace: TraceData, ev: Table) -> StepGraph:
     return g
 
 
-def _narrowed(numbers: array[int], distinct: int) -> array[int]:
-    """Numbers in [0, distinct) in 1 or 2 bytes each where they fit (a trace has a few lanes and a few
-    thousand names: 5 of the graph's bytes a node), else as they are."""
-    for typecode, size in (("B", 1 << 8), ("H", 1 << 16)):
-        if distinct <= size:
-            return array(typecode, numbers)
+def _widened(numbers: array[int], new: int) -> array[int]:
+    """`numbers`, in a wider type when `new` does not fit theirs (1 byte, then 2, then INDEX's 4)."""
+    for typecode in ("B", "H"):
+        if numbers.typecode == typecode and new >= 1 << (8 * numbers.itemsize):
+            return _widened(array("H" if typecode == "B" else INDEX, numbers), new)
     return numbers
 
 
@@ -267,17 +268,17 @@ def _cpu_lanes(trace: TraceData, ev: Table, g: StepGraph,
     captured = ev.get("captured")  # copies of a graph capture's ops, which did not run here
     la = trace.launches
     launched = set(trace.kernels["correlation"]) if nrows(trace.kernels) else set()
-    # intervals per thread, as columns: its events' (start, end, event) and its launches' (start, end,
-    # -(j + 2)); a tuple per interval, and another as its sort key, held more memory than the graph
-    per_thread: dict[tuple[object, object], tuple[_Items, _Items]] = {}
+    # intervals per thread: its events (their rows; their times are the event table's) and its launches'
+    # (start, end, -(j + 2)) as columns; a tuple per interval, and another as its sort key, held more memory
+    # than the graph
+    per_thread: dict[tuple[object, object], tuple[_Rows, _Items]] = {}
     ev_ts, ev_end, ev_pid, ev_tid = indexable(ev["ts"]), indexable(ev["end"]), ev["pid"], ev["tid"]
     for i in range(n_ev):
         if captured is None or not captured[i]:
-            mine = per_thread.setdefault((ev_pid[i], ev_tid[i]), (_Items(), _Items()))[0]
-            mine.add(ev_ts[i], ev_end[i], i)
+            per_thread.setdefault((ev_pid[i], ev_tid[i]), (_Rows(ev_ts, ev_end), _Items()))[0].id.append(i)
     for j in range(nrows(la)):
         ts = float(la["ts"][j])
-        mine = per_thread.setdefault((la["pid"][j], la["tid"][j]), (_Items(), _Items()))[1]
+        mine = per_thread.setdefault((la["pid"][j], la["tid"][j]), (_Rows(ev_ts, ev_end), _Items()))[1]
         mine.add(ts, ts + float(la["dur"][j]), -(j + 2))
     cutter = _Cutter(g, edges, ev, la, launched)
     for (_pid, tid), (events, launches) in sorted(per_thread.items(), key=lambda kv: str(kv[0])):
@@ -305,23 +306,39 @@ class _Items:
         return sort_order(len(self.id), ((self.start, False), (self.end, True)))
 
 
-def _in_time_order(events: _Items, launches: _Items) -> Iterator[tuple[float, float, int]]:
+class _Rows:
+    """Events of one thread: their rows in the event table, whose start and end they read (a copy of
+    both took 16 bytes an event while the graph was built)."""
+
+    def __init__(self, start: Sequence[float], end: Sequence[float]) -> None:
+        self.start_of, self.end_of = start, end
+        self.id = array(INDEX)
+
+    def order(self) -> Sequence[int]:
+        """As _Items.order(): by start, the longer first, then as added (their starts and ends copied only
+        while sorted)."""
+        ids = self.id
+        return sort_order(len(ids), ((array("d", map(self.start_of.__getitem__, ids)), False),
+                                     (array("d", map(self.end_of.__getitem__, ids)), True)))
+
+
+def _in_time_order(events: _Rows, launches: _Items) -> Iterator[tuple[float, float, int]]:
     """A thread's (start, end, id) by start, the longer first (parents before children), an event before a
     launch with the same start and end, else as added."""
     ev_order, la_order = events.order(), launches.order()
-    es, ee, ei, ls, le, li = events.start, events.end, events.id, launches.start, launches.end, launches.id
+    es, ee, ei, ls, le, li = events.start_of, events.end_of, events.id, launches.start, launches.end, launches.id
     a, b, na, nb = 0, 0, len(ev_order), len(la_order)
     while a < na or b < nb:
         if a < na:
-            x = ev_order[a]
+            x = ei[ev_order[a]]  # the event's row
             if b >= nb:
                 a += 1
-                yield es[x], ee[x], ei[x]
+                yield es[x], ee[x], x
                 continue
             y = la_order[b]
             if es[x] < ls[y] or es[x] == ls[y] and ee[x] >= le[y]:
                 a += 1
-                yield es[x], ee[x], ei[x]
+                yield es[x], ee[x], x
                 continue
         y = la_order[b]
         b += 1
@@ -440,24 +457,25 @@ def _gpu_lanes(trace: TraceData, g: StepGraph, edges: _Edges,
     if not nk:
         return
     g.kernel_node = array(INDEX, [-1]) * nk
-    la = trace.launches
-    corr_to_launch = {int(c): j for j, c in enumerate(la["correlation"])} if nrows(la) else {}
+    launch_of = _by_correlation(trace.launches)
     captured = k.get("captured") or [False] * nk
     streams: dict[tuple[object, object], list[int]] = {}
     for i in range(nk):
         if not captured[i]:
             streams.setdefault((k["device"][i], k["stream"][i]), []).append(i)
-    ts = [float(x) for x in k["ts"]]
-    end = [t + float(d) for t, d in zip(ts, k["dur"], strict=True)]
-    # first pass: which constraint bound each kernel, for the typical lags
-    plans: list[tuple[int, int, int, float, float]] = []  # kernel, prev kernel, launch node, A, B
+    # typed arrays: lists of float objects, and a tuple per kernel, held more than the graph's own kernels
+    ts = array("d", (float(x) for x in k["ts"]))
+    end = array("d", (t + float(d) for t, d in zip(ts, k["dur"], strict=True)))
+    # first pass: which constraint bound each kernel, for the typical lags: the kernel, the kernel before it
+    # on its stream, its launch's node, and their times (A: that kernel's end, B: the launch's start)
+    plan_kernel, plan_prev, plan_node, plan_a, plan_b = array(INDEX), array(INDEX), array(INDEX), array("d"), array("d")
     stream_lags: list[float] = []
     launch_lags: list[float] = []
     for members in streams.values():
         members.sort(key=lambda i: (ts[i], end[i]))
         prev = -1
         for i in members:
-            j = corr_to_launch.get(int(k["correlation"][i]), -1)
+            j = launch_of(int(k["correlation"][i]))
             node = launch_piece[j] if j >= 0 else -1
             a = end[prev] if prev >= 0 else -math.inf
             b = g.start[node] if node >= 0 else -math.inf
@@ -465,11 +483,15 @@ def _gpu_lanes(trace: TraceData, g: StepGraph, edges: _Edges,
                 stream_lags.append(ts[i] - a)
             elif node >= 0:
                 launch_lags.append(ts[i] - b)
-            plans.append((i, prev, node, a, b))
+            plan_kernel.append(i)
+            plan_prev.append(prev)
+            plan_node.append(node)
+            plan_a.append(a)
+            plan_b.append(b)
             prev = i
     gap_us = max(median(stream_lags), 0.0) if stream_lags else DEFAULT_GAP_US
     launch_us = max(median(launch_lags), 0.0) if launch_lags else DEFAULT_LAUNCH_US
-    for i, prev, node, a, b in plans:
+    for i, prev, node, a, b in zip(plan_kernel, plan_prev, plan_node, plan_a, plan_b, strict=True):
         lane = gpu_lane(k["device"][i], k["stream"][i])
         me = g.add(KERNEL, lane, str(k["name"][i]), ts[i], end[i] - ts[i])
         g.set_kernel_node(i, me)
@@ -480,6 +502,20 @@ def _gpu_lanes(trace: TraceData, g: StepGraph, edges: _Edges,
         if node >= 0:
             es.append((node, ts[i] - b if not stream_bound else min(ts[i] - b, launch_us), True))
         edges.node(es)
+
+
+def _by_correlation(la: Table) -> Callable[[int], int]:
+    """The launch row of a correlation id (-1: none; the last row where several have it), by bisection
+    over the launches sorted by it: a dict of every launch took an entry and two int objects a launch."""
+    corr = indexable(la["correlation"]) if nrows(la) else array("q")
+    order = sort_order(len(corr), ((corr, False),))  # range(n): in order already, as a trace writes them
+    keys = corr if isinstance(order, range) else array("q", (corr[j] for j in order))
+
+    def launch_of(c: int) -> int:
+        at = bisect_right(keys, c) - 1
+        return order[at] if at >= 0 and keys[at] == c else -1
+
+    return launch_of
 
 
 def _waits(trace: TraceData, g: StepGraph, edges: _Edges,

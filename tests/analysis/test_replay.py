@@ -227,24 +227,55 @@ def test_an_events_nodes_are_its_pieces_in_node_order(tiny):
     assert g.wait_owner == {g.waits[0]: -1}  # the sync is inside no op
 
 
+def test_a_launch_is_found_by_its_correlation_id_as_a_dict_of_them_would():
+    """_by_correlation: the launch row of a correlation id, the last of several, -1 for none; in order or not."""
+    from opscope.analysis.replay_graph import _by_correlation
+
+    rng = random.Random(7)
+    for ordered in (True, False):
+        corr = sorted(rng.randrange(50) for _ in range(200)) if ordered else [rng.randrange(50) for _ in range(200)]
+        launch_of = _by_correlation({"correlation": corr})
+        expected = {c: j for j, c in enumerate(corr)}
+        assert [launch_of(c) for c in range(-3, 55)] == [expected.get(c, -1) for c in range(-3, 55)]
+    assert _by_correlation({"correlation": []})(5) == -1
+
+
+def test_lane_and_name_numbers_widen_as_they_grow():
+    """A node's lane and name number take a byte while they fit, then 2, then 4, reading back the same."""
+    g = StepGraph()
+    sizes = {}
+    for i in range(70_000):
+        g.add(CPU, f"cpu:{i % 3}", f"op{i}", float(i), 1.0)
+        sizes[i] = g.name.itemsize
+    assert (sizes[255], sizes[256], sizes[65_535], sizes[65_536]) == (1, 2, 2, 4) and g.lane.itemsize == 1
+    assert [g.name_of(i) for i in (0, 255, 256, 65_536, 69_999)] == ["op0", "op255", "op256", "op65536", "op69999"]
+    assert {g.lane_of(i) for i in range(6)} == {"cpu:0", "cpu:1", "cpu:2"}
+
+
 def test_a_threads_intervals_merge_in_time_order_parents_first():
     """_in_time_order: by start, the longer first, an event before a launch with the same start and end,
     else as added: the order of sorting (start, -end, is a launch) stably."""
     import random
 
-    from opscope.analysis.replay_graph import _in_time_order, _Items
+    from opscope.analysis.replay_graph import _in_time_order, _Items, _Rows
 
     rng = random.Random(3)
     for _ in range(50):
-        events, launches = _Items(), _Items()
+        # the event table's start and end columns, with rows of other threads between this one's
+        ev_start, ev_end = [float(rng.randrange(9)) for _ in range(60)], [0.0] * 60
+        events, launches = _Rows(ev_start, ev_end), _Items()
+        added = []
         for k in range(rng.randrange(0, 30)):
             s = float(rng.randrange(5))
             e = s + rng.choice([0.0, 1.0, 2.0])
             if rng.random() < 0.6:
-                events.add(s, e, k)
+                row = 2 * k + 1
+                ev_start[row], ev_end[row] = s, e
+                events.id.append(row)
+                added.append((s, e, row))
             else:
                 launches.add(s, e, -(k + 2))
-        added = [(s, e, i) for items in (events, launches) for s, e, i in zip(items.start, items.end, items.id, strict=True)]
+                added.append((s, e, -(k + 2)))
         expected = sorted(added, key=lambda x: (x[0], -x[1], x[2] < 0))
         assert list(_in_time_order(events, launches)) == expected
 
