@@ -11,13 +11,14 @@ the critical path is the chain of binding predecessors back from the last step's
 from __future__ import annotations
 
 import math
+import tempfile
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any
+from typing import IO, Any
 
 from opscope.analysis.replay_graph import KERNEL, WAIT_END, StepGraph
 from opscope.limits import bounded as bounded_text
@@ -142,12 +143,13 @@ def changed_in_place(g: StepGraph, change: Change) -> Iterator[tuple[array[float
     """The durations with `change`, written into the graph's own (`g.dur`) and put back on exit, and the
     recorded durations of the pieces holding the steps' ends (Replay.recorded: where a step ends is
     placed by them): a replay whose node times are not kept then holds no copy of the durations (8 bytes a
-    node), only the old durations of the nodes it touches and a byte a node. Put back in the order they
-    were written, found again by _changed()."""
+    node), only a byte a node and the old durations of the nodes it touches, which go to a temporary file
+    a block at a time when they are many (`remove_gaps` touches most of a trace's CPU pieces). Put back in
+    the order they were written, found again by _changed()."""
     dur = g.dur
     recorded = {node: dur[node] for node in _step_holders(g)}
     touched = bytearray(len(dur))
-    old = array("d")
+    old = _Spilled()
     try:
         for node, f in _changed(g, change):
             if touched[node]:  # only `remove_gaps` comes back to a node: 0, as in durations()
@@ -159,14 +161,50 @@ def changed_in_place(g: StepGraph, change: Change) -> Iterator[tuple[array[float
             dur[node] = was * f if f is not None else 0.0
         yield dur, recorded
     finally:
-        k = 0
-        for node, _ in _changed(g, change):
-            if k == len(old):  # all put back (or written: a failure half-way)
-                break
-            if touched[node]:
-                touched[node] = 0
-                dur[node] = old[k]
-                k += 1
+        with old:
+            values = old.replayed()
+            for node, _ in _changed(g, change):
+                if touched[node]:
+                    back = next(values, None)
+                    if back is None:  # all put back (or written: a failure half-way)
+                        break
+                    touched[node] = 0
+                    dur[node] = back
+
+
+class _Spilled:
+    """Floats appended, then read back in order once: a block of them in memory, the rest in a temporary
+    file (removed on exit)."""
+
+    BLOCK = 1 << 16  # values (512 KiB)
+
+    def __init__(self) -> None:
+        self.block = array("d")
+        self.file: IO[bytes] | None = None
+
+    def append(self, value: float) -> None:
+        self.block.append(value)
+        if len(self.block) >= self.BLOCK:
+            if self.file is None:
+                self.file = tempfile.TemporaryFile(prefix="opscope-replay-")  # noqa: SIM115  # closed on exit
+            self.block.tofile(self.file)
+            self.block = array("d")
+
+    def replayed(self) -> Iterator[float]:
+        """The values in the order appended."""
+        if self.file is not None:
+            self.file.seek(0)
+            while chunk := self.file.read(8 * self.BLOCK):
+                yield from array("d", chunk)
+        yield from self.block
+
+    def __enter__(self) -> _Spilled:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
 
 
 def replay(g: StepGraph, change: Change | None = None) -> Replay:

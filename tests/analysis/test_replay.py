@@ -20,6 +20,7 @@ from opscope.analysis.fixes import Fixer, OpSpeedup, assign_ids, finding_id, par
 from opscope.analysis.pipeline import device_busy_share, step_stats
 from opscope.analysis.replay import (
     Change,
+    _Spilled,
     binding,
     bounded,
     changed_in_place,
@@ -318,8 +319,26 @@ def test_removing_gaps_lands_between_gpu_busy_and_the_recorded_step(name: str):
     assert busy <= predicted < recorded
 
 
+def test_spilled_values_come_back_in_order_and_the_file_goes():
+    spilled = _Spilled()
+    spilled.BLOCK = 5
+    values = [i * 0.1 for i in range(23)] + [-0.0, math.inf]
+    for v in values:
+        spilled.append(v)
+    with spilled:
+        assert spilled.file is not None
+        back = list(spilled.replayed())
+    assert [repr(v) for v in back] == [repr(v) for v in values] and spilled.file is None
+    with _Spilled() as few:  # under a block: no file
+        few.append(1.5)
+        assert list(few.replayed()) == [1.5] and few.file is None
+
+
+@pytest.mark.parametrize("block", [_Spilled.BLOCK, 7])  # the old durations in memory, or most of them on disk
 @pytest.mark.parametrize("name", ["h100_bert-small_bf16", "sglang_qwen3-8b_decode_cudagraph"])
-def test_in_place_replays_match_the_copied_ones_and_put_the_durations_back(name: str):
+def test_in_place_replays_match_the_copied_ones_and_put_the_durations_back(name: str, block: int,
+                                                                           monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(_Spilled, "BLOCK", block)
     trace = load_trace(TRACES / f"{name}.json.gz")
     ev = build_events(trace)
     g = build_graph(trace, ev)
