@@ -60,13 +60,22 @@ class Column(Sequence[Any]):
 
 
 class Coded(Column):
-    """A column of few distinct values: a 1- or 2-byte code per row into the list of its distinct values."""
+    """A column of few distinct values: a 1- or 2-byte code per row into the list of its distinct values
+    (none for a column of one value: every row's code is 0, `Zeros`)."""
 
     __slots__ = ("codes", "values")
 
-    def __init__(self, codes: array[int], values: list[Any]) -> None:
-        self.codes = codes
+    def __new__(cls, codes: array[int] | Zeros, values: list[Any]) -> Coded:
+        # one value: no byte a row (a trace's event table has a dozen such columns: flags never set, ids
+        # of one process)
+        return object.__new__(_OneValue if cls is Coded and len(values) == 1 else cls)
+
+    def __init__(self, codes: array[int] | Zeros, values: list[Any]) -> None:
+        self.codes: array[int] | Zeros = Zeros(len(codes)) if len(values) == 1 else codes
         self.values = values
+
+    def __getnewargs__(self) -> tuple[array[int] | Zeros, list[Any]]:
+        return self.codes, self.values
 
     def __len__(self) -> int:
         return len(self.codes)
@@ -93,6 +102,66 @@ class Coded(Column):
 
     def __contains__(self, value: object) -> bool:
         return value in self.values  # every value is some row's
+
+
+class _OneValue(Coded):
+    """A Coded column of one value (Coded() makes it): read without its codes."""
+
+    __slots__ = ()
+
+    def __getitem__(self, i: int | slice) -> Any:
+        n = len(self.codes)
+        if isinstance(i, slice):
+            return [self.values[0]] * len(range(n)[i])
+        if -n <= i < n:
+            return self.values[0]
+        raise IndexError("list index out of range")
+
+    def __iter__(self) -> Iterator[Any]:
+        return repeat(self.values[0], len(self.codes))
+
+    __reversed__ = __iter__
+
+
+class Zeros(Sequence[int]):
+    """`n` codes of 0, as an array("B") of them reads (a Coded column of one value's codes), without a byte
+    a row."""
+
+    __slots__ = ("n",)
+    typecode = "B"
+    itemsize = 1
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Zeros: ...
+
+    def __getitem__(self, i: int | slice) -> int | Zeros:
+        if isinstance(i, slice):
+            return Zeros(len(range(self.n)[i]))
+        if not -self.n <= i < self.n:
+            raise IndexError("array index out of range")
+        return 0
+
+    def __iter__(self) -> Iterator[int]:
+        return repeat(0, self.n)
+
+    def __reversed__(self) -> Iterator[int]:
+        return repeat(0, self.n)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Zeros):
+            return self.n == other.n
+        return isinstance(other, array) and len(other) == self.n and not any(other)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 class Packed(Column):
@@ -376,7 +445,9 @@ def take_compact(table: Table, index: Sequence[int]) -> Table:
         if isinstance(values, Packed):
             out[name] = Packed(array(values.numbers.typecode, map(values.numbers.__getitem__, index)))
         elif isinstance(values, Coded):
-            out[name] = Coded(array(values.codes.typecode, map(values.codes.__getitem__, index)), values.values)
+            codes = values.codes
+            out[name] = Coded(array(codes.typecode, map(codes.__getitem__, index)) if isinstance(codes, array)
+                              else Zeros(sum(1 for _ in map(codes.__getitem__, index))), values.values)
         else:
             out[name] = [values[i] for i in index]
     return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import pickle
 import random
+from array import array
 
 import numpy as np
 import pandas as pd
@@ -18,6 +19,7 @@ from opscope.table import (
     Coded,
     ColumnBuilder,
     Packed,
+    Zeros,
     coded,
     compact,
     filled,
@@ -108,6 +110,30 @@ def test_a_coded_columns_numbers_are_new_objects_equal_to_the_rows():
     flags = [True, False] * 50  # bools are not ints here
     column = coded(flags)
     assert isinstance(column, Coded) and list(column) == flags and column.values[0] is True
+
+
+def test_a_coded_column_of_one_value_holds_no_code_a_row_and_reads_as_its_list():
+    values = ["x"] * 1000
+    for column in (coded(values), Coded(array("B", bytes(1000)), ["x"])):
+        assert isinstance(column, Coded) and isinstance(column.codes, Zeros)
+        assert column == values and values == column and list(column) == values and len(column) == 1000
+        assert column[0] == column[-1000] == column[999] == "x" and column[3:7] == ["x"] * 4 and column[::-300] == ["x"] * 4
+        with pytest.raises(IndexError):
+            column[1000]
+        with pytest.raises(IndexError):
+            column[-1001]
+        assert list(reversed(column)) == values and "x" in column and "y" not in column and column.count("x") == 1000
+        assert pickle.loads(pickle.dumps(column)) == values and isinstance(pickle.loads(pickle.dumps(column)).codes, Zeros)
+        assert list(column.codes) == [0] * 1000 and column.codes[5:8] == Zeros(3) and column.codes == array("B", bytes(1000))
+    builder = ColumnBuilder()
+    builder.extend([7] * 10)
+    builder.extend([7] * 5)
+    built = builder.column()
+    assert isinstance(built, Coded) and isinstance(built.codes, Zeros) and list(built) == [7] * 15
+    taken = take_compact({"c": built}, [0, 3, -1])["c"]
+    assert isinstance(taken, Coded) and isinstance(taken.codes, Zeros) and list(taken) == [7, 7, 7]
+    with pytest.raises(IndexError):
+        take_compact({"c": built}, [15])
 
 
 def test_coded_reads_as_a_list():
