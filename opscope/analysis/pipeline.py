@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from opscope.analysis.compiled import place_compiled
 from opscope.analysis.events import SourceOverride, build_events
+from opscope.analysis.fixes import assign_ids
 from opscope.analysis.gpu_timeline import clip, gpu_summary, step_windows
 from opscope.analysis.memory import MemoryProfile, add_memory_columns, memory_profile
 from opscope.analysis.modules import finding_modules, module_table
@@ -46,7 +47,7 @@ def analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str
             module_classes: dict[str, str] | None = None, memory: MemoryProfile | None = None,
             noise: dict[str, Any] | None = None, step_us: list[float] | None = None,
             torch_trace: Path | None = None, inductor_cache: Path | None = None,
-            kernel_timer: KernelTimer | None = None) -> Run:
+            kernel_timer: KernelTimer | None = None, keep_tables: bool = True) -> Run:
     """`module_classes`: qualified module name -> class for every module of the model (profile), so
     modules.csv can name modules that issued no op of their own. `memory`: profile's untimed memory
     pass; without it, the trace's own memory events (if it has any) are read. `noise`:
@@ -55,20 +56,24 @@ def analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str
     compiled model's TORCH_TRACE log (opscope.trace.torch_trace); `inductor_cache`: inductor's cache
     directory of the recording machine (its generated kernels), both for compiled code (analysis.compiled).
     `kernel_timer`: profile's in-context timing of the swap candidates (opscope.kernels.incontext.measure);
-    without it every candidate is "not measured here"."""
+    without it every candidate is "not measured here". `keep_tables`: the run keeps the event table and the
+    trace's kernels (Run.events, Run.kernels); without, the event table's columns and the trace's tables are
+    freed as soon as nothing later reads them (release_tables: a large trace's peak memory), the steps
+    excepted."""
     log = read_torch_trace(torch_trace) if torch_trace is not None else None
     with no_gc():
         return _analyze(trace, peaks=peaks, meta=meta, source=source, source_override=source_override,
                         layout_probe=layout_probe, dtype_probe=dtype_probe, module_classes=module_classes,
                         memory=memory, noise=noise or unknown(TRACE_NOISE_REASON), step_us=step_us,
-                        log=log, inductor_cache=inductor_cache, kernel_timer=kernel_timer)
+                        log=log, inductor_cache=inductor_cache, kernel_timer=kernel_timer, keep_tables=keep_tables)
 
 
 def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: str,
              source_override: SourceOverride | None, layout_probe: LayoutProbe | None,
              dtype_probe: DtypeProbe | None, module_classes: dict[str, str] | None,
              memory: MemoryProfile | None, noise: dict[str, Any], step_us: list[float] | None,
-             log: TorchTraceLog | None, inductor_cache: Path | None, kernel_timer: KernelTimer | None) -> Run:
+             log: TorchTraceLog | None, inductor_cache: Path | None, kernel_timer: KernelTimer | None,
+             keep_tables: bool) -> Run:
     ev, classes, renamed = prepare_events(trace, source_override, module_classes, log, inductor_cache)
     gpu = trace.has_gpu
     if renamed:
@@ -93,8 +98,16 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
     findings = run_rules(ctx)
     ctx.cache.clear()  # the rules' per-event structures (children, rows' events): not the what-if's peak
     finding_modules(findings, ops)
-    whatif, whatif_file = run_whatif(trace, ev, findings, peaks=peaks, gpu=gpu, step_time_us=step_time_us)
+    assign_ids(findings)  # the timeline names them; the what-if, the last to read the events, adds its savings
+    timeline_file = build_timeline(trace, ev, ops, findings, memory)
     measured_steps = step_us is not None  # a profile timed each step itself: kept as samples (opscope gate)
+    op_step_times = row_step_times(trace, ev, ops) if measured_steps else None
+    release = None
+    if not keep_tables and nrows(ops):  # (without rows, the caller's message reads the trace's ops)
+        def release(keep: Mapping[str, Sequence[str]] | None) -> None:
+            release_tables(trace, ev, keep)
+    whatif, whatif_file = run_whatif(trace, ev, findings, peaks=peaks, gpu=gpu, step_time_us=step_time_us,
+                                     release=release)
     if step_us is None:
         step_us = list(trace.steps["dur"]) if nrows(trace.steps) else [step_time_us]
     summary = summarize(ops, steps=steps, step_time_us=step_time_us, n_findings=len(findings), busy=busy,
@@ -102,14 +115,30 @@ def _analyze(trace: TraceData, *, peaks: Peaks, meta: dict[str, Any], source: st
                         candidates=candidates)
     if measured_steps:
         summary["step_times_us"] = [float(t) for t in step_us[:MAX_STEP_SAMPLES]]
-        summary["op_step_times_us"] = row_step_times(trace, ev, ops)
+        summary["op_step_times_us"] = op_step_times
     if memory is not None:
         summary["memory"] = memory.summary
     summary["step_source"] = "annotations" if nrows(trace.steps) else "whole trace"
     summary["whatif"] = whatif
-    return Run(meta=meta, ops=ops, findings=findings, summary=summary, events=ev, kernels=trace.kernels,
+    return Run(meta=meta, ops=ops, findings=findings, summary=summary, events=ev if keep_tables else None,
+               kernels=trace.kernels if keep_tables else None,
                modules=module_table(ops, findings, module_classes or trace.module_classes), whatif=whatif_file,
-               timeline=build_timeline(trace, ev, ops, findings, memory))
+               timeline=timeline_file)
+
+
+def release_tables(trace: TraceData, ev: Table, keep: Mapping[str, Sequence[str]] | None) -> None:
+    """Frees what a run that does not keep its tables (analyze(keep_tables=False)) no longer reads: every
+    column of the event table, the trace's launches and kernels but `keep`'s ({"events" | "launches" |
+    "kernels": its columns}: what the what-if graph is built from, opscope.analysis.replay_graph.READS), and
+    the trace's other tables but its steps. In place: the caller's (and the findings' Context's) tables are
+    these very dicts. A column the event table shares with the trace's ops lives on while one of them holds
+    it."""
+    kept = keep or {}
+    for table, name in ((ev, "events"), (trace.launches, "launches"), (trace.kernels, "kernels")):
+        for column in [c for c in table if c not in kept.get(name, ())]:
+            del table[column]
+    for table in (trace.ops, trace.python, trace.modules, trace.memory, trace.annotations):
+        table.clear()
 
 
 def prepare_events(trace: TraceData, source_override: SourceOverride | None, module_classes: dict[str, str] | None,

@@ -40,6 +40,15 @@ SYNC_CALL_US = 5.0
 DEFAULT_GAP_US = 1.0  # back-to-back kernels' gap on a stream when the trace shows none
 DEFAULT_LAUNCH_US = 5.0  # launch-to-start latency when the trace shows none
 
+# What build_graph reads of the event table and the trace's launches and kernels (besides the trace's
+# steps): a run that does not keep its tables frees the rest before the graph is built
+# (opscope.analysis.pipeline.release_tables; a test builds graphs from these columns alone).
+READS: dict[str, tuple[str, ...]] = {
+    "events": ("ts", "end", "pid", "tid", "captured", "row_anc", "name"),
+    "launches": ("correlation", "name", "pid", "tid", "ts", "dur"),
+    "kernels": ("correlation", "ts", "dur", "device", "stream", "name", "captured"),
+}
+
 GAP = -1  # owner of a host gap piece
 CPU, KERNEL, WAIT_START, WAIT_END = 0, 1, 2, 3  # node kinds
 

@@ -24,14 +24,15 @@ in a step the memory rises and falls, not exact times.
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from opscope.analysis.gpu_timeline import Windows, step_windows
 from opscope.analysis.memory import MemoryProfile
 from opscope.analysis.ops_table import KEY
-from opscope.table import Table, nrows, sort_order
+from opscope.table import INDEX, Table, indexable, nrows, sort_order
 from opscope.trace.reader import TraceData
 
 FORMAT_VERSION = 1
@@ -91,8 +92,10 @@ def _finding_id(finding: dict[str, Any], index: int) -> str:
 def _origin(trace: TraceData, ev: Table, windows: Windows | None) -> tuple[float | None, str]:
     if windows is not None and windows[0]:
         return float(windows[0][0]), "first step"
-    starts = [t for t in ev["ts"] if t == t] + [t for t in trace.kernels["ts"] if t == t]
-    return (float(min(starts)), "first event") if starts else (None, "")
+    # each column's first time, not a list of every time (a float object an event)
+    firsts = [t for t in (min((t for t in column if t == t), default=None) for column in (ev["ts"], trace.kernels["ts"]))
+              if t is not None]
+    return (float(min(firsts)), "first event") if firsts else (None, "")
 
 
 # summary.json op_step_times_us: the rows (the first, by time) and steps (the first) kept, bounded in size
@@ -121,8 +124,9 @@ def row_step_times(trace: TraceData, ev: Table, ops: Table) -> list[dict[str, An
     return [{"row": i, "times_us": [round(x, 3) for x in times[i]]} for i in range(keep)]
 
 
-def _event_rows(ev: Table, ops: Table) -> list[int]:
-    """Per event, its ops.csv row when it is a row event (the key columns match), else -1."""
+def _event_rows(ev: Table, ops: Table) -> array[int]:
+    """Per event, its ops.csv row when it is a row event (the key columns match), else -1 (a typed array: an
+    int object an event, a few of them left in each small-object arena its list filled, held them all)."""
     n = nrows(ops)
     cols = [ops[c] if c in ops else [""] * n for c in KEY]
     index: dict[tuple[Any, ...], int] = {}
@@ -130,7 +134,8 @@ def _event_rows(ev: Table, ops: Table) -> list[int]:
         index.setdefault(key, i)
     m = nrows(ev)
     ecols = [ev[c] if c in ev else [""] * m for c in _EV_KEY]
-    return [index.get(key, -1) if row else -1 for key, row in zip(zip(*ecols, strict=True), ev["is_row"], strict=True)]
+    return array(INDEX, (index.get(key, -1) if row else -1
+                         for key, row in zip(zip(*ecols, strict=True), ev["is_row"], strict=True)))
 
 
 def _finding_rows(ops: Table, findings: list[dict[str, Any]]) -> dict[int, int]:
@@ -151,13 +156,19 @@ def _finding_rows(ops: Table, findings: list[dict[str, Any]]) -> dict[int, int]:
     return out
 
 
-def _cpu_lanes(ev: Table, ev_rows: list[int], row_finding: dict[int, int], origin: float) -> list[dict[str, Any]]:
-    if not nrows(ev):
+def _cpu_lanes(ev: Table, ev_rows: array[int], row_finding: dict[int, int], origin: float) -> list[dict[str, Any]]:
+    # per event in typed arrays, and per lane too (_lane): a number object an event, made beside the timeline's
+    # own, held the small-object arenas they filled (about 25 MiB of the 20x scaling trace)
+    n = nrows(ev)
+    if not n:
         return []
-    is_row, row_parent = ev["is_row"], ev["row_parent"]
+    is_row, row_parent = ev["is_row"], indexable(ev["row_parent"])
     captured = ev.get("captured")
-    outer = [i for i, r in enumerate(is_row) if r and row_parent[i] < 0 and not (captured and captured[i])]
-    mark = {i: row_finding.get(ev_rows[i], -1) for i in outer}
+    outer = array(INDEX, (i for i, r in enumerate(is_row) if r and row_parent[i] < 0 and not (captured and captured[i])))
+    is_outer, mark = bytearray(n), array(INDEX, [-1]) * n
+    for i in outer:
+        is_outer[i] = 1
+        mark[i] = row_finding.get(ev_rows[i], -1)
     # a finding about an op row inside an outermost one marks the outer one
     for j, r in enumerate(ev_rows):
         k = row_finding.get(r, -1) if r >= 0 else -1
@@ -166,20 +177,22 @@ def _cpu_lanes(ev: Table, ev_rows: list[int], row_finding: dict[int, int], origi
         top = j
         while row_parent[top] >= 0:
             top = row_parent[top]
-        if top in mark and mark[top] < 0:
+        if is_outer[top] and mark[top] < 0:
             mark[top] = k
-    by_tid: dict[int, list[int]] = {}
+    ev_ts, ev_dur, ev_end, names = indexable(ev["ts"]), indexable(ev["dur"]), indexable(ev["end"]), ev["name"]
+    by_tid: dict[int, array[int]] = {}
     for i in outer:
-        if ev["end"][i] > origin and math.isfinite(ev["end"][i]):
-            by_tid.setdefault(int(ev["tid"][i]), []).append(i)
+        if ev_end[i] > origin and math.isfinite(ev_end[i]):
+            by_tid.setdefault(int(ev["tid"][i]), array(INDEX)).append(i)
     lanes = []
     for tid, idx in by_tid.items():
-        lanes.append(_lane(f"cpu:{tid}", "cpu", [ev["ts"][i] for i in idx], [ev["dur"][i] for i in idx],
-                           [ev["name"][i] for i in idx], [ev_rows[i] for i in idx], [mark[i] for i in idx], origin))
+        lanes.append(_lane(f"cpu:{tid}", "cpu", array("d", (ev_ts[i] for i in idx)), array("d", (ev_dur[i] for i in idx)),
+                           [names[i] for i in idx], array(INDEX, (ev_rows[i] for i in idx)),
+                           array(INDEX, (mark[i] for i in idx)), origin))
     return sorted(lanes, key=lambda lane: lane["first"])
 
 
-def _gpu_lanes(trace: TraceData, ev: Table, ops: Table, ev_rows: list[int], row_finding: dict[int, int],
+def _gpu_lanes(trace: TraceData, ev: Table, ops: Table, ev_rows: array[int], row_finding: dict[int, int],
                origin: float) -> list[dict[str, Any]]:
     k = trace.kernels
     if not nrows(k):
@@ -187,18 +200,19 @@ def _gpu_lanes(trace: TraceData, ev: Table, ops: Table, ev_rows: list[int], row_
     launcher = k["op"] if "op" in k else [-1] * nrows(k)
     row_anc = ev["row_anc"] if nrows(ev) else []
     kernel_rows = _kernel_rows(k, ops)
-    by_stream: dict[tuple[int, int], list[int]] = {}
+    by_stream: dict[tuple[int, int], array[int]] = {}
     for j, (t, d) in enumerate(zip(k["ts"], k["dur"], strict=True)):
         if t + d > origin and math.isfinite(t + d):
-            by_stream.setdefault((int(k["device"][j]), int(k["stream"][j])), []).append(j)
+            by_stream.setdefault((int(k["device"][j]), int(k["stream"][j])), array(INDEX)).append(j)
     lanes = []
     for (device, stream), idx in sorted(by_stream.items()):
-        rows = []
+        rows = array(INDEX)
         for j in idx:
             op = launcher[j]
             rows.append(ev_rows[row_anc[op]] if op >= 0 and row_anc[op] >= 0 else kernel_rows.get(j, -1))
-        lanes.append(_lane(f"gpu:{device}:{stream}", "gpu", [k["ts"][j] for j in idx], [k["dur"][j] for j in idx],
-                           [k["name"][j] for j in idx], rows, [row_finding.get(r, -1) for r in rows], origin))
+        lanes.append(_lane(f"gpu:{device}:{stream}", "gpu", array("d", (k["ts"][j] for j in idx)),
+                           array("d", (k["dur"][j] for j in idx)), [k["name"][j] for j in idx], rows,
+                           array(INDEX, (row_finding.get(r, -1) for r in rows)), origin))
     return lanes
 
 
@@ -218,10 +232,10 @@ def _lane(lane_id: str, kind: str, ts: Sequence[float], dur: Sequence[float], na
           rows: Sequence[int], marks: Sequence[int], origin: float) -> dict[str, Any]:
     """A lane before aggregation: its segments in start order, clipped to start at the origin."""
     order = sort_order(len(ts), ((ts, False), (dur, True)))
-    start = [max(float(ts[i]) - origin, 0.0) for i in order]
-    end = [float(ts[i]) + float(dur[i]) - origin for i in order]
+    start = array("d", (max(float(ts[i]) - origin, 0.0) for i in order))
+    end = array("d", (float(ts[i]) + float(dur[i]) - origin for i in order))
     return {"id": lane_id, "kind": kind, "start": start, "end": end, "names": [names[i] for i in order],
-            "rows": [int(rows[i]) for i in order], "marks": [int(marks[i]) for i in order],
+            "rows": array(INDEX, (int(rows[i]) for i in order)), "marks": array(INDEX, (int(marks[i]) for i in order)),
             "busy_us": sum(e - s for s, e in zip(start, end, strict=True)), "first": start[0] if start else 0.0}
 
 
@@ -231,52 +245,63 @@ def _aggregate(lane: dict[str, Any], budget: int, names: dict[str, int]) -> dict
     span = (max(end) - min(start)) if start else 0.0
     width = span / max(budget // 2, 1)
     for _ in range(64):
-        groups = bins(start, end, width)
-        if len(groups) <= budget:
+        bounds = _bin_bounds(start, end, width)
+        if len(bounds) // 2 <= budget:
             break
         width = width * 2 if width > 0 else 1e-3
     else:  # not reachable with finite times; kept bounded anyway
-        groups = groups[:budget]
-    out: dict[str, Any] = {"id": lane["id"], "kind": lane["kind"], "events": len(start), "busy_us": _r(lane["busy_us"]),
-                           "bin_us": _r(width), "ts": [], "dur": [], "busy": [], "n": [], "name": [], "row": [],
-                           "finding": []}
-    for a, b in groups:
+        bounds = bounds[:2 * budget]
+    # the numbers in typed arrays until the end: made one by one between the loop's own objects, they held
+    # the small-object arenas those filled
+    ts, dur, busy = array("d"), array("d"), array("d")
+    n, name_ids, row, finding = array(INDEX), array(INDEX), array(INDEX), array(INDEX)
+    for g in range(0, len(bounds), 2):
+        a, b = bounds[g], bounds[g + 1]
         s = start[a]
         e = max(end[a:b])
         longest = max(range(a, b), key=lambda i: end[i] - start[i])
         mark = next((m for m in lane["marks"][a:b] if m >= 0), -1)
         name = lane["names"][longest]
         name = name if len(name) <= NAME_CHARS else name[:NAME_CHARS - 1] + "…"
-        out["ts"].append(_r(s))
-        out["dur"].append(_r(e - s))
-        out["busy"].append(_r(sum(end[i] - start[i] for i in range(a, b))))
-        out["n"].append(b - a)
-        out["name"].append(names.setdefault(name, len(names)))
-        out["row"].append(lane["rows"][longest])
-        out["finding"].append(mark)
-    return out
+        ts.append(_r(s))
+        dur.append(_r(e - s))
+        busy.append(_r(sum(end[i] - start[i] for i in range(a, b))))
+        n.append(b - a)
+        name_ids.append(names.setdefault(name, len(names)))
+        row.append(lane["rows"][longest])
+        finding.append(mark)
+    return {"id": lane["id"], "kind": lane["kind"], "events": len(start), "busy_us": _r(lane["busy_us"]),
+            "bin_us": _r(width), "ts": ts.tolist(), "dur": dur.tolist(), "busy": busy.tolist(), "n": n.tolist(),
+            "name": name_ids.tolist(), "row": row.tolist(), "finding": finding.tolist()}
 
 
 def bins(start: Sequence[float], end: Sequence[float], width: float) -> list[tuple[int, int]]:
     """[a, b) index ranges of the segments (in start order) drawn as one: a segment at least `width` long
     alone; shorter ones together with the short ones after them that start within `width` of the
     group's first start."""
-    groups: list[tuple[int, int]] = []
+    bounds = _bin_bounds(start, end, width)
+    return list(zip(bounds[0::2], bounds[1::2], strict=True))
+
+
+def _bin_bounds(start: Sequence[float], end: Sequence[float], width: float) -> array[int]:
+    """bins() as one array, a0, b0, a1, b1, ... (a tuple a group, a lane's first try a group a segment, filled
+    small-object arenas)."""
+    out = array(INDEX)
     open_at = -1  # first index of the open group of short segments
     for i, (s, e) in enumerate(zip(start, end, strict=True)):
         if e - s >= width:
             if open_at >= 0:
-                groups.append((open_at, i))
+                out.extend((open_at, i))
                 open_at = -1
-            groups.append((i, i + 1))
+            out.extend((i, i + 1))
         elif open_at < 0:
             open_at = i
         elif s >= start[open_at] + width:
-            groups.append((open_at, i))
+            out.extend((open_at, i))
             open_at = i
     if open_at >= 0:
-        groups.append((open_at, len(start)))
-    return groups
+        out.extend((open_at, len(start)))
+    return out
 
 
 def _memory_curve(memory: MemoryProfile | None, windows: Windows | None, origin: float,
@@ -286,21 +311,21 @@ def _memory_curve(memory: MemoryProfile | None, windows: Windows | None, origin:
     if memory is None or not memory.curve[0]:
         return None
     ts, level = memory.curve
-    times: list[float | None]
+    times: Iterable[float | None]
     if memory.summary.get("source") != "memory pass":  # the same recording: the same clock
-        times = [t - origin for t in ts]
+        times = (t - origin for t in ts)
     else:
         if windows is None or memory.windows is None:
             return None
         times = _mapped(ts, memory.windows, windows, origin)
-    pts = [(t, b) for t, b in zip(times, level, strict=True) if t is not None and 0.0 <= t <= span and b == b]
-    if not pts:
-        return None
+    # point by point, into typed arrays: a list of the points (a tuple and a float object each) filled
+    # small-object arenas that the curve's own numbers then held
     width = span / MEMORY_POINTS if span > 0 else 1.0
-    out_t: list[float] = []
-    out_b: list[float] = []
+    out_t, out_b = array("d"), array("d")
     last_bin = None
-    for t, b in pts:
+    for t, b in zip(times, level, strict=True):
+        if t is None or not 0.0 <= t <= span or b != b:
+            continue
         k = math.floor(t / width)
         if k != last_bin:
             out_t.append(_r(t))
@@ -308,22 +333,22 @@ def _memory_curve(memory: MemoryProfile | None, windows: Windows | None, origin:
             last_bin = k
         elif b > out_b[-1]:
             out_b[-1] = b
+    if not out_t:
+        return None
     return {"device": memory.summary.get("device"), "source": memory.summary.get("source"),
-            "ts": out_t, "bytes": out_b}
+            "ts": out_t.tolist(), "bytes": out_b.tolist()}
 
 
-def _mapped(ts: Sequence[float], src: Windows, dst: Windows, origin: float) -> list[float | None]:
+def _mapped(ts: Sequence[float], src: Windows, dst: Windows, origin: float) -> Iterator[float | None]:
     """Times of the memory pass mapped into the timed pass's steps: the k-th step onto the k-th, linearly;
     a time outside every step of the memory pass (or past the timed steps) is None."""
-    out: list[float | None] = []
     starts, ends = src
     for t in ts:
         k = bisect_right(starts, t) - 1
         if k < 0 or k >= len(dst[0]) or t > ends[k]:
-            out.append(None)
+            yield None
             continue
         s, e = starts[k], ends[k]
         s2, e2 = dst[0][k], dst[1][k]
         frac = (t - s) / (e - s) if e > s else 0.0
-        out.append(s2 + frac * (e2 - s2) - origin)
-    return out
+        yield s2 + frac * (e2 - s2) - origin

@@ -132,8 +132,10 @@ def analyze_trace_file(path: Path | Url, *, out: Path | None = None, peak_bw: fl
                        measure: Callable[[Run], dict[str, Path]] | None = None,
                        finish: Callable[[Run, TraceData], None] | None = None,
                        torch_trace: Path | None = None, inductor_cache: Path | None = None,
-                       on_events: Callable[[int], None] | None = None) -> Run:
+                       on_events: Callable[[int], None] | None = None, keep_tables: bool = True) -> Run:
     """Analyzes a trace file into a run directory; `on_events(n)` hears the events decoded so far.
+    `keep_tables`: the run keeps the event table and the trace's kernels (Run.events, Run.kernels; always
+    with `measure` or `finish`, which read them); without, they are freed as the analysis goes.
     `torch_trace`, `inductor_cache`: a compiled model's
     TORCH_TRACE log and inductor cache directory (opscope.analysis.compiled). `capture`: a trace recorded while the replayed CUDA/HIP
     graphs were captured (opscope.analysis.capture_merge). `measure(run)` (opscope analyze --nsys/--ncu)
@@ -177,7 +179,8 @@ def analyze_trace_file(path: Path | Url, *, out: Path | None = None, peak_bw: fl
                 warn(line)
             merged = {"trace": str(capture), **report.to_json()}
         return _analyze_file(path, trace, out, base, stem, compressor, peak_bw, peak_flops, warn, merged,
-                             measure, finish, torch_trace=torch_trace, inductor_cache=inductor_cache)
+                             measure, finish, torch_trace=torch_trace, inductor_cache=inductor_cache,
+                             keep_tables=keep_tables or measure is not None or finish is not None)
     finally:
         if compressor is not None:
             compressor.discard()
@@ -191,7 +194,7 @@ def _analyze_file(path: Path | Url, trace: TraceData, out: Path | None, base: Pa
                   capture: dict[str, Any] | None = None,
                   measure: Callable[[Run], dict[str, Path]] | None = None,
                   finish: Callable[[Run, TraceData], None] | None = None, *,
-                  torch_trace: Path | None = None, inductor_cache: Path | None = None) -> Run:
+                  torch_trace: Path | None = None, inductor_cache: Path | None = None, keep_tables: bool = True) -> Run:
     device = trace_device(trace)
     peaks = trace_peaks(trace, device, peak_bw, peak_flops, warn)
     meta = trace_meta(path, trace, device, peaks)
@@ -204,12 +207,12 @@ def _analyze_file(path: Path | Url, trace: TraceData, out: Path | None, base: Pa
     embedded = _embedded(trace, warn)
     if embedded is None:
         run = analyze(trace, peaks=peaks, meta=meta, source="trace", torch_trace=torch_trace,
-                      inductor_cache=inductor_cache)
+                      inductor_cache=inductor_cache, keep_tables=keep_tables)
     else:
         by_ext, classes, memory = embedded
         run = analyze(trace, peaks=peaks, meta=meta, source="trace", module_classes=classes, memory=memory,
                       source_override=lambda ev: embedded_lines(by_ext, ev), torch_trace=torch_trace,
-                      inductor_cache=inductor_cache)
+                      inductor_cache=inductor_cache, keep_tables=keep_tables)
     if not nrows(run.ops):
         raise TraceError(no_rows_message(trace))
     meta["steps"] = run.summary["steps"]

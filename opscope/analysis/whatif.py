@@ -8,13 +8,13 @@ saves, overlaps accounted), summary.json's `whatif` and whatif.json (the critica
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from opscope.analysis.fixes import Fixer, OpSpeedup, assign_ids
 from opscope.analysis.replay import Change, Replay, Steps, critical_path, replay, replay_path, replay_steps
-from opscope.analysis.replay_graph import StepGraph, build_graph
+from opscope.analysis.replay_graph import READS, StepGraph, build_graph
 from opscope.errors import OpscopeError
 from opscope.machine.peaks import Peaks
 from opscope.table import Table
@@ -26,7 +26,7 @@ TOP = (1, 3, 5)  # summary.json whatif.top: the first N fixes in the recommended
 @dataclass
 class Engine:
     graph: StepGraph
-    fixer: Fixer
+    fixer: Fixer | None  # None where the fixes' changes were made before the graph (run_whatif)
     base: Steps  # the unchanged replay (a Replay until steps_only())
     base_path: list[dict[str, Any]] | None = None  # its critical path, once taken
 
@@ -114,12 +114,16 @@ def recommend(e: Engine, fixes: Sequence[tuple[str, Change]], alone: Sequence[fl
     return out, current
 
 
-def annotate(e: Engine, findings: list[dict[str, Any]]) -> list[tuple[str, Change, float]]:
+def annotate(e: Engine, findings: list[dict[str, Any]],
+             changes: Sequence[Change] | None = None) -> list[tuple[str, Change, float]]:
     """Adds "id" and "critical_path_saving_us" to every finding; returns (id, change, saving) per finding
-    (one replay per distinct change). When a finding changes anything, the unchanged replay keeps only its
-    step times from here on (Engine.steps_only)."""
+    (one replay per distinct change; `changes`: each finding's, when made already). When a finding changes
+    anything, the unchanged replay keeps only its step times from here on (Engine.steps_only)."""
     assign_ids(findings)
-    changes = [e.fixer.finding(f) for f in findings]
+    if changes is None:
+        fixer = e.fixer
+        assert fixer is not None, "an Engine without its Fixer is given the changes"
+        changes = [fixer.finding(f) for f in findings]
     if any(not c.empty for c in changes):  # the fixes' replays then never sit beside its node times
         e.steps_only()
     fixes = []
@@ -134,11 +138,25 @@ def annotate(e: Engine, findings: list[dict[str, Any]]) -> list[tuple[str, Chang
 
 
 def run_whatif(trace: TraceData, ev: Table, findings: list[dict[str, Any]], *, peaks: Peaks, gpu: bool,
-               step_time_us: float) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Annotates the findings; returns (summary.json "whatif", whatif.json)."""
-    e = engine(trace, ev, peaks, gpu)
+               step_time_us: float, release: Callable[[Mapping[str, Sequence[str]] | None], None] | None = None,
+               ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Annotates the findings; returns (summary.json "whatif", whatif.json). The fixes' changes are made
+    first (they name events and kernels, not nodes), then the graph. `release(keep)`, for a run that does
+    not keep its tables (opscope.analysis.pipeline.release_tables): called with what the graph reads
+    (replay_graph.READS) once the changes are made, then with None once the graph is built: the event
+    table is not read after that."""
+    assign_ids(findings)
+    fixer = Fixer(ev, trace.kernels, peaks, gpu)
+    changes = [fixer.finding(f) for f in findings]
+    del fixer
+    if release is not None:
+        release(READS)
+    g = build_graph(trace, ev)
+    if release is not None:
+        release(None)
+    e = Engine(graph=g, fixer=None, base=replay(g))
     path = e.path(Change())[1]
-    fixes = [(k, c, saved) for k, c, saved in annotate(e, findings) if not c.empty]
+    fixes = [(k, c, saved) for k, c, saved in annotate(e, findings, changes) if not c.empty]
     steps, current = recommend(e, [(k, c) for k, c, _ in fixes], [saved for _, _, saved in fixes], limit=TOP[-1])
     fixed, fixed_path = e.path(current)  # replayed once more for its critical path
     order = [s.label for s in steps]
@@ -184,9 +202,11 @@ def what_if(trace: TraceData, ev: Table, findings: list[dict[str, Any]], fixes: 
         raise OpscopeError(f"no finding {unknown[0]!r} in this run (its findings: {known or 'none'}; see "
                            "findings.json \"id\")")
     e = engine(trace, ev, peaks, trace.has_gpu)
-    changes = [(k, e.fixer.finding(by_id[k])) for k in wanted]
-    changes += [(s.text, e.fixer.speedup(s)) for s in speedups]
-    changes += [(f"swap:{label}", e.fixer.measured_swap(keys, saving)) for label, keys, saving in swaps]
+    fixer = e.fixer
+    assert fixer is not None  # engine() gives its Fixer
+    changes = [(k, fixer.finding(by_id[k])) for k in wanted]
+    changes += [(s.text, fixer.speedup(s)) for s in speedups]
+    changes += [(f"swap:{label}", fixer.measured_swap(keys, saving)) for label, keys, saving in swaps]
     if remove_gaps:
         changes.append(("remove-gaps", Change(remove_gaps=True)))
     steps, current = recommend(e, changes, exact=True)

@@ -87,7 +87,7 @@ def analyze(trace: PathLike, *, out: PathLike | None = None, peak_bw: float | No
             capture: PathLike | None = None, nsys: PathLike | None = None, ncu: PathLike | None = None,
             torch_trace: PathLike | None = None, inductor_cache: PathLike | None = None,
             progress: Progress | None = None, workers: int | None = None, engine: str = "local",
-            address: str | None = None) -> Run:
+            address: str | None = None, tables: bool = True) -> Run:
     """Analyzes a torch.profiler Chrome trace (.json/.json.gz; CPU, CUDA or ROCm), an Nsight file, or a
     folder of per-rank traces or run directories (merged into one run of the job), and writes the run
     directory (`out`, default a new folder under ./reports). As `opscope analyze`; the keyword arguments
@@ -103,7 +103,11 @@ def analyze(trace: PathLike, *, out: PathLike | None = None, peak_bw: float | No
     one per rank; 1: in this process); `engine="ray"`: each rank a Ray task (`pip install
     'opscope[ray]'`), on the cluster at `address` (else a local Ray of `workers` CPUs), a rank that fails
     twice named in the merged run's summary ("distributed" "failed_ranks"). The run is the same
-    whichever."""
+    whichever.
+
+    `tables`: a trace's run keeps its event and kernel tables in memory (`run.to_pandas("events")`,
+    `"kernels"`); False frees them as the analysis goes, for less memory on a large trace (what `opscope
+    analyze` does). The run directory is the same either way."""
     path = _location(trace)
     assert path is not None
     if isinstance(path, Url):
@@ -114,7 +118,7 @@ def analyze(trace: PathLike, *, out: PathLike | None = None, peak_bw: float | No
                 raise OpscopeError(f"{path.shown}: --workers/--engine/--address apply to a folder of ranks, "
                                    "not to one trace")
             return _analyze_url(path, out=user_path(out), peak_bw=peak_bw, peak_flops=peak_flops,
-                                max_trace_gb=max_trace_gb, progress=progress,
+                                max_trace_gb=max_trace_gb, progress=progress, tables=tables,
                                 others=(capture, nsys, ncu, torch_trace, inductor_cache))
     out_dir = user_path(out)
     capture_path, nsys_path, ncu_path = user_path(capture), user_path(nsys), user_path(ncu)
@@ -173,11 +177,12 @@ def analyze(trace: PathLike, *, out: PathLike | None = None, peak_bw: float | No
         data = analyze_trace_file(path, out=out_dir, peak_bw=peak_bw, peak_flops=flops, warn=warn,
                                   max_trace_gb=max_trace_gb, capture=capture_path, measure=measure,
                                   torch_trace=torch_trace_path, inductor_cache=cache_path,
-                                  on_events=_EventCounter(kept))
+                                  on_events=_EventCounter(kept), keep_tables=tables)
     return Run.written(data, kept.warnings)
 
 def _analyze_url(url: Url, *, out: Path | None, peak_bw: float | None, peak_flops: Sequence[str] | str | None,
-                 max_trace_gb: float | None, progress: Progress | None, others: tuple[PathLike | None, ...]) -> Run:
+                 max_trace_gb: float | None, progress: Progress | None, others: tuple[PathLike | None, ...],
+                 tables: bool = True) -> Run:
     """analyze() of a trace given by URL: streamed through fsspec (opscope.trace.location)."""
     if any(v is not None for v in others):
         raise OpscopeError(f"{url.shown}: --capture/--nsys/--ncu/--torch-trace/--inductor-cache go with a local trace; "
@@ -190,7 +195,8 @@ def _analyze_url(url: Url, *, out: Path | None, peak_bw: float | None, peak_flop
     from opscope.analysis.trace_file import analyze_trace_file
 
     return Run.written(analyze_trace_file(url, out=out, peak_bw=peak_bw, peak_flops=flops, warn=kept.warn,
-                                          max_trace_gb=max_trace_gb, on_events=_EventCounter(kept)), kept.warnings)
+                                          max_trace_gb=max_trace_gb, on_events=_EventCounter(kept),
+                                          keep_tables=tables), kept.warnings)
 
 
 # Nsight's files, by name (a URL is not sniffed before it is read)

@@ -406,8 +406,8 @@ def analyze(
         run = analyze_trace(trace, out=out, peak_bw=peak_bw, peak_flops=list(peak_flops or []),
                             max_trace_gb=max_trace_gb, capture=capture, nsys=nsys, ncu=ncu, torch_trace=torch_trace,
                             inductor_cache=inductor_cache, progress=progress, workers=workers, engine=engine.value,
-                            address=address)
-    _emit(run.analyzed, json_out, top)  # as analyzed (its events), not as read back
+                            address=address, tables=False)  # nothing here reads the event tables: freed early
+    _emit(run.analyzed, json_out, top)  # as analyzed, not as read back
 
 
 @app.command()
