@@ -291,10 +291,13 @@ def compact(table: Table) -> None:
         table[name] = compacted(values)
 
 
-def compacted(values: list[Any]) -> list[Any]:
-    """`values` Coded or Packed (see `compact`), or as they are."""
+def compacted(values: Sequence[Any]) -> list[Any]:
+    """`values` Coded or Packed (see `compact`), or as they are: a compacted column, a list (a list of them
+    where they were in neither, a typed array of ints too wide)."""
     column: Column | None = coded(values) or packed(values)
-    return values if column is None else cast(list[Any], column)
+    if column is not None:
+        return cast(list[Any], column)
+    return cast(list[Any], values) if isinstance(values, (list, Column)) else list(values)
 
 
 class ColumnBuilder:
@@ -508,6 +511,30 @@ def sort_rows(rows: list[int], keys: Sequence[tuple[Sequence[Any], bool]]) -> No
     the rows' values, ties kept as they are, without a tuple per row (one stable sort per key)."""
     for values, descending in reversed(keys):
         rows.sort(key=_sortable(values).__getitem__, reverse=descending)
+
+
+def sorted_rows(rows: array[int], keys: Sequence[tuple[Sequence[Any], bool]]) -> array[int]:
+    """`rows` (row numbers, a typed array) in the order sort_rows gives them, by the values at those rows:
+    `rows` itself when already in that order (a trace's events on one thread, as the profiler writes them),
+    else a new array. A list of the rows held a pointer and an int object a row."""
+    columns = [(_sortable(values), descending) for values, descending in keys]
+    if _rows_in_order(rows, columns):
+        return rows
+    order = list(rows)
+    sort_rows(order, keys)
+    return array(INDEX, order)
+
+
+def _rows_in_order(rows: Sequence[int], keys: Sequence[tuple[Sequence[Any], bool]]) -> bool:
+    for k in range(1, len(rows)):
+        i, j = rows[k - 1], rows[k]
+        for values, descending in keys:
+            a, b = values[i], values[j]
+            if a != b:
+                if (a > b) != descending:
+                    return False
+                break
+    return True
 
 
 def _sortable(values: Sequence[Any]) -> Sequence[Any]:

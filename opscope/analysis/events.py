@@ -19,10 +19,21 @@ import re
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from opscope.sources import location_from_call_stack
-from opscope.table import INDEX, Table, compacted, group_codes, indexable, nrows, sort_order
+from opscope.table import (
+    INDEX,
+    Coded,
+    Packed,
+    Table,
+    Zeros,
+    compacted,
+    group_codes,
+    indexable,
+    nrows,
+    sort_order,
+)
 from opscope.trace.kernel_names import kernel_family
 from opscope.trace.reader import COMPILED_GRAPH_RE, TraceData
 
@@ -79,11 +90,11 @@ def _start_order(keys: Sequence[Any], starts: Sequence[float], ends: Sequence[fl
 def nest(keys: Sequence[Any], starts: Sequence[float], ends: Sequence[float]) -> list[int]:
     """Parent (innermost enclosing interval on the same key) of each interval, -1 for roots."""
     keys, starts, ends = _values(keys), _values(starts), _values(ends)
-    return _nest(keys, starts, ends, _start_order(keys, starts, ends))
+    return _nest(keys, starts, ends, _start_order(keys, starts, ends)).tolist()
 
 
-def _nest(keys: list[Any], starts: list[float], ends: list[float], order: Sequence[int]) -> list[int]:
-    parent = [-1] * len(starts)
+def _nest(keys: Sequence[Any], starts: Sequence[float], ends: Sequence[float], order: Sequence[int]) -> array[int]:
+    parent = array(INDEX, [-1]) * len(starts)  # an int object an event, as a list, held far more
     # One sequential pass in start order with a stack of open intervals per thread.
     stack_end: list[float] = []
     stack_idx: list[int] = []
@@ -107,10 +118,11 @@ def _nest(keys: list[Any], starts: list[float], ends: list[float], order: Sequen
 
 
 def innermost(c_keys: Sequence[Any], c_starts: Sequence[float], c_ends: Sequence[float],
-              p_keys: Sequence[Any], p_times: Sequence[float]) -> list[int]:
-    """For each point, the innermost container interval on the same key containing it (-1 if none)."""
+              p_keys: Sequence[Any], p_times: Sequence[float]) -> array[int]:
+    """For each point, the innermost container interval on the same key containing it (-1 if none), in a
+    typed array (an int object a point, as a list)."""
     n_c, n_p = len(c_starts), len(p_times)
-    result = [-1] * n_p
+    result = array(INDEX, [-1]) * n_p
     if n_c == 0 or n_p == 0:
         return result
     # One pass through containers and points together by key, then time, containers before points on a
@@ -167,7 +179,9 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
     n = nrows(ev)
     ts = ev["ts"]
     dur = ev["dur"]
-    end = [t + d for t, d in zip(ts, dur, strict=True)]
+    # Per-event numbers in typed arrays until compacted: a list's int and float objects, one an event, were
+    # most of this function's peak (about 60 MiB of the 20x scaling trace's)
+    end = array("d", (t + d for t, d in zip(ts, dur, strict=True)))
     keys = thread_keys(ev["pid"], ev["tid"])
     # Walk the tree in start-time order so a parent is always resolved before its children.
     order = _start_order(keys, ts, end)
@@ -178,7 +192,7 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
     # per column held at once was most of the analysis' peak (200 MiB of a 2.6M-event trace's).
     ev["end"] = compacted(end)
     ev["thread"] = compacted(keys)
-    ev["parent"] = par  # compacted below, in its place among the columns
+    ev["parent"] = cast(list[Any], par)  # compacted below, in its place among the columns
     del end, keys
 
     names = ev["name"]
@@ -191,9 +205,9 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
     is_row = [k != "" for k in kind]
 
     inputs = [ev[c] for c in ("input_dims", "input_dtypes", "input_strides", "concrete_inputs")]
-    row_anc = [-1] * n
-    bwd_root = [-1] * n
-    depth = [0] * n
+    row_anc = array(INDEX, [-1]) * n
+    bwd_root = array(INDEX, [-1]) * n
+    depth = array(INDEX, [0]) * n
     folded = [False] * n
     graph = [""] * n
     for i in order:
@@ -223,7 +237,7 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
     ev["depth"] = compacted(depth)
     del kind, folded, graph, depth
     # Row ancestor strictly above an event (used to find composite parents and copy sources).
-    row_parent = [row_anc[p] if p >= 0 else -1 for p in par]
+    row_parent = array(INDEX, (row_anc[p] if p >= 0 else -1 for p in par))
     ev["row_anc"] = compacted(row_anc)
     ev["bwd_root"] = compacted(bwd_root)
     del row_anc, bwd_root
@@ -258,12 +272,13 @@ def build_events(trace: TraceData, source_override: SourceOverride | None = None
     return ev
 
 
-def _self_times(dur: list[float], parent: list[int], row_parent: list[int], is_row: list[bool]) -> list[float]:
+def _self_times(dur: Sequence[float], parent: Sequence[int], row_parent: Sequence[int],
+                is_row: Sequence[bool]) -> list[float]:
     """A row's self time is its time minus that of the rows directly below it: what runs inside it in no
     row of its own (a compiled graph's C++ kernels, a folded inner call) is its work. An event inside a
     row that is not a row itself has 0 (its time is that row's); other events keep their time minus
     their children's."""
-    below = [0.0] * len(dur)
+    below = array("d", [0.0]) * len(dur)  # a float object a parent, as a list
     for i, d in enumerate(dur):  # in event order, as the sums were always made
         into = (row_parent[i] if is_row[i] else -1) if row_parent[i] >= 0 else parent[i]
         if into >= 0:
@@ -290,15 +305,16 @@ def _dispatch_input_types(source_override: Mapping[int, str] | None, n: int) -> 
     return out
 
 
-def assign_steps(trace: TraceData, ts: Sequence[float]) -> list[int]:
-    """Index of the ProfilerStep range each time falls in (-1: none; 0 for all when there are none)."""
+def assign_steps(trace: TraceData, ts: Sequence[float]) -> array[int]:
+    """Index of the ProfilerStep range each time falls in (-1: none; 0 for all when there are none), in a
+    typed array (an int object an event, as a list)."""
     steps = trace.steps
     if not nrows(steps):
-        return [0] * len(ts)
+        return array(INDEX, [0]) * len(ts)
     starts = steps["ts"]
     ends = [s + d for s, d in zip(starts, steps["dur"], strict=True)]
-    out = []
-    for t in _values(ts):
+    out = array(INDEX)
+    for t in ts.numbers if isinstance(ts, Packed) else _values(ts):
         i = bisect_right(starts, t) - 1
         out.append(i if i >= 0 and t < ends[i] else -1)
     return out
@@ -326,9 +342,10 @@ def _attribute_kernels(trace: TraceData, ev: Table) -> None:
     and family (opscope.trace.kernel_names)."""
     n = nrows(ev)
     kern = trace.kernels
-    ev["device_us"] = [0.0] * n
-    ev["kernels"] = [""] * n
-    ev["n_kernels"] = [0] * n
+    # their places among the columns, filled below (a column of one value: no byte an event)
+    ev["device_us"] = cast(list[Any], Coded(Zeros(n), [0.0]))
+    ev["kernels"] = cast(list[Any], Coded(Zeros(n), [""]))
+    ev["n_kernels"] = cast(list[Any], Coded(Zeros(n), [0]))
     nk = nrows(kern)
     kern_op = [-1] * nk
     kernel_row = [False] * nk
@@ -348,8 +365,8 @@ def _attribute_kernels(trace: TraceData, ev: Table) -> None:
     ann = trace.annotations
     ann_names = ann["name"]
     corr_to_launch: dict[int, int] = {}
-    enclosing_op: list[int] = []
-    enclosing_ann: list[int] = []
+    enclosing_op: Sequence[int] = []
+    enclosing_ann: Sequence[int] = []
     is_graph: list[bool] = []
     launch_names: list[str] = []
     if nrows(launches):
@@ -372,9 +389,12 @@ def _attribute_kernels(trace: TraceData, ev: Table) -> None:
         if x in wanted_ext and x not in ext_to_op:
             ext_to_op[x] = i
     gpu_only = n == 0
-    dev_us = [0.0] * n
-    names_by_op: dict[int, dict[str, None]] = {}
-    counts = [0] * n
+    # typed arrays, and each attributed kernel's (op, name) as two numbers: lists of float and int objects
+    # and a dict of names per op held more memory than the event table
+    dev_us = array("d", [0.0]) * n
+    counts = array(INDEX, [0]) * n
+    pair_op, pair_name = array(INDEX), array(INDEX)
+    kernel_names: dict[str, int] = {}
     for j, (corr, ext, kname, kdur) in enumerate(zip(kern["correlation"], kern["ext_id"], kern["name"], kern["dur"],
                                                       strict=True)):
         li = corr_to_launch.get(corr, -1)
@@ -399,7 +419,8 @@ def _attribute_kernels(trace: TraceData, ev: Table) -> None:
             kern_op[j] = row
             dev_us[row] += kdur
             counts[row] += 1
-            names_by_op.setdefault(row, {})[kname] = None
+            pair_op.append(row)
+            pair_name.append(kernel_names.setdefault(kname, len(kernel_names)))
         elif li >= 0 and enclosing_ann[li] >= 0:
             kernel_row[j] = True
             launcher_ann[j], launcher[j] = enclosing_ann[li], ann_names[enclosing_ann[li]]
@@ -415,24 +436,45 @@ def _attribute_kernels(trace: TraceData, ev: Table) -> None:
     ev["device_us"] = compacted(dev_us)
     ev["n_kernels"] = compacted(counts)
     del dev_us, counts
-    kernels_col = [""] * n
-    for op, kn in names_by_op.items():
-        kernels_col[op] = ";".join(kn)
-    ev["kernels"] = compacted(kernels_col)
+    ev["kernels"] = compacted(_kernel_names(n, pair_op, pair_name, list(kernel_names)))
     family = [kernel_family(k, c) for k, c in zip(kern["name"], kern["cat"], strict=True)]
     trace.kernels = {**kern, **{name: compacted(values) for name, values in (
         ("op", kern_op), ("kernel_row", kernel_row), ("launcher_op", launcher_op), ("launcher_ann", launcher_ann),
         ("launcher", launcher), ("graph_launch", graph_launch), ("backlog", backlog), ("family", family))}}
 
 
+def _kernel_names(n: int, pair_op: array[int], pair_name: array[int], names: list[str]) -> list[str]:
+    """Per event, the names of the kernels credited to it, each once in the order first credited, joined by
+    ";" ("" for none): `pair_op[k]`, `pair_name[k]` the k-th credit's event and name (a number into
+    `names`). One string object per distinct text, not per event."""
+    out = [""] * n
+    texts: dict[str, str] = {}
+    order = sort_order(len(pair_op), ((pair_op, False),))  # stable: an event's credits in the order they came
+    k, m = 0, len(order)
+    while k < m:
+        op = pair_op[order[k]]
+        end = k + 1
+        while end < m and pair_op[order[end]] == op:
+            end += 1
+        text = ";".join(names[x] for x in dict.fromkeys(pair_name[order[y]] for y in range(k, end)))
+        out[op] = texts.setdefault(text, text)
+        k = end
+    return out
+
+
 def _enclosing(c_pid: Sequence[Any], c_tid: Sequence[Any], c_start: Sequence[float], c_end: Sequence[float],
-               p_pid: Sequence[Any], p_tid: Sequence[Any], p_time: Sequence[float]) -> list[int]:
+               p_pid: Sequence[Any], p_tid: Sequence[Any], p_time: Sequence[float]) -> array[int]:
     """For each point (pid, tid, time), the innermost container interval on the same thread holding it
     (-1 if none)."""
     if not len(c_start) or not len(p_time):
-        return [-1] * len(p_time)
-    threads = thread_keys(_values(c_pid) + _values(p_pid), _values(c_tid) + _values(p_tid))
-    return innermost(threads[: len(c_start)], c_start, c_end, threads[len(c_start):], p_time)
+        return array(INDEX, [-1]) * len(p_time)
+    # thread_keys of the containers then the points, each side's codes in a typed array (their lists'
+    # concatenations held a pointer a row and column, four times)
+    codes: dict[tuple[Any, Any], int] = {}
+    code = codes.setdefault
+    c_threads = array(INDEX, (code(k, len(codes)) for k in zip(c_pid, c_tid, strict=True)))
+    p_threads = array(INDEX, (code(k, len(codes)) for k in zip(p_pid, p_tid, strict=True)))
+    return innermost(c_threads, c_start, c_end, p_threads, p_time)
 
 
 def _optimizer_steps(trace: TraceData, ev: Table) -> list[str]:

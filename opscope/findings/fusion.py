@@ -23,7 +23,8 @@ outside the compiled graphs (bring them in) or inside one, unfused (ops inductor
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypedDict
 
@@ -34,7 +35,7 @@ from opscope.findings.compiled import INSIDE_COMPILED, OUTSIDE_COMPILED, compile
 from opscope.findings.layout import Tensor, tensors
 from opscope.findings.strided_reduction import reduced_dims
 from opscope.findings.tree import col, event_bound, inside_worker_flags, is_worker, names, user_mask
-from opscope.table import sort_rows
+from opscope.table import INDEX, sorted_rows
 
 FUSABLE_FAMILIES = frozenset({"elementwise", "reduction", "norm", "softmax"})
 FUSABLE_BOUNDS = frozenset({"memory", "overhead"})
@@ -150,7 +151,7 @@ def bundled_text(kernels: list[str], speedups: Mapping[str, float | None]) -> st
 @dataclass
 class _Run:
     ref: tuple[int, ...]
-    ops: list[int] = field(default_factory=list)
+    ops: array[int] = field(default_factory=lambda: array(INDEX))  # typed: an int object an op held more
     names: set[str] = field(default_factory=set)
 
 
@@ -187,7 +188,7 @@ def _out_bytes(ctx: Context, i: int, family: str) -> float:
     return float(numel * big.itemsize)
 
 
-def _runs(ctx: Context) -> list[tuple[list[int], set[str], tuple[int, ...]]]:
+def _runs(ctx: Context) -> list[tuple[array[int], set[str], tuple[int, ...]]]:
     mask = user_mask(ctx)
     is_row = col(ctx, "is_row")
     fam = col(ctx, "family")
@@ -195,9 +196,10 @@ def _runs(ctx: Context) -> list[tuple[list[int], set[str], tuple[int, ...]]]:
     nm = names(ctx)
     step, thread, ts = col(ctx, "step"), col(ctx, "thread"), col(ctx, "ts")
     work = is_worker(ctx)
-    workers = [i for i, (row, s) in enumerate(zip(is_row, step, strict=True)) if row and s >= 0]
-    sort_rows(workers, ((step, False), (thread, False), (ts, False)))  # without a tuple per event
-    runs: list[tuple[list[int], set[str], tuple[int, ...]]] = []
+    # a typed array, and no tuple per event to sort them: a list held a pointer and an int object an event
+    workers = sorted_rows(array(INDEX, (i for i, (row, s) in enumerate(zip(is_row, step, strict=True)) if row and s >= 0)),
+                          ((step, False), (thread, False), (ts, False)))
+    runs: list[tuple[array[int], set[str], tuple[int, ...]]] = []
     cur: _Run | None = None
     where = None
     pending: set[str] = set()  # names of views/composites seen since the last op that did work
@@ -265,7 +267,7 @@ class FusionGroup(TypedDict):
     bytes: float
     names: set[str]  # base names of the ops, views and composites in the runs
     ref: tuple[int, ...]  # the shape the runs work on
-    events: list[int]
+    events: array[int]
 
 
 def fusion_groups(ctx: Context) -> dict[_Chain, FusionGroup]:
@@ -273,9 +275,24 @@ def fusion_groups(ctx: Context) -> dict[_Chain, FusionGroup]:
     return cached(ctx, "fusion_groups", lambda: _groups(ctx))
 
 
-def fused_events(ctx: Context) -> set[int]:
+class EventFlags:
+    """A set of events as a byte per event (`in` tells): a set of them held an entry and an int object each."""
+
+    __slots__ = ("flags",)
+
+    def __init__(self, n: int, events: Iterable[int]) -> None:
+        self.flags = bytearray(n)
+        for i in events:
+            self.flags[i] = 1
+
+    def __contains__(self, event: object) -> bool:
+        return isinstance(event, int) and 0 <= event < len(self.flags) and bool(self.flags[event])
+
+
+def fused_events(ctx: Context) -> EventFlags:
     """Events inside a reported fusion run (low-bandwidth leaves these to the fusion finding)."""
-    return cached(ctx, "fused_events", lambda: {i for g in fusion_groups(ctx).values() for i in g["events"]})
+    return cached(ctx, "fused_events", lambda: EventFlags(len(names(ctx)), (i for g in fusion_groups(ctx).values()
+                                                                             for i in g["events"])))
 
 
 def _groups(ctx: Context) -> dict[_Chain, FusionGroup]:
@@ -302,7 +319,7 @@ def _groups(ctx: Context) -> dict[_Chain, FusionGroup]:
         saving = total_t * saved_b / total_b
         key = tuple((nm[i], locs[i]) for i in ops)
         g = groups.setdefault(key, {"count": 0, "saving": 0.0, "saved_b": 0.0, "time": 0.0, "bytes": 0.0,
-                                    "names": set(), "ref": ref, "events": []})
+                                    "names": set(), "ref": ref, "events": array(INDEX)})
         g["count"] += 1
         g["saving"] += saving
         g["saved_b"] += saved_b

@@ -33,8 +33,8 @@ def test_innermost_tie_rules():
     # is not; on another key nothing holds it
     points = [0.0, 4.0, 6.0, 10.0, 5.0]
     keys = [0, 0, 0, 0, 1]
-    assert innermost(c_keys, c_starts, c_ends, keys, points) == [1, 2, 0, -1, -1]
-    assert innermost([], [], [], [0], [1.0]) == [-1]
+    assert list(innermost(c_keys, c_starts, c_ends, keys, points)) == [1, 2, 0, -1, -1]
+    assert list(innermost([], [], [], [0], [1.0])) == [-1]
 
 
 def _innermost_one_sort(c_keys, c_starts, c_ends, p_keys, p_times):
@@ -66,13 +66,13 @@ def test_innermost_merge_equals_one_sort():
         p_keys = [rng.randint(0, 2) for _ in range(n_p)]
         p_times = [float(rng.randint(0, 12)) for _ in range(n_p)]
         args = (c_keys, c_starts, c_ends, p_keys, p_times)
-        assert innermost(*args) == _innermost_one_sort(*args), args
+        assert list(innermost(*args)) == _innermost_one_sort(*args), args
 
 
 def test_steps_start_inclusive_end_exclusive():
     trace = SimpleNamespace(steps={"ts": [10.0, 20.0], "dur": [5.0, 5.0]})
-    assert assign_steps(trace, [9.0, 10.0, 14.9, 15.0, 20.0, 26.0]) == [-1, 0, 0, -1, 1, -1]
-    assert assign_steps(SimpleNamespace(steps={"ts": [], "dur": []}), [1.0, 2.0]) == [0, 0]
+    assert list(assign_steps(trace, [9.0, 10.0, 14.9, 15.0, 20.0, 26.0])) == [-1, 0, 0, -1, 1, -1]
+    assert list(assign_steps(SimpleNamespace(steps={"ts": [], "dur": []}), [1.0, 2.0])) == [0, 0]
 
 
 def _intervals(rows: list[tuple]) -> dict[str, list]:
@@ -126,3 +126,16 @@ def test_build_events_by_hand():
     assert k["backlog"] == [False] * 4  # lost_k's correlation is newer than the trace's launches: not a backlog
     assert list(k)[-9:] == ["op", "kernel_row", "launcher_op", "launcher_ann", "launcher", "graph_launch", "backlog",
                             "family", "launcher_loc"]
+
+
+def test_an_events_kernel_names_are_each_once_in_the_order_first_credited():
+    from array import array
+
+    from opscope.analysis.events import _kernel_names
+
+    names = ["gemm", "relu", "copy"]
+    # credits (event, name) as they came: event 3 gets relu, gemm, relu; event 0 copy; event 3 gemm again
+    out = _kernel_names(5, array("i", [3, 3, 0, 3, 3]), array("i", [1, 0, 2, 1, 0]), names)
+    assert out == ["copy", "", "", "relu;gemm", ""]
+    same = _kernel_names(3, array("i", [0, 2]), array("i", [1, 1]), names)
+    assert same == ["relu", "", "relu"] and same[0] is same[2]  # one string per distinct text
