@@ -608,8 +608,11 @@ def _trace_modules(trace: TraceData, ev: Table) -> list[tuple[str, str]]:
     n_mods = nrows(mods)
     m_ts = mods["ts"]
     m_end = _intervals_end(mods)
-    all_threads = thread_keys(mods["pid"] + ev["pid"], mods["tid"] + ev["tid"])
-    m_keys, o_keys = all_threads[:n_mods], all_threads[n_mods:]
+    # thread_keys of the modules then the events, each side's in a typed array (not their lists' concatenation)
+    codes: dict[tuple[Any, Any], int] = {}
+    code = codes.setdefault
+    m_keys = array(INDEX, (code(k, len(codes)) for k in zip(mods["pid"], mods["tid"], strict=True)))
+    o_keys = array(INDEX, (code(k, len(codes)) for k in zip(ev["pid"], ev["tid"], strict=True)))
     parents_first = _start_order(m_keys, m_ts, m_end)
     parent = _nest(m_keys, m_ts, m_end, parents_first)
     names = mods["name"]
@@ -619,10 +622,12 @@ def _trace_modules(trace: TraceData, ev: Table) -> list[tuple[str, str]]:
     # (parent's path, class) -> {trace name: local index}; paths are tuples of (class, local index)
     index: dict[tuple[ModulePath, str], dict[str, int]] = {}
     raw: list[ModulePath] = [()] * n_mods
+    one_path: dict[ModulePath, ModulePath] = {}  # a tuple per distinct path, not per module call
     for j in parents_first:
         up = raw[parent[j]] if parent[j] >= 0 else ()
         instances = index.setdefault((up, classes[j]), {})
-        raw[j] = (*up, (classes[j], instances.setdefault(names[j], len(instances))))
+        path = (*up, (classes[j], instances.setdefault(names[j], len(instances))))
+        raw[j] = one_path.setdefault(path, path)
     shown: dict[ModulePath, str] = {}
     for path in set(raw):
         shown[path] = ".".join(c if len(index[(path[:d], c)]) == 1 else f"{c}_{k}"
@@ -635,7 +640,11 @@ def _trace_modules(trace: TraceData, ev: Table) -> list[tuple[str, str]]:
         paths = [same.setdefault(q, q) for q in (p[cut:] if p != root else "" for p in paths)]
     trace.module_classes = dict(zip(paths, classes, strict=True))
     enclosing = innermost(m_keys, m_ts, m_end, o_keys, ev["ts"])
-    return [(paths[j], classes[j]) if j >= 0 else NO_MODULE for j in enclosing]
+    # one (path, class) tuple per distinct pair, shared by the events (a tuple an event, as made here before)
+    pairs: dict[tuple[str, str], tuple[str, str]] = {NO_MODULE: NO_MODULE}
+    pair = pairs.setdefault
+    of_module = [pair((p, c), (p, c)) for p, c in zip(paths, classes, strict=True)]
+    return [of_module[j] if j >= 0 else NO_MODULE for j in enclosing]
 
 
 def _python_locations(trace: TraceData, ev: Table) -> list[str]:
