@@ -181,12 +181,17 @@ class _Spilled:
     def __init__(self) -> None:
         self.block = array("d")
         self.file: IO[bytes] | None = None
+        self.in_memory = False  # no temporary file could be made: all of them in `block`
 
     def append(self, value: float) -> None:
         self.block.append(value)
-        if len(self.block) >= self.BLOCK:
+        if len(self.block) >= self.BLOCK and not self.in_memory:
             if self.file is None:
-                self.file = tempfile.TemporaryFile(prefix="opscope-replay-")  # noqa: SIM115  # closed on exit
+                try:
+                    self.file = tempfile.TemporaryFile(prefix="opscope-replay-")  # noqa: SIM115  # closed on exit
+                except OSError:  # no writable temporary directory: the memory it would have saved is used
+                    self.in_memory = True
+                    return
             self.block.tofile(self.file)
             self.block = array("d")
 

@@ -334,6 +334,18 @@ def test_spilled_values_come_back_in_order_and_the_file_goes():
         assert list(few.replayed()) == [1.5] and few.file is None
 
 
+def test_spilled_values_stay_in_memory_without_a_temporary_directory(monkeypatch: pytest.MonkeyPatch):
+    def no_file(*args: object, **kwargs: object) -> None:
+        raise OSError("read-only file system")
+
+    monkeypatch.setattr("opscope.analysis.replay.tempfile.TemporaryFile", no_file)
+    with _Spilled() as spilled:
+        spilled.BLOCK = 3
+        for v in range(10):
+            spilled.append(float(v))
+        assert spilled.file is None and list(spilled.replayed()) == [float(v) for v in range(10)]
+
+
 @pytest.mark.parametrize("block", [_Spilled.BLOCK, 7])  # the old durations in memory, or most of them on disk
 @pytest.mark.parametrize("name", ["h100_bert-small_bf16", "sglang_qwen3-8b_decode_cudagraph"])
 def test_in_place_replays_match_the_copied_ones_and_put_the_durations_back(name: str, block: int,
