@@ -284,8 +284,11 @@ class OpscopeServer:
         path = self.root.inside(trace, "trace")
         log = self.root.inside(torch_trace, "torch_trace") if torch_trace else None
         out_path = self._out(out)
+        # the tools read run directories, never the event tables: freed as the analysis goes (a large trace's
+        # peak memory, as `opscope analyze`)
         run, warnings = await self._measure(ctx, lambda progress: api.analyze(
-            path, out=out_path, peak_bw=peak_bw, peak_flops=peak_flops, torch_trace=log, progress=progress))
+            path, out=out_path, peak_bw=peak_bw, peak_flops=peak_flops, torch_trace=log, progress=progress,
+            tables=False))
         return self._run_result(run, warnings, top)
 
     async def top_ops(self, run: str, n: Count = 10, first: First = 0, bound: str | None = None,
