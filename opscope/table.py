@@ -153,8 +153,7 @@ class Zeros(Sequence[int]):
     def __iter__(self) -> Iterator[int]:
         return repeat(0, self.n)
 
-    def __reversed__(self) -> Iterator[int]:
-        return repeat(0, self.n)
+    __reversed__ = __iter__
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Zeros):
@@ -521,7 +520,7 @@ def sorted_rows(rows: array[int], keys: Sequence[tuple[Sequence[Any], bool]]) ->
     if _rows_in_order(rows, columns):
         return rows
     order = list(rows)
-    sort_rows(order, keys)
+    sort_rows(order, columns)  # the columns as made for the check (a Coded one's list), not again
     return array(INDEX, order)
 
 
@@ -550,14 +549,7 @@ def indexable(values: Sequence[Any]) -> Sequence[Any]:
 
 
 def _in_order(n: int, keys: Sequence[tuple[Sequence[Any], bool]]) -> bool:
-    for i in range(1, n):
-        for values, descending in keys:
-            a, b = values[i - 1], values[i]
-            if a != b:
-                if (a > b) != descending:
-                    return False
-                break
-    return True
+    return _rows_in_order(range(n), keys)
 
 
 def grouped(keys: Sequence[int], n_groups: int) -> tuple[array[int], array[int]]:

@@ -468,13 +468,18 @@ def _enclosing(c_pid: Sequence[Any], c_tid: Sequence[Any], c_start: Sequence[flo
     (-1 if none)."""
     if not len(c_start) or not len(p_time):
         return array(INDEX, [-1]) * len(p_time)
-    # thread_keys of the containers then the points, each side's codes in a typed array (their lists'
-    # concatenations held a pointer a row and column, four times)
+    c_threads, p_threads = _thread_codes((c_pid, c_tid), (p_pid, p_tid))
+    return innermost(c_threads, c_start, c_end, p_threads, p_time)
+
+
+def _thread_codes(first: tuple[Sequence[Any], Sequence[Any]],
+                  then: tuple[Sequence[Any], Sequence[Any]]) -> tuple[array[int], array[int]]:
+    """thread_keys of two tables' (pid, tid) columns, the first table's rows then the second's, as two typed
+    arrays (the columns' concatenations held a pointer a row and column, and the codes' list one more)."""
     codes: dict[tuple[Any, Any], int] = {}
     code = codes.setdefault
-    c_threads = array(INDEX, (code(k, len(codes)) for k in zip(c_pid, c_tid, strict=True)))
-    p_threads = array(INDEX, (code(k, len(codes)) for k in zip(p_pid, p_tid, strict=True)))
-    return innermost(c_threads, c_start, c_end, p_threads, p_time)
+    first_codes = array(INDEX, (code(k, len(codes)) for k in zip(*first, strict=True)))
+    return first_codes, array(INDEX, (code(k, len(codes)) for k in zip(*then, strict=True)))
 
 
 def _optimizer_steps(trace: TraceData, ev: Table) -> list[str]:
@@ -608,11 +613,7 @@ def _trace_modules(trace: TraceData, ev: Table) -> list[tuple[str, str]]:
     n_mods = nrows(mods)
     m_ts = mods["ts"]
     m_end = _intervals_end(mods)
-    # thread_keys of the modules then the events, each side's in a typed array (not their lists' concatenation)
-    codes: dict[tuple[Any, Any], int] = {}
-    code = codes.setdefault
-    m_keys = array(INDEX, (code(k, len(codes)) for k in zip(mods["pid"], mods["tid"], strict=True)))
-    o_keys = array(INDEX, (code(k, len(codes)) for k in zip(ev["pid"], ev["tid"], strict=True)))
+    m_keys, o_keys = _thread_codes((mods["pid"], mods["tid"]), (ev["pid"], ev["tid"]))
     parents_first = _start_order(m_keys, m_ts, m_end)
     parent = _nest(m_keys, m_ts, m_end, parents_first)
     names = mods["name"]

@@ -282,13 +282,19 @@ def _cpu_lanes(trace: TraceData, ev: Table, g: StepGraph,
     # than the graph
     per_thread: dict[tuple[object, object], tuple[_Rows, _Items]] = {}
     ev_ts, ev_end, ev_pid, ev_tid = indexable(ev["ts"]), indexable(ev["end"]), ev["pid"], ev["tid"]
+
+    def thread(key: tuple[object, object]) -> tuple[_Rows, _Items]:
+        mine = per_thread.get(key)  # not setdefault: its default would be made for every interval
+        if mine is None:
+            mine = per_thread[key] = (_Rows(ev_ts, ev_end), _Items())
+        return mine
+
     for i in range(n_ev):
         if captured is None or not captured[i]:
-            per_thread.setdefault((ev_pid[i], ev_tid[i]), (_Rows(ev_ts, ev_end), _Items()))[0].id.append(i)
+            thread((ev_pid[i], ev_tid[i]))[0].id.append(i)
     for j in range(nrows(la)):
         ts = float(la["ts"][j])
-        mine = per_thread.setdefault((la["pid"][j], la["tid"][j]), (_Rows(ev_ts, ev_end), _Items()))[1]
-        mine.add(ts, ts + float(la["dur"][j]), -(j + 2))
+        thread((la["pid"][j], la["tid"][j]))[1].add(ts, ts + float(la["dur"][j]), -(j + 2))
     cutter = _Cutter(g, edges, ev, la, launched)
     for (_pid, tid), (events, launches) in sorted(per_thread.items(), key=lambda kv: str(kv[0])):
         cutter.thread(cpu_lane(tid), _in_time_order(events, launches))

@@ -145,9 +145,8 @@ def run_whatif(trace: TraceData, ev: Table, findings: list[dict[str, Any]], *, p
     not keep its tables (opscope.analysis.pipeline.release_tables): called with what the graph reads
     (replay_graph.READS) once the changes are made, then with None once the graph is built: the event
     table is not read after that."""
-    assign_ids(findings)
     fixer = Fixer(ev, trace.kernels, peaks, gpu)
-    changes = [fixer.finding(f) for f in findings]
+    changes = [fixer.finding(f) for f in findings]  # ids: annotate() gives them
     del fixer
     if release is not None:
         release(READS)
