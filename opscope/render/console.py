@@ -213,8 +213,10 @@ def gpu_lines(s: dict[str, Any]) -> Text:
     return out
 
 
+MIN_GAP_NAME = 6  # an op, source or kernel name in the gaps table is not cut shorter than this
 _GAP_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
     ("idle", "right"), ("at", "right"), ("CPU in", "left"), ("source", "left"), ("after kernel", "left"))
+_SOURCE = 3
 
 
 def gaps_table(run: Run, width: int = 160) -> Table | None:
@@ -222,16 +224,36 @@ def gaps_table(run: Run, width: int = 160) -> Table | None:
     gaps = run.summary.get("idle_gaps") or []
     if not gaps:
         return None
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left",
-                  title="GPU idle gaps (no kernel on any stream)")
-    for header, justify in _GAP_COLUMNS:
-        table.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis")
-    for g in gaps:
-        where = str(g.get("cpu_source_location") or "")
-        table.add_row(Text(units.time_cell(g.get("duration_us"))), Text("+" + units.time_cell(g.get("start_us"))),
-                      Text(op_name({"op": g.get("cpu_op") or "—"})), Text(short_source(where, full=width >= 160)),
-                      Text(short_kernel_name(str(g.get("kernel_before") or "—"))))
-    return table
+    rows = [[units.time_cell(g.get("duration_us")), "+" + units.time_cell(g.get("start_us")),
+             op_name({"op": g.get("cpu_op") or "—"}), short_source(str(g.get("cpu_source_location") or ""),
+                                                                 full=width >= 160),
+             short_kernel_name(str(g.get("kernel_before") or "—"))] for g in gaps]
+
+    def build(widths: list[int]) -> Table:
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left",
+                      title="GPU idle gaps (no kernel on any stream)")
+        for (header, justify), w in zip(_GAP_COLUMNS, widths, strict=True):
+            table.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis", max_width=w)
+        for r in rows:
+            table.add_row(*map(Text, r))
+        return table
+
+    # Fitted here, not by rich: rich squeezes a table of no-wrap columns to the terminal by cutting every
+    # column, the times to nothing first. The times stay whole; the widest names give up the room.
+    widths = [max(len(header), *(len(r[k]) for r in rows)) for k, (header, _) in enumerate(_GAP_COLUMNS)]
+    excess = _natural_width(build(widths)) - width
+    names = [k for k, (_, justify) in enumerate(_GAP_COLUMNS) if justify == "left"]
+    while excess > 0:
+        k = max(names, key=widths.__getitem__)
+        if widths[k] <= MIN_GAP_NAME:
+            break
+        widths[k] -= 1
+        excess -= 1
+    w = widths[_SOURCE]  # a source line keeps its end (the line number), as in the ops table
+    for r in rows:
+        if len(r[_SOURCE]) > w:
+            r[_SOURCE] = "…" + r[_SOURCE][len(r[_SOURCE]) - w + 1:]
+    return build(widths)
 
 
 # (header, justify, minimum console width to show it). Narrow terminals keep the essentials.

@@ -170,3 +170,24 @@ def test_compile_times_are_one_line_apart_from_step_time(tmp_path):
     line = next(ln for ln in text.splitlines() if "compile " in ln)
     assert f"compile 5 graphs, {seconds:.3g} s (not in step time); 3 recompilations, 1 failed" in line
     assert "graph break" not in line  # none in this log
+
+
+@pytest.mark.parametrize("width", [60, 80, 120])
+def test_gap_times_stay_whole_on_narrow_terminals(runs, width):
+    """Rich would cut every column of a too-wide table, the idle time first: the gaps table gives the
+    names' room instead, and a source cut keeps its line number."""
+    gaps = runs["mi300x_bert-small_bf16"].summary["idle_gaps"]
+    assert len(gaps) >= 3
+    text = render(runs["mi300x_bert-small_bf16"], width)
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("GPU idle gaps"))
+    rows = lines[start + 4:start + 4 + len(gaps)]
+    for line, gap in zip(rows, gaps, strict=True):
+        assert len(line.rstrip()) <= width
+        cells = line.split()
+        assert " ".join(cells[:2]) == fmt_us(gap["duration_us"])
+        assert line.split(fmt_us(gap["duration_us"]), 1)[1].split()[0] == "+" + fmt_us(gap["start_us"]).split()[0]
+        where = gap["cpu_source_location"]
+        if where and width < 120:
+            line_no = where.rsplit(":", 1)[1]
+            assert re.search(rf"\S*:{line_no}\b", line), line
