@@ -31,7 +31,7 @@ from typing import Any, TypedDict
 
 from opscope import units
 from opscope.findings.base import Context, Finding, cached, rule
-from opscope.findings.common import fmt_shape, per_step, severity
+from opscope.findings.common import count_per_step, fmt_shape, per_step, severity
 from opscope.findings.copies import PINGPONG_MIN_PER_STEP, copies_of_kind, group
 from opscope.findings.layout import LAYOUT_OPS, UPSAMPLE_MODES, Tensor, concrete, is_nchw, tensor, tensors
 from opscope.findings.tree import col, descendants, names, row_ancestors, subtree_sum, user_mask
@@ -255,7 +255,7 @@ def _layout_finding(ctx: Context, g: _LayoutGroup) -> Finding | None:
         saving = min(time * gain, (t_nchw - t_cl) * calls)
         message = (f"{_describe(spec)} runs in NCHW; measured on this device, channels_last takes "
                    f"{units.duration(t_cl)} instead of {units.duration(t_nchw)} per call ({gain:.0%} faster), "
-                   f"{per_step(calls, ctx):g} calls per step.")
+                   f"{count_per_step(calls, ctx, 'call')} per step.")
     else:
         if not conv or not ctx.gpu or spec["dtype"] not in HALF_DTYPES:
             return None
@@ -266,7 +266,7 @@ def _layout_finding(ctx: Context, g: _LayoutGroup) -> Finding | None:
         shape = f"input {spec['input']}, weight {spec['weight']}, {spec['dtype']}"
         message = (f"{spec['dtype']} conv2d ({shape}) runs in NCHW on a tensor-core GPU, where convolution "
                    f"kernels are written for channels_last (NHWC).{extra} It took {units.duration(time)} "
-                   f"({per_step(calls, ctx):g} calls per step); saving estimated at "
+                   f"({count_per_step(calls, ctx, 'call')} per step); saving estimated at "
                    f"{RULE_OF_THUMB_FRACTION:.0%} of that (rule of thumb, not measured).")
     return Finding(rule="channels-last", severity=severity(saving, ctx), op=g["op"], source_location=g["loc"],
                    message=message, suggestion=CONV_SUGGESTION if conv else LAYOUT_SUGGESTION,
@@ -305,7 +305,7 @@ def _pingpong_findings(ctx: Context) -> Iterator[Finding]:
         to = "channels_last" if direction == "to_channels_last" else "NCHW"
         message = (f"layout ping-pong: {total_per_step:g} NCHW <-> channels_last conversions per step "
                    f"(threshold {PINGPONG_MIN_PER_STEP}); this line converts {fmt_shape(biggest.src)} to {to} "
-                   f"{per_step(len(items), ctx):g} times per step: {units.nbytes(nbytes)} and {units.duration(time)} in all.")
+                   f"{count_per_step(len(items), ctx, 'time')} per step: {units.nbytes(nbytes)} and {units.duration(time)} in all.")
         yield Finding(rule="channels-last", severity=severity(time, ctx), op=nm[biggest.root],
                       source_location=loc, message=message, suggestion=PINGPONG_SUGGESTION, est_savings_us=time)
 

@@ -57,6 +57,12 @@ def per_step(x: float, ctx: Context) -> float:
     return x / max(ctx.steps, 1)
 
 
+def count_per_step(n: float, ctx: Context, one: str, many: str | None = None) -> str:
+    """"1 call" / "2.5 calls": a count per step with its noun (`many` defaults to `one` + "s")."""
+    v = per_step(n, ctx)
+    return f"{v:g} {one if v == 1 else many or one + 's'}"
+
+
 def ideal_memory_us(nbytes: float, ctx: Context, fraction: float = 1.0) -> float | None:
     """Time to move nbytes at `fraction` of the peak memory bandwidth (µs), None if the peak is unknown."""
     bw = ctx.peaks.memory_bandwidth_gbps

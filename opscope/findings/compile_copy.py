@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import per_step, severity
+from opscope.findings.common import count_per_step, severity
 from opscope.findings.compiled import printable, user_location
 from opscope.sources import frame_location
 from opscope.trace.torch_trace import CompiledGraph, CompiledKernel
@@ -109,7 +109,7 @@ def compile_copy(ctx: Context) -> Iterator[Finding]:
         nodes = ", ".join(dict.fromkeys(printable(graph.nodes[n].op.split("::")[-1], 80) for n in kernel.nodes))
         found = _row_time(ctx, graph, kernel)
         saving = found[0] if found is not None else None
-        timed = (f" It ran {per_step(found[1], ctx):g} times per step, {units.duration(found[0])} in all: the saving, "
+        timed = (f" It ran {count_per_step(found[1], ctx, 'time')} per step, {units.duration(found[0])} in all: the saving, "
                  f"an upper bound (a consumer may then read the other layout or dtype more slowly)."
                  if found is not None else " The run has no row of its own for it, so its time is not known.")
         what = {"layout": "a copy into another memory layout", "dtype": "a dtype conversion",

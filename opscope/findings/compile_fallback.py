@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import per_step
+from opscope.findings.common import count_per_step
 from opscope.findings.compiled import printable, user_location
 
 # namespaces whose ops inductor leaves to their library on purpose
@@ -105,7 +105,7 @@ def compile_fallback(ctx: Context) -> Iterator[Finding]:
     for (namespace, op, loc), g in groups.items():
         name = printable(f"{namespace}::{op}" if namespace else op, 200)
         found = _time(ctx, name)
-        timed = (f" It ran {per_step(found[1], ctx):g} times per step, {units.duration(found[0])} in all."
+        timed = (f" It ran {count_per_step(found[1], ctx, 'time')} per step, {units.duration(found[0])} in all."
                  if found is not None else "")
         if op in DATA_DEPENDENT and namespace == "aten":
             why, suggestion = " Its output size depends on the data, so the host waits for the device to learn it.", \

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import fmt_shape, per_step, severity, share
+from opscope.findings.common import count_per_step, fmt_shape, per_step, severity, share
 from opscope.findings.copies import copies_of_kind, group
 
 MIN_SHARE = 0.001
@@ -34,7 +34,7 @@ def contiguous_call(ctx: Context) -> Iterator[Finding]:
         nbytes = sum(c.bytes for c in items)
         biggest = max(items, key=lambda c: c.bytes)
         message = (f".contiguous() copied {fmt_shape(biggest.src)} ({units.nbytes(biggest.bytes)} moved per call, "
-                   f"{per_step(len(items), ctx):g} calls per step): {units.nbytes(nbytes)} and {units.duration(time)} in all "
+                   f"{count_per_step(len(items), ctx, 'call')} per step): {units.nbytes(nbytes)} and {units.duration(time)} in all "
                    f"({units.duration(per_step(time, ctx))} per step).")
         yield Finding(rule="contiguous-call", severity=severity(time, ctx), op="aten::contiguous",
                       source_location=loc, message=message, suggestion=SUGGESTION, est_savings_us=time)

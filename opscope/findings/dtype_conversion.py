@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import fmt_shape, per_step, severity, share
+from opscope.findings.common import count_per_step, fmt_shape, per_step, severity, share
 from opscope.findings.copies import Copy, copies_of_kind, group
 
 MIN_SHARE = 0.001
@@ -47,7 +47,7 @@ def dtype_conversion(ctx: Context) -> Iterator[Finding]:
         biggest = max(items, key=lambda c: c.bytes)
         kind = "device copy" if not biggest.dtype_change else "dtype conversion"
         message = (f"{kind} ({label}) of {fmt_shape(biggest.src)} inside the step: {units.nbytes(biggest.bytes)} "
-                   f"moved per call, {per_step(len(items), ctx):g} calls per step, {units.nbytes(nbytes)} and "
+                   f"moved per call, {count_per_step(len(items), ctx, 'call')} per step, {units.nbytes(nbytes)} and "
                    f"{units.duration(time)} in all ({units.duration(per_step(time, ctx))} per step).")
         suggestion = DTYPE_SUGGESTION if biggest.dtype_change else DEVICE_SUGGESTION
         op = ctx.events["name"][biggest.root]

@@ -36,7 +36,7 @@ from typing import Any
 from opscope import units
 from opscope.costmodel.base import DTYPE_NAMES, OpCall, parse_scalar
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import fmt_shape, per_step, severity, share, short
+from opscope.findings.common import count_per_step, fmt_shape, per_step, severity, share, short
 from opscope.findings.layout import tensor
 from opscope.findings.tree import col, names, ops_row_of_events, subtree_sum, user_mask
 
@@ -164,7 +164,7 @@ def dtype_slow_path(ctx: Context) -> Iterator[Finding]:
         listed = "; ".join(f"{short(g.op)} {fmt_shape(tensor(ctx, g.event, 0))} at {g.location or '?'} takes "
                            f"{units.duration(t)} per call against {units.duration(t32)} ({t / t32:.0f}x)" for g, t, t32, _ in items[:TOP])
         message = (f"{dtype} convolutions/matmuls run far slower on this machine than {against}: {listed}. "
-                   f"{sum(per_step(g.calls, ctx) for g, *_ in items):g} such calls per step take "
+                   f"{count_per_step(sum(g.calls for g, *_ in items), ctx, 'such call')} per step take "
                    f"{units.duration(per_step(time, ctx))} per step ({share(time, ctx):.0%} of op time).{_peaks_note(ctx, dtype)}"
                    + ("" if measured else " The saving is estimated (an upper bound)."))
         template = GPU_SUGGESTION if ctx.gpu else CPU_SUGGESTION

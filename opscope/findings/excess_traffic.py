@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import per_step, severity, share, short
+from opscope.findings.common import count_per_step, severity, share, short
 from opscope.findings.tree import ops_rows
 
 EXCESS_RATIO = 2.0
@@ -64,7 +64,7 @@ def excess_traffic(ctx: Context) -> Iterator[Finding]:
                f"not DRAM-bound (under {DRAM_BOUND_PCT:.0f}% of DRAM peak), so less traffic may not make it faster")
         message = (f"{short(row['op'])} {row['input_dims']} at {where}: kernel {kernel} moved {units.nbytes(measured)} of "
                    f"DRAM traffic per call (Nsight Compute){sol}, {ratio:.1f}x the modeled minimum "
-                   f"{units.nbytes(modeled)} ({per_step(calls, ctx):g} calls per step, {units.duration(time)} in all, "
+                   f"{units.nbytes(modeled)} ({count_per_step(calls, ctx, 'call')} per step, {units.duration(time)} in all, "
                    f"{share(time, ctx):.0%} of op time); {why}.")
         yield Finding(rule="excess-traffic", severity=severity(saving, ctx), op=row["op"],
                       source_location=location,

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import ideal_memory_us, per_step, severity, share
+from opscope.findings.common import count_per_step, ideal_memory_us, severity, share
 from opscope.findings.tree import events_by_ops_row, ops_rows
 
 TF32_KERNEL = re.compile(r"tf32|xf32|tensorop_s1688|s1688gemm", re.IGNORECASE)
@@ -49,7 +49,7 @@ def fp32_gemm(ctx: Context) -> Iterator[Finding]:
                  f"{units.duration(time - saving)}"
                  if saving is not None else "")
         message = (f"float32 {row['family']} {row['op']} {row['input_dims']} runs without tensor cores (kernels: no "
-                   f"TF32): {units.duration(time)} in all, {per_step(calls, ctx):g} calls per step, {share(time, ctx):.0%} of "
+                   f"TF32): {units.duration(time)} in all, {count_per_step(calls, ctx, 'call')} per step, {share(time, ctx):.0%} of "
                    f"op time{extra}.")
         yield Finding(rule="fp32-gemm", severity=severity(saving, ctx), op=row["op"],
                       source_location=row["source_location"], message=message, suggestion=SUGGESTION,

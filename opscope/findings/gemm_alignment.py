@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import per_step, severity, share
+from opscope.findings.common import count_per_step, severity, share
 from opscope.findings.layout import tensor
 from opscope.findings.tree import col, events_by_ops_row, ops_rows
 
@@ -77,7 +77,7 @@ def gemm_alignment(ctx: Context) -> Iterator[Finding]:
         sev = severity(saving, ctx) if saving is not None else ("medium" if share(time, ctx) >= 0.10 else "low")
         message = (f"{dt} GEMM [{m} x {k}] @ [{k} x {n}] has {' and '.join(bad)}, not a multiple of {ALIGN}: "
                    f"tensor-core kernels need aligned dims.{note} It took {units.duration(time)} "
-                   f"({per_step(calls, ctx):g} calls per step, {share(time, ctx):.0%} of op time)"
+                   f"({count_per_step(calls, ctx, 'call')} per step, {share(time, ctx):.0%} of op time)"
                    + ("." if saving is not None else "; saving not estimated (no comparable aligned GEMM in the run)."))
         yield Finding(rule="gemm-alignment", severity=sev, op=row["op"], source_location=row["source_location"],
                       message=message, suggestion=SUGGESTION, est_savings_us=saving)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import base_name, fmt_shape, per_step, severity, share
+from opscope.findings.common import base_name, count_per_step, fmt_shape, per_step, severity, share
 from opscope.findings.copies import RESHAPE_LIKE, copies_of_kind, group
 
 MIN_SHARE = 0.001  # of the run's total op time
@@ -63,7 +63,7 @@ def implicit_copy(ctx: Context) -> Iterator[Finding]:
         inside = f" (inside {top})" if top and top != parent else ""
         where = " in the backward pass of this line" if backward else ""
         message = (f"{what}{inside}{where} copied its non-contiguous input {fmt_shape(biggest.src)} into a new contiguous "
-                   f"tensor: {units.nbytes(biggest.bytes)} moved per copy, {per_step(calls, ctx):g} copies per step, "
+                   f"tensor: {units.nbytes(biggest.bytes)} moved per copy, {count_per_step(calls, ctx, 'copy', 'copies')} per step, "
                    f"{units.nbytes(nbytes)} and {units.duration(time)} in all ({units.duration(per_step(time, ctx))} per step).")
         yield Finding(rule="implicit-copy", severity=severity(time, ctx), op=what, source_location=loc,
                       message=message, suggestion=suggestion_for(top, what), est_savings_us=time)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
-from opscope.findings.common import fmt_shape, per_step, share
+from opscope.findings.common import count_per_step, fmt_shape, share
 from opscope.findings.copies import COPY_OPS, copies_of_kind, group, layout_family
 from opscope.findings.tree import col, descendants, names
 
@@ -57,8 +57,8 @@ def kernel_copy(ctx: Context) -> Iterator[Finding]:
         on_gpu = device_kernels(ctx, items[0].owner)
         kernel = f" ({', '.join(on_gpu[:2])})" if on_gpu else ""
         where = " in the backward pass of this line" if backward else ""
-        message = (f"torch's {owner} kernel{kernel}{where} copies data of its own: {per_step(len(items), ctx):g} "
-                   f"copies per step of {'; '.join(shapes[:3])}, {units.nbytes(nbytes)} and {units.duration(time)} in all "
+        message = (f"torch's {owner} kernel{kernel}{where} copies data of its own: {count_per_step(len(items), ctx, 'copy', 'copies')} "
+                   f"per step of {'; '.join(shapes[:3])}, {units.nbytes(nbytes)} and {units.duration(time)} in all "
                    f"({share(time, ctx):.0%} of op time). Its inputs are already in a layout it accepts "
                    f"({LAYOUTS[layout_family(owner)]}), so this is the kernel's cost, not a layout problem of "
                    f"this code.")

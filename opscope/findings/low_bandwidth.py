@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from opscope import units
 from opscope.findings.base import Context, Finding, rule
 from opscope.findings.channels_last import LAYOUT_OPS, LAYOUT_SUGGESTION, layout_claimed_events
-from opscope.findings.common import ideal_memory_us, per_step, severity, share
+from opscope.findings.common import count_per_step, ideal_memory_us, severity, share
 from opscope.findings.compiled import compiled_run
 from opscope.findings.copies import claimed_events
 from opscope.findings.fusion import fused_events
@@ -134,7 +134,7 @@ def low_bandwidth(ctx: Context) -> Iterator[Finding]:
             suggestion += CPU_NO_CAUSE
         message = (f"{row['op']} {row['input_dims']} moves {units.nbytes(nbytes)} per call at "
                    f"{units.gbps(row['achieved_gbps'])}, {pct:.0f}% of the peak {units.gbps(bw)} "
-                   f"({per_step(calls, ctx):g} calls per step, {units.duration(time)} in all); {why}.")
+                   f"({count_per_step(calls, ctx, 'call')} per step, {units.duration(time)} in all); {why}.")
         message += noise_caveat(ctx.noise)
         yield Finding(rule="low-bandwidth", severity=severity(saving, ctx), op=row["op"],
                       source_location=row["source_location"], message=message, suggestion=suggestion,

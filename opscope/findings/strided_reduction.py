@@ -20,7 +20,7 @@ from typing import Any
 
 from opscope import units
 from opscope.findings.base import Context, Finding, cached, rule
-from opscope.findings.common import fmt_shape, ideal_row_us, per_step, severity, share
+from opscope.findings.common import count_per_step, fmt_shape, ideal_row_us, severity, share
 from opscope.findings.layout import concrete, tensor
 from opscope.findings.tree import col, events_by_ops_row, ops_rows
 
@@ -118,7 +118,7 @@ def strided_reduction(ctx: Context) -> Iterator[Finding]:
         t = info["tensor"]
         message = (f"{row['op']} reduces dim {info['dims']} of {fmt_shape(t)}, which is not the innermost dim in "
                    f"memory (stride {info['stride']} elements = {units.nbytes(info['stride'] * t.itemsize)}): "
-                   f"{pct:.0f}% of peak bandwidth, {units.duration(time)} in all ({per_step(calls, ctx):g} calls per step).")
+                   f"{pct:.0f}% of peak bandwidth, {units.duration(time)} in all ({count_per_step(calls, ctx, 'call')} per step).")
         yield Finding(rule="strided-reduction", severity=severity(saving, ctx), op=row["op"],
                       source_location=row["source_location"], message=message, suggestion=SUGGESTION,
                       est_savings_us=saving)

@@ -95,7 +95,7 @@ def whatif_line(summary: dict[str, Any]) -> str | None:
     if not isinstance(w, dict) or not w.get("fixes"):
         return None
     n = int(w["fixes"])
-    return (f"fix these {n} finding{'s' if n != 1 else ''} → step {units.duration(w.get('recorded_step_time_us'))} "
+    return (f"fix {f'these {n} findings' if n != 1 else 'this finding'} → step {units.duration(w.get('recorded_step_time_us'))} "
             f"→ {units.duration(w.get('predicted_step_time_us'))} (a replay of the step; `opscope whatif RUN --all`)")
 
 

@@ -189,3 +189,16 @@ def test_gpu_overhead_and_launch_bound_never_count_the_same_time(runs):
         assert "not the kernels' own latency" in over["suggestion"]
         assert "does not shorten the kernels" in launch["message"]
         assert "fusion" not in over["suggestion"].split("CUDA graphs")[1]
+
+
+def test_counts_per_step_take_their_noun_in_the_singular(runs):
+    """"1 call per step", never "1 calls": the BERT step runs its LM head's addmm once."""
+    from opscope.findings.base import Context
+    from opscope.findings.common import count_per_step
+    from opscope.machine.peaks import Peaks
+
+    (lm_head,) = [f for f in of(runs["bert"], "low-bandwidth") if "[30522]" in f["message"]]
+    assert "(1 call per step, " in lm_head["message"]
+    ctx = Context(ops={}, events={}, peaks=Peaks(1.0, {}), gpu=True, source="trace", steps=2, step_time_us=1.0)
+    assert [count_per_step(n, ctx, "call") for n in (2, 3, 4)] == ["1 call", "1.5 calls", "2 calls"]
+    assert [count_per_step(n, ctx, "copy", "copies") for n in (2, 6)] == ["1 copy", "3 copies"]
