@@ -113,7 +113,6 @@ def profile_model(model: torch.nn.Module, inputs: Any, *, mode: str = "inference
     target = Target(path=Path(name), module=module, model=model, args=args, kwargs=kwargs, loss_fn=loss_fn)
     kept = KeptProgress(progress)
     _quiet_kineto()
-    threads_before = torch.get_num_threads()
     from opscope.capture.compiled import holds_compiled
 
     if (compile is not None or holds_compiled(model)) and not os.environ.get("TORCH_TRACE"):
@@ -125,8 +124,6 @@ def profile_model(model: torch.nn.Module, inputs: Any, *, mode: str = "inference
         data, _ = profile_target(opts, kept, target=target, finish=lambda run, trace: run.meta.update(api="profile"))
     finally:
         restore.restore()
-        if torch.get_num_threads() != threads_before:
-            torch.set_num_threads(threads_before)
     return Run.written(data, kept.warnings)
 
 

@@ -236,6 +236,21 @@ def profile_target(opts: ProfileOptions, progress: Progress | None = None,
     (opscope.profile of a model object), instead of loading opts.target's file."""
     if extra is not None and sink is not None:
         raise ValueError("profile_target: extra files and a sink cannot be combined")
+    threads_before = torch.get_num_threads()
+    try:
+        return _profile_target(opts, progress, sink, device=device, prepare=prepare, peaks=peaks, finish=finish,
+                               extra=extra, target=target)
+    finally:  # --threads and the thread choice are the run's: the caller's process keeps its own count
+        if torch.get_num_threads() != threads_before:
+            torch.set_num_threads(threads_before)
+
+
+def _profile_target(opts: ProfileOptions, progress: Progress | None,
+                    sink: Callable[[Run, Path], None] | None, *, device: torch.device | None,
+                    prepare: Callable[[Harness], None] | None, peaks: Peaks | None,
+                    finish: Callable[[Run, TraceData], None] | None,
+                    extra: Callable[[Harness, Run], dict[str, str]] | None,
+                    target: Target | None) -> tuple[Run, ProfileTimings]:
     progress = progress or Progress()
     _validate(opts)
     # Absolute before the model is loaded: its code may change the working directory.

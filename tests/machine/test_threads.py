@@ -112,3 +112,24 @@ def test_profile_on_a_loaded_machine_picks_its_threads_and_says_so_in_the_header
     chosen = meta["threads_chosen"]
     assert chosen["set"] == "fewer, for other processes" and meta["threads"] == chosen["threads"] < chosen["default"]
     assert f"threads {chosen['threads']} of {chosen['default']} (chosen: other processes used" in proc.stdout
+
+
+@pytest.mark.usefixtures("_threads_kept")
+def test_profile_target_leaves_the_callers_thread_count(tmp_path):
+    """The run's threads (--threads here; the thread choice on a loaded machine likewise) are the run's: an
+    in-process caller (the Python API, the MCP server, a test) gets its own count back."""
+    from opscope.capture.torch_profiler import profile_target
+
+    torch.set_num_threads(2)
+    model = write_model(tmp_path, """
+        import torch
+        def get_model():
+            return torch.nn.Linear(8, 8)
+        def get_inputs():
+            return [torch.randn(4, 8)]
+        """)
+    opts = ProfileOptions(target=model, threads=1, steps=1, warmup=1, peak_bw=20.0, peak_flops=["100"],
+                          out=tmp_path / "run")
+    run, _ = profile_target(opts)
+    assert run.meta["threads"] == 1  # it ran on 1
+    assert torch.get_num_threads() == 2
