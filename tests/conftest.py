@@ -51,9 +51,13 @@ def set_triton_mode(environ: dict[str, str] | os._Environ[str], gpu: bool) -> No
 set_triton_mode(os.environ, torch_sees_cuda())
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "opscope-cache"))
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    # Session-wide, so that module-scoped fixtures (set up before any function-scoped one) never read or
+    # write the user's cache either: a calibration saved there changes later runs' CPU ceilings.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "opscope-cache"))
+        yield
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:

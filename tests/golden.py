@@ -50,7 +50,11 @@ def digest(run: Path) -> dict[str, str]:
     return out
 
 
-def analyze(args: list[str], out: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def analyze(args: list[str], out: Path) -> subprocess.CompletedProcess[str]:
+    """`opscope analyze ARGS --out OUT` with an empty cache of its own, as the goldens were written: no
+    calibration, so CPU peaks are unknown (a calibration cached by an earlier test, which a quiet machine
+    keeps, would change the CPU traces' run files)."""
+    env = dict(os.environ, OPSCOPE_CACHE_DIR=str(out.parent / f"{out.name}.empty-cache"))
     return subprocess.run([sys.executable, "-m", "opscope", "analyze", *args, "--out", str(out)],
                           capture_output=True, text=True, env=env, timeout=600)
 
@@ -58,11 +62,10 @@ def analyze(args: list[str], out: Path, env: dict[str, str] | None = None) -> su
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        env = dict(os.environ, OPSCOPE_CACHE_DIR=str(work / "cache"))  # no calibration: CPU peaks unknown
         golden = {}
         for name, args in cases(work).items():
             run = work / "runs" / name.replace("/", "_")
-            proc = analyze(args, run, env)
+            proc = analyze(args, run)
             if proc.returncode != 0:
                 raise SystemExit(f"{name}: {proc.stderr}")
             golden[name] = digest(run)

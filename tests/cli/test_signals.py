@@ -74,7 +74,7 @@ def test_profile_stopped_by_a_signal_leaves_nothing(tmp_path, sig):
     sent = time.monotonic()
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
-    assert time.monotonic() - sent < 10
+    assert time.monotonic() - sent < 30  # prompt: well before the work would end, with room for a loaded machine
     assert proc.returncode == 128 + sig, err
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith("opscope: error:")
@@ -113,7 +113,7 @@ def test_analyze_stopped_by_a_signal_leaves_nothing(tmp_path, sig):
     sent = time.monotonic()
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
-    assert time.monotonic() - sent < 10
+    assert time.monotonic() - sent < 30  # prompt: well before the work would end, with room for a loaded machine
     if proc.returncode == 0:
         pytest.skip("the analysis finished before the signal arrived")
     assert proc.returncode == 128 + sig, err

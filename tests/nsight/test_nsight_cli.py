@@ -45,7 +45,7 @@ def bare_path(tmp_path, monkeypatch):
 def test_profile_with_nsight_fails_cleanly_without_gpu_or_tools(tmp_path, bare_path, flags, tool):
     work = tmp_path / "work"
     work.mkdir()
-    proc = run_cli("profile", MLP, *flags, "--out", str(work / "run"), cwd=work, timeout=60)
+    proc = run_cli("profile", MLP, *flags, "--out", str(work / "run"), cwd=work)
     line = one_error_line(proc)
     assert f"`{tool}` is not on PATH" in line and "CUDA Toolkit" in line and "Nothing was run" in line
     if not torch_sees_cuda():
@@ -58,7 +58,7 @@ def test_the_gpu_is_named_even_when_the_tools_are_there(tmp_path, bare_path):
         fake = bare_path / tool
         fake.write_text("#!/bin/sh\nexit 0\n")
         fake.chmod(0o755)
-    proc = run_cli("profile", MLP, "--nsys", "--ncu", cwd=tmp_path, timeout=60)
+    proc = run_cli("profile", MLP, "--nsys", "--ncu", cwd=tmp_path)
     if not Path("/proc/driver/nvidia/gpus").is_dir():
         line = one_error_line(proc)
         assert "no NVIDIA GPU" in line and "not on PATH" not in line
@@ -74,7 +74,7 @@ def test_the_gpu_is_named_even_when_the_tools_are_there(tmp_path, bare_path):
     (["--ncu", "--ncu-top", "0"], "--ncu-top"),
 ])
 def test_bad_nsight_options_are_one_line(tmp_path, flags, message):
-    proc = run_cli("profile", MLP, *flags, cwd=tmp_path, timeout=60)
+    proc = run_cli("profile", MLP, *flags, cwd=tmp_path)
     assert message in one_error_line(proc)
     assert nothing_written(tmp_path)
 
@@ -84,7 +84,7 @@ def test_bad_nsight_options_are_one_line(tmp_path, flags, message):
 def test_reports_need_their_tool(tmp_path, bare_path, name, tool, hint):
     report = tmp_path / name
     report.write_bytes(b"\x00binary report")
-    proc = run_cli("analyze", str(report), cwd=tmp_path, timeout=60)
+    proc = run_cli("analyze", str(report), cwd=tmp_path)
     line = one_error_line(proc)
     assert f"needs `{tool}`, which is not on PATH" in line and hint in line
     assert {p.name for p in tmp_path.iterdir()} == {name, "bin"}
@@ -93,7 +93,7 @@ def test_reports_need_their_tool(tmp_path, bare_path, name, tool, hint):
 def test_analyze_an_ncu_csv_alone(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("analyze", str(FIXTURES / "h100_bert-small_ncu_raw.csv"), "--out", str(out), "--json",
-                   "--peak-bw", "3350", "--peak-flops", "989000", cwd=tmp_path, timeout=60)
+                   "--peak-bw", "3350", "--peak-flops", "989000", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["ncu"]["kernels_profiled"] == 26 and summary["steps"] == 1
@@ -108,7 +108,7 @@ def test_analyze_an_ncu_csv_alone(tmp_path):
 
 def test_analyze_an_nsys_export_in_a_pipeline(tmp_path):
     export = build_nsys_sqlite(tmp_path / "profile.sqlite")
-    proc = run_cli("analyze", str(export), cwd=tmp_path, timeout=60)
+    proc = run_cli("analyze", str(export), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     run = next((tmp_path / "reports").iterdir())
     kernels = pd.read_csv(run / "nsys_kernels.csv", keep_default_na=False)
@@ -122,7 +122,7 @@ def test_analyze_an_nsys_export_in_a_pipeline(tmp_path):
 ])
 def test_measurement_files_of_analyze_are_checked_first(tmp_path, args, message):
     args = [str(TRACES / "h100_bert-small_bf16.json.gz") if a == "TRACE" else a for a in args]
-    proc = run_cli("analyze", str(TRACES / "h100_bert-small_bf16.json.gz"), *args, cwd=tmp_path, timeout=60)
+    proc = run_cli("analyze", str(TRACES / "h100_bert-small_bf16.json.gz"), *args, cwd=tmp_path)
     assert message in one_error_line(proc)
     assert nothing_written(tmp_path)
 

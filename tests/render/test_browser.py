@@ -185,7 +185,7 @@ def test_roofline_renders_and_click_selects_the_row(browser, reports):
     assert found["gap"] > 12, found  # a point the click cannot mistake for a neighbour
     target = found["isolated"]
     page.click(target["x"], target["y"])
-    page.wait_for("document.querySelector('#ops-table tbody tr.selected') !== null", timeout=10)
+    page.wait_for("document.querySelector('#ops-table tbody tr.selected') !== null")
     selected = page.evaluate("Array.from(document.querySelectorAll('#ops-table tbody tr.selected'))"
                              ".map(tr => Number(tr.dataset.row))")
     assert selected == [target["row"]]
@@ -263,7 +263,7 @@ def test_large_report_renders_progressively(browser, reports):
     assert_clean_load(page, path)
     assert page.evaluate("document.querySelectorAll('#ops-table tbody tr').length") == PAGE_ROWS
     page.evaluate("(() => { const w = document.querySelector('#ops .table-wrap'); w.scrollTop = w.scrollHeight; })()")
-    page.wait_for(f"document.querySelectorAll('#ops-table tbody tr').length > {PAGE_ROWS}", timeout=10)
+    page.wait_for(f"document.querySelectorAll('#ops-table tbody tr').length > {PAGE_ROWS}")
     page.evaluate("document.getElementById('ops-more').click()")
     assert page.evaluate("document.querySelectorAll('#ops-table tbody tr').length") >= 3 * PAGE_ROWS
     table_ms, drawn_ms = page.evaluate("[window.opscopeReport.tableMs, window.opscopeReport.drawnMs]")
