@@ -254,10 +254,13 @@ def _idle_gaps(trace: TraceData, ev: Table, k: Table, start: list[float],
         before = bisect_right(end_sorted, a) - 1
         after = bisect_left(start_sorted, b)
         op, where = cpu.during((a + b) / 2)
+        # No op held the CPU: it ran the Python between ops; the op it started next says where that was
+        next_op, next_where = cpu.next_op((a + b) / 2) if not op else ("", "")
         out.append({"start_us": a - origin, "duration_us": b - a,
                     "kernel_before": names[by_end[before]] if before >= 0 else "",
                     "kernel_after": names[by_start[after]] if after < len(by_start) else "",
-                    "cpu_op": op, "cpu_source_location": where})
+                    "cpu_op": op, "cpu_source_location": where,
+                    "cpu_next_op": next_op, "cpu_next_source_location": next_where})
     return out
 
 
@@ -276,6 +279,27 @@ class _CpuTimeline:
         self.live = [i for i, x in enumerate(live) if x]
         self.ev = ev
         self.ann = trace.annotations
+        self._by_start: list[int] | None = None
+
+    def next_op(self, t: float) -> tuple[str, str]:
+        """The first op the CPU started after `t` on a thread that launches GPU work (the outermost of
+        those starting then; as its op row when it has one), or ("", "")."""
+        if not self.live:
+            return "", ""
+        ts, depth = indexable(self.ev["ts"]), self.ev["depth"]
+        if self._by_start is None:
+            self._by_start = sorted(self.live, key=lambda i: (ts[i], depth[i]))
+        by_start = self._by_start
+        j = bisect_right(by_start, t, key=ts.__getitem__)
+        if j == len(by_start):
+            return "", ""
+        return self._shown(by_start[j])
+
+    def _shown(self, i: int) -> tuple[str, str]:
+        """Event i's op row's name and line (the event's own when it is in no row)."""
+        row = int(self.ev["row_anc"][i])
+        k = row if row >= 0 else i
+        return str(self.ev["name"][k]), str(self.ev["source_location"][k])
 
     def during(self, t: float) -> tuple[str, str]:
         ev = self.ev
@@ -286,9 +310,7 @@ class _CpuTimeline:
                 if ts[i] <= t <= end[i] and (best_depth is None or depth[i] > best_depth):
                     best, best_depth = i, depth[i]
         if best >= 0:
-            row = int(ev["row_anc"][best])
-            j = row if row >= 0 else best
-            return str(ev["name"][j]), str(ev["source_location"][j])
+            return self._shown(best)
         ann = self.ann
         if nrows(ann):
             holder, latest = -1, None

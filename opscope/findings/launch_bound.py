@@ -71,8 +71,11 @@ def launch_bound(ctx: Context) -> Iterator[Finding]:
     if timeline.get("graph_replay"):
         # Already graph mode: a CUDA graph is not the fix; what keeps the GPU idle is outside the replay.
         gap = (timeline.get("idle_gaps") or [{}])[0]
-        longest = (f" The longest idle gap, {units.duration(gap['duration_us'])}, is while the CPU runs "
-                   f"{short(gap.get('cpu_op') or '?')}." if gap.get("duration_us") else "")
+        doing = (short(gap["cpu_op"]) if gap.get("cpu_op") else
+                 f"Python code between ops, before {short(gap['cpu_next_op'])} at "
+                 f"{gap.get('cpu_next_source_location') or '?'}" if gap.get("cpu_next_op") else "?")
+        longest = (f" The longest idle gap, {units.duration(gap['duration_us'])}, is while the CPU runs {doing}."
+                   if gap.get("duration_us") else "")
         message = (f"the GPU is busy only {busy:.0%} of the step ({units.duration(ctx.step_time_us)} per step) although the "
                    f"step already replays a CUDA/HIP graph: the idle time is outside the replay. CPU-heaviest ops: "
                    f"{heavy}; lines: {lines}. Idle GPU time {units.duration(idle)} in all "

@@ -19,6 +19,7 @@ from opscope.render.ranks import STRAGGLER_MARK, collectives_line, header_line, 
 from opscope.render.report_data import (
     binding_pct,
     fit_op,
+    gap_cpu,
     has_modules,
     module_label,
     op_name,
@@ -224,10 +225,9 @@ def gaps_table(run: Run, width: int = 160) -> Table | None:
     gaps = run.summary.get("idle_gaps") or []
     if not gaps:
         return None
-    rows = [[units.time_cell(g.get("duration_us")), "+" + units.time_cell(g.get("start_us")),
-             op_name({"op": g.get("cpu_op") or "—"}), short_source(str(g.get("cpu_source_location") or ""),
-                                                                 full=width >= 160),
-             short_kernel_name(str(g.get("kernel_before") or "—"))] for g in gaps]
+    rows = [[units.time_cell(g.get("duration_us")), "+" + units.time_cell(g.get("start_us")), cpu,
+             short_source(where, full=width >= 160), short_kernel_name(str(g.get("kernel_before") or "—"))]
+            for g in gaps for cpu, where in [gap_cpu(g)]]
 
     def build(widths: list[int]) -> Table:
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left",

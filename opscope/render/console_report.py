@@ -15,6 +15,7 @@ from opscope.render.console import (
     BOUND_STYLE,
     ceiling_warnings,
     findings_list,
+    gaps_table,
     ops_table,
     ranks_group,
     summary_panel,
@@ -277,7 +278,7 @@ def comparison_group(c: Comparison, top: int = 15, width: int = 160) -> Group:
 
 def render_report(run: Run, console: Console, top: int = 15, findings: int = 10,
                   comparison: Comparison | None = None) -> None:
-    """The whole report: header with the verdict, top ops, time breakdowns, findings in full, kernels
+    """The whole report: header with the verdict, top ops, GPU idle gaps, time breakdowns, findings in full, kernels
     (GPU), memory and swap results when the run has them, and the comparison with a baseline."""
     run = cleaned_run(run)
     console.print(summary_panel(run))
@@ -286,6 +287,9 @@ def render_report(run: Run, console: Console, top: int = 15, findings: int = 10,
         console.print(Text("step    ", style="bold") + Text(spread))
     console.print(Text("verdict ", style="bold") + Text(verdict_line(run), style="bold"))
     console.print(ops_table(run, top, console.width))
+    gaps = gaps_table(run, console.width)
+    if gaps is not None:
+        console.print(gaps)
     ranks = ranks_group(run)
     if ranks is not None:
         console.print(ranks)

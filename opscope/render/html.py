@@ -40,6 +40,7 @@ from opscope.render.report_data import (
     breakdown,
     candidate_table,
     ceilings_line,
+    gap_cpu,
     has_modules,
     kernels_by_op,
     measured_point,
@@ -461,6 +462,24 @@ def _findings(run: Run) -> str:
             f'{"".join(items)}</section>')
 
 
+def _gaps(run: Run) -> str:
+    gaps = run.summary.get("idle_gaps") or []
+    if not gaps:
+        return ""
+    rows = []
+    for g in gaps:
+        cpu, where = gap_cpu(g)
+        rows.append(f'<tr><td class="num">{esc(units.time_cell(g.get("duration_us")))}</td>'
+                    f'<td class="num">+{esc(units.time_cell(g.get("start_us")))}</td><td class="op">{esc(cpu)}</td>'
+                    f'<td class="mono">{esc(where)}</td><td class="mono">{esc(str(g.get("kernel_before") or "—"))}</td>'
+                    f'<td class="mono">{esc(str(g.get("kernel_after") or "—"))}</td></tr>')
+    return ('<section id="gaps"><h2>GPU idle gaps</h2><p class="caption">The longest stretches with no kernel on '
+            'any stream, from the first step, and what the CPU ran meanwhile ("before OP": Python between ops, '
+            'then OP at its line).</p><div class="table-wrap"><table><thead><tr><th class="num">idle</th>'
+            '<th class="num">at</th><th>CPU in</th><th>source</th><th>after kernel</th><th>before kernel</th>'
+            f'</tr></thead><tbody>{"".join(rows)}</tbody></table></div></section>')
+
+
 def _kernels(run: Run) -> str:
     rows = kernels_by_op(run, 30)
     if not rows:
@@ -609,8 +628,9 @@ def _document(run: Run, comparison: Comparison | None) -> tuple[str, bytes, str]
     if _CLOSES_SCRIPT.search(app_js) or "<!--" in app_js:
         raise AssertionError("report.js must not contain </script or <!--")
     target = clean(run.meta.get("target"))
+    gaps = _gaps(run)
     nav = [("roofline", "Roofline"), ("ops", "Ops")] + ([("timeline", "Timeline")] if timeline is not None else [])
-    nav += [("breakdown", "Breakdown"), ("findings", "Findings")]
+    nav += ([("gaps", "GPU idle gaps")] if gaps else []) + [("breakdown", "Breakdown"), ("findings", "Findings")]
     sections = {"ranks": _ranks(run), "kernels": _kernels(run), "memory": _memory(run),
                 "candidates": _candidates(run), "swap": _swap(run),
                 "comparison": _comparison(comparison)}
@@ -646,6 +666,7 @@ def _document(run: Run, comparison: Comparison | None) -> tuple[str, bytes, str]
 <div id="ops-detail" class="detail" aria-live="polite" hidden></div>
 </section>
 {_timeline(timeline)}
+{gaps}
 {_breakdown(run, modules is not None)}
 {_findings(run)}
 {"".join(sections.values())}

@@ -585,6 +585,14 @@ def short_source(location: str, full: bool) -> str:
 KERNEL_ROW_NOTES = (GRAPH_KERNEL_NOTE, LOOSE_KERNEL_NOTE, GPU_ONLY_NOTE)
 
 
+def gap_cpu(gap: dict[str, Any]) -> tuple[str, str]:
+    """What the CPU did during a GPU idle gap (summary.json idle_gaps): the op it ran, or "before OP" when
+    it ran Python between ops (OP: the op it started next); and that op's source line ("" if unknown)."""
+    if not gap.get("cpu_op") and gap.get("cpu_next_op"):
+        return "before " + op_name({"op": gap["cpu_next_op"]}), str(gap.get("cpu_next_source_location") or "")
+    return op_name({"op": gap.get("cpu_op") or "—"}), str(gap.get("cpu_source_location") or "")
+
+
 def op_name(row: dict[str, Any]) -> str:
     """'aten::_scaled_dot_product_flash_attention_for_cpu' -> 'sdpa_flash_attn_cpu'; a kernel row (a
     kernel no op launched) shows its family and short kernel name."""

@@ -222,6 +222,9 @@ class IdleGap(Struct, kw_only=True):
     kernel_after: str | None = None
     cpu_op: str | None = None
     cpu_source_location: str | None = None
+    cpu_next_op: Annotated[str | None, _doc(
+        "when no op held the CPU at the gap's middle (Python ran between ops): the op it started next")] = None
+    cpu_next_source_location: str | None = None
 
 
 class GraphReplay(Struct, kw_only=True):

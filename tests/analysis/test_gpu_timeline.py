@@ -140,3 +140,31 @@ def test_clip_to_step_windows():
     assert clip([1.0], [2.0], None) == ([1.0], [2.0])
     assert time_inside([1e12 + 0.1], [0.3], ([1e12], [1e12 + 1])) == [0.3]  # the duration, not end - start
     assert time_inside([5.0, 21.0], [20.0, 8.0], windows) == [10.0, 0.0]
+
+
+def test_a_gap_while_python_runs_between_ops_names_the_op_started_next(tmp_path):
+    """The GPU idles 20..100 µs; no op holds the CPU at 60 µs (Python runs between ops): the gap names
+    aten::add, the op the CPU started next (at 80 µs, before its child aten::add_ at 81), not the op
+    before it."""
+    def op(name, a, b, i):
+        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": a, "dur": b - a,
+                "args": {"External id": i, "Input Dims": [[64], [64]], "Input type": ["float", "float"]}}
+
+    def launch(a, corr, ks, ke):
+        return [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": a,
+                 "dur": 0.5, "args": {"correlation": corr}},
+                {"ph": "X", "cat": "kernel", "name": ADD, "pid": 0, "tid": 7, "ts": ks, "dur": ke - ks,
+                 "args": {"correlation": corr, "stream": 7, "device": 0}}]
+
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0,
+               "dur": 120, "args": {}},
+              op("aten::mul", 2, 12, 1), *launch(5, 1, 10, 20),
+              op("aten::add", 80, 95, 2), op("aten::add_", 81, 94, 3), *launch(85, 2, 100, 110)]
+    (tmp_path / "t.json").write_text(json.dumps({"deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}],
+                                                 "traceEvents": events}))
+    gaps = analyze_trace_file(tmp_path / "t.json", out=tmp_path / "run").summary["idle_gaps"]
+    first = gaps[0]
+    assert (first["start_us"], first["duration_us"]) == (pytest.approx(20), pytest.approx(80))
+    assert first["cpu_op"] == "" and first["cpu_next_op"] == "aten::add"
+    held = next(g for g in gaps if g["cpu_op"])  # 0..10: aten::mul holds 5 µs; no next op then
+    assert held["cpu_op"] == "aten::mul" and held["cpu_next_op"] == ""

@@ -187,7 +187,12 @@ def test_gap_times_stay_whole_on_narrow_terminals(runs, width):
         cells = line.split()
         assert " ".join(cells[:2]) == fmt_us(gap["duration_us"])
         assert line.split(fmt_us(gap["duration_us"]), 1)[1].split()[0] == "+" + fmt_us(gap["start_us"]).split()[0]
-        where = gap["cpu_source_location"]
+        if gap["cpu_op"]:
+            where = gap["cpu_source_location"]
+            assert gap["cpu_op"].removeprefix("aten::")[:6] in line
+        else:  # Python ran between ops: the op it started next, at its line
+            where = gap["cpu_next_source_location"]
+            assert "before " + (gap["cpu_next_op"].removeprefix("aten::")[:3] if width >= 80 else "") in line
         if where and width < 120:
             line_no = where.rsplit(":", 1)[1]
             assert re.search(rf"\S*:{line_no}\b", line), line

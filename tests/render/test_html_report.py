@@ -271,7 +271,8 @@ def test_console_report_has_the_same_content(runs):
     run = read_run(runs["bert"])
     flat = " ".join(text.split())
     assert " ".join(verdict_line(run).split()) in flat
-    for needle in ("Time by bound class", "Time by op family", "Kernels of the top", "cutlass", "→ Take the CPU"):
+    for needle in ("Time by bound class", "Time by op family", "Kernels of the top", "cutlass", "→ Take the CPU",
+                   "GPU idle gaps", "before linear"):
         assert needle in text, needle
     hostile = console_text(runs["hostile"])
     for needle in ("Time by module", "layer.1.attn", "Memory", "peak allocated", "3 MiB", "Swap results",
@@ -406,3 +407,25 @@ def test_header_says_what_fixing_the_findings_gives(tmp_path):
     line = whatif_line(run.summary)
     assert line is not None and line.startswith(f"fix these {w['fixes']} findings → step ")
     assert f'<span id="whatif">{html.escape(line)}</span>' in render_html(run)
+
+
+def test_the_gpu_idle_gaps_are_a_section_with_what_the_cpu_ran(runs, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(runs["bert"], run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    gaps = summary["idle_gaps"]
+    gaps[1]["cpu_next_op"] = "aten::linear<script>alert(1)</script>"  # names reach the page as text
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    page = render_html(read_run(run_dir))
+    section = page[page.index('<section id="gaps">'):]
+    section = section[:section.index("</section>")]
+    assert '<a href="#gaps">GPU idle gaps</a>' in page
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr>(<td.*?)</tr>", section)]
+    assert len(cells) == len(gaps) == 5
+    first = cells[0]
+    assert first[:2] == ["458.5 µs", "+0.0 µs"]  # the step starts with the GPU idle, the CPU in Python
+    assert first[2:4] == ["before slice", gaps[0]["cpu_next_source_location"]]
+    assert cells[1][2] == "before linear&lt;script&gt;alert(1)&lt;/script&gt;" and "<script>alert" not in section
+    assert html.unescape(cells[1][5]) == gaps[1]["kernel_after"]
+    no_gaps = render_html(read_run(runs["cpu"]))
+    assert 'id="gaps"' not in no_gaps and "#gaps" not in no_gaps
