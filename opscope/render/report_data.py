@@ -603,7 +603,11 @@ def op_name(row: dict[str, Any]) -> str:
     name = op.split("::", 1)[1] if op.startswith("aten::") else op
     for long, short in _ABBREVIATIONS:
         name = name.replace(long, short)
-    return name
+    # a compiled graph's range: its 52-character cache key cut like a short git hash (ops.csv has it whole)
+    return _COMPILED_GRAPH_CALL.sub(r"CompiledFxGraph \1", name)
+
+
+_COMPILED_GRAPH_CALL = re.compile(r"^## Call CompiledFxGraph (\w{8})\w* ##$")
 
 
 # Input dims are a list of shapes (lists of sizes), a tensor list one level deeper. json.loads recurses

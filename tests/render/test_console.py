@@ -94,6 +94,10 @@ def test_op_names_are_abbreviated_for_display():
     assert op_name({"op": "aten::_scaled_dot_product_flash_attention_for_cpu"}) == "sdpa_flash_attn_cpu"
     assert op_name({"op": "aten::_efficient_attention_forward"}) == "_eff_attn_forward"
     assert op_name({"op": "(unattributed kernels)"}) == "(unattributed kernels)"
+    # a compiled graph's range (76 characters with its cache key) no longer crowds out the table's columns
+    key = "fq2yrsh3e3w44yli2zh3kqcfpqhyunwwaicje7pojrgfdphi3ruw"
+    assert op_name({"op": f"## Call CompiledFxGraph {key} ##"}) == "CompiledFxGraph fq2yrsh3"
+    assert op_name({"op": "## Call CompiledFxGraph ##"}) == "## Call CompiledFxGraph ##"  # no key: as it is
     assert op_shapes({"input_dims": "[[4, 197, 768], [], [[2, 3], [2, 3]], [768]]"}) == ["[4,197,768]", "[768]"]
 
 
