@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from opscope import units
 from opscope.api.explain import table_run
 from opscope.api.run import Run
 from opscope.errors import OpscopeError
@@ -29,6 +30,15 @@ class WhatIf:
     steps: int
     applied: list[dict[str, Any]] = field(default_factory=list)
     critical_path: list[dict[str, Any]] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        # a line, not the critical path's hundreds of segments (they stay in .critical_path)
+        fixes = ", ".join(str(a["fix"]) for a in self.applied[:3]) + (
+            f", +{len(self.applied) - 3} more" if len(self.applied) > 3 else "")
+        return (f"<opscope.WhatIf step {units.duration(self.recorded_step_time_us)} recorded, "
+                f"{units.duration(self.predicted_step_time_us)} predicted with {len(self.applied)} "
+                f"fix{'es' if len(self.applied) != 1 else ''}{f' ({fixes})' if fixes else ''}; "
+                f"critical path {len(self.critical_path)} segments>")
 
     def to_json(self) -> dict[str, Any]:
         return {"recorded_step_time_us": self.recorded_step_time_us,

@@ -94,6 +94,14 @@ class GateResult:
     def exit_code(self) -> int:
         return 1 if self.regressions else 0
 
+    def __repr__(self) -> str:
+        bad = self.regressions
+        named = ", ".join(f"{i.kind} {i.name}" for i in bad[:3]) + (f", +{len(bad) - 3} more" if len(bad) > 3 else "")
+        return (f"<opscope.GateResult {self.runs} run{'s' if self.runs != 1 else ''} against baseline "
+                f"{self.baseline!r} ({self.baseline_runs}): "
+                + (f"{len(bad)} regression{'s' if len(bad) != 1 else ''} ({named})" if bad else "no regression")
+                + f" in {len(self.items)} items, exit code {self.exit_code}>")
+
     def to_json(self) -> dict[str, Any]:
         return {"baseline": self.baseline, "threshold": self.threshold, "confidence": self.confidence,
                 "runs": self.runs, "baseline_runs": self.baseline_runs, "normalized": self.normalized,

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import PurePath
 from typing import Any
 
+from opscope import units
 from opscope.run.model import Run
 from opscope.table import pairwise_sum, records
 from opscope.units import number
@@ -145,6 +147,16 @@ class Comparison:
 
     def by_verdict(self, *verdicts: str) -> list[OpChange]:
         return [c for c in self.ops if c.verdict in verdicts]
+
+    def __repr__(self) -> str:
+        # a notebook prints this: a line, not every op row (a comparison's dataclass repr runs to 200 KB)
+        ratio = self.step_ratio
+        step = (f"step {units.duration(self.step_time_a_us)} → {units.duration(self.step_time_b_us)} "
+                f"({ratio:.2f}x, {self.step_verdict})" if ratio is not None else "step time unknown")
+        counts = ", ".join(f"{n} {v}" for v in (SLOWER, FASTER, VANISHED, APPEARED) if (n := len(self.by_verdict(v))))
+        a, b = (PurePath(x).name or x for x in (self.run_a, self.run_b))  # the run directories' names
+        return (f"<opscope.Comparison {b} against {a}: {step}; op rows: {counts or 'none changed'}; "
+                f"findings {len(self.findings_fixed)} fixed, {len(self.findings_introduced)} introduced>")
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)

@@ -144,6 +144,20 @@ def test_analyze_a_shared_trace(tmp_path):
     assert opscope.load(tmp_path / "bert").summary == run.summary
 
 
+def test_comparison_and_whatif_print_as_a_line(tmp_path):
+    """A notebook shows their repr: a line each (a comparison's dataclass repr ran to 200 KB, a what-if's
+    listed every critical-path segment); the data stays on the objects."""
+    run = opscope.analyze(TRACES / "h100_bert-small_bf16.json.gz", out=tmp_path / "bert")
+    same = opscope.compare(run, run)
+    assert repr(same) == ("<opscope.Comparison bert against bert: step 4.43 ms → 4.43 ms (1.00x, within noise); "
+                          "op rows: none changed; findings 0 fixed, 0 introduced>")
+    fixed = opscope.whatif(run, all=True)
+    text = repr(fixed)
+    assert "\n" not in text and len(text) < 300 and fixed.critical_path
+    assert text.startswith(f"<opscope.WhatIf step 4.43 ms recorded, 674 µs predicted with {len(fixed.applied)} fixes (")
+    assert fixed.applied[0]["fix"] in text and text.endswith(f"critical path {len(fixed.critical_path)} segments>")
+
+
 def test_bad_input_is_one_opscope_error(tmp_path):
     with pytest.raises(opscope.OpscopeError, match="no such run directory"):
         opscope.load(tmp_path / "missing")

@@ -124,3 +124,14 @@ def test_markdown_renders_as_one_html_table():
     assert "script" not in parsed.tags and "h2" not in parsed.tags
     assert rows[0][0] == "❌ regression"
     assert any(r[2].startswith("aten::evil|col") for r in rows)
+
+
+def test_a_gate_result_prints_as_a_line():
+    """A notebook shows the repr: one line with the regressions named, not every item."""
+    result = _result()
+    text = repr(result)
+    assert "\n" not in text and len(text) < 400
+    assert text.startswith("<opscope.GateResult 1 run against baseline 'base' (3): ")
+    n = len(result.regressions)
+    assert n >= 1 and f"{n} regression" in text and f"exit code {result.exit_code}>" in text
+    assert f"{result.regressions[0].kind} {result.regressions[0].name}" in text
