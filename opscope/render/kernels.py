@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 
 def listing(doc: dict[str, Any], console: Console) -> None:
@@ -16,10 +17,12 @@ def listing(doc: dict[str, Any], console: Console) -> None:
         table.add_column(col)
     short = {"float32": "f32", "float64": "f64", "bfloat16": "bf16", "float16": "f16"}
     for k in doc["kernels"]:
-        targets = ", ".join(dict.fromkeys(r["target"].rsplit(".", 1)[-1] if r["kind"] != "aten" else r["target"]
-                                          for r in k["replaces"]))
-        table.add_row(k["name"], targets, " ".join(short[d] for d in k["dtypes"]), " ".join(k["backends"]),
-                      " ".join(k["usable_here"]) or "-")
+        # a module's, function's or method's last name (torch.nn.RMSNorm -> RMSNorm); an aten op or a pattern whole
+        targets = ", ".join(dict.fromkeys(r["target"].rsplit(".", 1)[-1] if r["kind"] in ("module", "functional", "method")
+                                          else r["target"] for r in k["replaces"]))
+        # Text cells: rich would read a pattern's brackets (x[..., :n]) as markup
+        table.add_row(*map(Text, (k["name"], targets, " ".join(short[d] for d in k["dtypes"]),
+                                  " ".join(k["backends"]), " ".join(k["usable_here"]) or "-")))
     console.print(table)
     mach = doc["machine"]
     console.print()

@@ -128,3 +128,24 @@ def test_cli_unknown_kernel_is_a_one_line_error() -> None:
     proc = run_cli("kernels", "nosuch")
     assert proc.returncode == 2
     assert "no bundled kernel named 'nosuch'" in proc.stderr and "broadcast_add" in proc.stderr
+
+
+def test_listing_shows_what_each_kernel_replaces_by_kind() -> None:
+    """Modules, functions and methods by their last name; aten ops and code patterns whole (the rms_norm
+    pattern was cut at its last dot: "mean(-1, keepdim=True) + eps) * weight"); brackets are text."""
+    import io
+
+    from rich.console import Console
+
+    from opscope.render.kernels import listing
+
+    pattern = {"kind": "pattern", "target": "x[..., :n] * torch.rsqrt(x.pow(2).mean(-1) + eps)"}
+    doc = {"kernels": [{"name": "k", "dtypes": ["float32"], "backends": ["cpu"], "usable_here": ["cpu"],
+                        "replaces": [{"kind": "module", "target": "torch.nn.RMSNorm"},
+                                     {"kind": "method", "target": "torch.Tensor.__add__"},
+                                     {"kind": "aten", "target": "aten::add.Tensor"}, pattern]}],
+           "machine": {"backends": {}, "note": ""}}
+    out = io.StringIO()
+    listing(doc, Console(file=out, width=400, color_system=None))
+    row = out.getvalue().splitlines()[1]
+    assert f"RMSNorm, __add__, aten::add.Tensor, {pattern['target']}" in row
