@@ -103,3 +103,9 @@ def percent(value: Any, scale: float = 1.0) -> str:
     """A share as a percentage with one decimal: percent(0.123, 100) -> '12.3%'."""
     v = number(value)
     return UNKNOWN if v is None else f"{v * scale:.1f}%"
+
+
+def count(n: float, one: str, many: str | None = None) -> str:
+    """A count with its noun: count(1, "thread") -> '1 thread', count(2.5, "call") -> '2.5 calls'
+    (`many` defaults to `one` + "s")."""
+    return f"{n:g} {one if n == 1 else many or one + 's'}"

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from opscope import units
 from opscope.analysis.annotations import embed, make_block
 from opscope.analysis.events import build_events
 from opscope.analysis.memory import MemoryProfile, memory_profile
@@ -132,7 +133,7 @@ def machine_peaks(opts: ProfileOptions, device: torch.device, progress: Progress
                 peaks = scaled.peaks
                 calibration = {"stable": True, "cached": True, "quick": scaled.result.quick, "scaled": True}
                 progress.warn(f"the machine is busy (other processes use {others:.2f} of {cores} cores): "
-                              f"reusing the calibration measured on {scaled.result.threads} threads on a quiet "
+                              f"reusing the calibration measured on {units.count(scaled.result.threads, 'thread')} on a quiet "
                               f"machine, GEMM FLOP/s scaled to {n} (run `opscope calibrate --threads {n}` on an "
                               "idle machine to measure it)")
                 threads_chosen = threads_chosen if threads_chosen is not None else {}

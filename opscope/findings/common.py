@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from opscope import units
 from opscope.findings.base import Context
 from opscope.findings.layout import Tensor
 
@@ -59,8 +60,7 @@ def per_step(x: float, ctx: Context) -> float:
 
 def count_per_step(n: float, ctx: Context, one: str, many: str | None = None) -> str:
     """"1 call" / "2.5 calls": a count per step with its noun (`many` defaults to `one` + "s")."""
-    v = per_step(n, ctx)
-    return f"{v:g} {one if v == 1 else many or one + 's'}"
+    return units.count(per_step(n, ctx), one, many)
 
 
 def ideal_memory_us(nbytes: float, ctx: Context, fraction: float = 1.0) -> float | None:

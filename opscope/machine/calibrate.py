@@ -54,6 +54,7 @@ from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
+from opscope import units
 from opscope.errors import OpscopeError
 from opscope.machine.noise import CpuSampler, window_noise
 from opscope.machine.peaks import Peaks
@@ -281,7 +282,7 @@ def check_cached(doc: Any, cpu_model: str, threads: int | None, torch_version: s
         raise OtherCpu(f"it was measured on another CPU ({_shown(d['cpu_model'])}, this one is {_shown(cpu_model)})")
     result = CalibrationResult.from_json(d)
     if threads is not None and result.threads != threads:
-        raise CacheRejected(f"it was measured on {result.threads} threads, not {threads}")
+        raise CacheRejected(f"it was measured on {units.count(result.threads, 'thread')}, not {threads}")
     if torch_version is not None and result.torch_version != torch_version:
         raise CacheRejected(f"it was measured with torch {_shown(result.torch_version)}, not {torch_version}")
     if not result.stable:
@@ -802,7 +803,7 @@ def obtain(threads: int | None = None, *, quick: bool = True, refresh: bool = Fa
                                                           (meanwhile.quick and not quick))):
                 return Calibration(meanwhile, "reused" if waited else "cached", path)
         if quick:
-            say(f"opscope: measuring this CPU's memory bandwidth and GEMM FLOP/s ({n} threads, a few "
+            say(f"opscope: measuring this CPU's memory bandwidth and GEMM FLOP/s ({units.count(n, 'thread')}, a few "
                 f"seconds, once; cached in {path}; `opscope calibrate` runs a longer measurement)")
         result = measure_cpu(n, quick=quick)
         if not result.stable:

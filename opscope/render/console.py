@@ -114,7 +114,7 @@ def threads_line(meta: dict[str, Any]) -> str | None:
         parts.append(f"{threads:g} of {default:g} (chosen: {busy} before the timed steps; --threads overrides)")
     from_threads = units.number(chosen.get("calibration_threads"))
     if from_threads is not None:
-        parts.append(f"peaks: the quiet calibration on {from_threads:g} threads, GEMM FLOP/s scaled "
+        parts.append(f"peaks: the quiet calibration on {units.count(from_threads, 'thread')}, GEMM FLOP/s scaled "
                      f"(the machine was busy)")
     return "threads " + "; ".join(parts) if parts else None
 
@@ -506,7 +506,7 @@ def ceiling_warnings(run: Run) -> list[str]:
                     else "check --peak-flops")
             scaled = (run.meta.get("threads_chosen") or {}).get("calibration_threads")
             if origin == "measured" and scaled is not None:
-                hint = (f"they are the quiet calibration on {scaled} threads, scaled to this run's threads (the machine "
+                hint = (f"they are the quiet calibration on {units.count(scaled, 'thread')}, scaled to this run's threads (the machine "
                         f"was busy); run `opscope calibrate --threads {run.meta.get('threads')}` on an idle machine")
             out.append(f"{ABOVE_PEAK_MARK}{worst} ran at {top:.0f}% of its FLOP/s ceiling: the ceilings are too low "
                        f"for this run (measured while the machine was busy?); {hint}")

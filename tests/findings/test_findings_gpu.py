@@ -202,3 +202,6 @@ def test_counts_per_step_take_their_noun_in_the_singular(runs):
     ctx = Context(ops={}, events={}, peaks=Peaks(1.0, {}), gpu=True, source="trace", steps=2, step_time_us=1.0)
     assert [count_per_step(n, ctx, "call") for n in (2, 3, 4)] == ["1 call", "1.5 calls", "2 calls"]
     assert [count_per_step(n, ctx, "copy", "copies") for n in (2, 6)] == ["1 copy", "3 copies"]
+    from opscope import units  # the same helper words the calibration's thread counts
+
+    assert [units.count(n, "thread") for n in (1, 2, 0)] == ["1 thread", "2 threads", "0 threads"]
