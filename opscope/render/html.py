@@ -66,6 +66,7 @@ from opscope.run.compare import APPEARED, FASTER, SAME, SLOWER, VANISHED, Compar
 from opscope.run.model import Run, shown_path
 from opscope.run.write import json_safe
 from opscope.table import nrows, records
+from opscope.trace.kernel_names import short_kernel_name
 from opscope.units import UNKNOWN
 from opscope.units import number as num
 from opscope.version import __version__
@@ -471,13 +472,19 @@ def _gaps(run: Run) -> str:
         cpu, where = gap_cpu(g)
         rows.append(f'<tr><td class="num">{esc(units.time_cell(g.get("duration_us")))}</td>'
                     f'<td class="num">+{esc(units.time_cell(g.get("start_us")))}</td><td class="op">{esc(cpu)}</td>'
-                    f'<td class="mono">{esc(where)}</td><td class="mono">{esc(str(g.get("kernel_before") or "—"))}</td>'
-                    f'<td class="mono">{esc(str(g.get("kernel_after") or "—"))}</td></tr>')
+                    f'<td class="mono">{esc(where)}</td>{_kernel_cell(g.get("kernel_before"))}'
+                    f'{_kernel_cell(g.get("kernel_after"))}</tr>')
     return ('<section id="gaps"><h2>GPU idle gaps</h2><p class="caption">The longest stretches with no kernel on '
             'any stream, from the first step, and what the CPU ran meanwhile ("before OP": Python between ops, '
             'then OP at its line).</p><div class="table-wrap"><table><thead><tr><th class="num">idle</th>'
             '<th class="num">at</th><th>CPU in</th><th>source</th><th>after kernel</th><th>before kernel</th>'
             f'</tr></thead><tbody>{"".join(rows)}</tbody></table></div></section>')
+
+
+def _kernel_cell(name: Any) -> str:
+    """A kernel's short name, its whole name on hover (a template's signature runs to hundreds of characters)."""
+    full = str(name or "—")
+    return f'<td class="mono kern" title="{esc(full)}">{esc(short_kernel_name(full))}</td>'
 
 
 def _kernels(run: Run) -> str:
