@@ -79,6 +79,9 @@ class Placement:
     location: str  # the primary user line ('' when the provenance has no user frame)
     lines: tuple[str, ...]  # every user line the kernel's ops came from
     module: str  # module path relative to the compiled module ('' = the compiled module itself)
+    # the graph reads module attributes (dynamo named its inputs after them): it is a module's forward, so
+    # a kernel with no module of its own ran in the compiled module itself, not outside the model
+    of_module: bool = False
 
 
 def base_kernel_name(name: str) -> str:
@@ -336,7 +339,7 @@ def kernel_placement(graph: CompiledGraph, kernel: CompiledKernel) -> Placement:
                 if loc is not None:
                     lines.append(loc)
     unique = tuple(dict.fromkeys(sorted(set(lines), key=_line_order)))
-    return Placement(unique[0] if unique else "", unique, _kernel_module(graph, kernel))
+    return Placement(unique[0] if unique else "", unique, _kernel_module(graph, kernel), bool(graph.params))
 
 
 def _line_order(loc: str) -> tuple[str, int]:
@@ -488,6 +491,10 @@ def place_compiled(ev: Table, log: TorchTraceLog | None, *, inductor_cache: Path
                 full = f"{base}.{p.module}" if base else p.module
                 module[j] = full
                 module_class[j] = (module_classes or {}).get(full, "")
+            elif p.of_module and not module_class[j]:
+                # the compiled module itself ran it: the profiler recorded no module around a compiled
+                # forward (dynamo skips its hooks); the model's own class when the run knows it
+                module_class[j] = (module_classes or {}).get(module[j], "")
             stats["placed"] += 1 if j == a else 0
     return stats
 

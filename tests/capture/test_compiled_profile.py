@@ -42,6 +42,7 @@ def test_every_cpp_kernel_is_a_costed_row_at_the_users_line_and_module(compiled_
         assert "compiled_block.py:" in r["source_location"], r["op"]
         assert "_orig_mod" not in r["module"]
         assert "TORCH_TRACE log" in r["note"]
+        assert r["module_class"], r["op"]  # inside the model, every one
     norms = {r["module"] for r in cpp if "layer_norm" in r["op"]}
     assert norms == {"ln1", "ln2"}
     # extern kernels too: the Linear layers' addmm at their modules, never the compile wrapper
@@ -71,7 +72,12 @@ def test_compile_modes_and_eager_vs_compiled_per_module(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr
         compile_meta = json.loads((out / "meta.json").read_text())["compile"]
         assert (compile_meta["mode"], compile_meta["by"]) == (mode, "opscope")
-        assert any("cpp_fused_" in r["op"] for r in read_ops(out)), mode
+        cpp = [r for r in read_ops(out) if "cpp_fused_" in r["op"]]
+        assert cpp, mode
+        # a kernel of the block's own ops (the residual adds, no submodule) is the Block's, as in eager, not
+        # outside the model: the profiler records no module around the forward opscope compiled
+        assert all(r["module_class"] for r in cpp), mode
+        assert any(r["module"] == "" and r["module_class"] == "Block" for r in cpp), mode
         if mode == "reduce-overhead":
             assert "CUDA graphs need a GPU" in proc.stderr
         runs[mode] = out
@@ -132,3 +138,16 @@ def test_graph_breaks_and_recompilations_are_findings_at_the_users_line(tmp_path
     found = [f for f in json.loads((out / "findings.json").read_text()) if f["rule"] == rule]
     assert len(found) == 1
     assert found[0]["source_location"].endswith(f"{model}:{line}") and says in found[0]["message"]
+
+
+def test_kernels_of_the_models_own_ops_are_the_models(tmp_path: Path) -> None:
+    """examples/mlp.py compiled by opscope: the profiler recorded no module around the compiled forward, so
+    the relu kernels (ops of MLP.forward itself, no submodule) were outside the model; they are the model's,
+    as eager's clamp_min rows are."""
+    out = tmp_path / "run"
+    proc = run_cli("profile", str(REPO / "examples" / "mlp.py"), "--compile", "default", "--steps", "2",
+                   "--warmup", "1", "--out", str(out), *PEAKS, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    relu = [r for r in read_ops(out) if "cpp_fused_relu" in r["op"]]
+    assert relu and all((r["module"], r["module_class"]) == ("", "MLP") for r in relu), relu
+    assert {r["module"] for r in read_ops(out) if r["op"] == "aten::addmm"} == {"fc1", "fc2", "fc3"}
