@@ -323,8 +323,8 @@ def profile(
         from opscope.render.console_report import swap_group
         from opscope.render.text import cleaned_run
 
-        section = swap_group(cleaned_run(run.internal))
         console = _console()
+        section = swap_group(cleaned_run(run.internal), console.width)
         console.print(section if section is not None else Text("no swap candidates: no bundled kernel matches an op "
                                                                "of this model"))
 
@@ -703,7 +703,7 @@ def swap(
         console = _console()
         clean_run = cleaned_run(run)
         console.print(summary_panel(clean_run))
-        section = swap_group(clean_run)
+        section = swap_group(clean_run, console.width)
         console.print(section if section is not None else
                       Text("no swap candidates: no bundled kernel matches an op of this model (see `opscope kernels`)"))
         console.print(Text("run directory: ") + Text(clean(shown_path(run_dir)), style="bold"))

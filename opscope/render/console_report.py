@@ -13,6 +13,7 @@ from rich.text import Text
 from opscope import units
 from opscope.render.console import (
     BOUND_STYLE,
+    _natural_width,
     ceiling_warnings,
     findings_list,
     gaps_table,
@@ -155,16 +156,34 @@ def memory_group(run: Run) -> Group | None:
 
 
 def _text_table(title: str, columns: list[str], rows: list[list[str]], fold: tuple[str, ...] = (),
-                narrow: dict[str, int] | None = None) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title=title, title_justify="left")
-    for c in columns:  # the text columns in `fold` share the room left and wrap; the others wrap only if they
-        if c in fold:  # must, or past their `narrow` width (cells that read well on two lines)
-            table.add_column(c, overflow="fold", ratio=1, min_width=10)
-        else:
-            table.add_column(c, overflow="fold", max_width=(narrow or {}).get(c))
-    for r in rows:
-        table.add_row(*(Text(c, style="bold red" if c == "FAIL" else "") for c in r))
-    return table
+                narrow: dict[str, int] | None = None, width: int | None = None) -> Table:
+    """A table of text cells. The first column (the labels) never wraps. With `width`, a table that fits it
+    whole is printed whole; else the `narrow` columns wrap past their widths."""
+    def build(caps: dict[str, int]) -> Table:
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title=title, title_justify="left")
+        for k, c in enumerate(columns):  # the text columns in `fold` share the room left and wrap; the others
+            if c in fold:  # wrap only if they must, or past their `narrow` width (cells that read well on two lines)
+                table.add_column(c, overflow="fold", ratio=1, min_width=10)
+            elif k == 0:
+                table.add_column(c, overflow="fold", min_width=min(LABEL_MAX, max(len(r[0]) for r in rows)))
+            else:
+                table.add_column(c, overflow="fold", max_width=caps.get(c))
+        for r in rows:
+            table.add_row(*(Text(c, style="bold red" if c == "FAIL" else "") for c in r))
+        return table
+
+    caps = narrow or {}
+    if width is not None and rows:
+        # whole; else only the timings ("14.2 ms (13.7–14.6)") on two lines, at their space; else every cap
+        spaced = {c: w for c, w in caps.items() if c in columns and any(" (" in r[columns.index(c)] for r in rows)}
+        for tried in ({}, spaced):
+            table = build(tried)
+            if _natural_width(table) <= width:
+                return table
+    return build(caps if rows else {})
+
+
+LABEL_MAX = 24  # a swap label longer than this may wrap
 
 
 # Median (p20–p80), "1.23x (noise)" and header cells wrap at their space, so the swap labels keep their width.
@@ -173,19 +192,20 @@ _TIMING_WIDTHS = {"replaces": 16, "calls kernel/orig": 11, "max abs err": 9, "ma
                   "step speedup": 13, "speedup": 13, "% of peak": 9}
 
 
-def swap_group(run: Run) -> Group | None:
+def swap_group(run: Run, width: int | None = None) -> Group | None:
     """The swap results (swap.json): one row per swap, the op-level rows, and the verification table of
-    the swaps that failed it."""
+    the swaps that failed it; fitted to `width` when given."""
     swap = swap_table(run)
     if swap is None:
         return None
-    parts: list[RenderableType] = [_text_table("Swap results (swap.json)", *swap, narrow=_TIMING_WIDTHS)]
+    parts: list[RenderableType] = [_text_table("Swap results (swap.json)", *swap, fold=("replaces",),
+                                               narrow=_TIMING_WIDTHS, width=width)]
     for label, note in swap_notes(run):
         parts.append(Text(f"  {label}: ", style="bold") + Text(note))
     ops = swap_op_table(run)
     if ops is not None:
         parts.append(_text_table("Op level: the original vs the kernel on the model's own calls", *ops,
-                                 fold=("site", "call"), narrow=_TIMING_WIDTHS))
+                                 fold=("site", "call"), narrow=_TIMING_WIDTHS, width=width))
     checks = swap_check_table(run)
     if checks is not None:
         parts.append(_text_table("Verification of the swaps that failed (comparisons and failed checks)", *checks,
@@ -298,7 +318,7 @@ def render_report(run: Run, console: Console, top: int = 15, findings: int = 10,
         console.print(candidates)
     console.print(breakdown_group(run))
     console.print(findings_list(run, findings))
-    for section in (kernels_group(run, min(top, 10)), memory_group(run), swap_group(run)):
+    for section in (kernels_group(run, min(top, 10)), memory_group(run), swap_group(run, console.width)):
         if section is not None:
             console.print(section)
     for warning in ceiling_warnings(run):

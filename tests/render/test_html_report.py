@@ -431,3 +431,26 @@ def test_the_gpu_idle_gaps_are_a_section_with_what_the_cpu_ran(runs, tmp_path):
     assert html.unescape(titles[3]) == gaps[1]["kernel_after"] and len(cells[1][5]) < len(titles[3])
     no_gaps = render_html(read_run(runs["cpu"]))
     assert '<section id="gaps">' not in no_gaps and 'href="#gaps"' not in no_gaps
+
+
+def test_swap_tables_are_whole_where_they_fit(runs):
+    """A wide terminal shows a swap's row on one line; a narrow one wraps the timings at their space
+    (the label never)."""
+    from opscope.render.console_report import swap_group
+    from opscope.render.text import cleaned_run
+
+    run = cleaned_run(read_run(runs["hostile"]))
+
+    def lines(width: int) -> list[str]:
+        out = io.StringIO()
+        Console(file=out, width=width, color_system=None).print(swap_group(run, width))
+        text = out.getvalue().splitlines()
+        start = next(i for i, ln in enumerate(text) if ln.startswith("Swap results"))
+        rule = next(i for i in range(start, len(text)) if set(text[i].strip()) == {"─"})
+        end = next(i for i in range(rule, len(text)) if not text[i].strip())
+        return text[rule + 1:end]
+
+    wide = lines(400)
+    assert len(wide) == 2 and " passed " in wide[0] and " failed " in wide[1]  # two swaps, a line each
+    narrow = lines(100)
+    assert len(narrow) > 2 and all(len(ln) <= 100 for ln in narrow)
