@@ -9,6 +9,7 @@ kernel_row, graph_launch, family). The keys it returns go into summary.json as t
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from itertools import accumulate
@@ -279,21 +280,17 @@ class _CpuTimeline:
         self.live = [i for i, x in enumerate(live) if x]
         self.ev = ev
         self.ann = trace.annotations
-        self._by_start: list[int] | None = None
 
     def next_op(self, t: float) -> tuple[str, str]:
         """The first op the CPU started after `t` on a thread that launches GPU work (the outermost of
         those starting then; as its op row when it has one), or ("", "")."""
-        if not self.live:
-            return "", ""
         ts, depth = indexable(self.ev["ts"]), self.ev["depth"]
-        if self._by_start is None:
-            self._by_start = sorted(self.live, key=lambda i: (ts[i], depth[i]))
-        by_start = self._by_start
-        j = bisect_right(by_start, t, key=ts.__getitem__)
-        if j == len(by_start):
-            return "", ""
-        return self._shown(by_start[j])
+        best, best_ts, best_depth = -1, math.inf, 0
+        for i in self.live:  # a scan per gap (a few), as during(): no per-event structure on a large trace
+            x = ts[i]
+            if t < x < best_ts or (x == best_ts and depth[i] < best_depth):
+                best, best_ts, best_depth = i, x, depth[i]
+        return self._shown(best) if best >= 0 else ("", "")
 
     def _shown(self, i: int) -> tuple[str, str]:
         """Event i's op row's name and line (the event's own when it is in no row)."""
