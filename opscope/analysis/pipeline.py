@@ -336,9 +336,18 @@ def top_ops(ops: Table, n: int) -> list[dict[str, Any]]:
 
 
 def dominant_dtype(ev: Any) -> str | None:
-    """The most common floating dtype among row ops (meta.json 'dtype' for traces)."""
-    dts = [d for d, row in zip(ev["dtype"], ev["is_row"], strict=True) if row and d]
-    return Counter(dts).most_common(1)[0][0] if dts else None
+    """The most common floating dtype among row ops (meta.json 'dtype' for traces); None when most rows record
+    none (a CUDA-graph replay's kernel rows: the few CPU-side ops that do would name the run's dtype)."""
+    rows = 0
+    counts: Counter[str] = Counter()
+    for d, row in zip(ev["dtype"], ev["is_row"], strict=True):
+        if row:
+            rows += 1
+            if d:
+                counts[d] += 1
+    if not counts or 2 * sum(counts.values()) < rows:
+        return None
+    return counts.most_common(1)[0][0]
 
 
 def trace_mode(ev: Any) -> str:

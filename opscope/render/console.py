@@ -45,7 +45,7 @@ def summary_panel(run: Run) -> Panel:
     dev = m.get("device", {})
     lines = Text()
     lines.append(f"{m.get('target', '')}", style="bold")
-    lines.append(f"  ({m.get('source')}, {m.get('mode')}, {m.get('dtype') or 'mixed'})\n")
+    lines.append(f"  ({m.get('source')}, {m.get('mode')}, {m.get('dtype') or 'dtype unknown'})\n")
     named_by = dev.get("name_source")
     lines.append(f"device  {dev.get('type')}: {dev.get('name') or 'unknown'}"
                  + (f" (from {named_by})" if named_by not in (None, "deviceProperties", "none") else "") + "\n")

@@ -388,7 +388,7 @@ def _header(run: Run) -> str:
         shares = {}
     bounds = " ".join(f'<span class="b-{b}">{b} {esc(units.percent(shares.get(b), 100))}</span>' for b in BOUNDS)
     facts = [
-        ("run", f"{esc(m.get('source'))}, {esc(m.get('mode'))}, {esc(m.get('dtype') or 'mixed')}"),
+        ("run", f"{esc(m.get('source'))}, {esc(m.get('mode'))}, {esc(m.get('dtype') or 'dtype unknown')}"),
         ("device", f"{esc(device.get('type'))}: {esc(device.get('name'))}"),
         ("ceilings", esc(ceilings_line(run))),
         *((("above peak", esc(" ".join(ceiling_warnings(run)))),) if ceiling_warnings(run) else ()),

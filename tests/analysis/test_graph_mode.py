@@ -102,10 +102,17 @@ def test_launch_bound_does_not_suggest_cuda_graphs_in_graph_mode(run):
     assert "capture the step in a CUDA graph" not in finding["suggestion"]
 
 
+def test_the_runs_dtype_is_unknown_not_its_few_cpu_side_ops(run):
+    """The replay's kernel rows record no dtype; the 5 CPU-side calls that do (float32 bookkeeping) do not
+    name a bfloat16 model's dtype."""
+    assert run.meta["dtype"] is None
+
+
 def test_console_states_graph_mode(tmp_path):
     proc = run_cli("analyze", str(SGLANG), "--out", str(tmp_path / "run"), "--top", "5")
     assert proc.returncode == 0, proc.stderr
     out = " ".join(" ".join(line.strip(" │╭╮╰╯─") for line in proc.stdout.splitlines()).split())
+    assert "(trace, inference, dtype unknown)" in out
     assert "CUDA/HIP graph replay: 544 kernels from 1 graph launch" in out
     assert "records no per-op shapes" in out and "--capture" in out
     assert "kernels gemm 59.1%" in out
