@@ -44,6 +44,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from opscope.analysis.annotations import embed, make_block
 from opscope.analysis.pipeline import analyze, dominant_dtype, trace_mode
 from opscope.capture.dtype_probe import float32_probe
 from opscope.capture.harness import process_state_kept, resolve_device
@@ -513,6 +514,10 @@ def profile_script(opts: ProfileOptions, script: ScriptSpec, progress: Progress 
                       kernel_timer=kernel_timer_for(device))
         meta["dtype"] = dominant_dtype(run.events)
         meta["mode"] = trace_mode(run.events)
+        if records and run.events is not None:  # analyze() keeps the events it analyzed
+            # as a model file's run: `opscope analyze RUN/trace.json.gz` and `opscope whatif RUN` read the
+            # lines and modules of the line step from the trace (without them no finding's fix has ops)
+            embed(trace_path, make_block(run.events, window.module_classes, None))
         if calibration is not None:
             meta["calibration"] = calibration
         if threads_chosen is not None:

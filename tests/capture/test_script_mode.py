@@ -69,6 +69,18 @@ def test_example_training_script_profiles_the_chosen_window_only(tmp_path):
     randn = ops[ops["op"] == "aten::normal_"]
     assert randn["calls"].sum() == 3 * 1  # the batch drawn in each profiled step; none from the others
     assert (ops["calls"] % 3 == 0).all(), ops.loc[ops["calls"] % 3 != 0, ["op", "calls"]]
+    # the trace keeps the line step's lines and modules: analyzing it again gives the run's rows, and the
+    # what-if replays the fixes the run predicted (without them no finding's fix had ops: 0 µs each)
+    again = run_cli("analyze", str(out / "trace.json.gz"), "--out", str(tmp_path / "again"), *PEAKS)
+    assert again.returncode == 0, again.stderr
+    assert "using the exact source lines, modules and memory it embedded" in again.stderr
+    assert (tmp_path / "again" / "ops.csv").read_text() == (out / "ops.csv").read_text()
+    predicted = run.summary.get("whatif")
+    if predicted:
+        replay = run_cli("whatif", str(out), "--all", "--json")
+        assert replay.returncode == 0, replay.stderr
+        doc = json.loads(replay.stdout)
+        assert doc["predicted_step_time_us"] == pytest.approx(predicted["predicted_step_time_us"], rel=1e-6)
 
 
 @pytest.mark.slow
