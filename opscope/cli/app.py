@@ -536,7 +536,9 @@ def whatif(
         return
     from opscope.render.whatif import render_whatif
 
-    render_whatif(result.to_json(), _console(), top=top)
+    only_all = all_findings and not (finding or op_speedup or remove_gaps or swap)
+    render_whatif(result.to_json(), _console(), top=top,
+                  no_fix="no fix applied: the run has no findings (--all applies each finding's fix)" if only_all else None)
 
 
 @app.command()

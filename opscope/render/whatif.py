@@ -13,14 +13,19 @@ from opscope import units
 from opscope.render.text import clean
 
 
-def render_whatif(w: dict[str, Any], console: Console, top: int = 10) -> None:
+def render_whatif(w: dict[str, Any], console: Console, top: int = 10, no_fix: str | None = None) -> None:
+    """`no_fix`: what to say when nothing was applied (the default asks for fixes)."""
     recorded, predicted = w.get("recorded_step_time_us"), w.get("predicted_step_time_us")
+    replayed = w.get("replayed_step_time_us")
     head = Text()
     head.append(f"step    {units.duration(recorded)} recorded", style="bold")
-    head.append(f" (replayed unchanged: {units.duration(w.get('replayed_step_time_us'))})\n")
+    head.append(f" (replayed unchanged: {units.duration(replayed)})\n")
     head.append(f"        {units.duration(predicted)} predicted", style="bold green")
-    if isinstance(recorded, (int, float)) and recorded > 0 and isinstance(predicted, (int, float)):
-        head.append(f"  ({(1 - predicted / recorded) * 100:.1f}% faster)")
+    # against the unchanged replay, the same model of the step (a merged run records the ranks' mean, and
+    # replays one rank's trace): no fix applied is 0% whatever the two differ by
+    base = replayed if isinstance(replayed, (int, float)) and replayed > 0 else recorded
+    if isinstance(base, (int, float)) and base > 0 and isinstance(predicted, (int, float)):
+        head.append(f"  ({(1 - predicted / base) * 100:.1f}% faster)")
     console.print(head, soft_wrap=True)
     applied = w.get("applied") or []
     if applied:
@@ -34,7 +39,7 @@ def render_whatif(w: dict[str, Any], console: Console, top: int = 10) -> None:
                       units.duration(a.get("predicted_step_time_us")))
         console.print(t)
     else:
-        console.print("no fix applied: give --finding ID, --all, --op-speedup OP=Nx or --remove-gaps")
+        console.print(no_fix or "no fix applied: give --finding ID, --all, --op-speedup OP=Nx or --remove-gaps")
     path = sorted(w.get("critical_path") or [], key=lambda s: -float(s.get("dur", 0.0)))[:top]
     if path:
         t = Table(title="critical path over the profiled steps, longest segments (at: from the first step's start)", box=box.SIMPLE, title_justify="left")

@@ -119,3 +119,21 @@ def test_a_cpu_profile_run_replays_to_its_step_and_the_api_takes_speedups(tmp_pa
     assert w.predicted_step_time_us < w.replayed_step_time_us
     assert [a["fix"] for a in w.applied] == ["aten::addmm=2x"]
     assert w.to_json()["critical_path"]
+
+
+def test_no_fix_is_zero_percent_and_all_without_findings_says_so(bert_run: Path, tmp_path: Path):
+    """A run whose recorded step differs from its replay (a merged run records the ranks' mean and replays
+    rank 0's trace): with no fix applied the change is 0%, not the two's difference; --all on a run with no
+    findings says that, not "give --all"."""
+    run = tmp_path / "run"
+    shutil.copytree(bert_run, run)
+    (run / "findings.json").write_text("[]")
+    summary = json.loads((run / "summary.json").read_text())
+    summary["step_time_us"] *= 1.1
+    (run / "summary.json").write_text(json.dumps(summary))
+    proc = run_cli("whatif", str(run), "--all")
+    assert proc.returncode == 0, proc.stderr
+    assert "(0.0% faster)" in proc.stdout
+    assert "no fix applied: the run has no findings (--all applies each finding's fix)" in proc.stdout
+    plain = run_cli("whatif", str(run))
+    assert "no fix applied: give --finding ID, --all" in plain.stdout
