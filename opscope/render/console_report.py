@@ -258,14 +258,15 @@ def comparison_group(c: Comparison, top: int = 15, width: int = 160) -> Group:
                             f"{len(c.by_verdict(SLOWER, APPEARED))} worse; top {len(changed)} by change per step)")
         # Numbers first in priority: the op and source cells give way on narrow terminals.
         with_source = width >= 120
-        spare = max(width - 60, 16)
+        spare = max(width - 66, 16)  # the five number columns and every column's padding take the rest
+        source_width = spare * 9 // 20
         table.add_column("op", no_wrap=True, overflow="ellipsis",
                          max_width=spare * 11 // 20 if with_source else spare)
         for header in ("A/step", "B/step", "Δ", "B/A"):
             table.add_column(header, justify="right", no_wrap=True, min_width=6 if header == "B/A" else 9)
         table.add_column("", no_wrap=True, min_width=12)
         if with_source:
-            table.add_column("source", no_wrap=True, overflow="ellipsis", max_width=spare * 9 // 20)
+            table.add_column("source", no_wrap=True, overflow="ellipsis", max_width=source_width)
         for x in changed:
             shapes = op_shapes({"input_dims": x.input_dims})
             source = x.source_b or x.source_a
@@ -274,8 +275,9 @@ def comparison_group(c: Comparison, top: int = 15, width: int = 160) -> Group:
                      Text("—" if x.verdict == VANISHED else units.time_cell(x.time_b_us)), Text(f"{'+' if x.delta_us > 0 else '−'}{units.time_cell(abs(x.delta_us))}"),
                      Text(f"{x.ratio:.2f}x" if x.ratio is not None and x.verdict != VANISHED else "—"),
                      Text(x.verdict, style=VERDICT_STYLE.get(x.verdict, ""))]
-            if with_source:
-                cells.append(Text(source if width >= 170 else short_location(source)))
+            if with_source:  # cut from the left: the line number is what finds the op
+                where = source if width >= 170 else short_location(source)
+                cells.append(Text(where if len(where) <= source_width else "…" + where[len(where) - source_width + 1:]))
             table.add_row(*cells)
         parts.append(table)
     else:

@@ -247,3 +247,23 @@ def test_modules_match_across_torch_compiles_wrapper():
     assert by["ln"].verdict == VANISHED and by["act"].verdict == APPEARED  # ln's ops fused into another's kernel
     assert (by["fc1"].rows_a, by["fc1"].rows_b) == (1, 1) and by["act"].rows_b == 1
     assert c.to_json()["modules"][0]["module"] == ""
+
+
+@pytest.mark.parametrize("width", [120, 140])
+def test_the_changed_ops_source_keeps_its_line_number(width):
+    """The source column gives way on narrow terminals from the left: "…ock.py:28", never "transformer_bl…"."""
+    import io
+
+    from rich.console import Console
+
+    from opscope.render.console_report import comparison_group
+
+    where = "examples/a_rather_long_directory_name/transformer_block.py:28"
+    a = make_run([("aten::addmm", "[[1024], [512, 256], [256, 1024]]", '["float"]', "[[1], [256, 1], [1, 256]]",
+                   where, 1, 1000.0)])
+    b = make_run([("aten::addmm", "[[1024], [512, 256], [256, 1024]]", '["float"]', "[[1], [256, 1], [1, 256]]",
+                   where, 1, 3000.0)])
+    out = io.StringIO()
+    Console(file=out, width=width, color_system=None).print(comparison_group(compare_runs(a, b), width=width))
+    (row,) = [ln for ln in out.getvalue().splitlines() if ln.lstrip().startswith("addmm")]
+    assert len(row.rstrip()) <= width and row.rstrip().endswith(":28"), row
