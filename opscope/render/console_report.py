@@ -25,6 +25,7 @@ from opscope.render.console import (
 from opscope.render.report_data import (
     ROOT_MODULE,
     Share,
+    TreeLine,
     breakdown,
     kernels_by_op,
     memory_items,
@@ -92,32 +93,61 @@ def tree_table(run: Run, fold: bool = True, width: int = 160) -> Table | Text:
         return Text("This run has no module paths (profile a model, or analyze a trace recorded with "
                     "with_modules=True).", style="yellow")
     steps = steps_of(run)
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left",
-                  title="Modules by inclusive op time" + (" (repeated blocks folded)" if fold else ""))
     # narrow terminals drop the class (under 130 columns), then FLOPs and bytes (under 110)
-    columns: list[tuple[str, JustifyMethod, int, int, int | None]] = [
-        ("module", "left", 0, 0, 3), ("class", "left", 130, 0, 1), ("per step", "right", 0, 9, None),
-        ("share", "right", 0, 6, None), ("FLOP", "right", 110, 6, None), ("bytes", "right", 110, 9, None),
-        ("bound", "left", 0, 8, None), ("findings", "right", 0, 8, None),
-        ("min / median / max", "left", 0, 0, 2)]
+    columns: list[tuple[str, JustifyMethod, int, int]] = [
+        ("module", "left", 0, 0), ("class", "left", 130, 0), ("per step", "right", 0, 9), ("share", "right", 0, 6),
+        ("FLOP", "right", 110, 6), ("bytes", "right", 110, 9), ("bound", "left", 0, 8), ("findings", "right", 0, 8),
+        ("min / median / max", "left", 0, 0)]
     shown = [c for c in columns if width >= c[2]]
-    for header, justify, _, least, ratio in shown:
-        table.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis", min_width=least or None,
-                         ratio=ratio)
-    for line in lines:
-        label = line.label + (f" ×{len(line.instances)}" if len(line.instances) > 1 else "")
-        spread = ""
-        if len(line.instances) > 1:
-            times = sorted(t / steps for t in line.instances)
-            spread = " / ".join(units.time_cell(t) for t in (times[0], statistics.median(times), times[-1]))
-        cells = {"module": Text("  " * line.depth + label), "class": Text(line.module_class, style="dim"),
-                 "per step": Text(units.time_cell(line.time_us / steps)), "share": Text(units.percent(line.share, 100)),
-                 "FLOP": Text(units.si(line.flops / steps if line.flops is not None else None)),
-                 "bytes": Text(units.si(line.nbytes / steps if line.nbytes is not None else None, "B", 1024.0)),
-                 "bound": Text(line.bound, style=BOUND_STYLE.get(line.bound, "")),
-                 "findings": Text(str(line.findings) if line.findings else ""), "min / median / max": Text(spread)}
-        table.add_row(*(cells[c[0]] for c in shown))
+
+    def spread(line: TreeLine, compact: bool) -> str:
+        if len(line.instances) < 2:
+            return ""
+        times = sorted(t / steps for t in line.instances)
+        picked = (times[0], times[-1]) if compact else (times[0], statistics.median(times), times[-1])
+        return (" – " if compact else " / ").join(units.time_cell(t) for t in picked)
+
+    def build(compact: bool, module_width: int | None) -> Table:
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left",
+                      title="Modules by inclusive op time" + (" (repeated blocks folded)" if fold else ""))
+        for header, justify, _, least in shown:
+            table.add_column("min – max" if compact and header == "min / median / max" else header,
+                             justify=justify, no_wrap=True, overflow="ellipsis", min_width=least or None,
+                             max_width=module_width if header == "module" else None)
+        for line in lines:
+            label = line.label + (f" ×{len(line.instances)}" if len(line.instances) > 1 else "")
+            cells = {"module": Text("  " * line.depth + label), "class": Text(line.module_class, style="dim"),
+                     "per step": Text(units.time_cell(line.time_us / steps)),
+                     "share": Text(units.percent(line.share, 100)),
+                     "FLOP": Text(units.si(line.flops / steps if line.flops is not None else None)),
+                     "bytes": Text(units.si(line.nbytes / steps if line.nbytes is not None else None, "B", 1024.0)),
+                     "bound": Text(line.bound, style=BOUND_STYLE.get(line.bound, "")),
+                     "findings": Text(str(line.findings) if line.findings else ""),
+                     "min / median / max": Text(spread(line, compact))}
+            table.add_row(*(cells[c[0]] for c in shown))
+        return table
+
+    # Fitted here: rich would cut every column of a too-wide table, the spread's last time mid-number
+    # ("57.6 µs / 58.4 µs / 5"). In turn: the spread drops its median, the class column goes, the module
+    # names give up room (down to MIN_TREE_MODULE), the spread goes.
+    table = build(False, None)
+    for step in ("compact", "no class", "cut modules", "no spread"):
+        if _natural_width(table) <= width:
+            break
+        if step == "no class":
+            shown = [c for c in shown if c[0] != "class"]
+        elif step == "no spread":
+            shown = [c for c in shown if c[0] != "min / median / max"]
+        table = build(True, None)
+        if step in ("cut modules", "no spread"):
+            module_width = max(len("  " * ln.depth + ln.label) + len(f" ×{len(ln.instances)}") for ln in lines)
+            while (excess := _natural_width(table) - width) > 0 and module_width > MIN_TREE_MODULE:
+                module_width = max(MIN_TREE_MODULE, module_width - excess)
+                table = build(True, module_width)
     return table
+
+
+MIN_TREE_MODULE = 16  # a module cell in the tree is not cut shorter than this
 
 
 def render_tree(run: Run, console: Console, fold: bool = True) -> None:

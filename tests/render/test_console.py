@@ -200,3 +200,24 @@ def test_gap_times_stay_whole_on_narrow_terminals(runs, width):
         if where and width < 120:
             line_no = where.rsplit(":", 1)[1]
             assert re.search(rf"\S*:{line_no}\b", line), line
+
+
+@pytest.mark.parametrize("width", [60, 100, 140, 220])
+def test_the_module_tree_never_cuts_a_time(runs, width):
+    """Rich cut the tree's last column mid-number ("57.6 µs / 58.4 µs / 5"): the spread drops its median,
+    then the class column, then module names give room, then the spread goes; a time is whole or absent."""
+    from opscope.render.console_report import tree_table
+
+    out = io.StringIO()
+    Console(file=out, width=width, color_system=None).print(tree_table(runs["mi300x_bert-small_bf16"], width=width))
+    lines = out.getvalue().splitlines()
+    header = next(ln for ln in lines if ln.lstrip().startswith("module"))
+    rows = lines[lines.index(header) + 2:]
+    assert all(len(ln.rstrip()) <= width for ln in lines)
+    spread = "min / median / max" if "min / median / max" in header else "min – max" if "min – max" in header else None
+    assert (spread == "min / median / max") == (width >= 220) and (spread is None) == (width <= 60)
+    assert any("×4" in ln or "…" in ln for ln in rows)  # the folded layers, whole or cut with a mark
+    if spread:
+        for ln in rows:
+            cell = ln[header.index(spread.split()[0]):].strip()
+            assert not cell or re.fullmatch(r"[\d.]+ (µs|ms|s)( [/–] [\d.]+ (µs|ms|s))+", cell), ln
