@@ -18,6 +18,7 @@ from opscope.machine.noise import remedy
 from opscope.render.ranks import STRAGGLER_MARK, collectives_line, header_line, rank_rows, straggler_line
 from opscope.render.report_data import (
     binding_pct,
+    ceilings_line,
     fit_op,
     gap_cpu,
     has_modules,
@@ -49,13 +50,7 @@ def summary_panel(run: Run) -> Panel:
     named_by = dev.get("name_source")
     lines.append(f"device  {dev.get('type')}: {dev.get('name') or 'unknown'}"
                  + (f" (from {named_by})" if named_by not in (None, "deviceProperties", "none") else "") + "\n")
-    peaks = m.get("peaks", {})
-    bw = peaks.get("memory_bandwidth_gbps")
-    flops = peaks.get("flops_gflops", {})
-    ceil = ", ".join(f"{k} {units.si(v * 1e9, 'FLOP/s')}" for k, v in flops.items())
-    origin = peaks.get("origin", {})
-    lines.append(f"peaks   {units.si((bw or float('nan')) * 1e9, 'B/s')} ({origin.get('memory_bandwidth', '?')}); "
-                 f"{ceil or 'unknown'} ({origin.get('flops', '?')})\n")
+    lines.append(f"peaks   {ceilings_line(run)}\n")  # the HTML header's line too
     threads = threads_line(m)
     if threads:
         lines.append(threads + "\n", style="yellow")

@@ -96,8 +96,10 @@ def ceilings_line(run: Run) -> str:
     bw = num(peaks.get("memory_bandwidth_gbps"))
     flops = peaks.get("flops_gflops") or {}
     parts = ", ".join(f"{k} {units.si(v * 1e9, 'FLOP/s')}" for k, v in flops.items() if num(v) is not None)
-    return (f"{units.si(bw * 1e9, 'B/s') if bw is not None else 'unknown'} ({origin.get('memory_bandwidth', '?')}); "
-            f"{parts or 'FLOP/s unknown'} ({origin.get('flops', '?')})")
+    if bw is None and not parts:  # said once, not "- (unknown); unknown (unknown)"
+        return "unknown (give --peak-bw and --peak-flops for % of peak and bound)"
+    return (f"{units.si(bw * 1e9, 'B/s') if bw is not None else 'bandwidth unknown'} "
+            f"({origin.get('memory_bandwidth', '?')}); {parts or 'FLOP/s unknown'} ({origin.get('flops', '?')})")
 
 
 @dataclass

@@ -221,3 +221,22 @@ def test_the_module_tree_never_cuts_a_time(runs, width):
         for ln in rows:
             cell = ln[header.index(spread.split()[0]):].strip()
             assert not cell or re.fullmatch(r"[\d.]+ (µs|ms|s)( [/–] [\d.]+ (µs|ms|s))+", cell), ln
+
+
+def test_unknown_ceilings_are_said_once():
+    """A CPU trace with no ceilings printed "peaks   - (unknown); unknown (unknown)"; the console and the
+    HTML header share one line."""
+    from opscope.render.report_data import ceilings_line
+    from opscope.table import empty
+
+    def run(peaks: dict) -> Run:
+        return Run(meta={"target": "t.json", "device": {"type": "cpu"}, "peaks": peaks}, ops=empty(["op", "time_us_total"]),
+                   findings=[], summary={"steps": 1})
+
+    unknown = run({"memory_bandwidth_gbps": None, "flops_gflops": {}, "origin": {"memory_bandwidth": "unknown",
+                                                                                  "flops": "unknown"}})
+    assert ceilings_line(unknown) == "unknown (give --peak-bw and --peak-flops for % of peak and bound)"
+    assert "peaks   unknown (give --peak-bw" in render(unknown, 120)
+    half = run({"memory_bandwidth_gbps": None, "flops_gflops": {"float32": 100.0},
+                "origin": {"memory_bandwidth": "unknown", "flops": "user"}})
+    assert ceilings_line(half) == "bandwidth unknown (unknown); float32 100 GFLOP/s (user)"
