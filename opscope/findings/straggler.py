@@ -45,12 +45,16 @@ def straggler(ctx: Context) -> Iterator[Finding]:
     rank = int(ranks["rank"][i])
     excess = slowest - mid
     waits = [w for j, v in enumerate(ranks.get("collective_time_us", [])) if j != i and (w := units.number(v)) is not None]
-    wait_text = (f"; the others spend {units.duration(min(waits))} to {units.duration(max(waits))} per step in "
-                 "collectives" if waits and max(waits) > 0 else "")
+    others = nrows(ranks) - 1
+    low, high = (units.duration(min(waits)), units.duration(max(waits))) if waits else ("", "")
+    spent = low if low == high else f"{low} to {high}"
+    wait_text = (f"; {'it spends' if others == 1 else 'they spend'} {spent} per step in collectives"
+                 if waits and max(waits) > 0 else "")
     saving = excess * max(ctx.steps, 1)
     message = (f"rank {rank} computes {units.duration(slowest)} per step, {excess / mid:.0%} more than the median rank "
-               f"({units.duration(mid)}; fastest {units.duration(min(known))}): in a synchronous job the other "
-               f"{nrows(ranks) - 1} rank(s) wait for it every step{wait_text}. As fast as the median, every rank's "
-               f"step would be up to {units.duration(excess)} shorter (an upper bound).")
+               f"({units.duration(mid)}; fastest {units.duration(min(known))}): in a synchronous job "
+               f"{'the other rank waits' if others == 1 else f'the other {others} ranks wait'} for it every "
+               f"step{wait_text}. As fast as the median, every rank's step would be up to {units.duration(excess)} "
+               "shorter (an upper bound).")
     yield Finding(rule="straggler", severity=severity(saving, ctx), op="", source_location="", message=message,
                   suggestion=SUGGESTION, est_savings_us=saving)

@@ -143,7 +143,8 @@ def test_analyze_folder_of_hand_built_ranks_finds_the_slow_one(tmp_path):
     assert run.to_pandas("ranks")["rank"].tolist() == [0, 1, 2] and run.to_pandas("ranks")["straggler"].tolist() == [0, 0, 1]
     mm = run.to_pandas()[run.to_pandas()["op"] == "aten::mm"]
     assert mm["calls"].sum() == 6 and mm["time_us_total"].sum() == pytest.approx(70 * 2 + 87.5)
-    assert any(f["rule"] == "straggler" and "rank 2" in f["message"] for f in run.findings)
+    (straggler,) = [f for f in run.findings if f["rule"] == "straggler"]
+    assert "rank 2" in straggler["message"] and "the other 2 ranks wait for it every step" in straggler["message"]
     assert sorted(p.name for p in (tmp_path / "run" / "ranks").iterdir()) == ["0", "1", "2"]
 
 
