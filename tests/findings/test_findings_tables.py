@@ -96,7 +96,7 @@ def test_ops_rows_for_events_reads_tables_and_dataframes_alike():
     ops = {c: ["x", "y"] if c == "op" else ["", ""] for c in key}
     ev = {"name": ["y", "x", "x", "z"], "is_row": [True, True, False, True],
           **{c: [""] * 4 for c in key[1:]}}
-    assert ops_rows_for_events(ops, ev) == [1, 0, -1, -1]
+    assert list(ops_rows_for_events(ops, ev)) == [1, 0, -1, -1]
 
 
 def test_importing_the_rules_loads_neither_pandas_nor_numpy():
