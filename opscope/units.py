@@ -105,7 +105,9 @@ def percent(value: Any, scale: float = 1.0) -> str:
     return UNKNOWN if v is None else f"{v * scale:.1f}%"
 
 
-def count(n: float, one: str, many: str | None = None) -> str:
+def count(n: Any, one: str, many: str | None = None) -> str:
     """A count with its noun: count(1, "thread") -> '1 thread', count(2.5, "call") -> '2.5 calls'
-    (`many` defaults to `one` + "s")."""
-    return f"{n:g} {one if n == 1 else many or one + 's'}"
+    (`many` defaults to `one` + "s"); what is not a number is shown as it is, with the plural."""
+    v = number(n)
+    plural = many or one + "s"
+    return f"{n} {plural}" if v is None else f"{v:g} {one if v == 1 else plural}"

@@ -204,4 +204,4 @@ def test_counts_per_step_take_their_noun_in_the_singular(runs):
     assert [count_per_step(n, ctx, "copy", "copies") for n in (2, 6)] == ["1 copy", "3 copies"]
     from opscope import units  # the same helper words the calibration's thread counts
 
-    assert [units.count(n, "thread") for n in (1, 2, 0)] == ["1 thread", "2 threads", "0 threads"]
+    assert [units.count(n, "thread") for n in (1, 2, 0, "?")] == ["1 thread", "2 threads", "0 threads", "? threads"]
