@@ -244,10 +244,8 @@ def gaps_table(run: Run, width: int = 160) -> Table | None:
             break
         widths[k] -= 1
         excess -= 1
-    w = widths[_SOURCE]  # a source line keeps its end (the line number), as in the ops table
-    for r in rows:
-        if len(r[_SOURCE]) > w:
-            r[_SOURCE] = "…" + r[_SOURCE][len(r[_SOURCE]) - w + 1:]
+    for r in rows:  # a source line keeps its end (the line number), as in the ops table
+        r[_SOURCE] = keep_end(r[_SOURCE], widths[_SOURCE])
     return build(widths)
 
 
@@ -391,7 +389,12 @@ def short_module(path: str, limit: int) -> str:
         end = limit - len(anchor) - 2
         if end >= 4:
             return f"…{anchor}…{parts[-1][-end:]}"
-    return "…" + path[len(path) - limit + 1:]
+    return keep_end(path, limit)
+
+
+def keep_end(text: str, limit: int) -> str:
+    """`text` in at most `limit` characters, cut from the left ("…ock.py:28": a line number stays)."""
+    return text if len(text) <= limit else "…" + text[len(text) - limit + 1:]
 
 
 def _cut(texts: list[str], spare: int, keep: str, floor: int = 10) -> list[str]:
@@ -400,7 +403,7 @@ def _cut(texts: list[str], spare: int, keep: str, floor: int = 10) -> list[str]:
     longest = max((len(t) for t in texts), default=0)
     limit = max(longest + min(spare, 0), floor)
     if keep == "end":
-        return [t if len(t) <= limit else "…" + t[len(t) - limit + 1:] for t in texts]
+        return [keep_end(t, limit) for t in texts]
     return [t if len(t) <= limit else t[: limit - 1] + "…" for t in texts]
 
 

@@ -17,6 +17,7 @@ from opscope.render.console import (
     ceiling_warnings,
     findings_list,
     gaps_table,
+    keep_end,
     ops_table,
     ranks_group,
     summary_panel,
@@ -195,7 +196,7 @@ def _text_table(title: str, columns: list[str], rows: list[list[str]], fold: tup
             if c in fold:  # wrap only if they must, or past their `narrow` width (cells that read well on two lines)
                 table.add_column(c, overflow="fold", ratio=1, min_width=10)
             elif k == 0:
-                table.add_column(c, overflow="fold", min_width=min(LABEL_MAX, max(len(r[0]) for r in rows)))
+                table.add_column(c, overflow="fold", min_width=min(LABEL_MAX, max((len(r[0]) for r in rows), default=0)))
             else:
                 table.add_column(c, overflow="fold", max_width=caps.get(c))
         for r in rows:
@@ -210,7 +211,7 @@ def _text_table(title: str, columns: list[str], rows: list[list[str]], fold: tup
             table = build(tried)
             if _natural_width(table) <= width:
                 return table
-    return build(caps if rows else {})
+    return build(caps)
 
 
 LABEL_MAX = 24  # a swap label longer than this may wrap
@@ -307,7 +308,7 @@ def comparison_group(c: Comparison, top: int = 15, width: int = 160) -> Group:
                      Text(x.verdict, style=VERDICT_STYLE.get(x.verdict, ""))]
             if with_source:  # cut from the left: the line number is what finds the op
                 where = source if width >= 170 else short_location(source)
-                cells.append(Text(where if len(where) <= source_width else "…" + where[len(where) - source_width + 1:]))
+                cells.append(Text(keep_end(where, source_width)))
             table.add_row(*cells)
         parts.append(table)
     else:
